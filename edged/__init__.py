@@ -1,0 +1,3 @@
+"""edged: hybrid edge/cloud inference daemon."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,192 @@
+"""The composition root: build the daemon from its config, run it, stop it cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aiohttp import web
+
+from edged import config as config_module
+from edged import systemd
+from edged.config import Config
+from edged.errors import ConfigError, EdgedError, ModelLoadError
+from edged.models.config import ModelConfig
+from edged.models.repository import ModelManager
+from edged.pipelines.factory import create_pipeline
+from edged.runtimes.base import Runtime
+from edged.runtimes.onnxruntime import OnnxRuntime
+from edged.server.dataplane import DataPlane
+from edged.server.rest import create_app
+
+log = logging.getLogger("edged")
+
+
+def bind_unix(path: Path, mode: int) -> socket.socket:
+    """Create the listening socket with ``mode`` from the first instant (no chmod race)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # stale socket of a process that is gone
+        else:
+            raise ConfigError(f"another process is already serving on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o777 & ~mode)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, mode)
+    sock.listen(1024)
+    return sock
+
+
+class Daemon:
+    """edged: the model manager, the data plane and the REST server, wired together."""
+
+    def __init__(self, config: Config, config_path: Path | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        threads = max(4, 2 * (os.cpu_count() or 1))
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="infer")
+        self.manager = ModelManager(config.models.repository, self.make_runtime)
+        self.plane = DataPlane(self.manager)
+        self.stopping = asyncio.Event()
+        self.owned_socket: Path | None = None
+
+    def make_runtime(self, model: ModelConfig, version_dir: Path) -> Runtime:
+        """The runtime that serves one model version, by its platform or backend."""
+        if model.is_pipeline:
+            return create_pipeline(
+                model, version_dir, self.manager, self.executor, self.config.models
+            )
+        if model.platform == "onnxruntime_onnx":
+            return OnnxRuntime(model, version_dir, self.config.onnxruntime, self.executor)
+        raise ModelLoadError(f"model '{model.name}': platform '{model.platform}' is not supported")
+
+    def listen(self) -> socket.socket:
+        """The socket passed by systemd, or our own at server.socket."""
+        activated = systemd.listen_sockets()
+        if activated:
+            log.info("using the socket passed by systemd (%s)", activated[0].getsockname())
+            for extra in activated[1:]:
+                extra.close()
+            return activated[0]
+        path = self.config.server.socket
+        sock = bind_unix(path, self.config.server.socket_mode)
+        self.owned_socket = path
+        return sock
+
+    def status_line(self) -> str:
+        """A one-line summary for systemd's STATUS=."""
+        rows = self.manager.index()
+        ready = sum(1 for r in rows if r["state"] == "READY")
+        return f"serving {ready} of {len(rows)} model versions"
+
+    async def reload(self) -> None:
+        """SIGHUP: re-read the config file and poll the repository."""
+        systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            if self.config_path is not None:
+                fresh = config_module.load(self.config_path)
+                fresh.server.socket = self.config.server.socket
+                fresh.state_dir = self.config.state_dir
+                fresh.models.repository = self.config.models.repository
+                logging.getLogger().setLevel(fresh.log.level.upper())
+                self.config.log = fresh.log
+                self.config.onnxruntime = fresh.onnxruntime
+                log.info("reloaded %s (socket and paths change only on restart)", self.config_path)
+            await self.manager.sync()
+        except EdgedError as exc:
+            log.error("reload failed, still serving the previous state: %s", exc.message)
+        systemd.notify("READY=1", f"STATUS={self.status_line()}")
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            systemd.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; returns the exit code."""
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
+        loop.add_signal_handler(signal.SIGINT, self.stopping.set)
+        reloads: set[asyncio.Task[None]] = set()
+
+        def on_hup() -> None:
+            task = loop.create_task(self.reload(), name="reload")
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        app = create_app(self.plane, self.config.server)
+        runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=self.config.server.drain_timeout_s,
+        )
+        await runner.setup()
+        sock = self.listen()
+        await web.SockSite(runner, sock).start()
+        log.info(
+            "listening on %s; loading models from %s", sock.getsockname(), self.manager.repository
+        )
+        systemd.notify("STATUS=loading models")
+        interval = systemd.watchdog_interval()
+        watchdog = loop.create_task(self._watchdog(interval), name="watchdog") if interval else None
+
+        started = time.monotonic()
+        loading = loop.create_task(self.manager.load_all(self.config.models.load), name="load")
+        stop = loop.create_task(self.stopping.wait(), name="stop")
+        await asyncio.wait({loading, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if loading.done():
+            loading.result()
+            self.plane.ready = True
+            systemd.notify("READY=1", f"STATUS={self.status_line()}")
+            log.info(
+                "ready in %.2f s: %s; try: curl --unix-socket %s http://localhost/v2/health/ready",
+                time.monotonic() - started,
+                self.status_line(),
+                sock.getsockname(),
+            )
+            await stop
+        else:
+            loading.cancel()
+
+        log.info(
+            "stopping: draining in-flight requests (up to %.0f s)",
+            self.config.server.drain_timeout_s,
+        )
+        systemd.notify("STOPPING=1", "STATUS=draining requests")
+        self.plane.ready = False
+        await runner.cleanup()
+        if watchdog:
+            watchdog.cancel()
+        for task in (loading, *reloads):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.manager.close()
+        self.executor.shutdown(wait=True)
+        if self.owned_socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.owned_socket.unlink()
+        log.info("stopped")
+        return 0

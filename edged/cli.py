@@ -1,0 +1,95 @@
+"""The ``edged`` command: run the daemon, or check a config file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from edged import __version__
+from edged import config as config_module
+from edged.errors import ConfigError, EdgedError
+
+DESCRIPTION = """\
+edged serves inference on this device over a Unix socket (Open Inference Protocol REST).
+
+Config: --config FILE, else /etc/edged/edged.toml when it exists, else embedded defaults.
+Flags override the file. Under systemd: Type=notify, watchdog and socket activation work.
+Signals: SIGTERM drains in-flight requests and exits 0; SIGHUP reloads the config file and
+polls the model repository (new, changed and removed models).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (shared by serve and validate-config)."""
+    parser = argparse.ArgumentParser(
+        prog="edged", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"edged {__version__}")
+    parser.add_argument("--config", type=Path, help="TOML config file")
+    parser.add_argument("--socket", type=Path, help="Unix socket path (server.socket)")
+    parser.add_argument("--state-dir", type=Path, help="state directory (state_dir)")
+    parser.add_argument("--models", type=Path, help="model repository (models.repository)")
+    parser.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="log.level"
+    )
+    parser.add_argument(
+        "command",
+        nargs="?",
+        default="serve",
+        choices=["serve", "validate-config"],
+        help="serve (default) or validate-config: check the config, print it, exit 0 or 1",
+    )
+    return parser
+
+
+def effective_config(args: argparse.Namespace) -> config_module.Config:
+    """The config file (or defaults) with the command-line overrides applied."""
+    config = config_module.load(args.config)
+    if args.socket:
+        config.server.socket = args.socket.absolute()
+    if args.state_dir:
+        config.state_dir = args.state_dir.absolute()
+    if args.models:
+        config.models.repository = args.models.absolute()
+    if args.log_level:
+        config.log.level = args.log_level
+    return config
+
+
+def setup_logging(level: str) -> None:
+    """Plain lines on stderr; journald adds its own timestamps."""
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    if not os.environ.get("JOURNAL_STREAM"):
+        fmt = "%(asctime)s " + fmt
+    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``edged`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        config = effective_config(args)
+    except ConfigError as exc:
+        print(f"edged: invalid configuration:\n{exc.message}", file=sys.stderr)
+        return 1
+    if args.command == "validate-config":
+        print(json.dumps(config.model_dump(mode="json"), indent=2))
+        print("edged: configuration is valid", file=sys.stderr)
+        return 0
+    setup_logging(config.log.level)
+    from edged.app import Daemon  # heavy imports (onnxruntime) only when serving
+
+    try:
+        return asyncio.run(Daemon(config, args.config).run())
+    except EdgedError as exc:
+        logging.getLogger("edged").error("%s", exc.message)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

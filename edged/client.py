@@ -1,0 +1,234 @@
+"""A small synchronous client for edged's Unix socket (standard library only).
+
+from edged.client import Client
+client = Client("/run/edged/edged.sock")
+client.embed(["hello", "hi there"])
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edged.protocol.tensors import (
+    HEADER_LENGTH,
+    datatype_of,
+    from_binary,
+    from_json,
+    to_binary,
+    to_json,
+)
+
+DEFAULT_SOCKET = "/run/edged/edged.sock"
+
+
+def default_socket() -> str:
+    """$EDGED_SOCKET, else the packaged default."""
+    return os.environ.get("EDGED_SOCKET", DEFAULT_SOCKET)
+
+
+class ClientError(Exception):
+    """The daemon answered with an error status (``status``) or could not be reached (0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a Unix socket."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        """Connect to the Unix socket instead of TCP."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.path)
+        self.sock = sock
+
+
+class Client:
+    """Calls edged over its Unix socket; one connection per call."""
+
+    def __init__(self, socket_path: str | None = None, timeout: float = 120.0) -> None:
+        self.socket_path = socket_path or default_socket()
+        self.timeout = timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One HTTP exchange: (status, headers, body). Raises ClientError(0, …) if unreachable."""
+        conn = UnixHTTPConnection(self.socket_path, self.timeout)
+        try:
+            conn.request(method, path, body=body, headers=dict(headers or {}))
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise ClientError(
+                0, f"cannot reach edged at {self.socket_path}: {exc.strerror}; is it running?"
+            ) from None
+        except PermissionError:
+            raise ClientError(
+                0, f"no permission to use {self.socket_path}; join the socket's group (edged)"
+            ) from None
+        except OSError as exc:
+            raise ClientError(0, f"talking to edged at {self.socket_path} failed: {exc}") from None
+        finally:
+            conn.close()
+
+    def call(self, method: str, path: str, doc: Any = None, raw: bytes | None = None) -> Any:
+        """A JSON call: raises ClientError with the daemon's message on an error status."""
+        headers = {}
+        body = raw
+        if doc is not None:
+            body = json.dumps(doc).encode()
+            headers["Content-Type"] = "application/json"
+        elif raw is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        status, _, payload = self.request(method, path, body, headers)
+        if status >= 400:
+            try:
+                message = json.loads(payload)["error"]
+            except (ValueError, KeyError, TypeError):
+                message = payload.decode("utf-8", "replace") or http.client.responses.get(
+                    status, ""
+                )
+            raise ClientError(status, message)
+        return json.loads(payload) if payload else None
+
+    # ---- Open Inference Protocol -----------------------------------------------------------
+
+    def live(self) -> bool:
+        """GET /v2/health/live."""
+        return self.request("GET", "/v2/health/live")[0] == 200
+
+    def ready(self) -> bool:
+        """GET /v2/health/ready."""
+        return self.request("GET", "/v2/health/ready")[0] == 200
+
+    def server_metadata(self) -> dict[str, Any]:
+        """GET /v2."""
+        return dict(self.call("GET", "/v2"))
+
+    def status(self) -> dict[str, Any]:
+        """GET /v1/status: readiness, in-flight requests, every model's state."""
+        return dict(self.call("GET", "/v1/status"))
+
+    def model_metadata(self, model: str, version: str | None = None) -> dict[str, Any]:
+        """GET /v2/models/{m}[/versions/{v}]."""
+        return dict(self.call("GET", _model_path(model, version)))
+
+    def model_config(self, model: str) -> dict[str, Any]:
+        """GET /v2/models/{m}/config."""
+        return dict(self.call("GET", f"/v2/models/{model}/config"))
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        """POST /v2/repository/index."""
+        return list(self.call("POST", "/v2/repository/index", {}))
+
+    def load(self, model: str) -> None:
+        """POST /v2/repository/models/{m}/load."""
+        self.call("POST", f"/v2/repository/models/{model}/load", {})
+
+    def unload(self, model: str) -> None:
+        """POST /v2/repository/models/{m}/unload."""
+        self.call("POST", f"/v2/repository/models/{model}/unload", {})
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        version: str | None = None,
+        binary: bool = True,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run a model on numpy inputs; tensors travel as binary data unless ``binary=False``."""
+        entries = []
+        chunks = []
+        for name, array in inputs.items():
+            datatype = datatype_of(array)
+            entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+            if binary:
+                chunk = to_binary(array)
+                entry["parameters"] = {"binary_data_size": len(chunk)}
+                chunks.append(chunk)
+            else:
+                entry["data"] = to_json(array)
+            entries.append(entry)
+        doc: dict[str, Any] = {"inputs": entries, "parameters": dict(parameters or {})}
+        if binary:
+            doc["parameters"]["binary_data_output"] = True
+        header = json.dumps(doc).encode()
+        headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
+        if binary:
+            headers[HEADER_LENGTH] = str(len(header))
+        status, reply_headers, payload = self.request(
+            "POST", _model_path(model, version) + "/infer", header + b"".join(chunks), headers
+        )
+        if status >= 400:
+            try:
+                message = json.loads(payload)["error"]
+            except (ValueError, KeyError, TypeError):
+                message = payload.decode("utf-8", "replace")
+            raise ClientError(status, message)
+        return decode_outputs(payload, reply_headers)
+
+    # ---- task API --------------------------------------------------------------------------
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Sentence embeddings, one row per text."""
+        reply = self.call("POST", "/v1/embed", {"texts": texts})
+        return np.asarray(reply["embeddings"], dtype=np.float32)
+
+    def intent(self, texts: list[str]) -> list[dict[str, Any]]:
+        """The intent of each text with its probability."""
+        return list(self.call("POST", "/v1/intent", {"texts": texts})["intents"])
+
+    def ocr(self, image: bytes, **params: float) -> list[dict[str, Any]]:
+        """Lines of text in an encoded image: text, score, box."""
+        return list(self.call("POST", "/v1/ocr" + _query(params), raw=image)["lines"])
+
+    def vad(self, wav: bytes, **params: float) -> list[dict[str, float]]:
+        """Speech segments of a WAV file, in seconds."""
+        return list(self.call("POST", "/v1/vad" + _query(params), raw=wav)["segments"])
+
+
+def _query(params: Mapping[str, float]) -> str:
+    return ("?" + "&".join(f"{k}={v}" for k, v in params.items())) if params else ""
+
+
+def _model_path(model: str, version: str | None) -> str:
+    return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+
+
+def decode_outputs(payload: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """Outputs of an OIP REST response (JSON or binary tensor data) as numpy arrays."""
+    length = next((v for k, v in headers.items() if k.lower() == HEADER_LENGTH.lower()), None)
+    split = int(length) if length is not None else len(payload)
+    doc = json.loads(payload[:split])
+    binary = payload[split:]
+    offset = 0
+    outputs: dict[str, np.ndarray] = {}
+    for out in doc["outputs"]:
+        name, datatype, shape = out["name"], out["datatype"], out["shape"]
+        size = (out.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            outputs[name] = from_json(name, datatype, shape, out["data"])
+        else:
+            outputs[name] = from_binary(name, datatype, shape, binary[offset : offset + size])
+            offset += size
+    return outputs

@@ -1,0 +1,140 @@
+"""The daemon's configuration: TOML, strictly validated, every key described.
+
+Precedence: embedded defaults < the config file (``--config``, else /etc/edged/edged.toml if it
+exists) < command-line flags (``--socket``, ``--state-dir``, ``--models``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from edged.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # JetPack 6 ships Python 3.10
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
+Provider = Literal["tensorrt", "cuda", "cpu"]
+PROVIDER_NAMES: tuple[Provider, ...] = ("tensorrt", "cuda", "cpu")
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, values are checked on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerConfig(Section):
+    """The local API on the Unix socket."""
+
+    socket: Path = Field(Path("/run/edged/edged.sock"), description="Unix socket path")
+    socket_mode: int = Field(0o660, description="permission bits of the socket file")
+    max_request_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="largest request body accepted (413 above)"
+    )
+    allowed_uids: list[int] = Field(
+        default_factory=list, description="uids allowed to call (empty: anyone who can connect)"
+    )
+    allowed_gids: list[int] = Field(
+        default_factory=list, description="gids allowed to call (empty: anyone who can connect)"
+    )
+    drain_timeout_s: float = Field(
+        30.0, gt=0, description="on SIGTERM, how long in-flight requests may take to finish"
+    )
+
+    @field_validator("socket_mode", mode="before")
+    @classmethod
+    def _octal(cls, value: Any) -> Any:
+        # TOML has no octal strings users expect to write as "0660"; accept both forms.
+        if isinstance(value, str):
+            try:
+                return int(value, 8)
+            except ValueError:
+                raise ValueError('must be an octal string such as "0660"') from None
+        return value
+
+
+class OnnxRuntimeConfig(Section):
+    """ONNX Runtime settings shared by all ONNX models."""
+
+    providers: list[Provider] = Field(
+        default_factory=lambda: list(PROVIDER_NAMES),
+        description="execution providers in order of preference; missing ones are skipped",
+    )
+    intra_op_threads: int = Field(0, ge=0, description="threads inside one operator (0: ORT)")
+    inter_op_threads: int = Field(0, ge=0, description="threads across operators (0: ORT)")
+    allow_spinning: bool = Field(
+        False,
+        description="let idle ORT threads spin; faster alone, but on a few cores sessions starve",
+    )
+
+
+class ModelsConfig(Section):
+    """The model repository."""
+
+    repository: Path = Field(Path("/var/lib/edged/models"), description="Triton-layout repository")
+    load: list[str] = Field(
+        default_factory=list, description="models to load at start (empty: every model found)"
+    )
+    max_image_pixels: int = Field(
+        40_000_000, gt=0, description="largest decoded image accepted by image pipelines"
+    )
+
+
+class LogConfig(Section):
+    """Logging."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Config(Section):
+    """The whole configuration file."""
+
+    state_dir: Path = Field(Path("/var/lib/edged"), description="state (SQLite, knowledge store)")
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    models: ModelsConfig = Field(default_factory=ModelsConfig)
+    onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"])
+        message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+        lines.append(f"{source}: {key}: {message}")
+    return "\n".join(lines)
+
+
+def parse(data: dict[str, Any], source: str = "config") -> Config:
+    """Validate a config mapping; ConfigError names each bad key."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+
+
+def load(path: Path | None) -> Config:
+    """Read the config file, or the embedded defaults when there is none.
+
+    An explicit ``path`` must exist; the default path is used only when present.
+    """
+    if path is None:
+        if not DEFAULT_CONFIG_PATH.is_file():
+            return Config()
+        path = DEFAULT_CONFIG_PATH
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return parse(data, str(path))

@@ -1,0 +1,188 @@
+"""``edgectl``: talk to the local edged from the shell.
+
+Exit codes: 0 success; 1 the daemon failed the request (5xx); 2 usage error; 3 edged cannot be
+reached; 4 the request was rejected (4xx: bad input, unknown model); 5 edged or the model is
+not ready (503).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.client import Client, ClientError, default_socket
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NOT_READY = range(6)
+
+
+def exit_code(error: ClientError) -> int:
+    """The exit code that tells what failed."""
+    if error.status == 0:
+        return EXIT_UNREACHABLE
+    if error.status == 503:
+        return EXIT_NOT_READY
+    if 400 <= error.status < 500:
+        return EXIT_REJECTED
+    return EXIT_FAILED
+
+
+def _read(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SystemExit(f"edgectl: cannot read {path}: {exc.strerror}") from None
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    status = client.status()
+    rows = [
+        [m["name"], m.get("version", "-"), m["state"], m.get("reason", "")]
+        for m in status["models"]
+    ]
+    text = (
+        f"edged {status['version']} on {client.socket_path}: "
+        f"{'ready' if status['ready'] else 'NOT READY'}, up {status['uptime_s']:.0f} s, "
+        f"{status['inflight']} in flight\n" + _table(rows, ["MODEL", "VERSION", "STATE", "REASON"])
+    )
+    return status, text
+
+
+def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "list":
+        index = client.repository_index()
+        rows = [[m["name"], m.get("version", "-"), m["state"], m.get("reason", "")] for m in index]
+        return index, _table(rows, ["MODEL", "VERSION", "STATE", "REASON"])
+    if not args.name:
+        raise SystemExit(f"edgectl: models {args.action} needs a model name")
+    if args.action == "show":
+        meta = client.model_metadata(args.name)
+        return meta, json.dumps(meta, indent=2)
+    if args.action == "load":
+        client.load(args.name)
+    else:
+        client.unload(args.name)
+    return {"model": args.name, "action": args.action}, f"{args.action}ed {args.name}"
+
+
+def cmd_infer(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    """Raw OIP inference: a request JSON document (file or -) is sent as it is."""
+    doc = json.loads(_read(args.request))
+    path = f"/v2/models/{args.model}" + (f"/versions/{args.version}" if args.version else "")
+    reply = client.call("POST", path + "/infer", doc)
+    return reply, json.dumps(reply, indent=2)
+
+
+def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    vectors = client.embed(args.texts)
+    reply = {"dim": int(vectors.shape[1]), "embeddings": vectors.tolist()}
+    lines = [
+        f"{t[:40]!r:44} [{', '.join(f'{x:.4f}' for x in v[:4])}, ...]"
+        for t, v in zip(args.texts, vectors)
+    ]
+    if len(args.texts) > 1:
+        sims = vectors @ vectors.T
+        lines.append("cosine similarity:")
+        lines += ["  " + " ".join(f"{x:6.3f}" for x in row) for row in np.asarray(sims)]
+    return reply, "\n".join(lines)
+
+
+def cmd_intent(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    intents = client.intent(args.texts)
+    return intents, "\n".join(f"{i['intent']:16} {i['score']:.3f}  {i['text']}" for i in intents)
+
+
+def cmd_ocr(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    lines = client.ocr(_read(args.image))
+    return lines, "\n".join(f"{line['score']:.3f}  {line['text']}" for line in lines)
+
+
+def cmd_vad(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    params = {"threshold": args.threshold} if args.threshold is not None else {}
+    segments = client.vad(_read(args.wav), **params)
+    text = "\n".join(f"{s['start']:8.3f} s -> {s['end']:8.3f} s" for s in segments)
+    return segments, text or "no speech"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """edgectl's argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="edgectl",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--socket",
+        default=default_socket(),
+        help="edged's socket (default: $EDGED_SOCKET or %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for edged")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("status", help="readiness and every model's state").set_defaults(fn=cmd_status)
+
+    models = sub.add_parser("models", help="list, show, load or unload models")
+    models.add_argument("action", choices=["list", "show", "load", "unload"])
+    models.add_argument("name", nargs="?", help="model name (show, load, unload)")
+    models.set_defaults(fn=cmd_models)
+
+    infer = sub.add_parser("infer", help="send an Open Inference Protocol request document")
+    infer.add_argument("model")
+    infer.add_argument("request", help="request JSON file, or - for stdin")
+    infer.add_argument("--version", help="model version (default: newest ready)")
+    infer.set_defaults(fn=cmd_infer)
+
+    embed = sub.add_parser("embed", help="sentence embeddings of texts")
+    embed.add_argument("texts", nargs="+")
+    embed.set_defaults(fn=cmd_embed)
+
+    intent = sub.add_parser("intent", help="the intent of each text")
+    intent.add_argument("texts", nargs="+")
+    intent.set_defaults(fn=cmd_intent)
+
+    ocr = sub.add_parser("ocr", help="read the text in an image file")
+    ocr.add_argument("image", help="image file (PNG, JPEG, ...), or - for stdin")
+    ocr.set_defaults(fn=cmd_ocr)
+
+    vad = sub.add_parser("vad", help="find speech in a WAV file")
+    vad.add_argument("wav", help="WAV file, or - for stdin")
+    vad.add_argument("--threshold", type=float, help="speech probability threshold (0.5)")
+    vad.set_defaults(fn=cmd_vad)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``edgectl`` console script."""
+    args = build_parser().parse_args(argv)
+    client = Client(args.socket, timeout=args.timeout)
+    try:
+        reply, text = args.fn(client, args)
+    except ClientError as exc:
+        if args.json:
+            print(json.dumps({"error": exc.message, "status": exc.status}))
+        print(f"edgectl: {exc.message}", file=sys.stderr)
+        return exit_code(exc)
+    except json.JSONDecodeError as exc:
+        print(f"edgectl: the request file is not valid JSON: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(reply, indent=2) if args.json else text)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Errors that carry their transport status; each transport maps them once."""
+
+from __future__ import annotations
+
+
+class EdgedError(Exception):
+    """Base error: a message for the user and the HTTP status that fits it."""
+
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(EdgedError):
+    """The request is malformed: bad JSON, wrong dtype or shape, missing input."""
+
+    status = 400
+
+
+class Forbidden(EdgedError):
+    """The caller's uid/gid is not allowed by the server's configuration."""
+
+    status = 403
+
+
+class NotFound(EdgedError):
+    """Unknown model or version."""
+
+    status = 404
+
+
+class PayloadTooLarge(EdgedError):
+    """The body is over the configured limit."""
+
+    status = 413
+
+
+class Unavailable(EdgedError):
+    """The server or the model is not ready (still loading, failed to load, unloaded)."""
+
+    status = 503
+
+
+class ModelLoadError(EdgedError):
+    """A model could not be loaded; the reason says why (corrupt file, missing dependency)."""
+
+    status = 503
+
+
+class ConfigError(EdgedError):
+    """The daemon's configuration or a model's config.pbtxt is invalid."""
+
+    status = 400

@@ -1,0 +1,1 @@
+"""The model repository (Triton layout), model configuration and model lifecycle."""

@@ -1,0 +1,216 @@
+"""A model's ``config.pbtxt``, read with Triton's own protobuf schema.
+
+Only what edged honours is lifted into plain attributes; the protobuf message stays available
+as ``ModelConfig.proto`` (the scheduler reads ``dynamic_batching`` from it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from edged.errors import ConfigError, InvalidRequest
+from edged.protocol.tensors import DATATYPES
+
+# Triton's TYPE_* -> OIP datatype names.
+CONFIG_DATATYPES = {
+    "TYPE_BOOL": "BOOL",
+    "TYPE_UINT8": "UINT8",
+    "TYPE_UINT16": "UINT16",
+    "TYPE_UINT32": "UINT32",
+    "TYPE_UINT64": "UINT64",
+    "TYPE_INT8": "INT8",
+    "TYPE_INT16": "INT16",
+    "TYPE_INT32": "INT32",
+    "TYPE_INT64": "INT64",
+    "TYPE_FP16": "FP16",
+    "TYPE_FP32": "FP32",
+    "TYPE_FP64": "FP64",
+    "TYPE_STRING": "BYTES",
+}
+
+ONNX_PLATFORM = "onnxruntime_onnx"
+ONNX_BACKEND = "onnxruntime"
+PIPELINE_BACKEND = "pipeline"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output as the model declares it (dims exclude the batch dimension)."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+    label_filename: str = ""
+    reshape: tuple[int, ...] | None = None  # the shape the model itself takes (Triton's reshape)
+
+    def shape(self, max_batch_size: int) -> list[int]:
+        """The full shape as clients see it (-1 for a variable dimension)."""
+        return ([-1] if max_batch_size > 0 else []) + list(self.dims)
+
+    def metadata(self, max_batch_size: int) -> dict[str, Any]:
+        """The OIP metadata entry for this tensor."""
+        return {"name": self.name, "datatype": self.datatype, "shape": self.shape(max_batch_size)}
+
+
+def _spec(kind: str, model: str, message: Any) -> TensorSpec:
+    type_name = pb.DataType.Name(message.data_type)
+    if type_name not in CONFIG_DATATYPES:
+        raise ConfigError(f"model '{model}': {kind} '{message.name}' has data_type {type_name}")
+    return TensorSpec(
+        name=message.name,
+        datatype=CONFIG_DATATYPES[type_name],
+        dims=tuple(int(d) for d in message.dims),
+        optional=bool(getattr(message, "optional", False)),
+        label_filename=getattr(message, "label_filename", ""),
+        reshape=tuple(int(d) for d in message.reshape.shape)
+        if message.HasField("reshape")
+        else None,
+    )
+
+
+class ModelConfig:
+    """A parsed and checked ``config.pbtxt``."""
+
+    def __init__(self, proto: pb.ModelConfig, directory: Path) -> None:
+        self.proto = proto
+        self.directory = directory
+        self.name: str = proto.name
+        self.max_batch_size: int = proto.max_batch_size
+        self.inputs = [_spec("input", self.name, i) for i in proto.input]
+        self.outputs = [_spec("output", self.name, o) for o in proto.output]
+        self.parameters: dict[str, str] = {k: v.string_value for k, v in proto.parameters.items()}
+        self.instance_count = max(1, sum(g.count or 1 for g in proto.instance_group) or 1)
+
+    @property
+    def platform(self) -> str:
+        """The platform name reported in model metadata."""
+        if self.proto.platform:
+            return str(self.proto.platform)
+        if self.proto.backend == ONNX_BACKEND:
+            return ONNX_PLATFORM
+        return str(self.proto.backend)
+
+    @property
+    def is_pipeline(self) -> bool:
+        """True for edged's pipeline backend (pre/post-processing around other models)."""
+        return bool(self.proto.backend == PIPELINE_BACKEND)
+
+    def model_filename(self) -> str:
+        """The file inside a version directory that holds the model."""
+        return str(self.proto.default_model_filename or "model.onnx")
+
+    def version_policy(self, available: list[int]) -> list[int]:
+        """Which of the available versions to serve, by Triton's version_policy."""
+        available = sorted(available)
+        policy = self.proto.version_policy
+        which = policy.WhichOneof("policy_choice")
+        if which == "all":
+            return available
+        if which == "specific":
+            wanted = set(policy.specific.versions)
+            return [v for v in available if v in wanted]
+        count = policy.latest.num_versions if which == "latest" else 1
+        return available[-max(1, count) :]
+
+    def as_json(self) -> dict[str, Any]:
+        """The configuration as Triton's JSON form (GET /v2/models/{m}/config)."""
+        return json_format.MessageToDict(self.proto, preserving_proto_field_name=True)
+
+    def labels(self, output: TensorSpec, version_dir: Path) -> list[str] | None:
+        """The labels of a classification output, from its label_filename."""
+        if not output.label_filename:
+            return None
+        for base in (version_dir, self.directory):
+            path = base / output.label_filename
+            if path.is_file():
+                return path.read_text(encoding="utf-8").splitlines()
+        return None
+
+    def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
+        """Reject inputs whose names, datatypes or shapes do not match the configuration."""
+        known = {spec.name: spec for spec in self.inputs}
+        for name in inputs:
+            if name not in known:
+                raise InvalidRequest(
+                    f"model '{self.name}' has no input '{name}'; its inputs are:"
+                    f" {', '.join(known) or 'none'}"
+                )
+        batch: int | None = None
+        for spec in self.inputs:
+            array = inputs.get(spec.name)
+            if array is None:
+                if spec.optional:
+                    continue
+                raise InvalidRequest(f"model '{self.name}' needs input '{spec.name}'")
+            expected = DATATYPES[spec.datatype]
+            if array.dtype != expected:
+                got = "BYTES" if array.dtype == object else str(array.dtype)
+                raise InvalidRequest(
+                    f"input '{spec.name}' must be {spec.datatype}, got {_oip_name(got)}"
+                )
+            shape = list(array.shape)
+            dims = list(spec.dims)
+            if self.max_batch_size > 0:
+                if not shape:
+                    raise InvalidRequest(f"input '{spec.name}' needs a batch dimension")
+                if shape[0] > self.max_batch_size:
+                    raise InvalidRequest(
+                        f"input '{spec.name}': batch size {shape[0]} is over the model's"
+                        f" max_batch_size {self.max_batch_size}"
+                    )
+                if batch is not None and shape[0] != batch:
+                    raise InvalidRequest("all inputs must have the same batch size")
+                batch = shape[0]
+                shape = shape[1:]
+            if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
+                want = spec.shape(self.max_batch_size)
+                raise InvalidRequest(
+                    f"input '{spec.name}' has shape {list(array.shape)}, the model expects {want}"
+                )
+
+
+def _oip_name(numpy_name: str) -> str:
+    for name, dtype in DATATYPES.items():
+        if str(dtype) == numpy_name:
+            return name
+    return numpy_name
+
+
+def read_config(directory: Path) -> ModelConfig:
+    """Read and check ``<directory>/config.pbtxt``; the model's name is the directory's."""
+    path = directory / "config.pbtxt"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    proto = pb.ModelConfig()
+    try:
+        text_format.Parse(text, proto)
+    except text_format.ParseError as exc:
+        raise ConfigError(f"{path}:{exc}") from None
+    if not proto.name:
+        proto.name = directory.name
+    elif proto.name != directory.name:
+        raise ConfigError(
+            f"{path}: name '{proto.name}' differs from its directory '{directory.name}'"
+        )
+    kinds = (proto.platform == ONNX_PLATFORM, proto.backend in (ONNX_BACKEND, PIPELINE_BACKEND))
+    if not any(kinds):
+        raise ConfigError(
+            f"{path}: platform '{proto.platform}' / backend '{proto.backend}' is not supported;"
+            f' use platform "{ONNX_PLATFORM}" or backend "{PIPELINE_BACKEND}"'
+        )
+    if proto.max_batch_size < 0:
+        raise ConfigError(f"{path}: max_batch_size must be >= 0")
+    config = ModelConfig(proto, directory)
+    names = [t.name for t in config.inputs] + [t.name for t in config.outputs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: input and output names must be unique")
+    return config

@@ -1,0 +1,347 @@
+"""The model repository and the lifecycle of the models in it.
+
+Triton's layout: ``<repository>/<model>/config.pbtxt`` and ``<repository>/<model>/<version>/``.
+Models load concurrently; a pipeline loads after the models it calls (its ``*_model``
+parameters). A model that fails to load is kept with its reason; the others serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edged.errors import EdgedError, ModelLoadError, NotFound, Unavailable
+from edged.models.config import ModelConfig, read_config
+from edged.runtimes.base import Runtime, Tensors
+
+log = logging.getLogger(__name__)
+
+RuntimeFactory = Callable[[ModelConfig, Path], Runtime]
+
+
+class State(str, enum.Enum):
+    """A model version's state, with Triton's names."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass
+class ModelVersion:
+    """One version of a model and what became of it."""
+
+    version: int
+    state: State = State.LOADING
+    reason: str = ""
+    runtime: Runtime | None = None
+    signature: tuple[Any, ...] = ()
+    inflight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class ModelEntry:
+    """A model directory: its config (if it parsed) and its versions."""
+
+    name: str
+    directory: Path
+    config: ModelConfig | None = None
+    error: str = ""
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+
+    @property
+    def ready_versions(self) -> list[int]:
+        """Versions that serve, oldest first."""
+        return sorted(v for v, mv in self.versions.items() if mv.state is State.READY)
+
+    def dependencies(self) -> list[str]:
+        """The models a pipeline calls, from its ``*_model`` parameters."""
+        if self.config is None or not self.config.is_pipeline:
+            return []
+        return [v for k, v in sorted(self.config.parameters.items()) if k.endswith("_model")]
+
+
+def _signature(config_path: Path, version_dir: Path) -> tuple[Any, ...]:
+    """What identifies a version's content on disk, to tell changed versions on reload."""
+    files = sorted(p for p in version_dir.rglob("*") if p.is_file())
+    stats = [
+        (str(p.relative_to(version_dir)), p.stat().st_size, p.stat().st_mtime_ns) for p in files
+    ]
+    return (config_path.stat().st_mtime_ns, tuple(stats))
+
+
+class ModelManager:
+    """Finds, loads, serves and unloads the models of one repository."""
+
+    def __init__(self, repository: Path, factory: RuntimeFactory) -> None:
+        self.repository = repository
+        self.factory = factory
+        self.entries: dict[str, ModelEntry] = {}
+        self._lock = asyncio.Lock()
+
+    # ---- discovery -------------------------------------------------------------------------
+
+    def scan(self) -> dict[str, Path]:
+        """Model directories: those with a config.pbtxt."""
+        if not self.repository.is_dir():
+            raise ModelLoadError(f"model repository {self.repository} is not a directory")
+        return {
+            d.name: d
+            for d in sorted(self.repository.iterdir())
+            if d.is_dir() and (d / "config.pbtxt").is_file()
+        }
+
+    # ---- loading ---------------------------------------------------------------------------
+
+    async def load_all(self, names: Iterable[str] | None = None) -> None:
+        """Load the named models (default: all found), dependencies first, concurrently."""
+        found = self.scan()
+        wanted = list(found) if not names else list(names)
+        for name in wanted:
+            if name not in found:
+                self.entries[name] = ModelEntry(name, self.repository / name)
+                self.entries[name].error = f"model '{name}' is not in {self.repository}"
+                log.error("%s", self.entries[name].error)
+        async with self._lock:
+            await self._load_many({n: found[n] for n in wanted if n in found}, found)
+
+    async def _load_many(self, targets: Mapping[str, Path], found: Mapping[str, Path]) -> None:
+        tasks: dict[str, asyncio.Task[None]] = {}
+
+        def start(name: str, chain: tuple[str, ...]) -> asyncio.Task[None]:
+            if name in tasks:
+                return tasks[name]
+            entry = self._read_entry(name, found[name])
+            deps = []
+            for dep in entry.dependencies():
+                if dep in chain:
+                    entry.error = f"pipeline dependency cycle: {' -> '.join((*chain, dep))}"
+                elif dep in found and (dep in targets or not self._serving(dep)):
+                    deps.append(start(dep, (*chain, name)))
+            tasks[name] = asyncio.create_task(self._load_entry(entry, deps), name=f"load:{name}")
+            return tasks[name]
+
+        for name in targets:
+            start(name, ())
+        if tasks:
+            await asyncio.gather(*tasks.values())
+
+    def _serving(self, name: str) -> bool:
+        entry = self.entries.get(name)
+        return entry is not None and bool(entry.ready_versions)
+
+    def _read_entry(self, name: str, directory: Path) -> ModelEntry:
+        entry = ModelEntry(name, directory)
+        try:
+            entry.config = read_config(directory)
+        except EdgedError as exc:
+            entry.error = exc.message
+        old = self.entries.get(name)
+        if old is not None:
+            entry.versions = old.versions
+        self.entries[name] = entry
+        return entry
+
+    async def _load_entry(self, entry: ModelEntry, deps: list[asyncio.Task[None]]) -> None:
+        if deps:
+            await asyncio.gather(*deps)
+        if not entry.error:
+            for dep in entry.dependencies():
+                dep_entry = self.entries.get(dep)
+                if dep_entry is None:
+                    entry.error = f"step model '{dep}' is not in the repository"
+                elif not dep_entry.ready_versions:
+                    why = dep_entry.error or "; ".join(
+                        mv.reason for mv in dep_entry.versions.values() if mv.reason
+                    )
+                    entry.error = f"step model '{dep}' is unavailable: {why or 'not loaded'}"
+        if entry.error or entry.config is None:
+            log.error("model %s: unavailable: %s", entry.name, entry.error)
+            await self._retire(entry, list(entry.versions))
+            return
+        config = entry.config
+        on_disk = sorted(
+            int(d.name) for d in entry.directory.iterdir() if d.is_dir() and d.name.isdigit()
+        )
+        wanted = config.version_policy(on_disk)
+        if not wanted:
+            entry.error = f"no version directory in {entry.directory} matches the version policy"
+            log.error("model %s: unavailable: %s", entry.name, entry.error)
+            await self._retire(entry, list(entry.versions))
+            return
+        await self._retire(entry, [v for v in entry.versions if v not in wanted])
+        await asyncio.gather(*(self._load_version(entry, config, v) for v in wanted))
+
+    async def _load_version(self, entry: ModelEntry, config: ModelConfig, version: int) -> None:
+        version_dir = entry.directory / str(version)
+        signature = _signature(entry.directory / "config.pbtxt", version_dir)
+        current = entry.versions.get(version)
+        if current and current.state is State.READY and current.signature == signature:
+            return  # unchanged: keep serving it
+        fresh = ModelVersion(version, signature=signature)
+        fresh.idle.set()
+        runtime = self.factory(config, version_dir)
+        try:
+            await runtime.load()
+        except Exception as exc:
+            fresh.state = State.UNAVAILABLE
+            fresh.reason = (
+                exc.message if isinstance(exc, EdgedError) else f"{type(exc).__name__}: {exc}"
+            )
+            log.error("model %s version %d: unavailable: %s", entry.name, version, fresh.reason)
+            if current is None or current.state is not State.READY:
+                entry.versions[version] = fresh
+            return
+        fresh.runtime = runtime
+        fresh.state = State.READY
+        # The swap is one assignment: requests that started on the old runtime finish on it.
+        entry.versions[version] = fresh
+        log.info("model %s version %d: ready", entry.name, version)
+        if current is not None and current.runtime is not None:
+            await self._drain_and_unload(current)
+
+    async def _drain_and_unload(self, mv: ModelVersion) -> None:
+        mv.state = State.UNLOADING
+        await mv.idle.wait()
+        if mv.runtime is not None:
+            await mv.runtime.unload()
+        mv.runtime = None
+        mv.state = State.UNAVAILABLE
+        mv.reason = "unloaded"
+
+    async def _retire(self, entry: ModelEntry, versions: list[int]) -> None:
+        for v in versions:
+            mv = entry.versions.pop(v, None)
+            if mv is not None and mv.runtime is not None:
+                await self._drain_and_unload(mv)
+
+    async def load(self, name: str) -> None:
+        """Load or reload one model (Triton's repository load); raises if it does not serve."""
+        found = self.scan()
+        if name not in found:
+            raise NotFound(f"model '{name}' is not in the repository {self.repository}")
+        async with self._lock:
+            await self._load_many({name: found[name]}, found)
+        entry = self.entries[name]
+        if not entry.ready_versions:
+            raise ModelLoadError(f"model '{name}' failed to load: {self.reason(name)}")
+
+    async def unload(self, name: str) -> None:
+        """Unload every version of a model, after in-flight requests finish."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise NotFound(f"model '{name}' is not loaded and not in the repository")
+        async with self._lock:
+            await self._retire(entry, list(entry.versions))
+            entry.error = "unloaded"
+
+    async def sync(self) -> None:
+        """Poll the repository (SIGHUP): load new or changed models, unload removed ones."""
+        found = self.scan()
+        async with self._lock:
+            for name in [n for n in self.entries if n not in found]:
+                await self._retire(self.entries[name], list(self.entries[name].versions))
+                del self.entries[name]
+            await self._load_many(found, found)
+
+    async def close(self) -> None:
+        """Unload everything (shutdown)."""
+        async with self._lock:
+            for entry in self.entries.values():
+                await self._retire(entry, list(entry.versions))
+
+    # ---- serving ---------------------------------------------------------------------------
+
+    def entry(self, name: str) -> ModelEntry:
+        """The entry of a known model, or NotFound."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise NotFound(f"unknown model '{name}'")
+        return entry
+
+    def reason(self, name: str) -> str:
+        """Why a model does not serve (empty when it does)."""
+        entry = self.entry(name)
+        if entry.ready_versions:
+            return ""
+        reasons = [f"version {v}: {mv.reason}" for v, mv in entry.versions.items() if mv.reason]
+        return entry.error or "; ".join(reasons) or "not loaded"
+
+    def resolve(self, name: str, version: int | None) -> tuple[ModelEntry, ModelVersion]:
+        """The version that serves a request: the one asked for, else the newest ready one."""
+        entry = self.entry(name)
+        if version is not None:
+            mv = entry.versions.get(version)
+            if mv is None:
+                raise NotFound(f"model '{name}' has no version {version}")
+            if mv.state is not State.READY:
+                raise Unavailable(f"model '{name}' version {version} is not ready: {mv.reason}")
+            return entry, mv
+        ready = entry.ready_versions
+        if not ready:
+            raise Unavailable(f"model '{name}' is not ready: {self.reason(name)}")
+        return entry, entry.versions[ready[-1]]
+
+    async def infer(
+        self,
+        name: str,
+        version: int | None,
+        inputs: Tensors,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> tuple[ModelEntry, int, Tensors]:
+        """Check the inputs against the model's config and run them."""
+        entry, mv = self.resolve(name, version)
+        assert entry.config is not None and mv.runtime is not None
+        entry.config.check_inputs(inputs)
+        mv.inflight += 1
+        mv.idle.clear()
+        try:
+            outputs = await mv.runtime.infer(inputs, parameters or {})
+        finally:
+            mv.inflight -= 1
+            if mv.inflight == 0:
+                mv.idle.set()
+        return entry, mv.version, outputs
+
+    # ---- what pipelines see (runtimes.base.Steps) --------------------------------------------
+
+    async def call(self, name: str, inputs: Tensors) -> Tensors:
+        """Run the newest ready version of a model for a pipeline."""
+        return (await self.infer(name, None, inputs))[2]
+
+    def config_of(self, name: str) -> ModelConfig:
+        """The configuration of a serving model."""
+        entry, _ = self.resolve(name, None)
+        assert entry.config is not None
+        return entry.config
+
+    def labels_of(self, name: str, output: str) -> list[str]:
+        """The labels of a classification output of the newest ready version, or []."""
+        entry, mv = self.resolve(name, None)
+        assert entry.config is not None
+        for spec in entry.config.outputs:
+            if spec.name == output:
+                return entry.config.labels(spec, entry.directory / str(mv.version)) or []
+        return []
+
+    def index(self) -> list[dict[str, Any]]:
+        """Triton's repository index: every model and version with state and reason."""
+        rows: list[dict[str, Any]] = []
+        for name in sorted(set(self.scan()) | set(self.entries)):
+            entry = self.entries.get(name)
+            if entry is None or not entry.versions:
+                reason = entry.error if entry else "not loaded"
+                rows.append({"name": name, "state": State.UNAVAILABLE.value, "reason": reason})
+                continue
+            for v, mv in sorted(entry.versions.items()):
+                rows.append(
+                    {"name": name, "version": str(v), "state": mv.state.value, "reason": mv.reason}
+                )
+        return rows

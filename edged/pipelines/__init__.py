@@ -1,0 +1,1 @@
+"""Pipelines: pre/post-processing around the repository's tensor models (text, image, audio in)."""

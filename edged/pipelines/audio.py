@@ -1,0 +1,63 @@
+"""Voice activity detection: a WAV file in, speech segments (start, end in seconds) out.
+
+Silero VAD is stateful: each 32 ms chunk is run with the state the previous chunk left, so the
+chunks of one request run in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edged.pipelines import vad_ops
+from edged.pipelines.base import Pipeline, parameter, single_blob
+from edged.runtimes.base import Tensors
+
+
+class VoiceActivity(Pipeline):
+    """The ``vad`` pipeline."""
+
+    def sample(self) -> Tensors:
+        """Half a second of silence as a WAV file."""
+        import io
+        import wave
+
+        buffer = io.BytesIO()
+        with wave.open(buffer, "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(16000)
+            wav.writeframes(b"\0\0" * 8000)
+        blob = np.empty(1, dtype=object)
+        blob[0] = buffer.getvalue()
+        return {"audio": blob}
+
+    async def run(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
+        """Speech probabilities chunk by chunk, then segments with hysteresis."""
+        threshold = parameter(parameters, "threshold", 0.5, 0.05, 0.95)
+        min_speech_ms = parameter(parameters, "min_speech_ms", 250, 0, 60_000)
+        min_silence_ms = parameter(parameters, "min_silence_ms", 100, 0, 60_000)
+        speech_pad_ms = parameter(parameters, "speech_pad_ms", 30, 0, 10_000)
+        data = single_blob("audio", inputs["audio"])
+        pcm, rate = await self.offload(vad_ops.decode_wav, data)
+        pcm, rate = await self.offload(vad_ops.to_model_rate, pcm, rate)
+        model = self.step("vad_model")
+        state = vad_ops.initial_state()
+        sr = np.array([rate], dtype=np.int64)
+        probs = []
+        for chunk in vad_ops.chunks(pcm, rate):
+            out = await self.steps.call(model, {"input": chunk, "state": state, "sr": sr})
+            state = out["stateN"]
+            probs.append(float(out["output"].reshape(-1)[0]))
+        segments = vad_ops.segments(
+            np.asarray(probs, dtype=np.float32),
+            rate,
+            threshold=threshold,
+            min_speech_ms=min_speech_ms,
+            min_silence_ms=min_silence_ms,
+            speech_pad_ms=speech_pad_ms,
+            total_samples=len(pcm),
+        )
+        return {"segments": np.asarray(segments, dtype=np.float32).reshape(-1, 2)}

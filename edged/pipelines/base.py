@@ -1,0 +1,128 @@
+"""The pipeline backend: a model whose config says ``backend: "pipeline"``.
+
+A pipeline turns what a client has (text, an encoded image, a WAV file) into tensors, calls the
+repository's tensor models by name (its ``*_model`` parameters), and turns their outputs back
+into answers. Its version directory holds its assets (tokenizer, character dictionary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from edged.config import ModelsConfig
+from edged.errors import EdgedError, InvalidRequest, ModelLoadError
+from edged.models.config import ModelConfig
+from edged.runtimes.base import Steps, Tensors
+
+T = TypeVar("T")
+
+
+class Pipeline:
+    """Base class: subclasses implement ``prepare`` (load assets), ``run`` and ``sample``."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        version_dir: Path,
+        steps: Steps,
+        executor: Executor,
+        settings: ModelsConfig,
+    ) -> None:
+        self.config = config
+        self.version_dir = version_dir
+        self.steps = steps
+        self.executor = executor
+        self.settings = settings
+
+    def step(self, key: str) -> str:
+        """The model named by a ``*_model`` parameter."""
+        name = self.config.parameters.get(key)
+        if not name:
+            raise ModelLoadError(f"pipeline '{self.config.name}' needs parameter '{key}'")
+        return name
+
+    def asset(self, filename: str) -> Path:
+        """A file of this version's directory, which must exist."""
+        path = self.version_dir / filename
+        if not path.is_file():
+            raise ModelLoadError(f"pipeline '{self.config.name}' needs {path}")
+        return path
+
+    async def offload(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run CPU-bound pre/post-processing in the executor, off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    async def load(self) -> None:
+        """Load the assets, then warm up with a real sample so the first request is not slow."""
+        try:
+            await self.offload(self.prepare)
+        except EdgedError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(f"pipeline '{self.config.name}': {exc}") from None
+        sample = self.sample()
+        if sample is not None:
+            try:
+                await self.run(sample, {})
+            except EdgedError as exc:
+                raise ModelLoadError(f"warm-up failed: {exc.message}") from None
+
+    def prepare(self) -> None:
+        """Load assets (runs in the executor)."""
+
+    def sample(self) -> Tensors | None:
+        """A request used to warm up, or None."""
+        return None
+
+    async def infer(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
+        """Run one request."""
+        return await self.run(inputs, parameters)
+
+    async def run(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
+        """Subclasses: the pipeline itself."""
+        raise NotImplementedError
+
+    async def unload(self) -> None:
+        """Pipelines hold only small assets; nothing to release."""
+
+    def metadata(self) -> dict[str, Any]:
+        """The models this pipeline calls."""
+        return {"steps": {k: v for k, v in self.config.parameters.items() if k.endswith("_model")}}
+
+
+def texts_of(name: str, array: np.ndarray) -> list[str]:
+    """Decode a BYTES tensor of UTF-8 strings."""
+    out = []
+    for i, item in enumerate(array.reshape(-1)):
+        try:
+            out.append(item.decode("utf-8") if isinstance(item, bytes) else str(item))
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"input '{name}' element {i} is not valid UTF-8") from None
+    return out
+
+
+def single_blob(name: str, array: np.ndarray) -> bytes:
+    """The one element of a BYTES tensor of shape [1] (an encoded file)."""
+    flat = array.reshape(-1)
+    if flat.size != 1:
+        raise InvalidRequest(f"input '{name}' must hold exactly one element, got {flat.size}")
+    item = flat[0]
+    return item if isinstance(item, bytes) else str(item).encode("utf-8")
+
+
+def parameter(
+    parameters: Mapping[str, Any], key: str, default: float, low: float, high: float
+) -> float:
+    """A numeric request parameter within bounds, or InvalidRequest naming it."""
+    value = parameters.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise InvalidRequest(f"parameter '{key}' must be a number from {low} to {high}")
+    return float(value)

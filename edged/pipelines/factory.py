@@ -1,0 +1,40 @@
+"""Which pipeline class a ``backend: "pipeline"`` model names in its ``pipeline`` parameter."""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from pathlib import Path
+
+from edged.config import ModelsConfig
+from edged.errors import ModelLoadError
+from edged.models.config import ModelConfig
+from edged.pipelines.audio import VoiceActivity
+from edged.pipelines.base import Pipeline
+from edged.pipelines.image import TextRecognition
+from edged.pipelines.text import Intent, TextEmbedding
+from edged.runtimes.base import Steps
+
+PIPELINES: dict[str, type[Pipeline]] = {
+    "text_embedding": TextEmbedding,
+    "intent": Intent,
+    "ocr": TextRecognition,
+    "vad": VoiceActivity,
+}
+
+
+def create_pipeline(
+    config: ModelConfig,
+    version_dir: Path,
+    steps: Steps,
+    executor: Executor,
+    settings: ModelsConfig,
+) -> Pipeline:
+    """The pipeline a model's config asks for."""
+    kind = config.parameters.get("pipeline", "")
+    cls = PIPELINES.get(kind)
+    if cls is None:
+        raise ModelLoadError(
+            f"model '{config.name}': parameter pipeline='{kind}' is not one of"
+            f" {', '.join(sorted(PIPELINES))}"
+        )
+    return cls(config, version_dir, steps, executor, settings)

@@ -1,0 +1,230 @@
+"""Silero VAD (silero_vad.onnx, silero-vad 6.2.3) pre/post-processing over numpy arrays.
+
+The model takes one chunk at a time: ``input`` float32 [1, context + chunk] (512 + 64 samples at
+16 kHz, 256 + 32 at 8 kHz), ``state`` float32 [2, 1, 128] carried from the previous call and
+``sr`` int64; it returns ``output`` [1, 1] (speech probability) and ``stateN``. The daemon runs
+the graph; these functions decode WAV bytes, cut the chunks and turn the probabilities into
+speech segments with the same hysteresis as the package's ``get_speech_timestamps``.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import wave
+from collections.abc import Iterator
+
+import numpy as np
+
+from edged.errors import InvalidRequest
+
+CHUNK = {16000: 512, 8000: 256}
+CONTEXT = {16000: 64, 8000: 32}
+STATE_SHAPE = (2, 1, 128)
+_PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
+# KSDATAFORMAT_SUBTYPE_* GUIDs differ only in their first two bytes, the format tag.
+_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")
+# Half-width of the anti-alias filter used when downsampling; 32 taps a side keep it cheap.
+_FIR_HALF = 32
+
+
+def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    """Decode a WAV file into float32 mono samples in [-1, 1] and its sample rate.
+
+    Integer PCM of 8, 16, 24 or 32 bits and IEEE float of 32 or 64 bits, plain or
+    WAVE_FORMAT_EXTENSIBLE; channels are averaged. Raises InvalidRequest for bytes that are not
+    WAV, other encodings (A-law, mu-law, ADPCM, ...) and empty audio.
+    """
+    fmt = _wav_format(data)
+    tag = fmt[0] if fmt else _PCM
+    if tag not in (_PCM, _FLOAT):
+        raise InvalidRequest(
+            f"unsupported WAV encoding (format {tag:#x}): send integer PCM (8/16/24/32-bit) "
+            "or float (32/64-bit)"
+        )
+    if fmt and data[fmt[1] : fmt[1] + 2] != b"\x01\x00":
+        # The stdlib reads only format tag 1 (before 3.12 not even EXTENSIBLE PCM): relabel
+        # the header and interpret float samples ourselves below.
+        data = data[: fmt[1]] + b"\x01\x00" + data[fmt[1] + 2 :]
+    try:
+        with wave.open(io.BytesIO(data), "rb") as wav:
+            channels = wav.getnchannels()
+            width = wav.getsampwidth()
+            rate = wav.getframerate()
+            raw = wav.readframes(wav.getnframes())
+    except (wave.Error, EOFError, ValueError, OSError, RuntimeError, struct.error) as exc:
+        # RuntimeError: the stdlib's chunk reader seeking past a chunk that lies about its size.
+        detail = str(exc) or "truncated"
+        raise InvalidRequest(f"the body is not a WAV file ({detail})") from None
+    if width not in ((4, 8) if tag == _FLOAT else (1, 2, 3, 4)):
+        raise InvalidRequest(f"unsupported WAV sample width: {8 * width} bits")
+    if channels < 1 or rate <= 0:
+        raise InvalidRequest("the WAV header is invalid (no channels or no sample rate)")
+    frame = width * channels
+    raw = raw[: len(raw) - len(raw) % frame]  # a truncated last frame is dropped
+    if not raw:
+        raise InvalidRequest("the WAV file holds no audio")
+    if tag == _FLOAT:
+        floats = np.frombuffer(raw, dtype="<f4" if width == 4 else "<f8")
+        samples = np.clip(np.nan_to_num(floats), -1.0, 1.0).astype(np.float32)
+    else:
+        samples = _pcm_to_float(raw, width)
+    samples = samples.reshape(-1, channels)
+    mono = samples.mean(axis=1, dtype=np.float32) if channels > 1 else samples[:, 0]
+    return np.ascontiguousarray(mono, dtype=np.float32), rate
+
+
+def _wav_format(data: bytes) -> tuple[int, int] | None:
+    """The format tag of a RIFF/WAVE file and the tag's offset, EXTENSIBLE resolved to its
+    sub-format; None when the bytes are not RIFF/WAVE or have no fmt chunk (wave.open will say)."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    pos = 12
+    while pos + 8 <= len(data):
+        size = int.from_bytes(data[pos + 4 : pos + 8], "little")
+        if data[pos : pos + 4] == b"fmt ":
+            body = data[pos + 8 : pos + 8 + size]
+            if len(body) < 16:
+                return None
+            tag = int.from_bytes(body[:2], "little")
+            if tag == _EXTENSIBLE and len(body) >= 40 and body[26:40] == _GUID_TAIL:
+                tag = int.from_bytes(body[24:26], "little")
+            return tag, pos + 8
+        pos += 8 + size + (size & 1)  # chunks are word-aligned
+    return None
+
+
+def _pcm_to_float(raw: bytes, width: int) -> np.ndarray:
+    """Little-endian PCM bytes to float32 in [-1, 1] (8-bit WAV is unsigned, the rest signed)."""
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    if width == 1:
+        return (buf.astype(np.float32) - 128.0) / 128.0
+    if width == 3:
+        # Place the 3 bytes in the top of an int32, so the sign bit lands in place.
+        padded = np.zeros((len(buf) // 3, 4), dtype=np.uint8)
+        padded[:, 1:] = buf.reshape(-1, 3)
+        return padded.view("<i4").reshape(-1).astype(np.float32) / 2147483648.0
+    dtype = "<i2" if width == 2 else "<i4"
+    return np.frombuffer(raw, dtype=dtype).astype(np.float32) / float(2 ** (8 * width - 1))
+
+
+def to_model_rate(pcm: np.ndarray, rate: int) -> tuple[np.ndarray, int]:
+    """Bring audio to 16 kHz, the rate the rest of the pipeline uses.
+
+    16 kHz passes through. Everything else, 8 kHz included, is resampled: the model's native
+    8 kHz branch ended speech 100+ ms later than the 16 kHz branch on the same espeak-ng
+    sentences, while 8 kHz audio upsampled to 16 kHz gave the 16 kHz bounds, at the same cost
+    (one chunk per 32 ms either way). Resampling is linear interpolation; when downsampling, a
+    Hann-windowed sinc low-pass (65 taps, cutoff 0.9 x 8 kHz) runs first so that energy above
+    8 kHz does not alias into the speech band.
+    """
+    if rate <= 0:
+        raise InvalidRequest(f"invalid sample rate {rate}")
+    if rate == 16000 or len(pcm) == 0:
+        return np.asarray(pcm, dtype=np.float32), 16000
+    target = 16000
+    x = np.asarray(pcm, dtype=np.float32)
+    if rate > target and len(x) > 2 * _FIR_HALF:
+        taps = np.arange(-_FIR_HALF, _FIR_HALF + 1, dtype=np.float64)
+        cutoff = 0.9 * (target / 2) / rate  # in cycles per input sample
+        kernel = 2 * cutoff * np.sinc(2 * cutoff * taps) * np.hanning(2 * _FIR_HALF + 1)
+        kernel /= kernel.sum()  # unity gain at DC
+        x = np.convolve(x, kernel.astype(np.float32), mode="same")
+    n_out = max(1, round(len(x) * target / rate))
+    t_out = np.arange(n_out, dtype=np.float64) * (rate / target)
+    out = np.interp(t_out, np.arange(len(x), dtype=np.float64), x)
+    return out.astype(np.float32), target
+
+
+def initial_state() -> np.ndarray:
+    """The model's recurrent state before the first chunk: zeros float32 [2, 1, 128]."""
+    return np.zeros(STATE_SHAPE, dtype=np.float32)
+
+
+def chunks(pcm: np.ndarray, rate: int) -> Iterator[np.ndarray]:
+    """The model inputs for ``pcm`` at ``rate`` (8000 or 16000), in order.
+
+    Each is float32 [1, context + chunk]: the chunk (512 samples at 16 kHz, 256 at 8 kHz)
+    preceded by the previous chunk's last 64 / 32 samples (zeros before the first chunk); the
+    last chunk is zero-padded. Feed them in order, carrying ``stateN`` into ``state``.
+    """
+    if rate not in CHUNK:
+        raise ValueError(f"Silero VAD takes 8000 or 16000 Hz, not {rate}; call to_model_rate")
+    size, ctx = CHUNK[rate], CONTEXT[rate]
+    x = np.asarray(pcm, dtype=np.float32).reshape(-1)
+    n = -(-len(x) // size)  # ceil
+    padded = np.zeros(ctx + n * size, dtype=np.float32)
+    padded[ctx : ctx + len(x)] = x
+    for i in range(n):
+        start = i * size  # in padded coordinates this window starts ctx samples early
+        yield padded[start : start + ctx + size].reshape(1, -1).copy()
+
+
+def segments(
+    probs: np.ndarray,
+    rate: int,
+    chunk: int | None = None,
+    *,
+    total_samples: int | None = None,
+    threshold: float = 0.5,
+    neg_threshold: float | None = None,
+    min_speech_ms: float = 250,
+    min_silence_ms: float = 100,
+    speech_pad_ms: float = 30,
+) -> np.ndarray:
+    """Speech segments [n, 2] (start, end in seconds, float32) from per-chunk probabilities.
+
+    ``probs[i]`` is the model's output for samples [i * chunk, (i + 1) * chunk) at ``rate``
+    (chunk defaults to the model's chunk for the rate); ``total_samples`` is the audio's length
+    (default: len(probs) * chunk). Speech starts at the first chunk with prob >= threshold; it
+    ends where prob first fell below ``neg_threshold`` (default max(threshold - 0.15, 0.01))
+    once it has stayed under ``threshold`` for ``min_silence_ms``; segments not longer than
+    ``min_speech_ms`` are dropped; then each is widened by ``speech_pad_ms``, except that
+    neighbours closer than two pads split the gap between them. The same rules as silero-vad's
+    ``get_speech_timestamps`` (without its max_speech_duration_s splitting).
+    """
+    p = np.asarray(probs, dtype=np.float32).reshape(-1)
+    if chunk is None and rate not in CHUNK:
+        raise ValueError(f"no default chunk for {rate} Hz; pass chunk")
+    size = chunk if chunk is not None else CHUNK[rate]
+    total = total_samples if total_samples is not None else len(p) * size
+    neg = neg_threshold if neg_threshold is not None else max(threshold - 0.15, 0.01)
+    min_speech = rate * min_speech_ms / 1000
+    min_silence = rate * min_silence_ms / 1000
+    pad = rate * speech_pad_ms / 1000
+
+    found: list[list[float]] = []
+    start: int | None = None  # sample where the current speech began
+    silence_from: int | None = None  # sample where prob first dropped below neg
+    for i, prob in enumerate(p.tolist()):
+        pos = i * size
+        if prob >= threshold:
+            silence_from = None  # speech came back before the silence was long enough
+            if start is None:
+                start = pos
+            continue
+        if start is None or prob >= neg:
+            continue  # between the thresholds: speech goes on, silence keeps counting
+        if silence_from is None:
+            silence_from = pos
+        if pos - silence_from >= min_silence:
+            if silence_from - start > min_speech:
+                found.append([start, silence_from])
+            start = silence_from = None
+    if start is not None and total - start > min_speech:
+        found.append([start, total])  # speech running until the end of the audio
+
+    for k, seg in enumerate(found):
+        if k == 0:
+            seg[0] = int(max(0, seg[0] - pad))
+        if k + 1 < len(found):
+            gap = found[k + 1][0] - seg[1]
+            # Neighbours closer than two pads meet in the middle instead of overlapping.
+            half = gap // 2 if gap < 2 * pad else pad
+            seg[1] = int(min(total, seg[1] + half))
+            found[k + 1][0] = int(max(0, found[k + 1][0] - half))
+        else:
+            seg[1] = int(min(total, seg[1] + pad))
+    if not found:
+        return np.zeros((0, 2), dtype=np.float32)
+    return (np.array(found, dtype=np.float64) / rate).astype(np.float32)

@@ -1,0 +1,316 @@
+"""Tensors of the Open Inference Protocol: datatypes, JSON data and the binary tensor extension.
+
+Everything here is pure: bytes and dicts in, numpy arrays out (and back). Errors are
+``InvalidRequest`` with a message that names the tensor and what was wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edged.errors import InvalidRequest
+
+# OIP datatype name -> numpy dtype. BYTES tensors are numpy object arrays of ``bytes``.
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
+}
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The OIP datatype name of a numpy array."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        return "BYTES"
+    for name, dtype in DATATYPES.items():
+        if dtype == array.dtype:
+            return name
+    raise InvalidRequest(f"numpy dtype {array.dtype} has no Open Inference Protocol datatype")
+
+
+@dataclass
+class RequestedOutput:
+    """An output the client asked for, and whether it wants it as binary data."""
+
+    name: str
+    binary: bool | None = None
+    classification: int = 0
+
+
+@dataclass
+class InferRequest:
+    """A decoded inference request."""
+
+    inputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    binary_output: bool = False
+
+
+@dataclass
+class InferResponse:
+    """An inference result before encoding."""
+
+    model_name: str
+    model_version: str
+    outputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def _element_count(shape: Iterable[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _shape(name: str, raw: Any) -> list[int]:
+    if not isinstance(raw, list) or not all(isinstance(d, int) and d >= 0 for d in raw):
+        raise InvalidRequest(f"tensor '{name}': 'shape' must be a list of non-negative integers")
+    return list(raw)
+
+
+def from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+    """The JSON ``data`` of one tensor as an array, checking type, range and count."""
+    dtype = DATATYPES[datatype]
+    try:
+        raw = np.asarray(data if isinstance(data, list) else [data])
+    except ValueError as exc:  # ragged nesting
+        raise InvalidRequest(f"tensor '{name}': 'data' is not a regular array: {exc}") from None
+    flat = raw.reshape(-1)
+    count = _element_count(shape)
+    if flat.size != count:
+        raise InvalidRequest(
+            f"tensor '{name}': shape {shape} needs {count} elements, 'data' has {flat.size}"
+        )
+    if count == 0:
+        return np.zeros(shape, dtype=dtype)
+    kind = flat.dtype.kind
+    if datatype == "BYTES":
+        if kind != "U":
+            raise InvalidRequest(f"tensor '{name}': BYTES data must be strings")
+        out = np.empty(count, dtype=object)
+        out[:] = [s.encode("utf-8") for s in flat.tolist()]
+        return out.reshape(shape)
+    if datatype == "BOOL":
+        if kind != "b":
+            raise InvalidRequest(f"tensor '{name}': BOOL data must be true or false")
+        return flat.reshape(shape)
+    if dtype.kind in "iu":
+        if kind not in "iu":
+            raise InvalidRequest(f"tensor '{name}': {datatype} data must be integers")
+        info = np.iinfo(dtype)
+        if int(flat.min()) < info.min or int(flat.max()) > info.max:
+            raise InvalidRequest(f"tensor '{name}': a value is out of range for {datatype}")
+    elif kind not in "iuf":
+        raise InvalidRequest(f"tensor '{name}': {datatype} data must be numbers")
+    return flat.astype(dtype).reshape(shape)
+
+
+def from_binary(name: str, datatype: str, shape: list[int], chunk: bytes) -> np.ndarray:
+    """One tensor of the binary tensor extension as an array, checking its size."""
+    count = _element_count(shape)
+    if datatype == "BYTES":
+        items: list[bytes] = []
+        offset = 0
+        while offset < len(chunk):
+            if offset + 4 > len(chunk):
+                raise InvalidRequest(f"tensor '{name}': binary BYTES element header is truncated")
+            (length,) = struct.unpack_from("<I", chunk, offset)
+            offset += 4
+            if offset + length > len(chunk):
+                raise InvalidRequest(f"tensor '{name}': binary BYTES element is truncated")
+            items.append(chunk[offset : offset + length])
+            offset += length
+        if len(items) != count:
+            raise InvalidRequest(
+                f"tensor '{name}': shape {shape} needs {count} elements,"
+                f" binary data has {len(items)}"
+            )
+        out = np.empty(count, dtype=object)
+        out[:] = items
+        return out.reshape(shape)
+    dtype = DATATYPES[datatype]
+    expected = count * dtype.itemsize
+    if len(chunk) != expected:
+        raise InvalidRequest(
+            f"tensor '{name}': shape {shape} of {datatype} needs {expected} bytes,"
+            f" binary_data_size gives {len(chunk)}"
+        )
+    return np.frombuffer(chunk, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+
+
+def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Decode a REST inference request body (JSON, or JSON followed by binary tensor data)."""
+    if header_length is None:
+        header, binary = body, b""
+    else:
+        if header_length < 0 or header_length > len(body):
+            raise InvalidRequest(
+                f"{HEADER_LENGTH} is {header_length} but the body has only {len(body)} bytes"
+            )
+        header, binary = body[:header_length], body[header_length:]
+    try:
+        doc = json.loads(header)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest("request body must be a JSON object with an 'inputs' list")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidRequest("request needs a non-empty 'inputs' list")
+    parameters = doc.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidRequest("request 'parameters' must be an object")
+
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for raw in raw_inputs:
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise InvalidRequest("each input must be an object with a 'name'")
+        name = raw["name"]
+        if name in inputs:
+            raise InvalidRequest(f"tensor '{name}' is given twice")
+        datatype = raw.get("datatype")
+        if datatype not in DATATYPES:
+            raise InvalidRequest(
+                f"tensor '{name}': datatype {datatype!r} is not one of {', '.join(DATATYPES)}"
+            )
+        shape = _shape(name, raw.get("shape"))
+        params = raw.get("parameters") or {}
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if size is not None:
+            if not isinstance(size, int) or size < 0:
+                raise InvalidRequest(f"tensor '{name}': binary_data_size must be an integer >= 0")
+            if offset + size > len(binary):
+                raise InvalidRequest(
+                    f"tensor '{name}': binary data is truncated: needs {size} bytes at offset"
+                    f" {offset}, the body has {len(binary) - offset} left"
+                )
+            inputs[name] = from_binary(name, datatype, shape, binary[offset : offset + size])
+            offset += size
+        elif "data" in raw:
+            inputs[name] = from_json(name, datatype, shape, raw["data"])
+        else:
+            raise InvalidRequest(f"tensor '{name}' has neither 'data' nor binary_data_size")
+    if offset != len(binary):
+        raise InvalidRequest(
+            f"the body has {len(binary) - offset} bytes of binary data that no input claims"
+        )
+
+    outputs = []
+    for raw in doc.get("outputs") or []:
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise InvalidRequest("each requested output must be an object with a 'name'")
+        params = raw.get("parameters") or {}
+        binary_flag = params.get("binary_data")
+        classification = params.get("classification", 0)
+        if not isinstance(classification, int) or classification < 0:
+            raise InvalidRequest(f"output '{raw['name']}': classification must be an integer >= 0")
+        outputs.append(
+            RequestedOutput(
+                raw["name"],
+                None if binary_flag is None else bool(binary_flag),
+                classification,
+            )
+        )
+    request_id = doc.get("id")
+    return InferRequest(
+        inputs=inputs,
+        id=None if request_id is None else str(request_id),
+        parameters=parameters,
+        outputs=outputs,
+        binary_output=bool(parameters.get("binary_data_output", False)),
+    )
+
+
+def to_json(array: np.ndarray) -> list[Any]:
+    """A tensor as the flat JSON ``data`` list (BYTES as UTF-8 strings)."""
+    flat = array.reshape(-1)
+    if flat.dtype == object or flat.dtype.kind in "SU":
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
+    return list(flat.tolist())
+
+
+def to_binary(array: np.ndarray) -> bytes:
+    """A tensor as binary tensor data (BYTES: 4-byte little-endian length + bytes each)."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        parts = []
+        for v in array.reshape(-1):
+            b = v if isinstance(v, bytes) else str(v).encode("utf-8")
+            parts.append(struct.pack("<I", len(b)) + b)
+        return b"".join(parts)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def encode_response(
+    response: InferResponse, binary: Mapping[str, bool] | None = None
+) -> tuple[bytes, int | None]:
+    """Encode a response; returns the body and the JSON header length when binary data follows."""
+    binary = binary or {}
+    outputs = []
+    chunks: list[bytes] = []
+    for name, array in response.outputs.items():
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": datatype_of(array),
+            "shape": list(array.shape),
+        }
+        if binary.get(name):
+            chunk = to_binary(array)
+            entry["parameters"] = {"binary_data_size": len(chunk)}
+            chunks.append(chunk)
+        else:
+            entry["data"] = to_json(array)
+        outputs.append(entry)
+    doc: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": outputs,
+    }
+    if response.id is not None:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    if not chunks:
+        return header, None
+    return header + b"".join(chunks), len(header)
+
+
+def classify(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray:
+    """Triton's classification extension: the top ``k`` of each row as "score:index[:label]"."""
+    batched = scores.reshape(scores.shape[0], -1) if scores.ndim > 1 else scores.reshape(1, -1)
+    rows = []
+    for row in batched:
+        top = np.argsort(-row, kind="stable")[:k]
+        rows.append(
+            [
+                f"{row[i]:f}:{i}" + (f":{labels[i]}" if labels and i < len(labels) else "")
+                for i in top
+            ]
+        )
+    out = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)
+    for r, row_items in enumerate(rows):
+        out[r, :] = [s.encode() for s in row_items]
+    return out if scores.ndim > 1 else out[0]

@@ -1,0 +1,1 @@
+"""Runtimes: what executes a loaded model version (ONNX Runtime, pipelines)."""

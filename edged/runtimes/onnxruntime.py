@@ -1,0 +1,206 @@
+"""ONNX Runtime: execution providers from config and availability, thread settings, warm-up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from edged.config import OnnxRuntimeConfig
+from edged.errors import EdgedError, InvalidRequest, ModelLoadError
+from edged.models.config import ModelConfig
+from edged.protocol.tensors import DATATYPES
+from edged.runtimes.base import Tensors
+
+log = logging.getLogger(__name__)
+# ONNX Runtime's own warnings go to stderr uncoordinated with logging; its errors reach us as
+# exceptions with the same text, so keep only fatal lines from its logger.
+ort.set_default_logger_severity(4)
+
+# Config names -> ONNX Runtime provider names, in the order of preference.
+PROVIDERS = {
+    "tensorrt": "TensorrtExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+}
+
+
+def choose_providers(wanted: Sequence[str], available: Sequence[str]) -> list[str]:
+    """The wanted providers that this ONNX Runtime build has, in order; CPU always last."""
+    chosen = [PROVIDERS[w] for w in wanted if PROVIDERS[w] in available]
+    if "CPUExecutionProvider" not in chosen:
+        chosen.append("CPUExecutionProvider")
+    return chosen
+
+
+class OnnxRuntime:
+    """One version of an ONNX model in an ``InferenceSession``."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        version_dir: Path,
+        settings: OnnxRuntimeConfig,
+        executor: Executor,
+    ) -> None:
+        self.config = config
+        self.path = version_dir / config.model_filename()
+        self.settings = settings
+        self.executor = executor
+        self.session: ort.InferenceSession | None = None
+        self.output_names = [o.name for o in config.outputs]
+        batched = config.max_batch_size > 0
+        # Triton's reshape: the shape clients send differs from the one the graph takes.
+        self.reshapes = {
+            spec.name: (batched, spec.reshape) for spec in config.inputs if spec.reshape is not None
+        }
+        # instance_group count: how many executions of this model may run at once.
+        self.slots = asyncio.Semaphore(config.instance_count)
+
+    def _create(self) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.settings.intra_op_threads
+        options.inter_op_num_threads = self.settings.inter_op_threads
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Spinning threads of one session starve the others on a 2-core device (OCR ran 2x slower).
+        spin = "1" if self.settings.allow_spinning else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        providers = choose_providers(self.settings.providers, ort.get_available_providers())
+        return ort.InferenceSession(str(self.path), sess_options=options, providers=providers)
+
+    async def load(self) -> None:
+        """Create the session, check it against config.pbtxt and warm it up."""
+        if not self.path.is_file():
+            raise ModelLoadError(f"model file {self.path} does not exist")
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        try:
+            session = await loop.run_in_executor(self.executor, self._create)
+        except Exception as exc:  # ONNX Runtime raises its own types for corrupt files
+            raise ModelLoadError(f"ONNX Runtime cannot load {self.path}: {exc}") from None
+        self._check(session)
+        self.session = session
+        if not self.output_names:
+            self.output_names = [o.name for o in session.get_outputs()]
+        log.info(
+            "model %s: loaded %s with %s in %.0f ms",
+            self.config.name,
+            self.path.name,
+            ", ".join(session.get_providers()),
+            (time.monotonic() - started) * 1000,
+        )
+        await self._warm_up()
+
+    def _check(self, session: ort.InferenceSession) -> None:
+        graph_inputs = {i.name for i in session.get_inputs()}
+        graph_outputs = {o.name for o in session.get_outputs()}
+        for spec in self.config.inputs:
+            if spec.name not in graph_inputs:
+                raise ModelLoadError(
+                    f"config.pbtxt input '{spec.name}' is not in {self.path.name}"
+                    f" (graph inputs: {', '.join(sorted(graph_inputs))})"
+                )
+        for spec in self.config.outputs:
+            if spec.name not in graph_outputs:
+                raise ModelLoadError(
+                    f"config.pbtxt output '{spec.name}' is not in {self.path.name}"
+                    f" (graph outputs: {', '.join(sorted(graph_outputs))})"
+                )
+
+    def _warm_up_samples(self) -> list[tuple[Tensors, int]]:
+        """Triton's model_warmup entries, or one zero-filled request of batch 1."""
+        samples: list[tuple[Tensors, int]] = []
+        rng = np.random.default_rng(0)
+        for warmup in self.config.proto.model_warmup:
+            batch = max(1, warmup.batch_size)
+            feeds: Tensors = {}
+            for name, spec in warmup.inputs.items():
+                datatype = _config_datatype(spec.data_type)
+                shape = ([batch] if self.config.max_batch_size > 0 else []) + list(spec.dims)
+                dtype = DATATYPES[datatype]
+                if spec.input_data_file:
+                    path = self.config.directory / "warmup" / spec.input_data_file
+                    try:
+                        raw = np.fromfile(path, dtype=dtype.newbyteorder("<"))
+                        feeds[name] = raw.astype(dtype).reshape(shape)
+                    except (OSError, ValueError) as exc:
+                        raise ModelLoadError(
+                            f"model_warmup input_data_file {path}: {exc}"
+                        ) from None
+                elif spec.random_data and dtype.kind in "iu":
+                    feeds[name] = rng.integers(0, 100, size=shape).astype(dtype)
+                elif spec.random_data:
+                    feeds[name] = rng.standard_normal(shape).astype(dtype)
+                else:
+                    feeds[name] = np.zeros(shape, dtype=dtype)
+            samples.append((feeds, max(1, warmup.count)))
+        if samples:
+            return samples
+        feeds = {}
+        for spec in self.config.inputs:
+            dims = [1 if d < 0 else d for d in spec.shape(self.config.max_batch_size)]
+            feeds[spec.name] = np.zeros(dims, dtype=DATATYPES[spec.datatype])
+        return [(feeds, 1)]
+
+    async def _warm_up(self) -> None:
+        started = time.monotonic()
+        runs = 0
+        for feeds, count in self._warm_up_samples():
+            for _ in range(count):
+                try:
+                    await self.infer(feeds, {})
+                except EdgedError as exc:
+                    raise ModelLoadError(f"warm-up failed: {exc.message}") from None
+                runs += 1
+        log.debug(
+            "model %s: %d warm-up runs in %.0f ms",
+            self.config.name,
+            runs,
+            (time.monotonic() - started) * 1000,
+        )
+
+    async def infer(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
+        """Run the session in the executor, at most instance_count at a time."""
+        session = self.session
+        if session is None:
+            raise ModelLoadError(f"model '{self.config.name}' is not loaded")
+        feeds = inputs
+        if self.reshapes:
+            feeds = dict(inputs)
+            for name, (batched, shape) in self.reshapes.items():
+                if name in feeds:
+                    lead = list(feeds[name].shape[:1]) if batched else []
+                    feeds[name] = feeds[name].reshape(lead + list(shape))
+        loop = asyncio.get_running_loop()
+        async with self.slots:
+            try:
+                results = await loop.run_in_executor(
+                    self.executor, session.run, self.output_names, feeds
+                )
+            except ort.capi.onnxruntime_pybind11_state.InvalidArgument as exc:
+                raise InvalidRequest(
+                    f"model '{self.config.name}' rejected the input: {exc}"
+                ) from None
+        return dict(zip(self.output_names, results))
+
+    async def unload(self) -> None:
+        """Drop the session; ONNX Runtime frees it when the last reference goes."""
+        self.session = None
+
+    def metadata(self) -> dict[str, Any]:
+        """The execution providers actually in use."""
+        return {"providers": self.session.get_providers() if self.session else []}
+
+
+def _config_datatype(data_type: int) -> str:
+    from edged.models.config import CONFIG_DATATYPES, pb
+
+    return CONFIG_DATATYPES[pb.DataType.Name(data_type)]

@@ -1,0 +1,1 @@
+"""The local API: a transport-agnostic data plane and the transports over it."""

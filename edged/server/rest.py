@@ -1,0 +1,203 @@
+"""Open Inference Protocol REST (and the task API) over the Unix socket, with aiohttp."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from edged.config import ServerConfig
+from edged.errors import EdgedError, Forbidden, InvalidRequest, PayloadTooLarge
+from edged.protocol.tensors import HEADER_LENGTH, decode_request, encode_response
+from edged.server import tasks
+from edged.server.dataplane import DataPlane
+
+log = logging.getLogger(__name__)
+
+PLANE: web.AppKey[DataPlane] = web.AppKey("plane", DataPlane)
+SETTINGS: web.AppKey[ServerConfig] = web.AppKey("settings", ServerConfig)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, message: str) -> web.Response:
+    """The protocol's error body: {"error": "..."}."""
+    return web.json_response({"error": message}, status=status)
+
+
+def peer_credentials(request: web.Request) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the process at the other end of the Unix socket (SO_PEERCRED)."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport else None
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Caller identity, body limit, in-flight count and error mapping for every request."""
+    settings = request.app[SETTINGS]
+    plane = request.app[PLANE]
+    try:
+        if settings.allowed_uids or settings.allowed_gids:
+            creds = peer_credentials(request)
+            if creds is None or not (
+                creds[1] in settings.allowed_uids or creds[2] in settings.allowed_gids
+            ):
+                who = f"uid {creds[1]} gid {creds[2]}" if creds else "an unknown peer"
+                raise Forbidden(f"{who} is not allowed by server.allowed_uids/allowed_gids")
+        length = request.content_length
+        if length is not None and length > settings.max_request_bytes:
+            raise PayloadTooLarge(
+                f"request body of {length} bytes is over the limit of"
+                f" {settings.max_request_bytes} bytes (server.max_request_bytes)"
+            )
+        plane.inflight += 1
+        try:
+            return await handler(request)
+        finally:
+            plane.inflight -= 1
+    except EdgedError as exc:
+        if exc.status >= 500:
+            log.warning("%s %s: %s", request.method, request.path, exc.message)
+        return error_response(exc.status, exc.message)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(
+            413, f"request body is over the limit of {settings.max_request_bytes} bytes"
+        )
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason)
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, "internal error; the daemon's log has the details")
+
+
+async def read_json(request: web.Request) -> Any:
+    """The body as JSON, or InvalidRequest."""
+    body = await request.read()
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+
+
+def query_parameters(request: web.Request) -> dict[str, Any]:
+    """Numeric query parameters (?threshold=0.6) as request parameters."""
+    params: dict[str, Any] = {}
+    for key, value in request.query.items():
+        try:
+            params[key] = float(value)
+        except ValueError:
+            raise InvalidRequest(f"query parameter '{key}' must be a number") from None
+    return params
+
+
+def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
+    """The aiohttp application with every route."""
+    app = web.Application(middlewares=[guard], client_max_size=settings.max_request_bytes)
+    app[PLANE] = plane
+    app[SETTINGS] = settings
+
+    def ok(doc: Any) -> web.Response:
+        return web.json_response(doc)
+
+    def status_only(good: bool) -> web.Response:
+        return web.Response(status=200 if good else 503)
+
+    async def server_metadata(request: web.Request) -> web.Response:
+        return ok(plane.server_metadata())
+
+    async def live(request: web.Request) -> web.Response:
+        return status_only(True)
+
+    async def ready(request: web.Request) -> web.Response:
+        return status_only(plane.ready)
+
+    async def model_metadata(request: web.Request) -> web.Response:
+        info = request.match_info
+        return ok(plane.model_metadata(info["model"], info.get("version")))
+
+    async def model_ready(request: web.Request) -> web.Response:
+        info = request.match_info
+        return status_only(plane.ready and plane.model_ready(info["model"], info.get("version")))
+
+    async def model_config(request: web.Request) -> web.Response:
+        return ok(plane.model_config(request.match_info["model"]))
+
+    async def infer(request: web.Request) -> web.Response:
+        info = request.match_info
+        body = await request.read()
+        header = request.headers.get(HEADER_LENGTH)
+        if header is not None and not header.isdigit():
+            raise InvalidRequest(f"{HEADER_LENGTH} must be a number of bytes, got '{header}'")
+        decoded = decode_request(body, int(header) if header is not None else None)
+        response, binary = await plane.infer(info["model"], info.get("version"), decoded)
+        payload, header_length = encode_response(response, binary)
+        if header_length is None:
+            return web.Response(body=payload, content_type="application/json")
+        return web.Response(
+            body=payload,
+            content_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(header_length)},
+        )
+
+    async def repository_index(request: web.Request) -> web.Response:
+        return ok(plane.repository_index())
+
+    async def repository_load(request: web.Request) -> web.Response:
+        await plane.load(request.match_info["model"])
+        return ok({})
+
+    async def repository_unload(request: web.Request) -> web.Response:
+        await plane.unload(request.match_info["model"])
+        return ok({})
+
+    async def status(request: web.Request) -> web.Response:
+        return ok(plane.status())
+
+    async def embed(request: web.Request) -> web.Response:
+        return ok(await tasks.embed(plane, await read_json(request)))
+
+    async def intent(request: web.Request) -> web.Response:
+        return ok(await tasks.intent(plane, await read_json(request)))
+
+    async def ocr(request: web.Request) -> web.Response:
+        return ok(await tasks.ocr(plane, await request.read(), query_parameters(request)))
+
+    async def vad(request: web.Request) -> web.Response:
+        return ok(await tasks.vad(plane, await request.read(), query_parameters(request)))
+
+    model = "/v2/models/{model}"
+    versioned = "/v2/models/{model}/versions/{version}"
+    app.add_routes(
+        [
+            web.get("/v2", server_metadata),
+            web.get("/v2/health/live", live),
+            web.get("/v2/health/ready", ready),
+            web.get(model, model_metadata),
+            web.get(versioned, model_metadata),
+            web.get(model + "/ready", model_ready),
+            web.get(versioned + "/ready", model_ready),
+            web.get(model + "/config", model_config),
+            web.post(model + "/infer", infer),
+            web.post(versioned + "/infer", infer),
+            web.post("/v2/repository/index", repository_index),
+            web.post("/v2/repository/models/{model}/load", repository_load),
+            web.post("/v2/repository/models/{model}/unload", repository_unload),
+            web.get("/v1/status", status),
+            web.post("/v1/embed", embed),
+            web.post("/v1/intent", intent),
+            web.post("/v1/ocr", ocr),
+            web.post("/v1/vad", vad),
+        ]
+    )
+    return app

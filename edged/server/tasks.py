@@ -1,0 +1,92 @@
+"""The task API for the default models: plain JSON in and out, no tensors to build.
+
+Each call runs the model's pipeline through the data plane, like any OIP request, and shapes
+the answer for people: texts with their embeddings, lines of text with boxes, speech segments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edged.errors import InvalidRequest
+from edged.server.dataplane import DataPlane
+
+EMBED_MODEL = "text-embedding"
+INTENT_MODEL = "intent"
+OCR_MODEL = "ocr"
+VAD_MODEL = "vad"
+
+
+def _strings(doc: Any, single: str, plural: str) -> list[str]:
+    if not isinstance(doc, dict):
+        raise InvalidRequest(f"the body must be a JSON object with '{plural}' (a list of strings)")
+    if plural in doc:
+        values = doc[plural]
+    elif single in doc:
+        values = [doc[single]]
+    else:
+        raise InvalidRequest(f"the body needs '{plural}' (a list of strings) or '{single}'")
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        raise InvalidRequest(f"'{plural}' must be a non-empty list of strings")
+    return values
+
+
+def _bytes_tensor(items: list[bytes]) -> np.ndarray:
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+async def embed(plane: DataPlane, doc: Any) -> dict[str, Any]:
+    """POST /v1/embed {"texts": [...]} -> one embedding per text."""
+    texts = _strings(doc, "text", "texts")
+    model = EMBED_MODEL
+    version, out = await plane.run(model, {"text": _bytes_tensor([t.encode() for t in texts])}, {})
+    vectors = out["embedding"]
+    return {
+        "model": model,
+        "version": str(version),
+        "dim": int(vectors.shape[1]),
+        "embeddings": vectors.tolist(),
+    }
+
+
+async def intent(plane: DataPlane, doc: Any) -> dict[str, Any]:
+    """POST /v1/intent {"texts": [...]} -> the intent of each text and its probability."""
+    texts = _strings(doc, "text", "texts")
+    tensor = _bytes_tensor([t.encode() for t in texts])
+    version, out = await plane.run(INTENT_MODEL, {"text": tensor}, {})
+    return {
+        "model": INTENT_MODEL,
+        "version": str(version),
+        "intents": [
+            {"text": t, "intent": i.decode(), "score": round(float(s), 6)}
+            for t, i, s in zip(texts, out["intent"], out["score"])
+        ],
+    }
+
+
+async def ocr(plane: DataPlane, image: bytes, params: Mapping[str, Any]) -> dict[str, Any]:
+    """POST /v1/ocr with an encoded image as the body -> lines of text with boxes."""
+    if not image:
+        raise InvalidRequest("the body is empty: send the image file's bytes")
+    version, out = await plane.run(OCR_MODEL, {"image": _bytes_tensor([image])}, params)
+    lines = [
+        {"text": t.decode(), "score": round(float(s), 6), "box": b.round(1).tolist()}
+        for t, s, b in zip(out["text"], out["scores"], out["boxes"])
+    ]
+    return {"model": OCR_MODEL, "version": str(version), "lines": lines}
+
+
+async def vad(plane: DataPlane, audio: bytes, params: Mapping[str, Any]) -> dict[str, Any]:
+    """POST /v1/vad with a WAV file as the body -> speech segments in seconds."""
+    if not audio:
+        raise InvalidRequest("the body is empty: send a WAV file's bytes")
+    version, out = await plane.run(VAD_MODEL, {"audio": _bytes_tensor([audio])}, params)
+    segments = [
+        {"start": round(float(a), 3), "end": round(float(b), 3)} for a, b in out["segments"]
+    ]
+    return {"model": VAD_MODEL, "version": str(version), "segments": segments}

@@ -1,0 +1,152 @@
+"""Fixtures that start real edged daemons on real Unix sockets, and stop them by PID."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edged.client import Client, ClientError
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "models"
+EDGED = [sys.executable, "-m", "edged"]
+
+
+def require_models() -> None:
+    """The default repository must be built (make test does it); fail loudly otherwise."""
+    if not (MODELS / "text-encoder" / "1" / "model.onnx").is_file():
+        pytest.fail("the default model repository is not built: run `make models` first")
+
+
+def wait_for(
+    condition: object, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Wait for a condition (a callable returning truthy), failing with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"edged exited with {proc.returncode} while waiting for {what}")
+        try:
+            if condition():  # type: ignore[operator]
+                return
+        except ClientError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Daemon:
+    """One edged process with its own socket, state dir and log file."""
+
+    def __init__(self, workdir: Path, models: Path = MODELS, config: str = "") -> None:
+        self.workdir = workdir
+        self.socket = workdir / "edged.sock"
+        self.models = models
+        self.log = workdir / "edged.log"
+        self.config = workdir / "edged.toml"
+        self.config.write_text(config)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        return [
+            *EDGED,
+            "--config", str(self.config),
+            "--socket", str(self.socket),
+            "--state-dir", str(self.workdir / "state"),
+            "--models", str(self.models),
+        ]  # fmt: skip
+
+    def start(self, env: dict[str, str] | None = None, wait: bool = True) -> Daemon:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
+        if wait:
+            self.wait_ready()
+        return self
+
+    @property
+    def client(self) -> Client:
+        return Client(str(self.socket), timeout=60)
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        wait_for(lambda: self.socket.exists() and self.client.ready(), timeout, "READY", self.proc)
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, then the exit code (SIGKILL if it does not stop in time)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(
+                f"edged did not stop within {timeout} s; log:\n{self.logs()}"
+            ) from None
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def make_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Daemon]]:
+    """Build daemons for one test; each is stopped by PID at the end."""
+    started: list[Daemon] = []
+
+    class Tracked(Daemon):
+        def __init__(self, models: Path = MODELS, config: str = "") -> None:
+            super().__init__(tmp_path_factory.mktemp("edged"), models, config)
+            started.append(self)
+
+    yield Tracked
+    for daemon in started:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One edged serving the default repository for the whole session."""
+    require_models()
+    workdir = tmp_path_factory.mktemp("edged-session")
+    proc = Daemon(workdir, config="[server]\nmax_request_bytes = 8388608\n").start()
+    yield proc
+    assert proc.stop() == 0, proc.logs()
+
+
+@pytest.fixture(scope="session")
+def client(daemon: Daemon) -> Client:
+    """A client of the session daemon."""
+    return daemon.client
+
+
+def linked_repository(target: Path, names: list[str] | None = None) -> Path:
+    """A repository whose models are symlinks into the default one (cheap to alter per test)."""
+    require_models()
+    target.mkdir(parents=True, exist_ok=True)
+    for model in sorted(MODELS.iterdir()):
+        if (model / "config.pbtxt").is_file() and (names is None or model.name in names):
+            (target / model.name).symlink_to(model, target_is_directory=True)
+    return target
+
+
+def copy_model(repository: Path, name: str) -> Path:
+    """Replace a linked model with a real copy that the test may damage."""
+    link = repository / name
+    link.unlink()
+    shutil.copytree(MODELS / name, link)
+    return link

@@ -1,0 +1,113 @@
+"""Bad input gets a 4xx that names the problem, and the next good request still succeeds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from edged.client import Client
+
+GOOD_TEXT = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]}
+
+
+def post(
+    client: Client, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    status, _, payload = client.request("POST", path, body, headers or {})
+    message = json.loads(payload).get("error", "") if status >= 400 else ""
+    return status, message
+
+
+def assert_still_serves(client: Client) -> None:
+    status, _ = post(client, "/v2/models/text-embedding/infer", json.dumps(GOOD_TEXT).encode())
+    assert status == 200
+    assert client.embed(["still serving"]).shape == (1, 384)
+
+
+def infer_doc(name: str, datatype: str, shape: list[int], data: list[object]) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": name, "datatype": datatype, "shape": shape, "data": data}]}
+    ).encode()
+
+
+CASES = [
+    ("malformed JSON", "/v2/models/text-embedding/infer", b'{"inputs": [', 400, "not valid JSON"),
+    ("not an object", "/v2/models/text-embedding/infer", b"[1]", 400, "JSON object"),
+    ("wrong dtype", "/v2/models/text-encoder/infer",
+     infer_doc("input_ids", "FP32", [1, 2], [1.0, 2.0]), 400, "must be INT64, got FP32"),
+    ("wrong shape", "/v2/models/intent-classifier/infer",
+     infer_doc("embedding", "FP32", [1, 3], [0.1, 0.2, 0.3]), 400, "the model expects [-1, 384]"),
+    ("unknown input", "/v2/models/text-embedding/infer",
+     infer_doc("txt", "BYTES", [1], ["a"]), 400, "has no input 'txt'"),
+    ("unknown model", "/v2/models/no-such-model/infer",
+     json.dumps(GOOD_TEXT).encode(), 404, "unknown model 'no-such-model'"),
+    ("unknown version", "/v2/models/text-embedding/versions/42/infer",
+     json.dumps(GOOD_TEXT).encode(), 404, "no version 42"),
+    ("bad version", "/v2/models/text-embedding/versions/latest/infer",
+     json.dumps(GOOD_TEXT).encode(), 400, "positive integer"),
+    ("non-image bytes to OCR", "/v1/ocr", b"%PDF-1.4 certainly not a picture", 400, "not an image"),
+    ("empty body to OCR", "/v1/ocr", b"", 400, "empty"),
+    ("non-WAV bytes to VAD", "/v1/vad", b"RIFX0000WAVEjunk", 400, "WAV"),
+    ("task API without texts", "/v1/embed", b'{"words": ["a"]}', 400, "needs 'texts'"),
+    ("task API with numbers", "/v1/intent", b'{"texts": [1, 2]}', 400, "list of strings"),
+    ("bad VAD parameter", "/v1/vad?threshold=7", b"RIFF", 400, "threshold"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("what", "path", "body", "status", "message"), CASES, ids=[c[0] for c in CASES]
+)
+def test_bad_request_is_named_and_the_daemon_keeps_serving(
+    client: Client, what: str, path: str, body: bytes, status: int, message: str
+) -> None:
+    got_status, got_message = post(client, path, body)
+    assert got_status == status, got_message
+    assert message in got_message
+    assert_still_serves(client)
+
+
+def test_body_over_the_limit_gets_413(client: Client) -> None:
+    # The session daemon's server.max_request_bytes is 8 MiB.
+    status, message = post(client, "/v1/ocr", b"\0" * (9 * 1024 * 1024))
+    assert status == 413
+    assert "over the limit of 8388608 bytes" in message
+    assert_still_serves(client)
+
+
+def test_truncated_binary_payload_gets_400(client: Client) -> None:
+    header = json.dumps(
+        {"inputs": [{"name": "embedding", "datatype": "FP32", "shape": [1, 384],
+                     "parameters": {"binary_data_size": 384 * 4}}]}
+    ).encode()  # fmt: skip
+    body = header + np.zeros(100, np.float32).tobytes()
+    status, message = post(
+        client,
+        "/v2/models/intent-classifier/infer",
+        body,
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert status == 400
+    assert "truncated" in message
+    assert_still_serves(client)
+
+
+def test_bad_header_length_gets_400(client: Client) -> None:
+    status, message = post(
+        client, "/v2/models/text-embedding/infer", b"{}", {"Inference-Header-Content-Length": "abc"}
+    )
+    assert status == 400 and "Inference-Header-Content-Length" in message
+
+
+def test_unknown_route_gets_a_json_404(client: Client) -> None:
+    status, _, payload = client.request("GET", "/v2/nothing/here")
+    assert status == 404
+    assert "error" in json.loads(payload)
+
+
+def test_batch_over_max_batch_size_is_refused(client: Client) -> None:
+    rows = 65
+    body = infer_doc("embedding", "FP32", [rows, 384], [0.0] * (rows * 384))
+    status, message = post(client, "/v2/models/intent-classifier/infer", body)
+    assert status == 400 and "max_batch_size 64" in message

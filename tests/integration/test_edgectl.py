@@ -1,0 +1,67 @@
+"""edgectl against a real daemon: answers, --json, and exit codes that tell what failed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import Daemon
+from tests.media import speech_in_silence, text_image
+
+
+def edgectl(
+    socket: Path, *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "edged.edgectl", "--socket", str(socket), *args],
+        input=stdin, capture_output=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_status_and_models_list(daemon: Daemon) -> None:
+    out = edgectl(daemon.socket, "status")
+    assert out.returncode == 0
+    assert b"ready" in out.stdout and b"text-encoder" in out.stdout
+    listing = json.loads(edgectl(daemon.socket, "--json", "models", "list").stdout)
+    assert {"name": "ocr", "version": "1", "state": "READY", "reason": ""} in listing
+
+
+def test_task_commands(daemon: Daemon, tmp_path: Path) -> None:
+    embed = json.loads(edgectl(daemon.socket, "--json", "embed", "hello", "hi there").stdout)
+    assert embed["dim"] == 384 and len(embed["embeddings"]) == 2
+    intent = json.loads(
+        edgectl(daemon.socket, "--json", "intent", "what is the GPU temperature").stdout
+    )
+    assert intent[0]["intent"] == "device-status"
+    image = tmp_path / "text.png"
+    image.write_bytes(text_image(["Hello from edged"]))
+    ocr = edgectl(daemon.socket, "ocr", str(image))
+    assert ocr.returncode == 0 and b"edged" in ocr.stdout
+    wav, _, _ = speech_in_silence("hello there", 0.5, 0.5)
+    vad = json.loads(edgectl(daemon.socket, "--json", "vad", "-", stdin=wav).stdout)
+    assert len(vad) >= 1 and vad[0]["start"] > 0.3
+
+
+def test_infer_sends_a_request_document(daemon: Daemon, tmp_path: Path) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(
+        json.dumps(
+            {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
+        )
+    )
+    out = edgectl(daemon.socket, "infer", "text-embedding", str(request))
+    assert out.returncode == 0
+    assert json.loads(out.stdout)["outputs"][0]["shape"] == [1, 384]
+
+
+def test_exit_codes(daemon: Daemon, tmp_path: Path) -> None:
+    assert edgectl(tmp_path / "absent.sock", "status").returncode == 3
+    unknown = edgectl(daemon.socket, "models", "show", "no-such-model")
+    assert unknown.returncode == 4
+    assert b"unknown model 'no-such-model'" in unknown.stderr
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    assert edgectl(daemon.socket, "ocr", str(bad)).returncode == 4
+    assert edgectl(daemon.socket, "nonsense").returncode == 2

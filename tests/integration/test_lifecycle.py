@@ -1,0 +1,226 @@
+"""Start, readiness, systemd notification and activation, drain on SIGTERM, reload on SIGHUP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edged.client import Client, ClientError
+from tests.conftest import Daemon, copy_model, linked_repository, wait_for
+
+SMALL = ["intent-classifier"]  # a model that loads in milliseconds
+
+
+def test_ready_is_503_until_the_models_are_loaded(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    repo = linked_repository(tmp_path / "repo", ["text-encoder"])
+    encoder = copy_model(repo, "text-encoder")
+    # Triton's model_warmup makes loading take seconds, so the window is wide and certain.
+    inputs = ", ".join(
+        f'{{ key: "{name}" value: {{ data_type: TYPE_INT64 dims: [ 128 ] zero_data: true }} }}'
+        for name in ("input_ids", "attention_mask", "token_type_ids")
+    )
+    with (encoder / "config.pbtxt").open("a") as f:
+        f.write(f'model_warmup [ {{ name: "slow" batch_size: 64 count: 2 inputs [ {inputs} ] }} ]')
+    daemon = make_daemon(repo).start(wait=False)
+    client = daemon.client
+    wait_for(lambda: daemon.socket.exists() and client.live(), 60, "live", daemon.proc)
+    assert client.ready() is False
+    status, _, _ = client.request("GET", "/v2/models/text-encoder/ready")
+    assert status == 503
+    with pytest.raises(ClientError) as error:
+        client.infer("text-encoder", {"input_ids": np.ones((1, 4), np.int64)})
+    assert error.value.status == 503 and "loading" in error.value.message
+    daemon.wait_ready()
+    assert client.request("GET", "/v2/models/text-encoder/ready")[0] == 200
+    assert daemon.stop() == 0
+
+
+def notify_socket(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(60)
+    return sock
+
+
+def receive_until(sock: socket.socket, wanted: str) -> list[str]:
+    seen: list[str] = []
+    while wanted not in seen:
+        seen += sock.recv(4096).decode().splitlines()
+    return seen
+
+
+def test_notifies_systemd_ready_watchdog_and_stopping(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    sock = notify_socket(tmp_path / "notify.sock")
+    daemon = make_daemon(linked_repository(tmp_path / "repo", SMALL))
+    daemon.start(
+        env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000"}, wait=False
+    )
+    seen = receive_until(sock, "READY=1")
+    assert "STATUS=loading models" in seen
+    assert any(line.startswith("STATUS=serving 1 of 1") for line in seen)
+    assert daemon.client.ready()
+    receive_until(sock, "WATCHDOG=1")
+    daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    assert "RELOADING=1" in receive_until(sock, "READY=1")
+    daemon.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    receive_until(sock, "STOPPING=1")
+    assert daemon.proc.wait(60) == 0  # type: ignore[union-attr]
+
+
+def test_runs_under_systemd_socket_activate(make_daemon: type[Daemon], tmp_path: Path) -> None:
+    tool = "/usr/bin/systemd-socket-activate"
+    if not os.path.exists(tool):
+        pytest.skip(f"{tool} is missing: install the systemd package (make test does)")
+    daemon = make_daemon(linked_repository(tmp_path / "repo", SMALL))
+    activated = tmp_path / "activated.sock"
+    command = [tool, "-l", str(activated), *daemon.command()]
+    with daemon.log.open("ab") as log:
+        daemon.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    wait_for(activated.exists, 30, "the activation socket", daemon.proc)
+    client = Client(str(activated), timeout=60)
+    assert client.live()  # the first connection starts edged on the passed socket
+    wait_for(client.ready, 60, "READY", daemon.proc)
+    assert not daemon.socket.exists()  # it did not bind its own
+    assert "using the socket passed by systemd" in daemon.logs()
+    assert daemon.stop() == 0
+
+
+def test_sigterm_answers_all_50_requests_in_flight_and_exits_0(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    daemon = make_daemon(config='[models]\nload = ["text-embedding"]\n').start()
+    texts = [
+        f"sentence number {i} about edge inference on small devices, batched" * 2 for i in range(64)
+    ]
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        try:
+            daemon.client.embed(texts)
+            status = 200
+        except ClientError as exc:
+            status = exc.status
+        with lock:
+            results.append(status)
+
+    threads = [threading.Thread(target=call) for _ in range(50)]
+    for t in threads:
+        t.start()
+    inflight = 0
+
+    def all_accepted() -> bool:
+        nonlocal inflight
+        inflight = daemon.client.status()["inflight"] - 1  # minus the status call itself
+        with lock:
+            return inflight + len(results) >= 50
+
+    wait_for(all_accepted, 60, "50 requests accepted", daemon.proc)
+    daemon.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    for t in threads:
+        t.join(120)
+    print(f"{inflight} requests in flight at SIGTERM")
+    assert inflight >= 10, "too few requests were in flight to test draining"
+    assert results == [200] * 50
+    assert daemon.proc.wait(60) == 0  # type: ignore[union-attr]
+    assert not daemon.socket.exists()
+
+
+def test_a_truncated_onnx_file_makes_only_that_model_unavailable(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    repo = linked_repository(tmp_path / "repo", ["text-encoder", "text-embedding", *SMALL])
+    model = copy_model(repo, "text-encoder") / "1" / "model.onnx"
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 3])
+    daemon = make_daemon(repo).start()
+    client = daemon.client
+    index = {row["name"]: row for row in client.repository_index()}
+    assert index["text-encoder"]["state"] == "UNAVAILABLE"
+    assert "ONNX Runtime cannot load" in index["text-encoder"]["reason"]
+    assert index["text-embedding"]["state"] == "UNAVAILABLE"
+    assert "step model 'text-encoder' is unavailable" in index["text-embedding"]["reason"]
+    with pytest.raises(ClientError) as error:
+        client.embed(["hello"])
+    assert error.value.status == 503 and "text-encoder" in error.value.message
+    assert client.request("GET", "/v2/models/text-encoder/ready")[0] == 503
+    # the others serve
+    out = client.infer("intent-classifier", {"embedding": np.zeros((1, 384), np.float32)})
+    assert out["probabilities"].shape[0] == 1
+    assert daemon.stop() == 0
+
+
+def test_sighup_loads_new_models_and_unloads_removed_ones(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    repo = linked_repository(tmp_path / "repo", SMALL)
+    daemon = make_daemon(repo).start()
+    (repo / "vad-silero").symlink_to(linked_repository(tmp_path / "all") / "vad-silero")
+    (repo / "intent-classifier").unlink()
+    daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+
+    def reloaded() -> bool:
+        index = {row["name"]: row["state"] for row in daemon.client.repository_index()}
+        return index == {"vad-silero": "READY"}
+
+    wait_for(reloaded, 60, "the reload", daemon.proc)
+    assert daemon.stop() == 0
+
+
+def test_repository_load_and_unload(make_daemon: type[Daemon], tmp_path: Path) -> None:
+    daemon = make_daemon(linked_repository(tmp_path / "repo", SMALL)).start()
+    client = daemon.client
+    client.unload("intent-classifier")
+    assert client.request("GET", "/v2/models/intent-classifier/ready")[0] == 503
+    client.load("intent-classifier")
+    assert client.request("GET", "/v2/models/intent-classifier/ready")[0] == 200
+    with pytest.raises(ClientError) as error:
+        client.load("no-such-model")
+    assert error.value.status == 404
+    assert daemon.stop() == 0
+
+
+def test_socket_is_0660_and_callers_are_checked_by_peer_credentials(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    other = os.getuid() + 4242
+    daemon = make_daemon(
+        linked_repository(tmp_path / "repo", SMALL), config=f"[server]\nallowed_uids = [{other}]\n"
+    ).start(wait=False)
+    wait_for(daemon.socket.exists, 60, "the socket", daemon.proc)
+    assert stat.S_IMODE(daemon.socket.stat().st_mode) == 0o660
+    status, _, body = daemon.client.request("GET", "/v2/health/live")
+    assert status == 403
+    assert f"uid {os.getuid()}" in body.decode()
+    assert daemon.stop() == 0
+    allowed = make_daemon(
+        linked_repository(tmp_path / "repo2", SMALL),
+        config=f"[server]\nallowed_uids = [{other}]\nallowed_gids = [{os.getgid()}]\n",
+    ).start()
+    assert allowed.client.live()
+    assert allowed.stop() == 0
+
+
+def test_a_second_daemon_refuses_a_socket_in_use(make_daemon: type[Daemon], tmp_path: Path) -> None:
+    first = make_daemon(linked_repository(tmp_path / "repo", SMALL)).start()
+    second = subprocess.run(
+        [sys.executable, "-m", "edged", "--socket", str(first.socket),
+         "--models", str(first.models), "--state-dir", str(tmp_path / "s2")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert second.returncode == 1
+    assert "already serving" in second.stderr
+    assert first.client.ready()
+    assert first.stop() == 0

@@ -1,0 +1,62 @@
+"""The daemon's config: strict, with errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edged import config
+from edged.cli import main as edged_main
+from edged.errors import ConfigError
+
+
+def test_defaults_need_no_file() -> None:
+    cfg = config.parse({})
+    assert cfg.server.socket == Path("/run/edged/edged.sock")
+    assert cfg.server.socket_mode == 0o660
+    assert cfg.onnxruntime.providers == ["tensorrt", "cuda", "cpu"]
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "edged.toml"
+    path.write_text('[server]\nsokcet = "/tmp/x.sock"\n')
+    with pytest.raises(ConfigError, match=r"edged.toml: server.sokcet: unknown key"):
+        config.load(path)
+
+
+def test_wrong_type_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"server.max_request_bytes: .*greater than 0"):
+        config.parse({"server": {"max_request_bytes": 0}})
+    with pytest.raises(ConfigError, match=r"onnxruntime.providers.0"):
+        config.parse({"onnxruntime": {"providers": ["npu"]}})
+
+
+def test_socket_mode_accepts_octal_strings() -> None:
+    assert config.parse({"server": {"socket_mode": "0600"}}).server.socket_mode == 0o600
+    with pytest.raises(ConfigError, match="socket_mode"):
+        config.parse({"server": {"socket_mode": "rw-rw----"}})
+
+
+def test_toml_syntax_error_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[server\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml"):
+        config.load(path)
+
+
+def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        config.load(tmp_path / "absent.toml")
+
+
+def test_validate_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('[log]\nlevel = "debug"\n[server]\nallowed_gids = [0]\n')
+    assert edged_main(["--config", str(good), "--socket", "/tmp/s.sock", "validate-config"]) == 0
+    out = capsys.readouterr().out
+    assert '"level": "debug"' in out and '"/tmp/s.sock"' in out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[log]\nlevel = 3\n")
+    assert edged_main(["--config", str(bad), "validate-config"]) == 1
+    assert "log.level" in capsys.readouterr().err

@@ -1,0 +1,86 @@
+"""config.pbtxt read with Triton's schema: checks, version policy, input validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edged.errors import ConfigError, InvalidRequest
+from edged.models.config import read_config
+
+CONFIG = """
+name: "m"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt" } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+%s
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "m") -> Path:
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "config.pbtxt").write_text(text)
+    return directory
+
+
+def test_reads_tritons_fields(tmp_path: Path) -> None:
+    cfg = read_config(write(tmp_path, CONFIG % ""))
+    assert cfg.platform == "onnxruntime_onnx"
+    assert cfg.max_batch_size == 8
+    assert cfg.instance_count == 2
+    assert cfg.inputs[0].shape(cfg.max_batch_size) == [-1, 3]
+    assert cfg.as_json()["input"][0]["data_type"] == "TYPE_FP32"
+
+
+def test_syntax_error_points_at_the_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config.pbtxt:3:\d+"):
+        read_config(write(tmp_path, 'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch: 1\n'))
+
+
+def test_name_must_match_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="differs from its directory"):
+        read_config(write(tmp_path, CONFIG % "", name="other"))
+
+
+def test_unknown_platform_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not supported"):
+        read_config(write(tmp_path, 'platform: "tensorflow_savedmodel"'))
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("", [3]),
+        ("version_policy: { latest: { num_versions: 2 } }", [2, 3]),
+        ("version_policy: { all: {} }", [1, 2, 3]),
+        ("version_policy: { specific: { versions: [1, 3, 9] } }", [1, 3]),
+    ],
+)
+def test_version_policy(tmp_path: Path, policy: str, expected: list[int]) -> None:
+    cfg = read_config(write(tmp_path, CONFIG % policy))
+    assert cfg.version_policy([3, 1, 2]) == expected
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"x": np.zeros((1, 3), np.float64)}, "must be FP32, got FP64"),
+        ({"x": np.zeros((1, 4), np.float32)}, r"shape \[1, 4\], the model expects \[-1, 3\]"),
+        ({"x": np.zeros((9, 3), np.float32)}, "over the model's max_batch_size 8"),
+        ({"x": np.zeros(3, np.float32), "z": np.zeros(1)}, "no input 'z'"),
+        ({}, "needs input 'x'"),
+    ],
+)
+def test_inputs_are_checked(tmp_path: Path, inputs: dict[str, np.ndarray], message: str) -> None:
+    cfg = read_config(write(tmp_path, CONFIG % ""))
+    with pytest.raises(InvalidRequest, match=message):
+        cfg.check_inputs(inputs)
+
+
+def test_good_inputs_pass(tmp_path: Path) -> None:
+    read_config(write(tmp_path, CONFIG % "")).check_inputs({"x": np.zeros((2, 3), np.float32)})

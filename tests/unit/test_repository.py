@@ -1,0 +1,143 @@
+"""The model lifecycle on a real repository of small ONNX graphs, run by ONNX Runtime."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from edged.config import OnnxRuntimeConfig
+from edged.errors import NotFound, Unavailable
+from edged.models.config import ModelConfig
+from edged.models.repository import ModelManager, State
+from edged.runtimes.onnxruntime import OnnxRuntime
+
+CONFIG = """platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+%s
+"""
+
+
+def scale_model(path: Path, factor: float) -> None:
+    """y = x * factor, with a dynamic batch dimension."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"])],
+        "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor("k", TensorProto.FLOAT, [1], [factor])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def add_model(repo: Path, name: str, versions: dict[int, float], policy: str = "") -> None:
+    (repo / name).mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(CONFIG % policy)
+    for version, factor in versions.items():
+        scale_model(repo / name / str(version) / "model.onnx", factor)
+
+
+def manager_for(repo: Path) -> ModelManager:
+    executor = ThreadPoolExecutor(2)
+
+    def factory(config: ModelConfig, version_dir: Path) -> OnnxRuntime:
+        return OnnxRuntime(config, version_dir, OnnxRuntimeConfig(), executor)
+
+    return ModelManager(repo, factory)
+
+
+async def run(manager: ModelManager, name: str, version: int | None = None) -> tuple[int, float]:
+    _, served, out = await manager.infer(name, version, {"x": np.ones((1, 2), np.float32)})
+    return served, float(out["y"][0, 0])
+
+
+def test_loads_models_and_serves_the_newest_version(tmp_path: Path) -> None:
+    add_model(tmp_path, "double", {1: 2.0, 2: 3.0}, "version_policy: { all: {} }")
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        await manager.load_all()
+        assert await run(manager, "double") == (2, 3.0)
+        assert await run(manager, "double", 1) == (1, 2.0)
+        with pytest.raises(NotFound, match="no version 7"):
+            await run(manager, "double", 7)
+        with pytest.raises(NotFound, match="unknown model"):
+            await run(manager, "nope")
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_truncated_model_is_unavailable_with_its_reason_and_others_serve(tmp_path: Path) -> None:
+    add_model(tmp_path, "good", {1: 2.0})
+    add_model(tmp_path, "broken", {1: 2.0})
+    path = tmp_path / "broken" / "1" / "model.onnx"
+    path.write_bytes(path.read_bytes()[:40])
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        await manager.load_all()
+        assert await run(manager, "good") == (1, 2.0)
+        with pytest.raises(Unavailable, match="ONNX Runtime cannot load"):
+            await run(manager, "broken")
+        rows = {r["name"]: r for r in manager.index()}
+        assert rows["broken"]["state"] == State.UNAVAILABLE.value
+        assert "cannot load" in rows["broken"]["reason"]
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_sync_adds_changes_and_removes_models(tmp_path: Path) -> None:
+    add_model(tmp_path, "a", {1: 2.0})
+    add_model(tmp_path, "b", {1: 5.0})
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        await manager.load_all()
+        add_model(tmp_path, "a", {2: 4.0})  # a new version: the default policy serves the latest
+        add_model(tmp_path, "c", {1: 7.0})  # a new model
+        for f in (tmp_path / "b").rglob("*"):
+            if f.is_file():
+                f.unlink()
+        for d in sorted((tmp_path / "b").rglob("*"), reverse=True):
+            d.rmdir()
+        (tmp_path / "b").rmdir()
+        await manager.sync()
+        assert await run(manager, "a") == (2, 4.0)
+        assert await run(manager, "c") == (1, 7.0)
+        with pytest.raises(NotFound):
+            await run(manager, "b")
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_unload_waits_for_requests_in_flight(tmp_path: Path) -> None:
+    add_model(tmp_path, "m", {1: 2.0})
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        await manager.load_all()
+        inflight = [asyncio.create_task(run(manager, "m")) for _ in range(20)]
+        await asyncio.sleep(0)  # let them start
+        await manager.unload("m")
+        results = await asyncio.gather(*inflight)
+        assert all(r == (1, 2.0) for r in results)
+        with pytest.raises(Unavailable):
+            await run(manager, "m")
+        await manager.load("m")
+        assert await run(manager, "m") == (1, 2.0)
+        await manager.close()
+
+    asyncio.run(scenario())
