@@ -32,7 +32,12 @@ log = logging.getLogger("edged")
 
 def bind_unix(path: Path, mode: int) -> socket.socket:
     """Create the listening socket with ``mode`` from the first instant (no chmod race)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if len(os.fsencode(path)) > 107:  # sun_path is 108 bytes with the terminating NUL
+        raise ConfigError(f"socket path {path} is longer than the 107 bytes Unix sockets allow")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create {path.parent}: {exc.strerror}") from None
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
@@ -49,9 +54,12 @@ def bind_unix(path: Path, mode: int) -> socket.socket:
     old = os.umask(0o777 & ~mode)
     try:
         sock.bind(str(path))
+        os.chmod(path, mode)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot create the socket {path}: {exc.strerror or exc}") from None
     finally:
         os.umask(old)
-    os.chmod(path, mode)
     sock.listen(1024)
     return sock
 
@@ -111,7 +119,7 @@ class Daemon:
                 self.config.log = fresh.log
                 self.config.onnxruntime = fresh.onnxruntime
                 log.info("reloaded %s (socket and paths change only on restart)", self.config_path)
-            await self.manager.sync()
+            await self.manager.sync(self.config.models.load)
         except EdgedError as exc:
             log.error("reload failed, still serving the previous state: %s", exc.message)
         systemd.notify("READY=1", f"STATUS={self.status_line()}")
@@ -123,6 +131,11 @@ class Daemon:
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; returns the exit code."""
+        if not self.manager.repository.is_dir():
+            raise ConfigError(
+                f"models.repository {self.manager.repository} is not a directory"
+                " (set it in the config or with --models)"
+            )
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)

@@ -242,14 +242,16 @@ class ModelManager:
             await self._retire(entry, list(entry.versions))
             entry.error = "unloaded"
 
-    async def sync(self) -> None:
-        """Poll the repository (SIGHUP): load new or changed models, unload removed ones."""
+    async def sync(self, names: Iterable[str] | None = None) -> None:
+        """Poll the repository (SIGHUP): load new or changed models (of ``names``, default all),
+        unload the ones that left the repository."""
         found = self.scan()
+        wanted = set(names or found)
         async with self._lock:
             for name in [n for n in self.entries if n not in found]:
                 await self._retire(self.entries[name], list(self.entries[name].versions))
                 del self.entries[name]
-            await self._load_many(found, found)
+            await self._load_many({n: d for n, d in found.items() if n in wanted}, found)
 
     async def close(self) -> None:
         """Unload everything (shutdown)."""

@@ -6,6 +6,7 @@ import json
 import logging
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,7 +43,24 @@ def peer_credentials(request: web.Request) -> tuple[int, int, int] | None:
 
 @web.middleware
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Caller identity, body limit, in-flight count and error mapping for every request."""
+    """Every request: checked and answered by ``_checked``, logged at debug level."""
+    started = time.perf_counter()
+    response = await _checked(request, handler)
+    if log.isEnabledFor(logging.DEBUG):
+        creds = peer_credentials(request)
+        log.debug(
+            "%s %s -> %d in %.1f ms (pid/uid/gid %s)",
+            request.method,
+            request.path,
+            response.status,
+            (time.perf_counter() - started) * 1000,
+            "/".join(map(str, creds)) if creds else "?",
+        )
+    return response
+
+
+async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Caller identity, body limit, in-flight count and error mapping."""
     settings = request.app[SETTINGS]
     plane = request.app[PLANE]
     try:

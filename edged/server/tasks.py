@@ -43,11 +43,11 @@ def _bytes_tensor(items: list[bytes]) -> np.ndarray:
 async def embed(plane: DataPlane, doc: Any) -> dict[str, Any]:
     """POST /v1/embed {"texts": [...]} -> one embedding per text."""
     texts = _strings(doc, "text", "texts")
-    model = EMBED_MODEL
-    version, out = await plane.run(model, {"text": _bytes_tensor([t.encode() for t in texts])}, {})
+    tensor = _bytes_tensor([t.encode() for t in texts])
+    version, out = await plane.run(EMBED_MODEL, {"text": tensor}, {})
     vectors = out["embedding"]
     return {
-        "model": model,
+        "model": EMBED_MODEL,
         "version": str(version),
         "dim": int(vectors.shape[1]),
         "embeddings": vectors.tolist(),

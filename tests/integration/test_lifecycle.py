@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from edged.client import Client, ClientError
-from tests.conftest import Daemon, copy_model, linked_repository, wait_for
+from tests.conftest import MODELS, Daemon, copy_model, linked_repository, wait_for
 
 SMALL = ["intent-classifier"]  # a model that loads in milliseconds
 
@@ -167,7 +167,7 @@ def test_sighup_loads_new_models_and_unloads_removed_ones(
 ) -> None:
     repo = linked_repository(tmp_path / "repo", SMALL)
     daemon = make_daemon(repo).start()
-    (repo / "vad-silero").symlink_to(linked_repository(tmp_path / "all") / "vad-silero")
+    (repo / "vad-silero").symlink_to(MODELS / "vad-silero", target_is_directory=True)
     (repo / "intent-classifier").unlink()
     daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
 
@@ -224,3 +224,22 @@ def test_a_second_daemon_refuses_a_socket_in_use(make_daemon: type[Daemon], tmp_
     assert "already serving" in second.stderr
     assert first.client.ready()
     assert first.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--socket", "/tmp/" + "s" * 120 + ".sock"], "longer than the 107 bytes"),
+        (["--models", "/nonexistent/models"], "models.repository /nonexistent/models is not"),
+    ],
+)
+def test_start_up_fails_fast_with_a_clear_error(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    base = ["--socket", str(tmp_path / "e.sock"), "--models", str(MODELS)]
+    done = subprocess.run(
+        [sys.executable, "-m", "edged", *base, "--state-dir", str(tmp_path / "state"), *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert message in done.stderr
