@@ -189,9 +189,9 @@ class Client:
 
     # ---- task API --------------------------------------------------------------------------
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """Sentence embeddings, one row per text."""
-        reply = self.call("POST", "/v1/embed", {"texts": texts})
+    def embed(self, texts: list[str], model: str = "text-embedding") -> np.ndarray:
+        """Sentence embeddings, one row per text (``model``: text-embedding or its -int8)."""
+        reply = self.call("POST", "/v1/embed", {"texts": texts, "model": model})
         return np.asarray(reply["embeddings"], dtype=np.float32)
 
     def intent(self, texts: list[str]) -> list[dict[str, Any]]:

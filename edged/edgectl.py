@@ -88,7 +88,7 @@ def cmd_infer(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    vectors = client.embed(args.texts)
+    vectors = client.embed(args.texts, "text-embedding-int8" if args.int8 else "text-embedding")
     reply = {"dim": int(vectors.shape[1]), "embeddings": vectors.tolist()}
     lines = [
         f"{t[:40]!r:44} [{', '.join(f'{x:.4f}' for x in v[:4])}, ...]"
@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     embed = sub.add_parser("embed", help="sentence embeddings of texts")
     embed.add_argument("texts", nargs="+")
+    embed.add_argument("--int8", action="store_true", help="use the INT8 encoder (faster)")
     embed.set_defaults(fn=cmd_embed)
 
     intent = sub.add_parser("intent", help="the intent of each text")

@@ -6,14 +6,17 @@ does nothing outside systemd (no NOTIFY_SOCKET, no LISTEN_FDS).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import socket
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-try:
-    from systemd import daemon as sd_daemon  # type: ignore[attr-defined]
+sd_daemon: Any
+try:  # imported by name: type checkers see the module or not depending on the build
+    sd_daemon = importlib.import_module("systemd.daemon")
 except ImportError:  # the wheel-less systemd-python was not built; the protocol is simple
     sd_daemon = None
 

@@ -436,10 +436,12 @@ def build_text_encoder_int8(
 
 
 def build_text_embedding(repository: Path, minilm_dir: Path) -> None:
-    """text-embedding (pipeline): its version directory holds the package's tokenizer.json."""
-    with version_dir(repository, "text-embedding") as target:
-        shutil.copyfile(minilm_dir / "tokenizer.json", target / "tokenizer.json")
-    log("text-embedding", "copied tokenizer.json")
+    """text-embedding and text-embedding-int8 (pipelines over the FP32 and INT8 encoders): each
+    version directory holds the package's tokenizer.json."""
+    for name in ("text-embedding", "text-embedding-int8"):
+        with version_dir(repository, name) as target:
+            shutil.copyfile(minilm_dir / "tokenizer.json", target / "tokenizer.json")
+        log(name, "copied tokenizer.json")
 
 
 def rename_tensor(model: Any, old: str, new: str) -> None:
@@ -733,7 +735,8 @@ def verify_repository(repository: Path, expected: Sequence[str]) -> None:
 # --------------------------------------------------------------------------- main
 
 MODELS = [
-    "text-encoder", "text-encoder-int8", "text-embedding", "intent-classifier", "intent",
+    "text-encoder", "text-encoder-int8", "text-embedding", "text-embedding-int8",
+    "intent-classifier", "intent",
     "ocr-det", "ocr-cls", "ocr-rec", "ocr", "vad-silero", "vad",
 ]  # fmt: skip
 

@@ -15,6 +15,7 @@ from edged.errors import InvalidRequest
 from edged.server.dataplane import DataPlane
 
 EMBED_MODEL = "text-embedding"
+EMBED_MODELS = (EMBED_MODEL, "text-embedding-int8")
 INTENT_MODEL = "intent"
 OCR_MODEL = "ocr"
 VAD_MODEL = "vad"
@@ -41,13 +42,16 @@ def _bytes_tensor(items: list[bytes]) -> np.ndarray:
 
 
 async def embed(plane: DataPlane, doc: Any) -> dict[str, Any]:
-    """POST /v1/embed {"texts": [...]} -> one embedding per text."""
+    """POST /v1/embed {"texts": [...], "model": "text-embedding"} -> one embedding per text."""
     texts = _strings(doc, "text", "texts")
+    model = doc.get("model", EMBED_MODEL)
+    if model not in EMBED_MODELS:
+        raise InvalidRequest(f"'model' must be one of {', '.join(EMBED_MODELS)}")
     tensor = _bytes_tensor([t.encode() for t in texts])
-    version, out = await plane.run(EMBED_MODEL, {"text": tensor}, {})
+    version, out = await plane.run(model, {"text": tensor}, {})
     vectors = out["embedding"]
     return {
-        "model": EMBED_MODEL,
+        "model": model,
         "version": str(version),
         "dim": int(vectors.shape[1]),
         "embeddings": vectors.tolist(),

@@ -52,6 +52,8 @@ CASES = [
     ("non-WAV bytes to VAD", "/v1/vad", b"RIFX0000WAVEjunk", 400, "WAV"),
     ("task API without texts", "/v1/embed", b'{"words": ["a"]}', 400, "needs 'texts'"),
     ("task API with numbers", "/v1/intent", b'{"texts": [1, 2]}', 400, "list of strings"),
+    ("task API with another model", "/v1/embed", b'{"texts": ["a"], "model": "ocr"}', 400,
+     "'model' must be one of"),
     ("bad VAD parameter", "/v1/vad?threshold=7", b"RIFF", 400, "threshold"),
 ]  # fmt: skip
 

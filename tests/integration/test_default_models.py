@@ -62,6 +62,14 @@ def test_oip_binary_and_json_inference_agree(client: Client) -> None:
     np.testing.assert_allclose(binary, plain, atol=1e-6)
 
 
+def test_int8_embedding_pipeline_agrees_with_fp32(client: Client) -> None:
+    fp32 = client.embed(SENTENCES)
+    int8 = client.embed(SENTENCES, model="text-embedding-int8")
+    cosine = np.sum(fp32 * int8, axis=1)
+    print(f"INT8 vs FP32 cosine: min {cosine.min():.4f}, mean {cosine.mean():.4f}")
+    assert cosine.min() > 0.95, cosine
+
+
 def test_int8_encoder_agrees_with_fp32(client: Client) -> None:
     tok = Tokenizer.from_file(str(MODELS / "text-embedding" / "1" / "tokenizer.json"))
     tok.enable_padding(pad_id=0, pad_token="[PAD]")
@@ -165,7 +173,9 @@ def test_server_and_model_metadata(client: Client) -> None:
     assert config["backend"] == "pipeline"
 
 
-@pytest.mark.parametrize("model", ["text-embedding", "intent", "ocr", "vad", "text-encoder-int8"])
+@pytest.mark.parametrize(
+    "model", ["text-embedding", "text-embedding-int8", "intent", "ocr", "vad", "text-encoder-int8"]
+)
 def test_every_default_model_is_ready(client: Client, model: str) -> None:
     status, _, _ = client.request("GET", f"/v2/models/{model}/ready")
     assert status == 200
