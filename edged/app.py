@@ -106,23 +106,37 @@ class Daemon:
         ready = sum(1 for r in rows if r["state"] == "READY")
         return f"serving {ready} of {len(rows)} model versions"
 
+    def apply(self, fresh: Config) -> None:
+        """Take the settings that can change while serving from a re-read config file."""
+        logging.getLogger().setLevel(fresh.log.level.upper())
+        self.config.log = fresh.log
+        self.config.onnxruntime = fresh.onnxruntime  # for the models loaded from now on
+        # Changed in place: the server's middleware and the pipelines hold these objects.
+        for key in ("allowed_uids", "allowed_gids", "drain_timeout_s"):
+            setattr(self.config.server, key, getattr(fresh.server, key))
+        for key in ("load", "max_image_pixels"):
+            setattr(self.config.models, key, getattr(fresh.models, key))
+
     async def reload(self) -> None:
-        """SIGHUP: re-read the config file and poll the repository."""
-        systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        """SIGHUP: re-read the config file and poll the repository; never stops serving."""
+        if self.plane.ready:
+            systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
             if self.config_path is not None:
-                fresh = config_module.load(self.config_path)
-                fresh.server.socket = self.config.server.socket
-                fresh.state_dir = self.config.state_dir
-                fresh.models.repository = self.config.models.repository
-                logging.getLogger().setLevel(fresh.log.level.upper())
-                self.config.log = fresh.log
-                self.config.onnxruntime = fresh.onnxruntime
-                log.info("reloaded %s (socket and paths change only on restart)", self.config_path)
+                self.apply(config_module.load(self.config_path))
+                log.info(
+                    "reloaded %s; server.socket, server.socket_mode, server.max_request_bytes,"
+                    " state_dir and models.repository change only on restart",
+                    self.config_path,
+                )
             await self.manager.sync(self.config.models.load)
         except EdgedError as exc:
             log.error("reload failed, still serving the previous state: %s", exc.message)
-        systemd.notify("READY=1", f"STATUS={self.status_line()}")
+        except Exception:
+            log.exception("reload failed, still serving the previous state")
+        finally:
+            if self.plane.ready:
+                systemd.notify("READY=1", f"STATUS={self.status_line()}")
 
     async def _watchdog(self, interval: float) -> None:
         while True:
@@ -153,11 +167,15 @@ class Daemon:
             app,
             handle_signals=False,
             access_log=None,
-            shutdown_timeout=self.config.server.drain_timeout_s,
+            # A client that hangs up cancels its request instead of leaving the work running.
+            handler_cancellation=True,
+            # We drain ourselves (below); what is left after drain_timeout_s is cut short.
+            shutdown_timeout=1.0,
         )
         await runner.setup()
         sock = self.listen()
-        await web.SockSite(runner, sock).start()
+        site = web.SockSite(runner, sock)
+        await site.start()
         log.info(
             "listening on %s; loading models from %s", sock.getsockname(), self.manager.repository
         )
@@ -183,12 +201,17 @@ class Daemon:
         else:
             loading.cancel()
 
-        log.info(
-            "stopping: draining in-flight requests (up to %.0f s)",
-            self.config.server.drain_timeout_s,
-        )
+        drain = self.config.server.drain_timeout_s
+        log.info("stopping: draining %d requests (up to %.0f s)", self.plane.inflight, drain)
         systemd.notify("STOPPING=1", "STATUS=draining requests")
-        self.plane.ready = False
+        self.plane.stopping = True
+        await site.stop()  # no new connections; the requests in flight go on
+        try:
+            await asyncio.wait_for(self.plane.idle.wait(), drain)
+        except asyncio.TimeoutError:
+            log.warning(
+                "%d requests still running after %.0f s: cut short", self.plane.inflight, drain
+            )
         await runner.cleanup()
         if watchdog:
             watchdog.cancel()
@@ -197,7 +220,7 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.manager.close()
-        self.executor.shutdown(wait=True)
+        self.executor.shutdown(wait=True, cancel_futures=True)
         if self.owned_socket is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.owned_socket.unlink()

@@ -100,14 +100,7 @@ class Client:
         elif raw is not None:
             headers["Content-Type"] = "application/octet-stream"
         status, _, payload = self.request(method, path, body, headers)
-        if status >= 400:
-            try:
-                message = json.loads(payload)["error"]
-            except (ValueError, KeyError, TypeError):
-                message = payload.decode("utf-8", "replace") or http.client.responses.get(
-                    status, ""
-                )
-            raise ClientError(status, message)
+        _raise_for_status(status, payload)
         return json.loads(payload) if payload else None
 
     # ---- Open Inference Protocol -----------------------------------------------------------
@@ -148,6 +141,10 @@ class Client:
         """POST /v2/repository/models/{m}/unload."""
         self.call("POST", f"/v2/repository/models/{model}/unload", {})
 
+    def infer_json(self, model: str, doc: Any, version: str | None = None) -> dict[str, Any]:
+        """Send an OIP request document as it is; the JSON response."""
+        return dict(self.call("POST", _model_path(model, version) + "/infer", doc))
+
     def infer(
         self,
         model: str,
@@ -179,12 +176,7 @@ class Client:
         status, reply_headers, payload = self.request(
             "POST", _model_path(model, version) + "/infer", header + b"".join(chunks), headers
         )
-        if status >= 400:
-            try:
-                message = json.loads(payload)["error"]
-            except (ValueError, KeyError, TypeError):
-                message = payload.decode("utf-8", "replace")
-            raise ClientError(status, message)
+        _raise_for_status(status, payload)
         return decode_outputs(payload, reply_headers)
 
     # ---- task API --------------------------------------------------------------------------
@@ -205,6 +197,17 @@ class Client:
     def vad(self, wav: bytes, **params: float) -> list[dict[str, float]]:
         """Speech segments of a WAV file, in seconds."""
         return list(self.call("POST", "/v1/vad" + _query(params), raw=wav)["segments"])
+
+
+def _raise_for_status(status: int, payload: bytes) -> None:
+    """ClientError with the daemon's {"error"} message for an error status."""
+    if status < 400:
+        return
+    try:
+        message = json.loads(payload)["error"]
+    except (ValueError, KeyError, TypeError):
+        message = payload.decode("utf-8", "replace") or http.client.responses.get(status, "")
+    raise ClientError(status, message)
 
 
 def _query(params: Mapping[str, float]) -> str:

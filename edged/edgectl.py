@@ -81,9 +81,7 @@ def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
 
 def cmd_infer(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     """Raw OIP inference: a request JSON document (file or -) is sent as it is."""
-    doc = json.loads(_read(args.request))
-    path = f"/v2/models/{args.model}" + (f"/versions/{args.version}" if args.version else "")
-    reply = client.call("POST", path + "/infer", doc)
+    reply = client.infer_json(args.model, json.loads(_read(args.request)), args.version)
     return reply, json.dumps(reply, indent=2)
 
 

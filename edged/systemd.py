@@ -28,15 +28,15 @@ def notify(*fields: str) -> bool:
     if not os.environ.get("NOTIFY_SOCKET"):
         return False
     message = "\n".join(fields)
-    if sd_daemon is not None:
-        return bool(sd_daemon.notify(message))
     address = os.environ["NOTIFY_SOCKET"]
-    if address.startswith("@"):  # abstract namespace
-        address = "\0" + address[1:]
     try:
+        if sd_daemon is not None:
+            return bool(sd_daemon.notify(message))
+        if address.startswith("@"):  # abstract namespace
+            address = "\0" + address[1:]
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.sendto(message.encode(), address)
-    except OSError as exc:
+    except OSError as exc:  # the manager went away: never let that stop serving or draining
         log.warning("cannot notify systemd at %s: %s", os.environ["NOTIFY_SOCKET"], exc)
         return False
     return True

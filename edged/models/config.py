@@ -59,13 +59,18 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": self.shape(max_batch_size)}
 
 
+def oip_datatype(data_type: int) -> str:
+    """The OIP datatype name of a config DataType value (TYPE_FP32 -> FP32); KeyError if none."""
+    return CONFIG_DATATYPES[pb.DataType.Name(data_type)]
+
+
 def _spec(kind: str, model: str, message: Any) -> TensorSpec:
     type_name = pb.DataType.Name(message.data_type)
     if type_name not in CONFIG_DATATYPES:
         raise ConfigError(f"model '{model}': {kind} '{message.name}' has data_type {type_name}")
     return TensorSpec(
         name=message.name,
-        datatype=CONFIG_DATATYPES[type_name],
+        datatype=oip_datatype(message.data_type),
         dims=tuple(int(d) for d in message.dims),
         optional=bool(getattr(message, "optional", False)),
         label_filename=getattr(message, "label_filename", ""),
@@ -190,6 +195,8 @@ def read_config(directory: Path) -> ModelConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
     proto = pb.ModelConfig()
     try:
         text_format.Parse(text, proto)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from edged.runtimes.base import Runtime, Tensors
 log = logging.getLogger(__name__)
 
 RuntimeFactory = Callable[[ModelConfig, Path], Runtime]
+VERSION = re.compile(r"[1-9][0-9]*\Z")  # Triton ignores version directories like "01"
 
 
 class State(str, enum.Enum):
@@ -41,6 +43,7 @@ class ModelVersion:
     state: State = State.LOADING
     reason: str = ""
     runtime: Runtime | None = None
+    config: ModelConfig | None = None  # the config this version was loaded with
     signature: tuple[Any, ...] = ()
     inflight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -55,6 +58,7 @@ class ModelEntry:
     config: ModelConfig | None = None
     error: str = ""
     versions: dict[int, ModelVersion] = field(default_factory=dict)
+    keep: bool = False  # its new config.pbtxt is broken: keep serving the loaded versions
 
     @property
     def ready_versions(self) -> list[int]:
@@ -138,20 +142,36 @@ class ModelManager:
         return entry is not None and bool(entry.ready_versions)
 
     def _read_entry(self, name: str, directory: Path) -> ModelEntry:
-        entry = ModelEntry(name, directory)
+        """A fresh entry with the config on disk; a serving model whose new config is broken
+        keeps its entry (and goes on serving) instead."""
+        old = self.entries.get(name)
+        entry = ModelEntry(name, directory, versions=old.versions if old else {})
         try:
             entry.config = read_config(directory)
         except EdgedError as exc:
+            if old is not None and old.config is not None and old.ready_versions:
+                log.error(
+                    "model %s: %s; still serving the previous configuration", name, exc.message
+                )
+                old.keep = True
+                return old
             entry.error = exc.message
-        old = self.entries.get(name)
-        if old is not None:
-            entry.versions = old.versions
         self.entries[name] = entry
         return entry
 
     async def _load_entry(self, entry: ModelEntry, deps: list[asyncio.Task[None]]) -> None:
         if deps:
             await asyncio.gather(*deps)
+        if entry.keep:
+            entry.keep = False
+            return
+        try:
+            await self._load_checked(entry)
+        except Exception as exc:  # a bug in one model's loading must not stop the others
+            log.exception("model %s: loading failed", entry.name)
+            entry.error = f"loading failed: {type(exc).__name__}: {exc}"
+
+    async def _load_checked(self, entry: ModelEntry) -> None:
         if not entry.error:
             for dep in entry.dependencies():
                 dep_entry = self.entries.get(dep)
@@ -168,7 +188,7 @@ class ModelManager:
             return
         config = entry.config
         on_disk = sorted(
-            int(d.name) for d in entry.directory.iterdir() if d.is_dir() and d.name.isdigit()
+            int(d.name) for d in entry.directory.iterdir() if d.is_dir() and VERSION.match(d.name)
         )
         wanted = config.version_policy(on_disk)
         if not wanted:
@@ -176,8 +196,16 @@ class ModelManager:
             log.error("model %s: unavailable: %s", entry.name, entry.error)
             await self._retire(entry, list(entry.versions))
             return
-        await self._retire(entry, [v for v in entry.versions if v not in wanted])
         await asyncio.gather(*(self._load_version(entry, config, v) for v in wanted))
+        if entry.ready_versions and not set(entry.ready_versions) & set(wanted):
+            # Triton keeps serving what it has when a new version fails: so do we.
+            log.error(
+                "model %s: no new version loaded; still serving %s",
+                entry.name,
+                entry.ready_versions,
+            )
+            return
+        await self._retire(entry, [v for v in entry.versions if v not in wanted])
 
     async def _load_version(self, entry: ModelEntry, config: ModelConfig, version: int) -> None:
         version_dir = entry.directory / str(version)
@@ -185,10 +213,10 @@ class ModelManager:
         current = entry.versions.get(version)
         if current and current.state is State.READY and current.signature == signature:
             return  # unchanged: keep serving it
-        fresh = ModelVersion(version, signature=signature)
+        fresh = ModelVersion(version, config=config, signature=signature)
         fresh.idle.set()
-        runtime = self.factory(config, version_dir)
         try:
+            runtime = self.factory(config, version_dir)
             await runtime.load()
         except Exception as exc:
             fresh.state = State.UNAVAILABLE
@@ -235,10 +263,10 @@ class ModelManager:
 
     async def unload(self, name: str) -> None:
         """Unload every version of a model, after in-flight requests finish."""
-        entry = self.entries.get(name)
-        if entry is None:
-            raise NotFound(f"model '{name}' is not loaded and not in the repository")
         async with self._lock:
+            entry = self.entries.get(name)
+            if entry is None:
+                raise NotFound(f"model '{name}' is not loaded and not in the repository")
             await self._retire(entry, list(entry.versions))
             entry.error = "unloaded"
 
@@ -279,17 +307,37 @@ class ModelManager:
     def resolve(self, name: str, version: int | None) -> tuple[ModelEntry, ModelVersion]:
         """The version that serves a request: the one asked for, else the newest ready one."""
         entry = self.entry(name)
+        missing = self.missing_step(name)
         if version is not None:
             mv = entry.versions.get(version)
             if mv is None:
                 raise NotFound(f"model '{name}' has no version {version}")
             if mv.state is not State.READY:
                 raise Unavailable(f"model '{name}' version {version} is not ready: {mv.reason}")
+            if missing:
+                raise Unavailable(f"model '{name}' cannot run: {missing}")
             return entry, mv
+        if missing and entry.ready_versions:
+            raise Unavailable(f"model '{name}' cannot run: {missing}")
         ready = entry.ready_versions
         if not ready:
             raise Unavailable(f"model '{name}' is not ready: {self.reason(name)}")
         return entry, entry.versions[ready[-1]]
+
+    def missing_step(self, name: str, seen: frozenset[str] = frozenset()) -> str:
+        """Why a pipeline cannot run now because a model it calls does not serve ("" if none)."""
+        entry = self.entries.get(name)
+        if entry is None or name in seen:
+            return ""
+        for dep in entry.dependencies():
+            dep_entry = self.entries.get(dep)
+            if dep_entry is None or not dep_entry.ready_versions:
+                why = self.reason(dep) if dep_entry else "not in the repository"
+                return f"step model '{dep}' is unavailable: {why}"
+            deeper = self.missing_step(dep, seen | {name})
+            if deeper:
+                return deeper
+        return ""
 
     async def infer(
         self,
@@ -300,8 +348,8 @@ class ModelManager:
     ) -> tuple[ModelEntry, int, Tensors]:
         """Check the inputs against the model's config and run them."""
         entry, mv = self.resolve(name, version)
-        assert entry.config is not None and mv.runtime is not None
-        entry.config.check_inputs(inputs)
+        assert mv.config is not None and mv.runtime is not None
+        mv.config.check_inputs(inputs)
         mv.inflight += 1
         mv.idle.clear()
         try:
@@ -319,18 +367,18 @@ class ModelManager:
         return (await self.infer(name, None, inputs))[2]
 
     def config_of(self, name: str) -> ModelConfig:
-        """The configuration of a serving model."""
-        entry, _ = self.resolve(name, None)
-        assert entry.config is not None
-        return entry.config
+        """The configuration of the newest ready version of a model."""
+        _, mv = self.resolve(name, None)
+        assert mv.config is not None
+        return mv.config
 
-    def labels_of(self, name: str, output: str) -> list[str]:
-        """The labels of a classification output of the newest ready version, or []."""
-        entry, mv = self.resolve(name, None)
-        assert entry.config is not None
-        for spec in entry.config.outputs:
+    def labels_of(self, name: str, output: str, version: int | None = None) -> list[str]:
+        """The labels of a classification output (newest ready version by default), or []."""
+        entry, mv = self.resolve(name, version)
+        assert mv.config is not None
+        for spec in mv.config.outputs:
             if spec.name == output:
-                return entry.config.labels(spec, entry.directory / str(mv.version)) or []
+                return mv.config.labels(spec, entry.directory / str(mv.version)) or []
         return []
 
     def index(self) -> list[dict[str, Any]]:
@@ -342,8 +390,10 @@ class ModelManager:
                 reason = entry.error if entry else "not loaded"
                 rows.append({"name": name, "state": State.UNAVAILABLE.value, "reason": reason})
                 continue
+            missing = self.missing_step(name)
             for v, mv in sorted(entry.versions.items()):
-                rows.append(
-                    {"name": name, "version": str(v), "state": mv.state.value, "reason": mv.reason}
-                )
+                state, reason = mv.state.value, mv.reason
+                if missing and mv.state is State.READY:
+                    state, reason = State.UNAVAILABLE.value, missing
+                rows.append({"name": name, "version": str(v), "state": state, "reason": reason})
         return rows

@@ -11,9 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from edged.errors import PayloadTooLarge
 from edged.pipelines import vad_ops
 from edged.pipelines.base import Pipeline, parameter, single_blob
 from edged.runtimes.base import Tensors
+
+# Longest audio per request by default (the model's `max_seconds` parameter): 10 minutes take
+# about 5 s of CPU at 16 kHz.
+MAX_SECONDS = 600
 
 
 class VoiceActivity(Pipeline):
@@ -42,6 +47,11 @@ class VoiceActivity(Pipeline):
         speech_pad_ms = parameter(parameters, "speech_pad_ms", 30, 0, 10_000)
         data = single_blob("audio", inputs["audio"])
         pcm, rate = await self.offload(vad_ops.decode_wav, data)
+        limit = self.limit("max_seconds", MAX_SECONDS)
+        if len(pcm) > limit * rate:
+            raise PayloadTooLarge(
+                f"the audio is {len(pcm) / rate:.0f} s long; at most {limit} s per request"
+            )
         pcm, rate = await self.offload(vad_ops.to_model_rate, pcm, rate)
         model = self.step("vad_model")
         state = vad_ops.initial_state()

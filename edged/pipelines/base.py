@@ -22,6 +22,8 @@ from edged.models.config import ModelConfig
 from edged.runtimes.base import Steps, Tensors
 
 T = TypeVar("T")
+# Elements per request of a pipeline that takes many (texts), unless `max_items` says otherwise.
+MAX_ITEMS = 256
 
 
 class Pipeline:
@@ -47,6 +49,24 @@ class Pipeline:
         if not name:
             raise ModelLoadError(f"pipeline '{self.config.name}' needs parameter '{key}'")
         return name
+
+    def limit(self, key: str, default: int) -> int:
+        """A positive integer parameter of the model's config (a per-request limit)."""
+        raw = self.config.parameters.get(key, str(default))
+        if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+            raise ModelLoadError(f"model '{self.config.name}': parameter {key} must be >= 1")
+        return int(raw)
+
+    def texts(self, inputs: Tensors, name: str = "text") -> list[str]:
+        """The strings of a BYTES input, at most ``max_items`` of them."""
+        texts = texts_of(name, inputs[name])
+        limit = self.limit("max_items", MAX_ITEMS)
+        if len(texts) > limit:
+            raise InvalidRequest(
+                f"input '{name}' has {len(texts)} elements; model '{self.config.name}' takes at"
+                f" most {limit} per request (its max_items parameter)"
+            )
+        return texts
 
     def asset(self, filename: str) -> Path:
         """A file of this version's directory, which must exist."""

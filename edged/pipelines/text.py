@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from edged.pipelines.base import Pipeline, texts_of
+from edged.pipelines.base import Pipeline
 from edged.runtimes.base import Tensors
 
 # Longest input in tokens; MiniLM was trained on 256 word pieces.
@@ -58,7 +58,7 @@ class TextEmbedding(Pipeline):
     async def run(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
         """Embed each text of the ``text`` input."""
         encoder = self.step("encoder_model")
-        texts = texts_of("text", inputs["text"])
+        texts = self.texts(inputs)
         if not texts:
             dim = self.config.outputs[0].dims[-1] if self.config.outputs else 0
             return {"embedding": np.zeros((0, max(dim, 0)), dtype=np.float32)}
@@ -78,7 +78,7 @@ class Intent(Pipeline):
         """Classify each text of the ``text`` input."""
         embedder = self.step("embedding_model")
         classifier = self.step("classifier_model")
-        texts = texts_of("text", inputs["text"])
+        texts = self.texts(inputs)
         if not texts:
             return {"intent": np.zeros(0, dtype=object), "score": np.zeros(0, dtype=np.float32)}
         embedding = (await self.steps.call(embedder, {"text": inputs["text"]}))["embedding"]

@@ -26,6 +26,8 @@ _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 _GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")
 # Half-width of the anti-alias filter used when downsampling; 32 taps a side keep it cheap.
 _FIR_HALF = 32
+MIN_RATE = 8000
+MAX_RATE = 192000
 
 
 def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
@@ -60,6 +62,11 @@ def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
         raise InvalidRequest(f"unsupported WAV sample width: {8 * width} bits")
     if channels < 1 or rate <= 0:
         raise InvalidRequest("the WAV header is invalid (no channels or no sample rate)")
+    if not MIN_RATE <= rate <= MAX_RATE:
+        # Resampling 1 Hz audio to 16 kHz would take gigabytes: refuse what no microphone makes.
+        raise InvalidRequest(
+            f"sample rate {rate} Hz is outside {MIN_RATE}-{MAX_RATE} Hz; resample the audio"
+        )
     frame = width * channels
     raw = raw[: len(raw) - len(raw) % frame]  # a truncated last frame is dropped
     if not raw:

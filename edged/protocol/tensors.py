@@ -34,6 +34,31 @@ DATATYPES: dict[str, np.dtype[Any]] = {
 }
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_DIMS = 32
+MAX_DIM = 2**31 - 1
+
+
+def parse_json(body: bytes) -> Any:
+    """A JSON body, or InvalidRequest (also for nesting too deep to parse)."""
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("request body is JSON nested too deeply") from None
+
+
+def is_count(text: str) -> bool:
+    """True for a plain decimal number of ASCII digits ("12"; not "²", "-1" or "")."""
+    return text.isascii() and text.isdigit()
+
+
+def encode_utf8(name: str, text: str) -> bytes:
+    """A string as UTF-8, or InvalidRequest (lone surrogates cannot be encoded)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"'{name}' holds a string that is not valid Unicode") from None
 
 
 def datatype_of(array: np.ndarray) -> str:
@@ -85,8 +110,15 @@ def _element_count(shape: Iterable[int]) -> int:
 
 
 def _shape(name: str, raw: Any) -> list[int]:
-    if not isinstance(raw, list) or not all(isinstance(d, int) and d >= 0 for d in raw):
-        raise InvalidRequest(f"tensor '{name}': 'shape' must be a list of non-negative integers")
+    if (
+        not isinstance(raw, list)
+        or len(raw) > MAX_DIMS
+        or not all(type(d) is int and 0 <= d <= MAX_DIM for d in raw)
+    ):
+        raise InvalidRequest(
+            f"tensor '{name}': 'shape' must be a list of at most {MAX_DIMS} integers"
+            f" from 0 to {MAX_DIM}"
+        )
     return list(raw)
 
 
@@ -110,7 +142,7 @@ def from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarr
         if kind != "U":
             raise InvalidRequest(f"tensor '{name}': BYTES data must be strings")
         out = np.empty(count, dtype=object)
-        out[:] = [s.encode("utf-8") for s in flat.tolist()]
+        out[:] = [encode_utf8(name, s) for s in flat.tolist()]
         return out.reshape(shape)
     if datatype == "BOOL":
         if kind != "b":
@@ -170,10 +202,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
                 f"{HEADER_LENGTH} is {header_length} but the body has only {len(body)} bytes"
             )
         header, binary = body[:header_length], body[header_length:]
-    try:
-        doc = json.loads(header)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    doc = parse_json(header)
     if not isinstance(doc, dict):
         raise InvalidRequest("request body must be a JSON object with an 'inputs' list")
     raw_inputs = doc.get("inputs")
@@ -198,9 +227,11 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             )
         shape = _shape(name, raw.get("shape"))
         params = raw.get("parameters") or {}
-        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if not isinstance(params, dict):
+            raise InvalidRequest(f"input '{name}': 'parameters' must be an object")
+        size = params.get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or size < 0:
+            if type(size) is not int or size < 0:
                 raise InvalidRequest(f"tensor '{name}': binary_data_size must be an integer >= 0")
             if offset + size > len(binary):
                 raise InvalidRequest(
@@ -218,14 +249,21 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             f"the body has {len(binary) - offset} bytes of binary data that no input claims"
         )
 
-    outputs = []
-    for raw in doc.get("outputs") or []:
+    outputs: list[RequestedOutput] = []
+    raw_outputs = doc.get("outputs") or []
+    if not isinstance(raw_outputs, list):
+        raise InvalidRequest("request 'outputs' must be a list")
+    for raw in raw_outputs:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidRequest("each requested output must be an object with a 'name'")
+        if any(o.name == raw["name"] for o in outputs):
+            raise InvalidRequest(f"output '{raw['name']}' is requested twice")
         params = raw.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidRequest(f"output '{raw['name']}': 'parameters' must be an object")
         binary_flag = params.get("binary_data")
         classification = params.get("classification", 0)
-        if not isinstance(classification, int) or classification < 0:
+        if type(classification) is not int or classification < 0:
             raise InvalidRequest(f"output '{raw['name']}': classification must be an integer >= 0")
         outputs.append(
             RequestedOutput(
@@ -235,9 +273,11 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             )
         )
     request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest("request 'id' must be a string")
     return InferRequest(
         inputs=inputs,
-        id=None if request_id is None else str(request_id),
+        id=request_id,
         parameters=parameters,
         outputs=outputs,
         binary_output=bool(parameters.get("binary_data_output", False)),
@@ -300,6 +340,8 @@ def encode_response(
 
 def classify(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray:
     """Triton's classification extension: the top ``k`` of each row as "score:index[:label]"."""
+    if scores.dtype == object or scores.dtype.kind not in "iuf" or scores.size == 0:
+        raise InvalidRequest("classification needs a numeric output with at least one class")
     batched = scores.reshape(scores.shape[0], -1) if scores.ndim > 1 else scores.reshape(1, -1)
     rows = []
     for row in batched:

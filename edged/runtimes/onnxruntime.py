@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from edged.config import OnnxRuntimeConfig
 from edged.errors import EdgedError, InvalidRequest, ModelLoadError
-from edged.models.config import ModelConfig
+from edged.models.config import ModelConfig, oip_datatype
 from edged.protocol.tensors import DATATYPES
 from edged.runtimes.base import Tensors
 
@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 # ONNX Runtime's own warnings go to stderr uncoordinated with logging; its errors reach us as
 # exceptions with the same text, so keep only fatal lines from its logger.
 ort.set_default_logger_severity(4)
+# What session.run raises when the input is at fault (shapes the graph cannot take).
+INVALID_ARGUMENT = ort.capi.onnxruntime_pybind11_state.InvalidArgument
+FAIL = ort.capi.onnxruntime_pybind11_state.Fail
 
 # Config names -> ONNX Runtime provider names, in the order of preference.
 PROVIDERS = {
@@ -123,7 +126,7 @@ class OnnxRuntime:
             batch = max(1, warmup.batch_size)
             feeds: Tensors = {}
             for name, spec in warmup.inputs.items():
-                datatype = _config_datatype(spec.data_type)
+                datatype = oip_datatype(spec.data_type)
                 shape = ([batch] if self.config.max_batch_size > 0 else []) + list(spec.dims)
                 dtype = DATATYPES[datatype]
                 if spec.input_data_file:
@@ -185,7 +188,7 @@ class OnnxRuntime:
                 results = await loop.run_in_executor(
                     self.executor, session.run, self.output_names, feeds
                 )
-            except ort.capi.onnxruntime_pybind11_state.InvalidArgument as exc:
+            except (INVALID_ARGUMENT, FAIL) as exc:  # FAIL: e.g. a sequence past the positions
                 raise InvalidRequest(
                     f"model '{self.config.name}' rejected the input: {exc}"
                 ) from None
@@ -198,9 +201,3 @@ class OnnxRuntime:
     def metadata(self) -> dict[str, Any]:
         """The execution providers actually in use."""
         return {"providers": self.session.get_providers() if self.session else []}
-
-
-def _config_datatype(data_type: int) -> str:
-    from edged.models.config import CONFIG_DATATYPES, pb
-
-    return CONFIG_DATATYPES[pb.DataType.Name(data_type)]

@@ -5,6 +5,7 @@ REST over the Unix socket is a thin adapter over this (and gRPC will be another)
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -13,8 +14,8 @@ import numpy as np
 
 from edged import __version__
 from edged.errors import InvalidRequest, NotFound, Unavailable
-from edged.models.repository import ModelManager, State
-from edged.protocol.tensors import InferRequest, InferResponse, classify
+from edged.models.repository import ModelManager
+from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -29,7 +30,7 @@ def parse_version(version: str | None) -> int | None:
     """A version path segment as an integer (None: the newest ready version)."""
     if version is None or version == "":
         return None
-    if not version.isdigit():
+    if not is_count(version):
         raise InvalidRequest(f"model version must be a positive integer, got '{version}'")
     return int(version)
 
@@ -40,8 +41,29 @@ class DataPlane:
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
         self.ready = False
+        self.stopping = False
         self.inflight = 0
+        self.idle = asyncio.Event()  # set while no request is in flight
+        self.idle.set()
         self.started = time.monotonic()
+
+    def begin(self) -> None:
+        """A request started."""
+        self.inflight += 1
+        self.idle.clear()
+
+    def end(self) -> None:
+        """A request finished (answered, failed or cancelled)."""
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.idle.set()
+
+    def check_ready(self) -> None:
+        """Unavailable while models load at start and while draining at stop."""
+        if self.stopping:
+            raise Unavailable("edged is shutting down")
+        if not self.ready:
+            raise Unavailable("edged is starting: models are still loading")
 
     # ---- health and metadata ---------------------------------------------------------------
 
@@ -55,34 +77,31 @@ class DataPlane:
         wanted = parse_version(version)
         if wanted is not None and wanted not in entry.versions:
             raise NotFound(f"model '{name}' has no version {wanted}")
-        if entry.config is None:
+        shown = entry.versions.get(
+            wanted if wanted is not None else max(entry.ready_versions or [0])
+        )
+        # The serving version's config: after a reload, entry.config may be one still loading.
+        config = shown.config if shown is not None and shown.config else entry.config
+        if config is None:
             raise Unavailable(f"model '{name}' is unavailable: {entry.error}")
-        config = entry.config
-        versions = [str(v) for v in (entry.ready_versions if wanted is None else [wanted])]
         meta: dict[str, Any] = {
             "name": name,
-            "versions": versions,
+            "versions": [str(v) for v in (entry.ready_versions if wanted is None else [wanted])],
             "platform": config.platform,
             "inputs": [t.metadata(config.max_batch_size) for t in config.inputs],
             "outputs": [t.metadata(config.max_batch_size) for t in config.outputs],
         }
-        ready = entry.ready_versions if wanted is None else [wanted]
-        if ready and entry.versions[ready[-1]].runtime is not None:
-            runtime = entry.versions[ready[-1]].runtime
-            assert runtime is not None
-            meta["parameters"] = runtime.metadata()
+        if shown is not None and shown.runtime is not None:
+            meta["parameters"] = shown.runtime.metadata()
         return meta
 
     def model_ready(self, name: str, version: str | None) -> bool:
         """GET /v2/models/{m}[/versions/{v}]/ready."""
-        entry = self.manager.entry(name)
-        wanted = parse_version(version)
-        if wanted is None:
-            return bool(entry.ready_versions)
-        mv = entry.versions.get(wanted)
-        if mv is None:
-            raise NotFound(f"model '{name}' has no version {wanted}")
-        return mv.state is State.READY
+        try:
+            self.manager.resolve(name, parse_version(version))
+        except Unavailable:
+            return False
+        return True
 
     def model_config(self, name: str) -> dict[str, Any]:
         """GET /v2/models/{m}/config (Triton's model configuration extension)."""
@@ -109,16 +128,13 @@ class DataPlane:
     ) -> tuple[InferResponse, dict[str, bool]]:
         """POST /v2/models/{m}[/versions/{v}]/infer; returns the response and which outputs go
         as binary data."""
-        if not self.ready:
-            raise Unavailable("edged is starting: models are still loading")
-        entry, served, outputs = await self.manager.infer(
+        self.check_ready()
+        _, served, outputs = await self.manager.infer(
             name, parse_version(version), request.inputs, request.parameters
         )
-        assert entry.config is not None
         binary: dict[str, bool] = {}
         if request.outputs:
             chosen: dict[str, np.ndarray] = {}
-            specs = {s.name: s for s in entry.config.outputs}
             for wanted in request.outputs:
                 if wanted.name not in outputs:
                     raise InvalidRequest(
@@ -127,10 +143,7 @@ class DataPlane:
                     )
                 array = outputs[wanted.name]
                 if wanted.classification:
-                    labels = None
-                    if wanted.name in specs:
-                        version_dir = entry.directory / str(served)
-                        labels = entry.config.labels(specs[wanted.name], version_dir)
+                    labels = self.manager.labels_of(name, wanted.name, served)
                     array = classify(array, wanted.classification, labels)
                 chosen[wanted.name] = array
                 binary[wanted.name] = (
@@ -148,8 +161,7 @@ class DataPlane:
         self, name: str, inputs: dict[str, np.ndarray], params: Mapping[str, Any]
     ) -> tuple[int, dict[str, np.ndarray]]:
         """Run a model for the task API: (served version, outputs)."""
-        if not self.ready:
-            raise Unavailable("edged is starting: models are still loading")
+        self.check_ready()
         _, served, outputs = await self.manager.infer(name, None, inputs, params)
         return served, outputs
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import struct
@@ -14,7 +13,13 @@ from aiohttp import web
 
 from edged.config import ServerConfig
 from edged.errors import EdgedError, Forbidden, InvalidRequest, PayloadTooLarge
-from edged.protocol.tensors import HEADER_LENGTH, decode_request, encode_response
+from edged.protocol.tensors import (
+    HEADER_LENGTH,
+    decode_request,
+    encode_response,
+    is_count,
+    parse_json,
+)
 from edged.server import tasks
 from edged.server.dataplane import DataPlane
 
@@ -77,11 +82,11 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
                 f"request body of {length} bytes is over the limit of"
                 f" {settings.max_request_bytes} bytes (server.max_request_bytes)"
             )
-        plane.inflight += 1
+        plane.begin()
         try:
             return await handler(request)
         finally:
-            plane.inflight -= 1
+            plane.end()
     except EdgedError as exc:
         if exc.status >= 500:
             log.warning("%s %s: %s", request.method, request.path, exc.message)
@@ -101,11 +106,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
 
 async def read_json(request: web.Request) -> Any:
     """The body as JSON, or InvalidRequest."""
-    body = await request.read()
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    return parse_json(await request.read())
 
 
 def query_parameters(request: web.Request) -> dict[str, Any]:
@@ -155,7 +156,7 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
         info = request.match_info
         body = await request.read()
         header = request.headers.get(HEADER_LENGTH)
-        if header is not None and not header.isdigit():
+        if header is not None and not is_count(header):
             raise InvalidRequest(f"{HEADER_LENGTH} must be a number of bytes, got '{header}'")
         decoded = decode_request(body, int(header) if header is not None else None)
         response, binary = await plane.infer(info["model"], info.get("version"), decoded)

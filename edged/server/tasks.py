@@ -12,10 +12,13 @@ from typing import Any
 import numpy as np
 
 from edged.errors import InvalidRequest
+from edged.protocol.tensors import encode_utf8
 from edged.server.dataplane import DataPlane
 
 EMBED_MODEL = "text-embedding"
 EMBED_MODELS = (EMBED_MODEL, "text-embedding-int8")
+# The text pipelines accept this many texts per request (their `max_items` parameter).
+MAX_TEXTS = 256
 INTENT_MODEL = "intent"
 OCR_MODEL = "ocr"
 VAD_MODEL = "vad"
@@ -32,7 +35,15 @@ def _strings(doc: Any, single: str, plural: str) -> list[str]:
         raise InvalidRequest(f"the body needs '{plural}' (a list of strings) or '{single}'")
     if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
         raise InvalidRequest(f"'{plural}' must be a non-empty list of strings")
+    if len(values) > MAX_TEXTS:
+        raise InvalidRequest(
+            f"'{plural}' has {len(values)} strings; at most {MAX_TEXTS} per request"
+        )
     return values
+
+
+def _text_tensor(name: str, texts: list[str]) -> np.ndarray:
+    return _bytes_tensor([encode_utf8(name, t) for t in texts])
 
 
 def _bytes_tensor(items: list[bytes]) -> np.ndarray:
@@ -47,8 +58,7 @@ async def embed(plane: DataPlane, doc: Any) -> dict[str, Any]:
     model = doc.get("model", EMBED_MODEL)
     if model not in EMBED_MODELS:
         raise InvalidRequest(f"'model' must be one of {', '.join(EMBED_MODELS)}")
-    tensor = _bytes_tensor([t.encode() for t in texts])
-    version, out = await plane.run(model, {"text": tensor}, {})
+    version, out = await plane.run(model, {"text": _text_tensor("texts", texts)}, {})
     vectors = out["embedding"]
     return {
         "model": model,
@@ -61,8 +71,7 @@ async def embed(plane: DataPlane, doc: Any) -> dict[str, Any]:
 async def intent(plane: DataPlane, doc: Any) -> dict[str, Any]:
     """POST /v1/intent {"texts": [...]} -> the intent of each text and its probability."""
     texts = _strings(doc, "text", "texts")
-    tensor = _bytes_tensor([t.encode() for t in texts])
-    version, out = await plane.run(INTENT_MODEL, {"text": tensor}, {})
+    version, out = await plane.run(INTENT_MODEL, {"text": _text_tensor("texts", texts)}, {})
     return {
         "model": INTENT_MODEL,
         "version": str(version),

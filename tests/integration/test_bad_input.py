@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -55,6 +56,37 @@ CASES = [
     ("task API with another model", "/v1/embed", b'{"texts": ["a"], "model": "ocr"}', 400,
      "'model' must be one of"),
     ("bad VAD parameter", "/v1/vad?threshold=7", b"RIFF", 400, "threshold"),
+    ("huge shape, no data", "/v2/models/intent-classifier/infer",
+     infer_doc("embedding", "FP32", [0, 2**63], []), 400, "'shape' must be a list"),
+    ("boolean in a shape", "/v2/models/intent-classifier/infer",
+     infer_doc("embedding", "FP32", [True], [1.0]), 400, "'shape' must be a list"),
+    ("non-ASCII digit version", "/v2/models/text-embedding/versions/%C2%B2/infer",
+     json.dumps(GOOD_TEXT).encode(), 400, "positive integer"),
+    ("output parameters not an object", "/v2/models/text-embedding/infer",
+     json.dumps({**GOOD_TEXT, "outputs": [{"name": "embedding", "parameters": [1]}]}).encode(),
+     400, "'parameters' must be an object"),
+    ("output requested twice", "/v2/models/text-embedding/infer",
+     json.dumps({**GOOD_TEXT, "outputs": [{"name": "embedding"}, {"name": "embedding"}]}).encode(),
+     400, "requested twice"),
+    ("non-string id", "/v2/models/text-embedding/infer",
+     json.dumps({**GOOD_TEXT, "id": {"a": 1}}).encode(), 400, "'id' must be a string"),
+    ("lone surrogate in BYTES", "/v2/models/text-embedding/infer",
+     b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}',
+     400, "not valid Unicode"),
+    ("lone surrogate in the task API", "/v1/embed", b'{"texts": ["\\ud800"]}', 400,
+     "not valid Unicode"),
+    ("JSON nested too deeply", "/v1/embed", b"[" * 100000, 400, "nested too deeply"),
+    ("classification of a string output", "/v2/models/intent/infer",
+     json.dumps({**GOOD_TEXT, "outputs": [{"name": "intent", "parameters": {"classification": 1}}]})
+     .encode(), 400, "numeric output"),
+    ("too many texts", "/v1/embed", json.dumps({"texts": ["a"] * 257}).encode(), 400,
+     "at most 256"),
+    ("too many texts through OIP", "/v2/models/text-embedding/infer",
+     infer_doc("text", "BYTES", [257], ["a"] * 257), 400, "at most 256 per request"),
+    ("too long for the encoder", "/v2/models/text-encoder/infer",
+     json.dumps({"inputs": [{"name": n, "datatype": "INT64", "shape": [1, 600], "data": [1] * 600}
+                            for n in ("input_ids", "attention_mask", "token_type_ids")]}).encode(),
+     400, "rejected the input"),
 ]  # fmt: skip
 
 
@@ -95,11 +127,26 @@ def test_truncated_binary_payload_gets_400(client: Client) -> None:
     assert_still_serves(client)
 
 
-def test_bad_header_length_gets_400(client: Client) -> None:
+@pytest.mark.parametrize("value", ["abc", "-1", "\u00b2".encode().decode("latin-1")])
+def test_bad_header_length_gets_400(client: Client, value: str) -> None:
     status, message = post(
-        client, "/v2/models/text-embedding/infer", b"{}", {"Inference-Header-Content-Length": "abc"}
+        client, "/v2/models/text-embedding/infer", b"{}", {"Inference-Header-Content-Length": value}
     )
     assert status == 400 and "Inference-Header-Content-Length" in message
+
+
+def test_audio_at_an_absurd_sample_rate_is_refused(client: Client) -> None:
+    import wave
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(1)
+        wav.writeframes(b"\0\1" * 200_000)
+    status, message = post(client, "/v1/vad", buffer.getvalue())
+    assert status == 400 and "sample rate 1 Hz" in message
+    assert_still_serves(client)
 
 
 def test_unknown_route_gets_a_json_404(client: Client) -> None:

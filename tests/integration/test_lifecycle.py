@@ -243,3 +243,69 @@ def test_start_up_fails_fast_with_a_clear_error(
     )  # fmt: skip
     assert done.returncode == 1
     assert message in done.stderr
+
+
+def test_a_broken_new_version_or_config_on_sighup_keeps_the_old_one_serving(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    sock = notify_socket(tmp_path / "notify.sock")
+    repo = linked_repository(tmp_path / "repo", SMALL)
+    model = copy_model(repo, "intent-classifier")
+    daemon = make_daemon(repo).start(env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    receive_until(sock, "READY=1")
+    probe = {"embedding": np.zeros((1, 384), np.float32)}
+    before = daemon.client.infer("intent-classifier", probe)["probabilities"]
+
+    (model / "2").mkdir()
+    (model / "2" / "model.onnx").write_bytes(b"not an onnx file")
+    daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    receive_until(sock, "READY=1")
+    index = {(r["name"], r.get("version")): r for r in daemon.client.repository_index()}
+    assert index[("intent-classifier", "1")]["state"] == "READY"
+    assert index[("intent-classifier", "2")]["state"] == "UNAVAILABLE"
+    after = daemon.client.infer("intent-classifier", probe)["probabilities"]
+    np.testing.assert_array_equal(before, after)
+
+    (model / "config.pbtxt").write_text("this is { not a config")
+    daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    receive_until(sock, "READY=1")
+    assert daemon.client.request("GET", "/v2/models/intent-classifier/ready")[0] == 200
+    assert "still serving the previous configuration" in daemon.logs()
+    assert daemon.stop() == 0
+
+
+def test_a_pipeline_is_not_ready_while_a_step_model_is_unloaded(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    daemon = make_daemon(config='[models]\nload = ["intent"]\n').start()
+    client = daemon.client
+    client.unload("intent-classifier")
+    assert client.request("GET", "/v2/models/intent/ready")[0] == 503
+    with pytest.raises(ClientError) as error:
+        client.intent(["hello"])
+    assert error.value.status == 503
+    assert "step model 'intent-classifier' is unavailable" in error.value.message
+    rows = {r["name"]: r for r in client.repository_index()}
+    assert rows["intent"]["state"] == "UNAVAILABLE"
+    client.load("intent-classifier")
+    assert client.intent(["hello"])[0]["intent"]
+    assert daemon.stop() == 0
+
+
+def test_a_pipeline_naming_an_unknown_class_fails_alone(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    repo = linked_repository(tmp_path / "repo", SMALL)
+    (repo / "odd").mkdir()
+    (repo / "odd" / "1").mkdir()
+    (repo / "odd" / "config.pbtxt").write_text(
+        'backend: "pipeline"\nparameters { key: "pipeline" value { string_value: "nope" } }\n'
+    )
+    (repo / "latin1").mkdir()
+    (repo / "latin1" / "config.pbtxt").write_bytes(b'platform: "onnxruntime_onnx" # caf\xe9\n')
+    daemon = make_daemon(repo).start()
+    rows = {r["name"]: r for r in daemon.client.repository_index()}
+    assert rows["intent-classifier"]["state"] == "READY"
+    assert "pipeline='nope' is not one of" in rows["odd"]["reason"]
+    assert "not UTF-8" in rows["latin1"]["reason"]
+    assert daemon.stop() == 0
