@@ -16,14 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.protocol.tensors import (
-    HEADER_LENGTH,
-    datatype_of,
-    from_binary,
-    from_json,
-    to_binary,
-    to_json,
-)
+from edged.protocol.tensors import HEADER_LENGTH, encode_tensors, from_binary, from_json
 
 DEFAULT_SOCKET = "/run/edged/edged.sock"
 
@@ -154,18 +147,7 @@ class Client:
         parameters: Mapping[str, Any] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run a model on numpy inputs; tensors travel as binary data unless ``binary=False``."""
-        entries = []
-        chunks = []
-        for name, array in inputs.items():
-            datatype = datatype_of(array)
-            entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-            if binary:
-                chunk = to_binary(array)
-                entry["parameters"] = {"binary_data_size": len(chunk)}
-                chunks.append(chunk)
-            else:
-                entry["data"] = to_json(array)
-            entries.append(entry)
+        entries, chunks = encode_tensors(inputs, dict.fromkeys(inputs, binary))
         doc: dict[str, Any] = {"inputs": entries, "parameters": dict(parameters or {})}
         if binary:
             doc["parameters"]["binary_data_output"] = True

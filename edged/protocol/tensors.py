@@ -303,14 +303,14 @@ def to_binary(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
-def encode_response(
-    response: InferResponse, binary: Mapping[str, bool] | None = None
-) -> tuple[bytes, int | None]:
-    """Encode a response; returns the body and the JSON header length when binary data follows."""
-    binary = binary or {}
-    outputs = []
+def encode_tensors(
+    arrays: Mapping[str, np.ndarray], binary: Mapping[str, bool]
+) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """Tensor entries for a request or response body, and the binary chunks that follow it
+    (for the names that ``binary`` marks), in order."""
+    entries = []
     chunks: list[bytes] = []
-    for name, array in response.outputs.items():
+    for name, array in arrays.items():
         entry: dict[str, Any] = {
             "name": name,
             "datatype": datatype_of(array),
@@ -322,7 +322,15 @@ def encode_response(
             chunks.append(chunk)
         else:
             entry["data"] = to_json(array)
-        outputs.append(entry)
+        entries.append(entry)
+    return entries, chunks
+
+
+def encode_response(
+    response: InferResponse, binary: Mapping[str, bool] | None = None
+) -> tuple[bytes, int | None]:
+    """Encode a response; returns the body and the JSON header length when binary data follows."""
+    outputs, chunks = encode_tensors(response.outputs, binary or {})
     doc: dict[str, Any] = {
         "model_name": response.model_name,
         "model_version": response.model_version,

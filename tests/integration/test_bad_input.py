@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
 import pytest
 
 from edged.client import Client
+from tests.media import wav_bytes
 
 GOOD_TEXT = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]}
 
@@ -136,15 +136,8 @@ def test_bad_header_length_gets_400(client: Client, value: str) -> None:
 
 
 def test_audio_at_an_absurd_sample_rate_is_refused(client: Client) -> None:
-    import wave
-
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(1)
-        wav.writeframes(b"\0\1" * 200_000)
-    status, message = post(client, "/v1/vad", buffer.getvalue())
+    wav = wav_bytes(np.zeros(200_000, np.float32), rate=1)
+    status, message = post(client, "/v1/vad", wav)
     assert status == 400 and "sample rate 1 Hz" in message
     assert_still_serves(client)
 
