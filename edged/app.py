@@ -75,6 +75,7 @@ class Daemon:
         self.manager = ModelManager(config.models.repository, self.make_runtime)
         self.plane = DataPlane(self.manager)
         self.stopping = asyncio.Event()
+        self.reloads: set[asyncio.Task[None]] = set()
         self.owned_socket: Path | None = None
 
     def make_runtime(self, model: ModelConfig, version_dir: Path) -> Runtime:
@@ -150,21 +151,18 @@ class Daemon:
                 f"models.repository {self.manager.repository} is not a directory"
                 " (set it in the config or with --models)"
             )
+        try:
+            self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create state_dir {self.config.state_dir}: {exc.strerror}"
+            ) from None
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
-        reloads: set[asyncio.Task[None]] = set()
-
-        def on_hup() -> None:
-            task = loop.create_task(self.reload(), name="reload")
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-        loop.add_signal_handler(signal.SIGHUP, on_hup)
-        self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        app = create_app(self.plane, self.config.server)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         runner = web.AppRunner(
-            app,
+            create_app(self.plane, self.config.server),
             handle_signals=False,
             access_log=None,
             # A client that hangs up cancels its request instead of leaving the work running.
@@ -173,34 +171,51 @@ class Daemon:
             shutdown_timeout=1.0,
         )
         await runner.setup()
-        sock = self.listen()
+        try:
+            sock = self.listen()
+        except BaseException:
+            await runner.cleanup()
+            raise
         site = web.SockSite(runner, sock)
         await site.start()
-        log.info(
-            "listening on %s; loading models from %s", sock.getsockname(), self.manager.repository
-        )
-        systemd.notify("STATUS=loading models")
         interval = systemd.watchdog_interval()
         watchdog = loop.create_task(self._watchdog(interval), name="watchdog") if interval else None
-
-        started = time.monotonic()
         loading = loop.create_task(self.manager.load_all(self.config.models.load), name="load")
-        stop = loop.create_task(self.stopping.wait(), name="stop")
-        await asyncio.wait({loading, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if loading.done():
-            loading.result()
-            self.plane.ready = True
-            systemd.notify("READY=1", f"STATUS={self.status_line()}")
-            log.info(
-                "ready in %.2f s: %s; try: curl --unix-socket %s http://localhost/v2/health/ready",
-                time.monotonic() - started,
-                self.status_line(),
-                sock.getsockname(),
-            )
-            await stop
-        else:
-            loading.cancel()
+        try:
+            await self._serve(loading, sock.getsockname())
+        finally:
+            await self._shutdown(runner, site, [t for t in (watchdog, loading) if t])
+        return 0
 
+    def _on_hup(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.reload(), name="reload")
+        self.reloads.add(task)
+        task.add_done_callback(self.reloads.discard)
+
+    async def _serve(self, loading: asyncio.Task[None], address: str) -> None:
+        """Wait for the models, say READY, then serve until told to stop."""
+        log.info("listening on %s; loading models from %s", address, self.manager.repository)
+        systemd.notify("STATUS=loading models")
+        started = time.monotonic()
+        stop = asyncio.get_running_loop().create_task(self.stopping.wait(), name="stop")
+        await asyncio.wait({loading, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():
+            stop.result()
+            return  # stopped while loading
+        loading.result()
+        self.plane.ready = True
+        systemd.notify("READY=1", f"STATUS={self.status_line()}")
+        log.info("ready in %.2f s: %s", time.monotonic() - started, self.status_line())
+        log.info(
+            'try: curl --unix-socket %s -d \'{"texts": ["hello"]}\' http://localhost/v1/intent',
+            address,
+        )
+        await stop
+
+    async def _shutdown(
+        self, runner: web.AppRunner, site: web.SockSite, tasks: list[asyncio.Task[None]]
+    ) -> None:
+        """Drain requests in flight (up to drain_timeout_s), then release everything."""
         drain = self.config.server.drain_timeout_s
         log.info("stopping: draining %d requests (up to %.0f s)", self.plane.inflight, drain)
         systemd.notify("STOPPING=1", "STATUS=draining requests")
@@ -213,9 +228,7 @@ class Daemon:
                 "%d requests still running after %.0f s: cut short", self.plane.inflight, drain
             )
         await runner.cleanup()
-        if watchdog:
-            watchdog.cancel()
-        for task in (loading, *reloads):
+        for task in (*tasks, *self.reloads):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -225,4 +238,3 @@ class Daemon:
             with contextlib.suppress(FileNotFoundError):
                 self.owned_socket.unlink()
         log.info("stopped")
-        return 0
