@@ -173,15 +173,7 @@ class ModelManager:
 
     async def _load_checked(self, entry: ModelEntry) -> None:
         if not entry.error:
-            for dep in entry.dependencies():
-                dep_entry = self.entries.get(dep)
-                if dep_entry is None:
-                    entry.error = f"step model '{dep}' is not in the repository"
-                elif not dep_entry.ready_versions:
-                    why = dep_entry.error or "; ".join(
-                        mv.reason for mv in dep_entry.versions.values() if mv.reason
-                    )
-                    entry.error = f"step model '{dep}' is unavailable: {why or 'not loaded'}"
+            entry.error = self.missing_step(entry.name)
         if entry.error or entry.config is None:
             log.error("model %s: unavailable: %s", entry.name, entry.error)
             await self._retire(entry, list(entry.versions))
