@@ -44,9 +44,10 @@ def edit_distance(a: str, b: str) -> int:
     return previous[-1]
 
 
-def char_accuracy(found: str, truth: str) -> float:
-    """1 - edit distance / length, ignoring spaces (PP-OCR often drops them)."""
-    found, truth = found.replace(" ", ""), truth.replace(" ", "")
+def char_accuracy(found: str, truth: str, spaces: bool = False) -> float:
+    """1 - edit distance / length; spaces are ignored unless ``spaces``."""
+    if not spaces:
+        found, truth = found.replace(" ", ""), truth.replace(" ", "")
     return 1.0 - edit_distance(found, truth) / max(1, len(truth))
 
 

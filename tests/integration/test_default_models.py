@@ -120,8 +120,10 @@ def test_ocr_reads_drawn_text(client: Client) -> None:
     found = client.ocr(text_image(lines))
     text = " ".join(line["text"] for line in found)
     accuracy = char_accuracy(text, " ".join(lines))
-    print(f"OCR character accuracy: {accuracy:.3f}: {text!r}")
+    with_spaces = char_accuracy(text, " ".join(lines), spaces=True)
+    print(f"OCR character accuracy: {accuracy:.3f} ({with_spaces:.3f} with spaces): {text!r}")
     assert accuracy >= 0.9
+    assert with_spaces >= 0.9
     assert all(len(line["box"]) == 4 and 0 < line["score"] <= 1 for line in found)
     assert found[0]["box"][0][1] < found[-1]["box"][0][1]  # top to bottom
 
