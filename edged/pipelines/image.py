@@ -20,8 +20,9 @@ from edged.runtimes.base import Tensors
 MIN_TEXT_SCORE = 0.5
 REC_BATCH = 8
 # How far detected text regions are grown before cropping. PP-OCR's 1.5-1.6 crops so tightly
-# that recognition drops spaces between words ("Invoicenumber48213"); on DejaVu text at 12-40 px
-# and line spacing down to 1.2, 2.0 kept the spaces and never merged lines.
+# that recognition drops spaces between words ("Invoicenumber48213"); on DejaVu text at 16-40 px
+# and line spacing down to 1.2, 2.0 lost far fewer spaces and never merged lines (at 12 px it
+# lost a few that 1.6 kept): docs/BENCHMARKS.md.
 UNCLIP_RATIO = 2.0
 
 
