@@ -10,12 +10,12 @@ import signal
 import socket
 import stat
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aiohttp import web
 
-from edged import config as config_module
 from edged import systemd
 from edged.config import Config
 from edged.errors import ConfigError, EdgedError, ModelLoadError
@@ -67,9 +67,10 @@ def bind_unix(path: Path, mode: int) -> socket.socket:
 class Daemon:
     """edged: the model manager, the data plane and the REST server, wired together."""
 
-    def __init__(self, config: Config, config_path: Path | None = None) -> None:
+    def __init__(self, config: Config, reread: Callable[[], Config] | None = None) -> None:
+        """``reread`` gives the config afresh on SIGHUP: the file and the command-line flags."""
         self.config = config
-        self.config_path = config_path
+        self.reread = reread
         threads = max(4, 2 * (os.cpu_count() or 1))
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="infer")
         self.manager = ModelManager(config.models.repository, self.make_runtime)
@@ -119,17 +120,25 @@ class Daemon:
             setattr(self.config.models, key, getattr(fresh.models, key))
 
     async def reload(self) -> None:
-        """SIGHUP: re-read the config file and poll the repository; never stops serving."""
+        """SIGHUP: re-read the config and poll the repository; never stops serving.
+
+        A config that no longer validates keeps the previous settings; the repository is polled
+        either way.
+        """
         if self.plane.ready:
             systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
-            if self.config_path is not None:
-                self.apply(config_module.load(self.config_path))
-                log.info(
-                    "reloaded %s; server.socket, server.socket_mode, server.max_request_bytes,"
-                    " state_dir and models.repository change only on restart",
-                    self.config_path,
-                )
+            if self.reread is not None:
+                try:
+                    self.apply(self.reread())
+                except EdgedError as exc:
+                    log.error("reload: keeping the previous configuration: %s", exc.message)
+                else:
+                    log.info(
+                        "reloaded the configuration; server.socket, server.socket_mode,"
+                        " server.max_request_bytes, state_dir and models.repository change only"
+                        " on restart"
+                    )
             await self.manager.sync(self.config.models.load)
         except EdgedError as exc:
             log.error("reload failed, still serving the previous state: %s", exc.message)
@@ -220,6 +229,7 @@ class Daemon:
         log.info("stopping: draining %d requests (up to %.0f s)", self.plane.inflight, drain)
         systemd.notify("STOPPING=1", "STATUS=draining requests")
         self.plane.stopping = True
+        self.plane.ready = False  # /v2/health/ready answers 503 to connections kept alive
         await site.stop()  # no new connections; the requests in flight go on
         try:
             await asyncio.wait_for(self.plane.idle.wait(), drain)

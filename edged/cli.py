@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -19,8 +20,8 @@ edged serves inference on this device over a Unix socket (Open Inference Protoco
 
 Config: --config FILE, else /etc/edged/edged.toml when it exists, else embedded defaults.
 Flags override the file. Under systemd: Type=notify, watchdog and socket activation work.
-Signals: SIGTERM drains in-flight requests and exits 0; SIGHUP reloads the config file and
-polls the model repository (new, changed and removed models).
+Signals: SIGTERM drains in-flight requests and exits 0; SIGHUP re-reads the config file (the
+flags still override it) and polls the model repository (new, changed and removed models).
 """
 
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from edged.app import Daemon  # heavy imports (onnxruntime) only when serving
 
     try:
-        return asyncio.run(Daemon(config, args.config).run())
+        return asyncio.run(Daemon(config, functools.partial(effective_config, args)).run())
     except EdgedError as exc:
         logging.getLogger("edged").error("%s", exc.message)
         return 1

@@ -96,7 +96,10 @@ class LogConfig(Section):
 class Config(Section):
     """The whole configuration file."""
 
-    state_dir: Path = Field(Path("/var/lib/edged"), description="state (SQLite, knowledge store)")
+    state_dir: Path = Field(
+        Path("/var/lib/edged"),
+        description="state directory (created at start)",
+    )
     server: ServerConfig = Field(default_factory=ServerConfig)
     models: ModelsConfig = Field(default_factory=ModelsConfig)
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)

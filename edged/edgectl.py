@@ -1,8 +1,8 @@
 """``edgectl``: talk to the local edged from the shell.
 
-Exit codes: 0 success; 1 the daemon failed the request (5xx); 2 usage error; 3 edged cannot be
-reached; 4 the request was rejected (4xx: bad input, unknown model); 5 edged or the model is
-not ready (503).
+Exit codes: 0 success; 1 the daemon failed the request (5xx); 2 usage error (bad arguments, an
+unreadable file); 3 edged cannot be reached; 4 the request was rejected (4xx: bad input, unknown
+model); 5 edged or the model is not ready (503, and `status` while edged is not ready).
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ import numpy as np
 from edged.client import Client, ClientError, default_socket
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NOT_READY = range(6)
+
+
+class UsageError(Exception):
+    """The command line cannot be carried out as given (exit code 2)."""
 
 
 def exit_code(error: ClientError) -> int:
@@ -37,7 +41,7 @@ def _read(path: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise SystemExit(f"edgectl: cannot read {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -68,7 +72,7 @@ def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         rows = [[m["name"], m.get("version", "-"), m["state"], m.get("reason", "")] for m in index]
         return index, _table(rows, ["MODEL", "VERSION", "STATE", "REASON"])
     if not args.name:
-        raise SystemExit(f"edgectl: models {args.action} needs a model name")
+        raise UsageError(f"models {args.action} needs a model name")
     if args.action == "show":
         meta = client.model_metadata(args.name)
         return meta, json.dumps(meta, indent=2)
@@ -179,7 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     except json.JSONDecodeError as exc:
         print(f"edgectl: the request file is not valid JSON: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except UsageError as exc:
+        print(f"edgectl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     print(json.dumps(reply, indent=2) if args.json else text)
+    if args.command == "status" and not reply["ready"]:
+        return EXIT_NOT_READY
     return EXIT_OK
 
 

@@ -26,6 +26,13 @@ def require_models() -> None:
         pytest.fail("the default model repository is not built: run `make models` first")
 
 
+def skip_or_fail(reason: str) -> None:
+    """Skip with the reason printed; under CI (``CI`` set) a missing part is a failure instead."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
+    pytest.skip(reason)
+
+
 def wait_for(
     condition: object, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None
 ) -> None:
@@ -46,8 +53,11 @@ def wait_for(
 class Daemon:
     """One edged process with its own socket, state dir and log file."""
 
-    def __init__(self, workdir: Path, models: Path = MODELS, config: str = "") -> None:
+    def __init__(
+        self, workdir: Path, models: Path = MODELS, config: str = "", flags: tuple[str, ...] = ()
+    ) -> None:
         self.workdir = workdir
+        self.flags = flags
         self.socket = workdir / "edged.sock"
         self.models = models
         self.log = workdir / "edged.log"
@@ -62,6 +72,7 @@ class Daemon:
             "--socket", str(self.socket),
             "--state-dir", str(self.workdir / "state"),
             "--models", str(self.models),
+            *self.flags,
         ]  # fmt: skip
 
     def start(self, env: dict[str, str] | None = None, wait: bool = True) -> Daemon:
@@ -107,8 +118,10 @@ def make_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Daemo
     started: list[Daemon] = []
 
     class Tracked(Daemon):
-        def __init__(self, models: Path = MODELS, config: str = "") -> None:
-            super().__init__(tmp_path_factory.mktemp("edged"), models, config)
+        def __init__(
+            self, models: Path = MODELS, config: str = "", flags: tuple[str, ...] = ()
+        ) -> None:
+            super().__init__(tmp_path_factory.mktemp("edged"), models, config, flags)
             started.append(self)
 
     yield Tracked
@@ -123,7 +136,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """One edged serving the default repository for the whole session."""
     require_models()
     workdir = tmp_path_factory.mktemp("edged-session")
-    proc = Daemon(workdir, config="[server]\nmax_request_bytes = 8388608\n").start()
+    proc = Daemon(workdir, config="[server]\nmax_request_bytes = 8388608\n")
+    try:
+        proc.start()
+    except BaseException:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.proc.kill()
+            proc.proc.wait()
+        raise
     yield proc
     assert proc.stop() == 0, proc.logs()
 

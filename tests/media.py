@@ -10,8 +10,9 @@ import wave
 from pathlib import Path
 
 import numpy as np
-import pytest
 from PIL import Image, ImageDraw, ImageFont
+
+from tests.conftest import skip_or_fail
 
 FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 RATE = 16000
@@ -20,7 +21,7 @@ RATE = 16000
 def text_image(lines: list[str], size: int = 28, pad: int = 24) -> bytes:
     """A PNG of black text lines on white, in DejaVu Sans (fonts-dejavu-core)."""
     if not FONT.is_file():
-        pytest.skip(f"{FONT} is missing: install fonts-dejavu-core (make test does)")
+        skip_or_fail(f"{FONT} is missing: install fonts-dejavu-core (make test does)")
     font = ImageFont.truetype(str(FONT), size)
     width = max(int(font.getlength(line)) for line in lines) + 2 * pad
     height = len(lines) * int(size * 1.8) + 2 * pad
@@ -65,7 +66,7 @@ def wav_bytes(pcm: np.ndarray, rate: int = RATE) -> bytes:
 def espeak(text: str) -> np.ndarray:
     """Speech from espeak-ng, as float samples at 16 kHz."""
     if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (make test installs it)")
+        skip_or_fail("espeak-ng is not installed (make test installs it)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "speech.wav"
         subprocess.run(["espeak-ng", "-w", str(out), text], check=True, capture_output=True)

@@ -207,6 +207,8 @@ class ModelManager:
             return  # unchanged: keep serving it
         fresh = ModelVersion(version, config=config, signature=signature)
         fresh.idle.set()
+        if current is None or current.state is not State.READY:
+            entry.versions[version] = fresh  # shown as LOADING; a ready one serves meanwhile
         try:
             runtime = self.factory(config, version_dir)
             await runtime.load()
@@ -258,7 +260,7 @@ class ModelManager:
         async with self._lock:
             entry = self.entries.get(name)
             if entry is None:
-                raise NotFound(f"model '{name}' is not loaded and not in the repository")
+                raise NotFound(f"model '{name}' is not loaded")
             await self._retire(entry, list(entry.versions))
             entry.error = "unloaded"
 

@@ -65,3 +65,7 @@ def test_exit_codes(daemon: Daemon, tmp_path: Path) -> None:
     bad.write_bytes(b"not an image")
     assert edgectl(daemon.socket, "ocr", str(bad)).returncode == 4
     assert edgectl(daemon.socket, "nonsense").returncode == 2
+    unreadable = edgectl(daemon.socket, "ocr", str(tmp_path / "absent.png"))
+    assert unreadable.returncode == 2 and b"cannot read" in unreadable.stderr
+    nameless = edgectl(daemon.socket, "models", "load")
+    assert nameless.returncode == 2 and b"needs a model name" in nameless.stderr

@@ -15,6 +15,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from edged.errors import InvalidRequest, PayloadTooLarge
 from edged.pipelines import ocr_ops
+from tests.conftest import skip_or_fail
 from tests.media import FONT, char_accuracy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ def png(image: Image.Image) -> bytes:
 
 def text_image(lines: list[str] = LINES) -> Image.Image:
     if not FONT.is_file():
-        pytest.skip(f"{FONT} is missing (Debian package fonts-dejavu-core)")
+        skip_or_fail(f"{FONT} is missing (Debian package fonts-dejavu-core)")
     font = ImageFont.truetype(str(FONT), 28)
     image = Image.new("RGB", (900, 300), "white")
     draw = ImageDraw.Draw(image)
@@ -54,7 +55,7 @@ class Ocr:
         keys = root / "ocr" / "1" / "keys.txt"
         missing = [str(p) for p in [*paths.values(), keys] if not p.is_file()]
         if missing:
-            pytest.skip(f"OCR models not built ({', '.join(missing)}); run `make models`")
+            skip_or_fail(f"OCR models not built ({', '.join(missing)}); run `make models`")
         opts = ort.SessionOptions()
         # Idle intra-op threads of one session spin and starve the next session's on few cores:
         # on 2 cores, turning spinning off halved det, cls and rec times.

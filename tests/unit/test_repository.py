@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -15,6 +17,7 @@ from edged.config import OnnxRuntimeConfig
 from edged.errors import NotFound, Unavailable
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager, State
+from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
 
 CONFIG = """platform: "onnxruntime_onnx"
@@ -127,11 +130,32 @@ def test_unload_waits_for_requests_in_flight(tmp_path: Path) -> None:
     add_model(tmp_path, "m", {1: 2.0})
 
     async def scenario() -> None:
-        manager = manager_for(tmp_path)
+        gate = asyncio.Event()
+        executor = ThreadPoolExecutor(2)
+
+        class Gated(OnnxRuntime):
+            """Real ONNX Runtime, held at the gate so that requests stay in flight."""
+
+            async def infer(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
+                await gate.wait()
+                return await super().infer(inputs, parameters)
+
+        def factory(config: ModelConfig, version_dir: Path) -> OnnxRuntime:
+            return Gated(config, version_dir, OnnxRuntimeConfig(), executor)
+
+        manager = ModelManager(tmp_path, factory)
+        gate.set()  # open for the warm-up at load
         await manager.load_all()
+        gate.clear()
         inflight = [asyncio.create_task(run(manager, "m")) for _ in range(20)]
-        await asyncio.sleep(0)  # let them start
-        await manager.unload("m")
+        await asyncio.sleep(0.05)  # all 20 are now waiting at the gate
+        unloading = asyncio.create_task(manager.unload("m"))
+        await asyncio.sleep(0.2)
+        assert not unloading.done(), "unload returned while 20 requests were in flight"
+        with pytest.raises(Unavailable):  # no new work while draining
+            await run(manager, "m")
+        gate.set()
+        await unloading
         results = await asyncio.gather(*inflight)
         assert all(r == (1, 2.0) for r in results)
         with pytest.raises(Unavailable):

@@ -17,6 +17,7 @@ import pytest
 
 from edged.errors import InvalidRequest
 from edged.pipelines import vad_ops
+from tests.conftest import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("EDGED_TEST_MODELS", REPO / "models"))
@@ -45,7 +46,7 @@ def session() -> Any:
 
     path = MODELS / "vad-silero" / "1" / "model.onnx"
     if not path.is_file():
-        pytest.skip(f"{path} is missing; run `make models`")
+        skip_or_fail(f"{path} is missing; run `make models`")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1  # the model is tiny: threads cost more than they give
     opts.inter_op_num_threads = 1
@@ -68,7 +69,7 @@ def speech() -> Speech:
     """16 kHz audio: 1.0 s silence, espeak-ng speech, 1.5 s silence; and the true bounds."""
     espeak = shutil.which("espeak-ng")
     if espeak is None:
-        pytest.skip("espeak-ng is missing (apt-get install espeak-ng)")
+        skip_or_fail("espeak-ng is missing (apt-get install espeak-ng)")
     done = subprocess.run([espeak, "--stdout", SENTENCE], capture_output=True, check=True)
     pcm, rate = vad_ops.decode_wav(done.stdout)  # espeak-ng writes 22050 Hz 16-bit mono
     pcm, rate = vad_ops.to_model_rate(pcm, rate)
@@ -116,8 +117,9 @@ def test_noise_and_silence_give_nothing(session: Any) -> None:
 
 
 def test_matches_silero_vad_package(session: Any, speech: Speech) -> None:
-    silero_vad = pytest.importorskip("silero_vad", reason="silero-vad (and torch) not installed")
-    torch = pytest.importorskip("torch")
+    import silero_vad  # installed with the models extra, as make test does
+    import torch
+
     audio, _ = speech
     theirs = silero_vad.get_speech_timestamps(
         torch.from_numpy(audio), silero_vad.load_silero_vad(onnx=True), sampling_rate=16000
