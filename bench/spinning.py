@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.serving import timed  # noqa: E402
 from edged.client import Client  # noqa: E402
 from tests.media import text_image  # noqa: E402
 
@@ -30,14 +31,7 @@ MODELS = ROOT / "models"
 
 
 def median_ms(fn: Callable[[], object], runs: int) -> float:
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1000
+    return statistics.median(timed(fn, runs)) * 1000
 
 
 def run(spin: bool, feeds: dict[str, np.ndarray], image: bytes) -> str:
