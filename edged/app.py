@@ -14,24 +14,28 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 from aiohttp import web
 
 from edged import systemd
 from edged.config import Config
 from edged.errors import ConfigError, EdgedError, ModelLoadError
+from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.pipelines.factory import create_pipeline
 from edged.runtimes.base import Runtime
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.server.dataplane import DataPlane
-from edged.server.rest import create_app
+from edged.server.grpc import start_server as start_grpc
+from edged.server.rest import create_app, metrics_handler
 
 log = logging.getLogger("edged")
 
 
-def bind_unix(path: Path, mode: int) -> socket.socket:
-    """Create the listening socket with ``mode`` from the first instant (no chmod race)."""
+def clear_socket_path(path: Path) -> None:
+    """Make ``path`` free for a new Unix socket: check its length, create its directory, remove
+    a stale socket; refuse a live one or a file that is not a socket."""
     if len(os.fsencode(path)) > 107:  # sun_path is 108 bytes with the terminating NUL
         raise ConfigError(f"socket path {path} is longer than the 107 bytes Unix sockets allow")
     try:
@@ -50,6 +54,11 @@ def bind_unix(path: Path, mode: int) -> socket.socket:
             raise ConfigError(f"another process is already serving on {path}")
         finally:
             probe.close()
+
+
+def bind_unix(path: Path, mode: int) -> socket.socket:
+    """Create the listening socket with ``mode`` from the first instant (no chmod race)."""
+    clear_socket_path(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o777 & ~mode)
     try:
@@ -73,8 +82,16 @@ class Daemon:
         self.reread = reread
         threads = max(4, 2 * (os.cpu_count() or 1))
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="infer")
-        self.manager = ModelManager(config.models.repository, self.make_runtime)
+        self.metrics = Metrics()
+        self.manager = ModelManager(
+            config.models.repository,
+            self.make_runtime,
+            self.metrics,
+            config.scheduler.max_queue_size,
+        )
         self.plane = DataPlane(self.manager)
+        self.grpc: grpc.aio.Server | None = None
+        self.metrics_runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
         self.reloads: set[asyncio.Task[None]] = set()
         self.owned_socket: Path | None = None
@@ -118,6 +135,8 @@ class Daemon:
             setattr(self.config.server, key, getattr(fresh.server, key))
         for key in ("load", "max_image_pixels"):
             setattr(self.config.models, key, getattr(fresh.models, key))
+        self.config.scheduler = fresh.scheduler
+        self.manager.max_queue_size = fresh.scheduler.max_queue_size  # for later loads
 
     async def reload(self) -> None:
         """SIGHUP: re-read the config and poll the repository; never stops serving.
@@ -187,6 +206,12 @@ class Daemon:
             raise
         site = web.SockSite(runner, sock)
         await site.start()
+        try:
+            await self._start_extra_servers()
+        except BaseException:
+            await self._stop_extra_servers()
+            await runner.cleanup()
+            raise
         interval = systemd.watchdog_interval()
         watchdog = loop.create_task(self._watchdog(interval), name="watchdog") if interval else None
         loading = loop.create_task(self.manager.load_all(self.config.models.load), name="load")
@@ -195,6 +220,43 @@ class Daemon:
         finally:
             await self._shutdown(runner, site, [t for t in (watchdog, loading) if t])
         return 0
+
+    async def _start_extra_servers(self) -> None:
+        """gRPC on its own Unix socket, and /metrics on a TCP port, as configured."""
+        server = self.config.server
+        if server.grpc:
+            path = server.grpc_path()
+            clear_socket_path(path)
+            try:
+                self.grpc = await start_grpc(
+                    self.plane, path, server.socket_mode, server.max_request_bytes
+                )
+            except RuntimeError as exc:  # grpc reports a failed bind so
+                raise ConfigError(f"cannot serve gRPC on {path}: {exc}") from None
+            log.info("gRPC (GRPCInferenceService) on unix:%s", path)
+        metrics = self.config.metrics
+        if metrics.port:
+            app = web.Application()
+            app.router.add_get("/metrics", metrics_handler(self.metrics))
+            self.metrics_runner = web.AppRunner(app, handle_signals=False, access_log=None)
+            await self.metrics_runner.setup()
+            try:
+                await web.TCPSite(self.metrics_runner, metrics.address, metrics.port).start()
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot serve metrics on {metrics.address}:{metrics.port}: {exc.strerror}"
+                ) from None
+            log.info("metrics on http://%s:%d/metrics", metrics.address, metrics.port)
+
+    async def _stop_extra_servers(self, grace: float = 0) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(grace)
+            self.grpc = None
+            with contextlib.suppress(FileNotFoundError):
+                self.config.server.grpc_path().unlink()
+        if self.metrics_runner is not None:
+            await self.metrics_runner.cleanup()
+            self.metrics_runner = None
 
     def _on_hup(self) -> None:
         task = asyncio.get_running_loop().create_task(self.reload(), name="reload")
@@ -231,12 +293,15 @@ class Daemon:
         self.plane.stopping = True
         self.plane.ready = False  # /v2/health/ready answers 503 to connections kept alive
         await site.stop()  # no new connections; the requests in flight go on
+        # gRPC stops taking calls at once and lets those in flight finish within the drain time.
+        grpc_stopped = asyncio.ensure_future(self._stop_extra_servers(drain))
         try:
             await asyncio.wait_for(self.plane.idle.wait(), drain)
         except asyncio.TimeoutError:
             log.warning(
                 "%d requests still running after %.0f s: cut short", self.plane.inflight, drain
             )
+        await grpc_stopped
         await runner.cleanup()
         for task in (*tasks, *self.reloads):
             task.cancel()

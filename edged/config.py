@@ -47,6 +47,16 @@ class ServerConfig(Section):
     drain_timeout_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long in-flight requests may take to finish"
     )
+    grpc: bool = Field(True, description="serve OIP gRPC on a second Unix socket")
+    grpc_socket: Path | None = Field(
+        None, description="the gRPC socket (default: beside socket, named <name>-grpc.sock)"
+    )
+
+    def grpc_path(self) -> Path:
+        """Where the gRPC socket goes."""
+        if self.grpc_socket is not None:
+            return self.grpc_socket
+        return self.socket.with_name(f"{self.socket.stem}-grpc{self.socket.suffix or '.sock'}")
 
     @field_validator("socket_mode", mode="before")
     @classmethod
@@ -87,6 +97,24 @@ class ModelsConfig(Section):
     )
 
 
+class SchedulerConfig(Section):
+    """Limits of the per-model schedulers (each model's config.pbtxt says the rest)."""
+
+    max_queue_size: int = Field(
+        256,
+        gt=0,
+        description="requests that may wait per model and priority level when the model's"
+        " queue policy sets no max_queue_size (429 above); bounds memory",
+    )
+
+
+class MetricsConfig(Section):
+    """Prometheus metrics: always at GET /metrics on the socket; optionally on TCP."""
+
+    port: int = Field(0, ge=0, le=65535, description="TCP port for /metrics (0: none)")
+    address: str = Field("127.0.0.1", description="address of that port (loopback by default)")
+
+
 class LogConfig(Section):
     """Logging."""
 
@@ -103,6 +131,8 @@ class Config(Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     models: ModelsConfig = Field(default_factory=ModelsConfig)
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
 

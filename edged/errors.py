@@ -43,6 +43,25 @@ class Unavailable(EdgedError):
     status = 503
 
 
+class Overloaded(EdgedError):
+    """Admission control refused the request: a full queue, or a timeout that cannot be met.
+
+    ``retry_after`` (seconds) estimates when the queue will have room; it becomes Retry-After.
+    """
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class DeadlineExceeded(EdgedError):
+    """The request's timeout expired before it could run."""
+
+    status = 504
+
+
 class ModelLoadError(EdgedError):
     """A model could not be loaded; the reason says why (corrupt file, missing dependency)."""
 

@@ -11,14 +11,17 @@ import asyncio
 import enum
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edged.errors import EdgedError, ModelLoadError, NotFound, Unavailable
+from edged.metrics import Metrics
 from edged.models.config import ModelConfig, read_config
 from edged.runtimes.base import Runtime, Tensors
+from edged.scheduler import Scheduler, Settings
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class ModelVersion:
     state: State = State.LOADING
     reason: str = ""
     runtime: Runtime | None = None
+    scheduler: Scheduler | None = None  # tensor models: queues, batching; pipelines: none
     config: ModelConfig | None = None  # the config this version was loaded with
     signature: tuple[Any, ...] = ()
     inflight: int = 0
@@ -84,9 +88,18 @@ def _signature(config_path: Path, version_dir: Path) -> tuple[Any, ...]:
 class ModelManager:
     """Finds, loads, serves and unloads the models of one repository."""
 
-    def __init__(self, repository: Path, factory: RuntimeFactory) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        factory: RuntimeFactory,
+        metrics: Metrics | None = None,
+        max_queue_size: int = 256,
+    ) -> None:
+        """``max_queue_size`` bounds every queue that a model's config leaves unbounded."""
         self.repository = repository
         self.factory = factory
+        self.metrics = metrics or Metrics()
+        self.max_queue_size = max_queue_size
         self.entries: dict[str, ModelEntry] = {}
         self._lock = asyncio.Lock()
 
@@ -210,6 +223,7 @@ class ModelManager:
         if current is None or current.state is not State.READY:
             entry.versions[version] = fresh  # shown as LOADING; a ready one serves meanwhile
         try:
+            settings = Settings.from_config(config, self.max_queue_size)
             runtime = self.factory(config, version_dir)
             await runtime.load()
         except Exception as exc:
@@ -222,6 +236,13 @@ class ModelManager:
                 entry.versions[version] = fresh
             return
         fresh.runtime = runtime
+        if not config.is_pipeline:
+            fresh.scheduler = Scheduler(
+                entry.name,
+                settings,
+                lambda feeds: runtime.infer(feeds, {}),
+                self.metrics.observer(entry.name, version),
+            )
         fresh.state = State.READY
         # The swap is one assignment: requests that started on the old runtime finish on it.
         entry.versions[version] = fresh
@@ -232,9 +253,12 @@ class ModelManager:
     async def _drain_and_unload(self, mv: ModelVersion) -> None:
         mv.state = State.UNLOADING
         await mv.idle.wait()
+        if mv.scheduler is not None:
+            await mv.scheduler.close()
         if mv.runtime is not None:
             await mv.runtime.unload()
         mv.runtime = None
+        mv.scheduler = None
         mv.state = State.UNAVAILABLE
         mv.reason = "unloaded"
 
@@ -346,12 +370,21 @@ class ModelManager:
         mv.config.check_inputs(inputs)
         mv.inflight += 1
         mv.idle.clear()
+        started = time.monotonic()
+        error: BaseException | None = None
         try:
-            outputs = await mv.runtime.infer(inputs, parameters or {})
+            if mv.scheduler is not None:
+                outputs = await mv.scheduler.submit(inputs)
+            else:
+                outputs = await mv.runtime.infer(inputs, parameters or {})
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             mv.inflight -= 1
             if mv.inflight == 0:
                 mv.idle.set()
+            self.metrics.finished(name, mv.version, time.monotonic() - started, error)
         return entry, mv.version, outputs
 
     # ---- what pipelines see (runtimes.base.Steps) --------------------------------------------

@@ -64,8 +64,6 @@ class OnnxRuntime:
         self.reshapes = {
             spec.name: (batched, spec.reshape) for spec in config.inputs if spec.reshape is not None
         }
-        # instance_group count: how many executions of this model may run at once.
-        self.slots = asyncio.Semaphore(config.instance_count)
 
     def _create(self) -> ort.InferenceSession:
         options = ort.SessionOptions()
@@ -171,7 +169,8 @@ class OnnxRuntime:
         )
 
     async def infer(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
-        """Run the session in the executor, at most instance_count at a time."""
+        """Run the session in the executor (the scheduler in front of it limits how many run
+        at once to instance_group's count, and batches)."""
         session = self.session
         if session is None:
             raise ModelLoadError(f"model '{self.config.name}' is not loaded")
@@ -183,15 +182,12 @@ class OnnxRuntime:
                     lead = list(feeds[name].shape[:1]) if batched else []
                     feeds[name] = feeds[name].reshape(lead + list(shape))
         loop = asyncio.get_running_loop()
-        async with self.slots:
-            try:
-                results = await loop.run_in_executor(
-                    self.executor, session.run, self.output_names, feeds
-                )
-            except (INVALID_ARGUMENT, FAIL) as exc:  # FAIL: e.g. a sequence past the positions
-                raise InvalidRequest(
-                    f"model '{self.config.name}' rejected the input: {exc}"
-                ) from None
+        try:
+            results = await loop.run_in_executor(
+                self.executor, session.run, self.output_names, feeds
+            )
+        except (INVALID_ARGUMENT, FAIL) as exc:  # FAIL: e.g. a sequence past the positions
+            raise InvalidRequest(f"model '{self.config.name}' rejected the input: {exc}") from None
         return dict(zip(self.output_names, results))
 
     async def unload(self) -> None:

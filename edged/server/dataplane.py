@@ -1,6 +1,6 @@
 """The data plane: every API operation, independent of the transport that carries it.
 
-REST over the Unix socket is a thin adapter over this (and gRPC will be another).
+REST and gRPC over Unix sockets are thin adapters over this.
 """
 
 from __future__ import annotations
@@ -14,8 +14,13 @@ import numpy as np
 
 from edged import __version__
 from edged.errors import InvalidRequest, NotFound, Unavailable
+from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
+from edged.scheduler import REQUEST, RequestQos, qos_from_parameters
+
+# Request parameters that the scheduler takes (Triton's names); the model never sees them.
+QOS_PARAMETERS = ("priority", "timeout")
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -39,6 +44,7 @@ class DataPlane:
     """Health, metadata, inference, repository control and the task API."""
 
     def __init__(self, manager: ModelManager) -> None:
+        """The manager's metrics also count the API requests in flight."""
         self.manager = manager
         self.ready = False
         self.stopping = False
@@ -51,10 +57,12 @@ class DataPlane:
         """A request started."""
         self.inflight += 1
         self.idle.clear()
+        self.manager.metrics.inflight.inc()
 
     def end(self) -> None:
         """A request finished (answered, failed or cancelled)."""
         self.inflight -= 1
+        self.manager.metrics.inflight.dec()
         if self.inflight == 0:
             self.idle.set()
 
@@ -103,12 +111,13 @@ class DataPlane:
             return False
         return True
 
-    def model_config(self, name: str) -> dict[str, Any]:
-        """GET /v2/models/{m}/config (Triton's model configuration extension)."""
+    def model_config(self, name: str) -> ModelConfig:
+        """GET /v2/models/{m}/config (Triton's model configuration extension; REST sends
+        ``as_json()``, gRPC the ``proto``)."""
         entry = self.manager.entry(name)
         if entry.config is None:
             raise Unavailable(f"model '{name}' has no valid config: {entry.error}")
-        return entry.config.as_json()
+        return entry.config
 
     def status(self) -> dict[str, Any]:
         """GET /v1/status: readiness, in-flight requests and every model's state."""
@@ -124,13 +133,18 @@ class DataPlane:
     # ---- inference -------------------------------------------------------------------------
 
     async def infer(
-        self, name: str, version: str | None, request: InferRequest
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        deadline: float | None = None,
     ) -> tuple[InferResponse, dict[str, bool]]:
-        """POST /v2/models/{m}[/versions/{v}]/infer; returns the response and which outputs go
-        as binary data."""
+        """POST /v2/models/{m}[/versions/{v}]/infer (or gRPC ModelInfer, whose deadline comes
+        along); returns the response and which outputs go as binary data."""
         self.check_ready()
+        parameters = self.take_qos(request.parameters, deadline)
         _, served, outputs = await self.manager.infer(
-            name, parse_version(version), request.inputs, request.parameters
+            name, parse_version(version), request.inputs, parameters
         )
         binary: dict[str, bool] = {}
         if request.outputs:
@@ -162,8 +176,20 @@ class DataPlane:
     ) -> tuple[int, dict[str, np.ndarray]]:
         """Run a model for the task API: (served version, outputs)."""
         self.check_ready()
-        _, served, outputs = await self.manager.infer(name, None, inputs, params)
+        parameters = self.take_qos(params)
+        _, served, outputs = await self.manager.infer(name, None, inputs, parameters)
         return served, outputs
+
+    @staticmethod
+    def take_qos(parameters: Mapping[str, Any], deadline: float | None = None) -> dict[str, Any]:
+        """Set this request's priority and timeout for the scheduler (and for the steps of a
+        pipeline, which inherit the context); return the other parameters. ``deadline`` is the
+        transport's own (a gRPC deadline), if any: the earlier one wins."""
+        qos = qos_from_parameters(parameters)
+        if deadline is not None and (qos.deadline is None or deadline < qos.deadline):
+            qos = RequestQos(qos.priority, deadline)
+        REQUEST.set(qos)
+        return {k: v for k, v in parameters.items() if k not in QOS_PARAMETERS}
 
     # ---- repository ------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import struct
 import time
@@ -12,7 +13,15 @@ from typing import Any
 from aiohttp import web
 
 from edged.config import ServerConfig
-from edged.errors import EdgedError, Forbidden, InvalidRequest, PayloadTooLarge
+from edged.errors import (
+    EdgedError,
+    Forbidden,
+    InvalidRequest,
+    Overloaded,
+    PayloadTooLarge,
+    Unavailable,
+)
+from edged.metrics import CONTENT_TYPE, Metrics
 from edged.protocol.tensors import (
     HEADER_LENGTH,
     decode_request,
@@ -33,6 +42,16 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def error_response(status: int, message: str) -> web.Response:
     """The protocol's error body: {"error": "..."}."""
     return web.json_response({"error": message}, status=status)
+
+
+def retry_after(error: EdgedError) -> int | None:
+    """Seconds for Retry-After: the scheduler's estimate when overloaded, 1 while the server
+    or the model is not ready; None for errors that retrying does not mend."""
+    if isinstance(error, Overloaded):
+        return max(1, math.ceil(error.retry_after))
+    if isinstance(error, Unavailable):
+        return 1
+    return None
 
 
 def peer_credentials(request: web.Request) -> tuple[int, int, int] | None:
@@ -88,9 +107,13 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         finally:
             plane.end()
     except EdgedError as exc:
-        if exc.status >= 500:
+        if exc.status >= 500 and exc.status not in (503, 504):
             log.warning("%s %s: %s", request.method, request.path, exc.message)
-        return error_response(exc.status, exc.message)
+        response = error_response(exc.status, exc.message)
+        seconds = retry_after(exc)
+        if seconds is not None:
+            response.headers["Retry-After"] = str(seconds)
+        return response
     except web.HTTPRequestEntityTooLarge:
         return error_response(
             413, f"request body is over the limit of {settings.max_request_bytes} bytes"
@@ -118,6 +141,15 @@ def query_parameters(request: web.Request) -> dict[str, Any]:
         except ValueError:
             raise InvalidRequest(f"query parameter '{key}' must be a number") from None
     return params
+
+
+def metrics_handler(metrics: Metrics) -> Handler:
+    """GET /metrics: Prometheus' text format."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    return handler
 
 
 def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
@@ -150,7 +182,7 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
         return status_only(plane.ready and plane.model_ready(info["model"], info.get("version")))
 
     async def model_config(request: web.Request) -> web.Response:
-        return ok(plane.model_config(request.match_info["model"]))
+        return ok(plane.model_config(request.match_info["model"]).as_json())
 
     async def infer(request: web.Request) -> web.Response:
         info = request.match_info
@@ -184,10 +216,10 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
         return ok(plane.status())
 
     async def embed(request: web.Request) -> web.Response:
-        return ok(await tasks.embed(plane, await read_json(request)))
+        return ok(await tasks.embed(plane, await read_json(request), query_parameters(request)))
 
     async def intent(request: web.Request) -> web.Response:
-        return ok(await tasks.intent(plane, await read_json(request)))
+        return ok(await tasks.intent(plane, await read_json(request), query_parameters(request)))
 
     async def ocr(request: web.Request) -> web.Response:
         return ok(await tasks.ocr(plane, await request.read(), query_parameters(request)))
@@ -213,6 +245,7 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
             web.post("/v2/repository/models/{model}/load", repository_load),
             web.post("/v2/repository/models/{model}/unload", repository_unload),
             web.get("/v1/status", status),
+            web.get("/metrics", metrics_handler(plane.manager.metrics)),
             web.post("/v1/embed", embed),
             web.post("/v1/intent", intent),
             web.post("/v1/ocr", ocr),

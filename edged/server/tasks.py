@@ -52,13 +52,13 @@ def _bytes_tensor(items: list[bytes]) -> np.ndarray:
     return array
 
 
-async def embed(plane: DataPlane, doc: Any) -> dict[str, Any]:
+async def embed(plane: DataPlane, doc: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     """POST /v1/embed {"texts": [...], "model": "text-embedding"} -> one embedding per text."""
     texts = _strings(doc, "text", "texts")
     model = doc.get("model", EMBED_MODEL)
     if model not in EMBED_MODELS:
         raise InvalidRequest(f"'model' must be one of {', '.join(EMBED_MODELS)}")
-    version, out = await plane.run(model, {"text": _text_tensor("texts", texts)}, {})
+    version, out = await plane.run(model, {"text": _text_tensor("texts", texts)}, params)
     vectors = out["embedding"]
     return {
         "model": model,
@@ -68,10 +68,10 @@ async def embed(plane: DataPlane, doc: Any) -> dict[str, Any]:
     }
 
 
-async def intent(plane: DataPlane, doc: Any) -> dict[str, Any]:
+async def intent(plane: DataPlane, doc: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     """POST /v1/intent {"texts": [...]} -> the intent of each text and its probability."""
     texts = _strings(doc, "text", "texts")
-    version, out = await plane.run(INTENT_MODEL, {"text": _text_tensor("texts", texts)}, {})
+    version, out = await plane.run(INTENT_MODEL, {"text": _text_tensor("texts", texts)}, params)
     return {
         "model": INTENT_MODEL,
         "version": str(version),

@@ -1,0 +1,113 @@
+"""Prometheus metrics (prometheus_client), in base units with Prometheus' names.
+
+One registry per daemon (not the library's global one), served at ``GET /metrics`` on the
+socket and, when ``metrics.port`` is set, on a loopback TCP port. Labels are bounded: model and
+version names come from the repository, never from what a client asked for.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from edged.errors import EdgedError
+from edged.scheduler import Observer
+
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def outcome_of(error: BaseException | None) -> str:
+    """The ``outcome`` label of a finished request."""
+    if error is None:
+        return "success"
+    status = error.status if isinstance(error, EdgedError) else 500
+    return {429: "rejected", 503: "unavailable", 504: "timeout"}.get(
+        status, "invalid" if 400 <= status < 500 else "error"
+    )
+
+
+class Metrics:
+    """Every metric edged exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r, model = self.registry, ["model", "version"]
+        self.requests = Counter(
+            "edged_inference_requests",
+            "Inference requests by model, version and outcome (success, invalid, rejected,"
+            " timeout, unavailable, error, cancelled); pipeline steps count as requests",
+            [*model, "outcome"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "edged_inference_request_duration_seconds",
+            "Time from a model call to its answer: queue plus compute (plus steps for pipelines)",
+            model,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "edged_inference_queue_duration_seconds",
+            "Time a request waited in the scheduler's queue before its execution started",
+            model,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute_seconds = Histogram(
+            "edged_inference_compute_duration_seconds",
+            "Time of one execution of the model (one batch)",
+            model,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "edged_inference_batch_size",
+            "Rows per execution (dynamic batching merges requests)",
+            model,
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.executions = Counter(
+            "edged_inference_executions",
+            "Executions of the model (fewer than requests when batching)",
+            model,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "edged_inference_queue_depth", "Requests waiting in the queue", model, registry=r
+        )
+        self.inflight = Gauge(
+            "edged_requests_in_flight", "API requests being answered (REST and gRPC)", registry=r
+        )
+
+    def observer(self, model: str, version: int) -> Observer:
+        """The scheduler's hooks for one model version."""
+        labels = (model, str(version))
+        queue = self.queue_seconds.labels(*labels)
+        compute = self.compute_seconds.labels(*labels)
+        batch = self.batch_size.labels(*labels)
+        executions = self.executions.labels(*labels)
+        depth = self.queue_depth.labels(*labels)
+
+        def executed(rows: int, seconds: float) -> None:
+            executions.inc()
+            batch.observe(rows)
+            compute.observe(seconds)
+
+        return Observer(queued=queue.observe, executed=executed, depth=depth.set)
+
+    def finished(
+        self, model: str, version: int, seconds: float, error: BaseException | None
+    ) -> None:
+        """A model call ended (answered, refused or failed)."""
+        outcome = "cancelled" if error is not None and not isinstance(error, Exception) else None
+        self.requests.labels(model, str(version), outcome or outcome_of(error)).inc()
+        self.request_seconds.labels(model, str(version)).observe(seconds)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return bytes(generate_latest(self.registry))

@@ -1,0 +1,494 @@
+"""The per-model scheduler: Triton's dynamic batcher, priority queues, timeouts, admission.
+
+Every tensor model version has one ``Scheduler`` in front of its runtime. Requests wait in one
+queue per priority level (1 is the most urgent); ``instance_group`` count workers take work from
+the queues, the most urgent and oldest first. With ``dynamic_batching`` in config.pbtxt a worker
+merges the waiting requests whose tensors fit together (same names, datatypes and non-batch
+dimensions) into one execution of at most ``max_batch_size`` rows, waiting up to
+``max_queue_delay_microseconds`` for a ``preferred_batch_size``; the outputs are split back by
+rows, so every request gets what it would have got alone.
+
+Admission is decided when a request arrives, never later: a full queue
+(``max_queue_size``, else ``scheduler.max_queue_size`` so memory stays bounded) or a timeout
+that the work ahead cannot meet is refused at once with 429 and a Retry-After estimate. A
+request whose timeout expires while it waits gets a timeout error (504) at that moment, never a
+late answer (``timeout_action: REJECT``); with ``DELAY`` it goes behind every request still in
+time instead.
+
+Priority and timeout come from the request, as Triton takes them: parameters ``priority``
+(0: the model's default level) and ``timeout`` (microseconds). They are set once per request in
+``REQUEST`` (a context variable), so the steps a pipeline calls inherit them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as pb
+
+from edged.errors import DeadlineExceeded, InvalidRequest, ModelLoadError, Overloaded, Unavailable
+from edged.models.config import ModelConfig
+from edged.runtimes.base import Tensors
+
+log = logging.getLogger(__name__)
+
+REJECT = pb.ModelQueuePolicy.TimeoutAction.REJECT
+
+
+@dataclass(frozen=True)
+class RequestQos:
+    """What a request asks of the scheduler: its priority level and its deadline."""
+
+    priority: int = 0  # 0: the model's default level
+    deadline: float | None = None  # time.monotonic() by which the answer is of use
+
+
+REQUEST: contextvars.ContextVar[RequestQos] = contextvars.ContextVar(
+    "edged_request_qos",
+    default=RequestQos(),  # noqa: B039 (frozen: immutable)
+)
+
+
+def qos_from_parameters(parameters: Mapping[str, Any]) -> RequestQos:
+    """Triton's request parameters ``priority`` and ``timeout`` (microseconds)."""
+
+    def count(key: str) -> int:
+        value = parameters.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise InvalidRequest(f"parameter '{key}' must be a non-negative integer")
+        if isinstance(value, float) and not value.is_integer():
+            raise InvalidRequest(f"parameter '{key}' must be a non-negative integer")
+        return int(value)
+
+    priority, timeout_us = count("priority"), count("timeout")
+    deadline = time.monotonic() + timeout_us / 1e6 if timeout_us else None
+    return RequestQos(priority, deadline)
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's ModelQueuePolicy for one priority level."""
+
+    max_queue_size: int
+    default_timeout_s: float  # 0: none
+    reject_on_timeout: bool
+    allow_timeout_override: bool
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the scheduler of one model takes from its config.pbtxt."""
+
+    max_batch_size: int  # rows per execution; 1 without dynamic batching
+    preferred: tuple[int, ...]
+    max_delay_s: float
+    levels: int
+    default_level: int
+    policies: dict[int, QueuePolicy]
+    instances: int
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, max_queue_size: int) -> Settings:
+        """Read ``dynamic_batching`` and ``instance_group``; ``max_queue_size`` bounds queues
+        the config leaves unbounded."""
+        proto = config.proto
+        batching = proto.HasField("dynamic_batching") and config.max_batch_size > 0
+        db = proto.dynamic_batching
+        levels = max(1, db.priority_levels)
+        default_level = db.default_priority_level if levels > 1 else 1
+        if not 1 <= default_level <= levels:
+            raise ModelLoadError(
+                f"model '{config.name}': default_priority_level {default_level} is outside"
+                f" 1..{levels}"
+            )
+
+        def policy(message: pb.ModelQueuePolicy, explicit: bool) -> QueuePolicy:
+            return QueuePolicy(
+                max_queue_size=message.max_queue_size or max_queue_size,
+                default_timeout_s=message.default_timeout_microseconds / 1e6,
+                reject_on_timeout=message.timeout_action == REJECT,
+                # Without a policy in the config, a request's own timeout is honoured.
+                allow_timeout_override=message.allow_timeout_override or not explicit,
+            )
+
+        default = policy(db.default_queue_policy, db.HasField("default_queue_policy"))
+        policies = {level: default for level in range(1, levels + 1)}
+        for level, message in db.priority_queue_policy.items():
+            if not 1 <= level <= levels:
+                raise ModelLoadError(
+                    f"model '{config.name}': priority_queue_policy {level} is outside 1..{levels}"
+                )
+            policies[level] = policy(message, True)
+        preferred = tuple(sorted(p for p in db.preferred_batch_size if p > 0))
+        limit = config.max_batch_size if batching else 1
+        if any(p > limit for p in preferred):
+            raise ModelLoadError(
+                f"model '{config.name}': preferred_batch_size {max(preferred)} is over"
+                f" max_batch_size {limit}"
+            )
+        return cls(
+            max_batch_size=limit,
+            preferred=preferred if batching else (),
+            max_delay_s=db.max_queue_delay_microseconds / 1e6 if batching else 0.0,
+            levels=levels,
+            default_level=default_level,
+            policies=policies,
+            instances=config.instance_count,
+        )
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request waiting in a queue, then running."""
+
+    inputs: Tensors
+    rows: int
+    key: tuple[Any, ...]  # requests with equal keys can run in one execution
+    level: int
+    deadline: float | None
+    reject_on_timeout: bool
+    enqueued: float
+    seq: int
+    future: asyncio.Future[Tensors]
+    late: bool = False  # DELAY: past its timeout, behind every request still in time
+    timer: asyncio.TimerHandle | None = None
+
+    def finish(self, result: Tensors | BaseException) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.future.done():
+            return
+        if isinstance(result, BaseException):
+            self.future.set_exception(result)
+        else:
+            self.future.set_result(result)
+
+
+@dataclass
+class Observer:
+    """Where the scheduler reports what it does (Prometheus metrics in the daemon)."""
+
+    queued: Callable[[float], None] = lambda seconds: None
+    executed: Callable[[int, float], None] = lambda rows, seconds: None
+    depth: Callable[[int], None] = lambda depth: None
+
+
+def batch_key(inputs: Tensors) -> tuple[Any, ...]:
+    """Names, datatypes and non-batch dimensions: what must match to share an execution."""
+    return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
+
+
+@dataclass
+class _Estimate:
+    """Moving averages of execution time, for Retry-After and deadline admission."""
+
+    batch_s: float = 0.0
+    rows: float = 1.0
+    samples: int = 0
+    alpha: float = 0.2
+
+    def add(self, seconds: float, rows: int) -> None:
+        if self.samples == 0:
+            self.batch_s, self.rows = seconds, float(rows)
+        else:
+            self.batch_s += self.alpha * (seconds - self.batch_s)
+            self.rows += self.alpha * (rows - self.rows)
+        self.samples += 1
+
+
+class Scheduler:
+    """Queues, batches and runs the requests of one model version."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        execute: Callable[[Tensors], Awaitable[Tensors]],
+        observer: Observer | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.execute = execute
+        self.observer = observer or Observer()
+        self.queues: dict[int, deque[Pending]] = {
+            level: deque() for level in range(1, settings.levels + 1)
+        }
+        self.late: deque[Pending] = deque()
+        self.arrived = asyncio.Event()
+        self.forming = asyncio.Lock()  # one worker forms a batch at a time
+        self.workers: list[asyncio.Task[None]] = []
+        self.estimate = _Estimate()
+        self.sequence = itertools.count()
+        self.executions = 0
+
+    # ---- admission ---------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting (not yet running)."""
+        return sum(len(q) for q in self.queues.values()) + len(self.late)
+
+    def _wait_estimate(self, ahead: int) -> float:
+        """Seconds until a request with ``ahead`` requests before it starts running."""
+        if self.estimate.samples == 0:
+            return 0.0
+        per_batch = max(1.0, min(self.estimate.rows, self.settings.max_batch_size))
+        rounds = math.ceil((ahead + 1) / per_batch / self.settings.instances)
+        return rounds * self.estimate.batch_s
+
+    def _retry_after(self) -> float:
+        return max(0.001, self._wait_estimate(self.depth))
+
+    def _level(self, qos: RequestQos) -> int:
+        if qos.priority == 0 or self.settings.levels == 1:
+            return self.settings.default_level
+        if qos.priority > self.settings.levels:
+            raise InvalidRequest(
+                f"priority {qos.priority} is outside 1..{self.settings.levels}"
+                f" (model '{self.name}' has {self.settings.levels} priority levels)"
+            )
+        return qos.priority
+
+    def _deadline(self, qos: RequestQos, policy: QueuePolicy, now: float) -> float | None:
+        default = now + policy.default_timeout_s if policy.default_timeout_s else None
+        asked = qos.deadline if policy.allow_timeout_override else None
+        if asked is None:
+            return default
+        return asked if default is None else min(asked, default)  # may shorten, not extend
+
+    async def submit(self, inputs: Tensors) -> Tensors:
+        """Queue a request and wait for its outputs (or its error)."""
+        qos = REQUEST.get()
+        level = self._level(qos)
+        policy = self.settings.policies[level]
+        now = time.monotonic()
+        deadline = self._deadline(qos, policy, now)
+        if len(self.queues[level]) >= policy.max_queue_size:
+            raise Overloaded(
+                f"model '{self.name}': the queue of priority {level} is full"
+                f" ({policy.max_queue_size} requests)",
+                self._retry_after(),
+            )
+        if deadline is not None and policy.reject_on_timeout:
+            ahead = sum(len(self.queues[lv]) for lv in range(1, level + 1))
+            wait = self._wait_estimate(ahead)
+            if now + wait > deadline:
+                raise Overloaded(
+                    f"model '{self.name}': the timeout of {(deadline - now) * 1000:.1f} ms cannot"
+                    f" be met: about {wait * 1000:.1f} ms of work is queued ahead",
+                    self._retry_after(),
+                )
+        loop = asyncio.get_running_loop()
+        first = next(iter(inputs.values()), None)
+        pending = Pending(
+            inputs=inputs,
+            rows=int(first.shape[0]) if first is not None and first.ndim else 1,
+            key=batch_key(inputs),
+            level=level,
+            deadline=deadline,
+            reject_on_timeout=policy.reject_on_timeout,
+            enqueued=now,
+            seq=next(self.sequence),
+            future=loop.create_future(),
+        )
+        if deadline is not None:
+            pending.timer = loop.call_at(deadline, self._expire, pending)
+        self.queues[level].append(pending)
+        self.observer.depth(self.depth)
+        self._start_workers()
+        self.arrived.set()
+        try:
+            return await pending.future
+        finally:
+            if not pending.future.done():  # the caller went away (client hung up)
+                self._remove(pending)
+                pending.future.cancel()
+                if pending.timer is not None:
+                    pending.timer.cancel()
+
+    def _remove(self, pending: Pending) -> bool:
+        queue = self.late if pending.late else self.queues[pending.level]
+        try:
+            queue.remove(pending)
+        except ValueError:
+            return False  # already taken by a worker
+        self.observer.depth(self.depth)
+        return True
+
+    def _expire(self, pending: Pending) -> None:
+        """The timeout passed while the request waited."""
+        pending.timer = None
+        if pending.reject_on_timeout:
+            if self._remove(pending):
+                waited = (time.monotonic() - pending.enqueued) * 1000
+                pending.finish(
+                    DeadlineExceeded(
+                        f"model '{self.name}': the request timed out after {waited:.1f} ms in"
+                        " the queue"
+                    )
+                )
+        elif self._remove(pending):
+            pending.late = True
+            self.late.append(pending)
+            self.observer.depth(self.depth)
+
+    # ---- execution ---------------------------------------------------------------------------
+
+    def _start_workers(self) -> None:
+        if not self.workers:
+            loop = asyncio.get_running_loop()
+            self.workers = [
+                loop.create_task(self._work(), name=f"scheduler:{self.name}:{i}")
+                for i in range(self.settings.instances)
+            ]
+
+    def _waiting(self) -> list[Pending]:
+        """Every waiting request in the order they are served."""
+        ordered = [p for level in sorted(self.queues) for p in self.queues[level]]
+        return ordered + list(self.late)
+
+    def _take(self) -> list[Pending]:
+        """The next batch from the queues: the first waiting request and those that fit it."""
+        waiting = self._waiting()
+        if not waiting:
+            return []
+        head = waiting[0]
+        chosen, rows = [head], head.rows
+        for p in waiting[1:]:
+            if rows >= self.settings.max_batch_size:
+                break
+            if p.key == head.key and rows + p.rows <= self.settings.max_batch_size:
+                chosen.append(p)
+                rows += p.rows
+        return chosen
+
+    def _full(self, batch: list[Pending]) -> bool:
+        rows = sum(p.rows for p in batch)
+        target = self.settings.preferred[-1] if self.settings.preferred else 0
+        return rows >= self.settings.max_batch_size or (target > 0 and rows >= target)
+
+    async def _form(self) -> list[Pending]:
+        """Wait for work, then for a fuller batch up to max_queue_delay; take it off the queues."""
+        while True:
+            batch = self._take()
+            if not batch:
+                self.arrived.clear()
+                await self.arrived.wait()
+                continue
+            wait_until = batch[0].enqueued + self.settings.max_delay_s
+            remaining = wait_until - time.monotonic()
+            if remaining <= 0 or self._full(batch):
+                break
+            self.arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), remaining)
+        batch = self._trim(batch)
+        for p in batch:
+            self._remove(p)
+            if p.timer is not None:
+                p.timer.cancel()
+                p.timer = None
+        return batch
+
+    def _trim(self, batch: list[Pending]) -> list[Pending]:
+        """Cut a batch down to the largest preferred size it passes (Triton's choice)."""
+        rows = sum(p.rows for p in batch)
+        if not self.settings.preferred or rows in self.settings.preferred:
+            return batch
+        fitting = [s for s in self.settings.preferred if s <= rows]
+        if not fitting:
+            return batch
+        kept, total = [], 0
+        for p in batch:
+            if total + p.rows > fitting[-1]:
+                break
+            kept.append(p)
+            total += p.rows
+        return kept or batch[:1]
+
+    async def _work(self) -> None:
+        while True:
+            async with self.forming:
+                batch = await self._form()
+            if batch:
+                await self._run(batch)
+
+    async def _run(self, batch: list[Pending]) -> None:
+        started = time.monotonic()
+        for p in batch:
+            self.observer.queued(started - p.enqueued)
+        live = [p for p in batch if not p.future.done()]
+        try:
+            results = await self._results(live)
+        except asyncio.CancelledError:  # shutdown: nobody is left without an answer
+            for p in live:
+                p.finish(Unavailable(f"model '{self.name}' stopped before the request ran"))
+            raise
+        for p, result in zip(live, results):
+            p.finish(result)
+
+    async def _results(self, live: list[Pending]) -> list[Tensors | BaseException]:
+        """Execute the batch; each request gets its outputs or its error."""
+        try:
+            if len(live) == 1:
+                return [await self._execute(live[0].inputs)]
+            if not live:
+                return []
+            merged = {
+                name: np.concatenate([p.inputs[name] for p in live]) for name in live[0].inputs
+            }
+            return list(self._split(await self._execute(merged), live))
+        except InvalidRequest as exc:
+            if len(live) == 1:
+                return [exc]
+            # One request of the batch may be at fault: run each alone so that only it fails.
+            return [await self._alone(p.inputs) for p in live]
+        except Exception as exc:
+            return [exc] * len(live)
+
+    async def _alone(self, inputs: Tensors) -> Tensors | BaseException:
+        try:
+            return await self._execute(inputs)
+        except Exception as exc:
+            return exc
+
+    async def _execute(self, feeds: Tensors) -> Tensors:
+        rows = len(next(iter(feeds.values()))) if feeds else 0
+        started = time.monotonic()
+        try:
+            return await self.execute(feeds)
+        finally:
+            seconds = time.monotonic() - started
+            self.executions += 1
+            self.estimate.add(seconds, rows)
+            self.observer.executed(rows, seconds)
+
+    @staticmethod
+    def _split(outputs: Tensors, batch: list[Pending]) -> list[Tensors]:
+        bounds = list(itertools.accumulate(p.rows for p in batch))[:-1]
+        pieces = {name: np.split(array, bounds) for name, array in outputs.items()}
+        return [{name: parts[i] for name, parts in pieces.items()} for i in range(len(batch))]
+
+    async def close(self) -> None:
+        """Stop the workers; whatever still waits gets an error."""
+        for task in self.workers:
+            task.cancel()
+        for task in self.workers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.workers = []
+        for p in self._waiting():
+            p.finish(Unavailable(f"model '{self.name}' stopped before the request ran"))
+        for queue in (*self.queues.values(), self.late):
+            queue.clear()
