@@ -27,12 +27,15 @@ def default_socket() -> str:
 
 
 class ClientError(Exception):
-    """The daemon answered with an error status (``status``) or could not be reached (0)."""
+    """The daemon answered with an error status (``status``) or could not be reached (0).
 
-    def __init__(self, status: int, message: str) -> None:
+    ``retry_after`` (seconds) comes with 429 and 503: when trying again makes sense."""
+
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{status}: {message}" if status else message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -92,8 +95,8 @@ class Client:
             headers["Content-Type"] = "application/json"
         elif raw is not None:
             headers["Content-Type"] = "application/octet-stream"
-        status, _, payload = self.request(method, path, body, headers)
-        _raise_for_status(status, payload)
+        status, reply_headers, payload = self.request(method, path, body, headers)
+        _raise_for_status(status, payload, reply_headers)
         return json.loads(payload) if payload else None
 
     # ---- Open Inference Protocol -----------------------------------------------------------
@@ -158,7 +161,7 @@ class Client:
         status, reply_headers, payload = self.request(
             "POST", _model_path(model, version) + "/infer", header + b"".join(chunks), headers
         )
-        _raise_for_status(status, payload)
+        _raise_for_status(status, payload, reply_headers)
         return decode_outputs(payload, reply_headers)
 
     # ---- task API --------------------------------------------------------------------------
@@ -181,7 +184,7 @@ class Client:
         return list(self.call("POST", "/v1/vad" + _query(params), raw=wav)["segments"])
 
 
-def _raise_for_status(status: int, payload: bytes) -> None:
+def _raise_for_status(status: int, payload: bytes, headers: Mapping[str, str]) -> None:
     """ClientError with the daemon's {"error"} message for an error status."""
     if status < 400:
         return
@@ -189,7 +192,8 @@ def _raise_for_status(status: int, payload: bytes) -> None:
         message = json.loads(payload)["error"]
     except (ValueError, KeyError, TypeError):
         message = payload.decode("utf-8", "replace") or http.client.responses.get(status, "")
-    raise ClientError(status, message)
+    retry = headers.get("Retry-After")
+    raise ClientError(status, message, float(retry) if retry and retry.isdigit() else None)
 
 
 def _query(params: Mapping[str, float]) -> str:

@@ -310,12 +310,11 @@ class Scheduler:
         self.arrived.set()
         try:
             return await pending.future
-        finally:
-            if not pending.future.done():  # the caller went away (client hung up)
-                self._remove(pending)
-                pending.future.cancel()
-                if pending.timer is not None:
-                    pending.timer.cancel()
+        except asyncio.CancelledError:  # the caller went away (client hung up): leave the queue
+            self._remove(pending)
+            if pending.timer is not None:
+                pending.timer.cancel()
+            raise
 
     def _remove(self, pending: Pending) -> bool:
         queue = self.late if pending.late else self.queues[pending.level]

@@ -36,10 +36,13 @@ class TextEmbedding(Pipeline):
     tokenizer: Tokenizer
 
     def prepare(self) -> None:
-        """Load the tokenizer; pad to the longest text of a request, not to a fixed length."""
+        """Load the tokenizer; pad to the longest text of a request (rounded up to the
+        ``pad_to_multiple_of`` parameter, so that requests batch together), not to a fixed
+        length."""
         self.tokenizer = Tokenizer.from_file(str(self.asset("tokenizer.json")))
         # The shipped tokenizer.json pads every input to 128 tokens: 5x slower for short texts.
-        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        multiple = self.limit("pad_to_multiple_of", 1)
+        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", pad_to_multiple_of=multiple)
         self.tokenizer.enable_truncation(MAX_TOKENS)
 
     def sample(self) -> Tensors:

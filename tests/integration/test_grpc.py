@@ -1,0 +1,87 @@
+"""tritonclient's own gRPC client, unchanged, against edged's gRPC socket."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import MODELS, Daemon
+
+
+@pytest.fixture(scope="module")
+def triton(daemon: Daemon) -> grpcclient.InferenceServerClient:
+    path = daemon.socket.with_name("edged-grpc.sock")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    return grpcclient.InferenceServerClient(url=f"unix://{path}")
+
+
+def test_health_and_metadata(triton: grpcclient.InferenceServerClient) -> None:
+    assert triton.is_server_live() and triton.is_server_ready()
+    assert triton.is_model_ready("text-encoder")
+    server = triton.get_server_metadata()
+    assert server.name == "edged" and "model_repository" in server.extensions
+    meta = triton.get_model_metadata("text-encoder")
+    assert meta.platform == "onnxruntime_onnx"
+    assert next((t.name, t.datatype, list(t.shape)) for t in meta.inputs) == (
+        "input_ids",
+        "INT64",
+        [-1, -1],
+    )
+    config = triton.get_model_config("text-encoder").config
+    assert config.max_batch_size == 64 and config.dynamic_batching.priority_levels == 2
+
+
+def test_infer_with_raw_contents_equals_onnx_runtime(
+    triton: grpcclient.InferenceServerClient,
+) -> None:
+    ids = np.array([[101, 7592, 2088, 2003, 4248, 102]], dtype=np.int64)
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "token_type_ids": np.zeros_like(ids),
+    }
+    inputs = []
+    for name, array in feeds.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), "INT64")
+        tensor.set_data_from_numpy(array)  # tritonclient sends raw_input_contents
+        inputs.append(tensor)
+    result = triton.infer("text-encoder", inputs, priority=1, timeout=5_000_000)
+    session = ort.InferenceSession(str(MODELS / "text-encoder" / "1" / "model.onnx"))
+    (expected,) = session.run(["embedding"], feeds)
+    np.testing.assert_allclose(result.as_numpy("embedding"), expected, atol=1e-5)
+    assert result.get_response().model_version == "1"
+
+
+def test_pipelines_take_strings(triton: grpcclient.InferenceServerClient) -> None:
+    text = grpcclient.InferInput("text", [2], "BYTES")
+    text.set_data_from_numpy(np.array([b"scan this invoice", b"how hot is the gpu"], object))
+    result = triton.infer("intent", [text])
+    assert list(result.as_numpy("intent")) == [b"image-report", b"device-status"]
+
+
+def test_errors_map_to_grpc_status_codes(triton: grpcclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as unknown:
+        triton.get_model_metadata("no-such-model")
+    assert unknown.value.status() == "StatusCode.NOT_FOUND"
+    bad = grpcclient.InferInput("embedding", [1, 3], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 3), np.float32))
+    with pytest.raises(InferenceServerException) as shape:
+        triton.infer("intent-classifier", [bad])
+    assert shape.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "has shape [1, 3], the model expects [-1, 384]" in shape.value.message()
+    assert triton.is_server_live()  # and it keeps serving
+
+
+def test_repository_calls(triton: grpcclient.InferenceServerClient) -> None:
+    index = {(m.name, m.version): m.state for m in triton.get_model_repository_index().models}
+    assert index[("intent-classifier", "1")] == "READY"
+    triton.unload_model("vad")
+    assert not triton.is_model_ready("vad")
+    triton.load_model("vad")
+    assert triton.is_model_ready("vad")

@@ -1,0 +1,280 @@
+"""The scheduler on a real ONNX Runtime session of a small graph: batching, priority, timeouts,
+admission. A gate (an asyncio.Event before the real execution) holds the worker busy so that the
+tests assert order and outcomes, not times."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edged.config import OnnxRuntimeConfig
+from edged.errors import DeadlineExceeded, InvalidRequest, ModelLoadError, Overloaded
+from edged.models.config import read_config
+from edged.runtimes.base import Tensors
+from edged.runtimes.onnxruntime import OnnxRuntime
+from edged.scheduler import REQUEST, RequestQos, Scheduler, Settings, qos_from_parameters
+from tests.unit.test_repository import add_model
+
+Scenario = Callable[["Bench"], Awaitable[None]]
+
+
+class Bench:
+    """A scheduler in front of a real ORT session (y = 2x), with a gate and an execution log."""
+
+    def __init__(self, tmp_path: Path, batching: str, max_queue_size: int = 64) -> None:
+        add_model(tmp_path, "m", {1: 2.0}, batching)
+        self.config = read_config(tmp_path / "m")
+        self.runtime = OnnxRuntime(
+            self.config, tmp_path / "m" / "1", OnnxRuntimeConfig(), ThreadPoolExecutor(2)
+        )
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.executions: list[list[float]] = []  # the first column of each execution's rows
+        self.started = asyncio.Event()
+        self.scheduler = Scheduler(
+            "m", Settings.from_config(self.config, max_queue_size), self.execute
+        )
+
+    async def execute(self, feeds: Tensors) -> Tensors:
+        self.started.set()
+        await self.gate.wait()
+        self.executions.append([float(v) for v in feeds["x"][:, 0]])
+        return await self.runtime.infer(feeds, {})
+
+    def submit(
+        self, value: float, rows: int = 1, priority: int = 0, timeout_us: int = 0
+    ) -> asyncio.Task[Tensors]:
+        """A request of ``rows`` rows filled with ``value``, as a task."""
+        x = np.full((rows, 2), value, np.float32)
+
+        async def call() -> Tensors:
+            REQUEST.set(qos_from_parameters({"priority": priority, "timeout": timeout_us}))
+            return await self.scheduler.submit({"x": x})
+
+        return asyncio.ensure_future(call())
+
+    async def hold(self) -> asyncio.Task[Tensors]:
+        """Occupy the only worker with a request that waits at the closed gate."""
+        self.gate.clear()
+        self.started.clear()
+        blocker = self.submit(-1.0)
+        await self.started.wait()
+        return blocker
+
+
+def run(tmp_path: Path, batching: str, scenario: Scenario, **kwargs: int) -> None:
+    async def main() -> None:
+        bench = Bench(tmp_path, batching, **kwargs)
+        await bench.runtime.load()
+        try:
+            await scenario(bench)
+        finally:
+            await bench.scheduler.close()
+
+    asyncio.run(main())
+
+
+BATCHING = "dynamic_batching { }"
+PRIORITIES = "dynamic_batching { priority_levels: 2 default_priority_level: 2 }"
+
+
+def test_concurrent_requests_run_in_fewer_executions_with_the_results_of_one_each(
+    tmp_path: Path,
+) -> None:
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        tasks = [bench.submit(float(i), rows=1 + i % 3) for i in range(64)]
+        await asyncio.sleep(0)
+        bench.gate.set()
+        results = await asyncio.gather(*tasks)
+        await blocker
+        for i, out in enumerate(results):  # each its own rows, as if alone
+            np.testing.assert_array_equal(out["y"], np.full((1 + i % 3, 2), 2.0 * i, np.float32))
+        executions = len(bench.executions) - 1  # the blocker ran alone
+        assert executions < 64
+        assert all(len(rows) <= 4 for rows in bench.executions)  # max_batch_size
+        assert bench.scheduler.depth == 0
+
+    run(tmp_path, BATCHING, scenario)
+
+
+def test_without_dynamic_batching_each_request_runs_alone(tmp_path: Path) -> None:
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        tasks = [bench.submit(float(i)) for i in range(5)]
+        await asyncio.sleep(0)
+        bench.gate.set()
+        await asyncio.gather(blocker, *tasks)
+        assert [len(e) for e in bench.executions] == [1] * 6
+
+    run(tmp_path, "", scenario)
+
+
+def test_a_high_priority_request_is_dequeued_before_older_low_priority_ones(
+    tmp_path: Path,
+) -> None:
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        # Low-priority requests of 3 rows each: with max_batch_size 4, one per execution.
+        low = [bench.submit(float(i), rows=3) for i in range(1, 6)]
+        await asyncio.sleep(0)
+        urgent = bench.submit(100.0, rows=3, priority=1)
+        await asyncio.sleep(0)
+        bench.gate.set()
+        await asyncio.gather(blocker, urgent, *low)
+        firsts = [rows[0] for rows in bench.executions]
+        assert firsts == [-1.0, 100.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+    run(tmp_path, PRIORITIES, scenario)
+
+
+def test_a_priority_outside_the_levels_is_refused(tmp_path: Path) -> None:
+    async def scenario(bench: Bench) -> None:
+        with pytest.raises(InvalidRequest, match=r"priority 3 is outside 1\.\.2"):
+            await bench.submit(1.0, priority=3)
+
+    run(tmp_path, PRIORITIES, scenario)
+
+
+def test_a_timeout_that_expires_in_the_queue_is_an_error_never_a_late_answer(
+    tmp_path: Path,
+) -> None:
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        doomed = bench.submit(7.0, timeout_us=50_000)
+        patient = bench.submit(8.0)
+        with pytest.raises(DeadlineExceeded, match="timed out after"):
+            await doomed  # while the worker is still held: the answer could not have come
+        assert not blocker.done()
+        bench.gate.set()
+        await asyncio.gather(blocker, patient)
+        assert all(7.0 not in rows for rows in bench.executions)
+
+    run(tmp_path, BATCHING, scenario)
+
+
+def test_a_delay_policy_moves_expired_requests_behind_those_in_time(tmp_path: Path) -> None:
+    policy = (
+        "dynamic_batching { default_queue_policy { timeout_action: DELAY"
+        " default_timeout_microseconds: 20000 } }"
+    )
+
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        old = bench.submit(1.0, rows=3)
+        await asyncio.sleep(0.05)  # its 20 ms pass: late
+        fresh = bench.submit(2.0, rows=3)
+        bench.gate.set()
+        await asyncio.gather(blocker, old, fresh)
+        assert [rows[0] for rows in bench.executions] == [-1.0, 2.0, 1.0]
+
+    run(tmp_path, policy, scenario)
+
+
+def test_request_timeouts_obey_allow_timeout_override(tmp_path: Path) -> None:
+    policy = "dynamic_batching { default_queue_policy { default_timeout_microseconds: 10000000 } }"
+
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        ignored = bench.submit(3.0, timeout_us=10_000)  # override not allowed: 10 s applies
+        await asyncio.sleep(0.1)
+        assert not ignored.done()
+        bench.gate.set()
+        await asyncio.gather(blocker, ignored)
+
+    run(tmp_path, policy, scenario)
+
+
+def test_a_full_queue_is_refused_at_once_with_a_retry_estimate(tmp_path: Path) -> None:
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        queued = [bench.submit(float(i)) for i in range(3)]
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match=r"queue of priority 1 is full \(3 requests\)") as err:
+            await bench.submit(9.0)
+        assert err.value.status == 429 and err.value.retry_after > 0
+        bench.gate.set()
+        await asyncio.gather(blocker, *queued)
+
+    run(tmp_path, "", scenario, max_queue_size=3)
+
+
+def test_a_deadline_the_queue_cannot_meet_is_refused_at_once(tmp_path: Path) -> None:
+    async def slow(bench: Bench) -> None:
+        original = bench.execute
+
+        async def execute(feeds: Tensors) -> Tensors:
+            await asyncio.sleep(0.05)  # a model that takes 50 ms per execution
+            return await original(feeds)
+
+        bench.scheduler.execute = execute
+        await bench.submit(0.0)  # the scheduler learns how long an execution takes
+        blocker = await bench.hold()
+        queued = [bench.submit(float(i), rows=4) for i in range(1, 5)]  # 4 executions ahead
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="cannot be met"):
+            await bench.submit(9.0, timeout_us=20_000)
+        bench.gate.set()
+        await asyncio.gather(blocker, *queued)
+
+    run(tmp_path, BATCHING, slow)
+
+
+def test_a_caller_that_goes_away_leaves_the_queue(tmp_path: Path) -> None:
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        gone = bench.submit(5.0)
+        await asyncio.sleep(0)
+        assert bench.scheduler.depth == 1
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert bench.scheduler.depth == 0
+        bench.gate.set()
+        await blocker
+        assert all(5.0 not in rows for rows in bench.executions)
+
+    run(tmp_path, BATCHING, scenario)
+
+
+def test_one_bad_request_in_a_batch_fails_alone(tmp_path: Path) -> None:
+    async def scenario(bench: Bench) -> None:
+        original = bench.execute
+
+        async def execute(feeds: Tensors) -> Tensors:
+            if 13.0 in feeds["x"][:, 0]:  # stands for input the graph rejects at run time
+                raise InvalidRequest("model 'm' rejected the input: 13")
+            return await original(feeds)
+
+        bench.scheduler.execute = execute
+        blocker = await bench.hold()
+        tasks = [bench.submit(v) for v in (12.0, 13.0, 14.0)]
+        await asyncio.sleep(0)
+        bench.gate.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await blocker
+        assert isinstance(results[1], InvalidRequest)
+        np.testing.assert_array_equal(results[0]["y"], [[24.0, 24.0]])  # type: ignore[index]
+        np.testing.assert_array_equal(results[2]["y"], [[28.0, 28.0]])  # type: ignore[index]
+
+    run(tmp_path, BATCHING, scenario)
+
+
+def test_queue_settings_are_checked_at_load(tmp_path: Path) -> None:
+    add_model(tmp_path, "bad", {1: 1.0}, "dynamic_batching { preferred_batch_size: [ 8 ] }")
+    with pytest.raises(ModelLoadError, match="preferred_batch_size 8 is over max_batch_size 4"):
+        Settings.from_config(read_config(tmp_path / "bad"), 16)
+
+
+def test_request_parameters_give_priority_and_timeout() -> None:
+    qos = qos_from_parameters({"priority": 1, "timeout": 2_000_000})
+    assert qos.priority == 1 and qos.deadline is not None
+    assert qos_from_parameters({}) == RequestQos()
+    for bad in ({"priority": -1}, {"timeout": "soon"}, {"priority": 1.5}, {"timeout": True}):
+        with pytest.raises(InvalidRequest):
+            qos_from_parameters(bad)
