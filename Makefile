@@ -15,12 +15,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
 APT_TEST := espeak-ng fonts-dejavu-core curl systemd
 
-.PHONY: run test setup models lint unit integration bench clean distclean help
+.PHONY: run test setup models lint unit integration bench bench-load clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
 	@echo "make test   - set up everything and run lint, unit and integration tests"
 	@echo "make bench  - run the serving benchmark (bench/serving.py)"
+	@echo "make bench-load - load benchmark vs in-process ONNX Runtime and MLServer (bench/load.py)"
 	@echo "make models - (re)build the default model repository in models/"
 
 $(STAMPS):
@@ -74,6 +75,9 @@ test: $(STAMPS)/models $(STAMPS)/apt-test lint
 
 bench: $(STAMPS)/models
 	$(PY) bench/serving.py
+
+bench-load: $(STAMPS)/models
+	$(PY) bench/load.py
 
 clean:
 	rm -rf run var .pytest_cache .mypy_cache .ruff_cache

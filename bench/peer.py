@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""MLServer (Seldon) as a peer Open Inference Protocol (KServe v2) server for benchmarks.
+
+MLServer lives in its own virtualenv (``.bench-venv/mlserver``) and serves one ONNX file through
+a small custom runtime (``onnxruntime.InferenceSession``, CPU provider, default session options).
+Everything binds to 127.0.0.1: REST and gRPC on free ports; metrics server, Prometheus middleware
+and gzip are off; ``parallel_workers: 0`` (inference runs in the server process, no worker pool);
+no adaptive batching (``max_batch_size``/``max_batch_time`` left at 0 in model-settings.json).
+MLServer's REST side speaks JSON only: it does not accept the binary tensor extension.
+
+    .venv/bin/python bench/peer.py        # smoke: install, serve text-encoder, check, time
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_VENV = ROOT / ".bench-venv" / "mlserver"
+PACKAGES = ("mlserver==1.7.1", "onnxruntime==1.32.0", "numpy")
+STAMP = ".peer-installed"
+
+RUNTIME = """\
+import numpy as np
+import onnxruntime as ort
+from mlserver import MLModel
+from mlserver.codecs import NumpyCodec
+from mlserver.types import InferenceRequest, InferenceResponse
+from mlserver.utils import get_model_uri
+
+
+class OnnxPeerModel(MLModel):
+    async def load(self) -> bool:
+        path = await get_model_uri(self.settings)
+        self._session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        self._names = [o.name for o in self._session.get_outputs()]
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        feeds = {i.name: NumpyCodec.decode_input(i) for i in payload.inputs}
+        names = [o.name for o in payload.outputs] if payload.outputs else self._names
+        results = self._session.run(names, feeds)
+        outputs = [NumpyCodec.encode_output(n, np.asarray(r)) for n, r in zip(names, results)]
+        return InferenceResponse(
+            model_name=self.name, model_version=self.version, id=payload.id, outputs=outputs
+        )
+"""
+
+
+def ensure_venv(path: Path = DEFAULT_VENV) -> Path:
+    """Create ``path`` with MLServer + onnxruntime + numpy; skipped when the stamp exists."""
+    stamp = path / STAMP
+    if stamp.exists():
+        return path
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
+    log = path / "pip-install.log"
+    with log.open("wb") as out:
+        rc = subprocess.call(
+            [str(path / "bin" / "pip"), "install", "--quiet", *PACKAGES], stdout=out, stderr=out
+        )
+    if rc != 0:
+        sys.stderr.write(log.read_text(errors="replace")[-4000:])
+        raise RuntimeError(f"pip install into {path} failed (rc={rc}); log: {log}")
+    freeze = subprocess.run(
+        [str(path / "bin" / "pip"), "freeze"], check=True, capture_output=True, text=True
+    ).stdout
+    stamp.write_text(freeze)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Peer:
+    proc: subprocess.Popen[bytes]
+    name: str
+    http_url: str  # http://127.0.0.1:PORT
+    grpc_url: str  # 127.0.0.1:PORT (host:port, as gRPC clients take it)
+    log: Path
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return int(r.status)
+    except OSError:
+        return 0
+
+
+def start_peer(
+    venv: Path,
+    onnx_file: Path,
+    name: str,
+    workdir: Path,
+    *,
+    timeout: float = 120.0,
+    max_batch_size: int = 0,
+    max_batch_time: float = 0.0,
+) -> Peer:
+    """Write settings + runtime under ``workdir``, start ``mlserver start`` and wait until ready.
+
+    Adaptive batching is on only with ``max_batch_size > 1`` and ``max_batch_time > 0`` (seconds);
+    it concatenates requests along axis 0, so concurrent requests must share all other dims.
+    """
+    model_dir = workdir / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "peer_onnx_runtime.py").write_text(RUNTIME)
+    model_settings = {
+        "name": name,
+        "implementation": "peer_onnx_runtime.OnnxPeerModel",
+        "parameters": {"uri": str(Path(onnx_file).resolve())},
+        "max_batch_size": max_batch_size,
+        "max_batch_time": max_batch_time,
+    }
+    (model_dir / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
+    http_port, grpc_port = free_port(), free_port()
+    settings = {
+        "host": "127.0.0.1",  # REST, gRPC and metrics servers all bind to this
+        "http_port": http_port,
+        "grpc_port": grpc_port,  # gRPC cannot be switched off in MLServer; loopback only
+        "parallel_workers": 0,  # no inference worker pool: models run in the main process
+        "metrics_endpoint": None,  # no metrics server, no Prometheus middleware/interceptor
+        "debug": False,  # no per-request access log
+        "gzip_enabled": False,  # REST responses uncompressed, like a plain v2 server
+        "load_models_at_startup": True,
+    }
+    (workdir / "settings.json").write_text(json.dumps(settings, indent=2))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLSERVER")}
+    log = workdir / "mlserver.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(venv / "bin" / "mlserver"), "start", str(workdir)],
+            cwd=workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{http_port}"
+    peer = Peer(proc, name, base, f"127.0.0.1:{grpc_port}", log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _status(f"{base}/v2/health/ready") == 200 == _status(f"{base}/v2/models/{name}/ready"):
+            return peer
+        time.sleep(0.2)
+    peer.stop()
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+    raise RuntimeError(f"MLServer not ready (rc={proc.returncode}); log tail:\n{tail}")
+
+
+def infer_json(
+    conn: http.client.HTTPConnection, name: str, inputs: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """One v2 REST JSON inference over a kept-alive connection; outputs by name."""
+    ins = [
+        {
+            "name": k,
+            "shape": list(v.shape),
+            "datatype": _DT[v.dtype.str[1:]],
+            "data": v.ravel().tolist(),
+        }
+        for k, v in inputs.items()
+    ]
+    conn.request("POST", f"/v2/models/{name}/infer", json.dumps({"inputs": ins}), _JSON)
+    resp = conn.getresponse()
+    raw = resp.read()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {raw[:300]!r}")
+    outs = json.loads(raw)["outputs"]
+    return {o["name"]: np.asarray(o["data"], _NP[o["datatype"]]).reshape(o["shape"]) for o in outs}
+
+
+_JSON = {"Content-Type": "application/json"}
+_DT = {"i8": "INT64", "i4": "INT32", "f4": "FP32", "f8": "FP64"}
+_NP = {v: k for k, v in _DT.items()}
+
+
+def _median_ms(fn: Callable[[], object], runs: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    samples = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples) * 1000
+
+
+def smoke() -> None:
+    """Serve models/text-encoder, check REST JSON / tritonclient http+grpc against in-process."""
+    import onnxruntime as ort
+    import tritonclient.grpc as tgrpc
+    import tritonclient.http as thttp
+
+    onnx_file = ROOT / "models" / "text-encoder" / "1" / "model.onnx"
+    if not onnx_file.exists():
+        subprocess.run(["make", "models"], cwd=ROOT, check=True)
+    t = time.perf_counter()
+    venv = ensure_venv(DEFAULT_VENV)
+    print(f"venv ready in {time.perf_counter() - t:.1f} s: {(venv / STAMP).read_text().split()}")
+    t = time.perf_counter()
+    peer = start_peer(venv, onnx_file, "text-encoder", Path("/tmp/peer/smoke"))
+    print(f"ready in {time.perf_counter() - t:.1f} s: {peer.http_url} grpc {peer.grpc_url}")
+    try:
+        ids = np.random.default_rng(0).integers(1000, 2000, size=(1, 8), dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": ids * 0 + 1, "token_type_ids": ids * 0}
+        ref = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+        want = ref.run(["embedding"], feeds)[0]
+        conn = http.client.HTTPConnection(peer.http_url.removeprefix("http://"))
+        got = infer_json(conn, peer.name, feeds)["embedding"]
+        print(f"REST JSON: shape {got.shape}, max|diff| {np.abs(got - want).max():.2e}")
+        assert got.shape == want.shape and np.allclose(got, want, atol=1e-5, rtol=0)
+        hc = thttp.InferenceServerClient(peer.http_url.removeprefix("http://"))
+        gc = tgrpc.InferenceServerClient(peer.grpc_url)
+
+        def triton(mod: Any, client: Any, kw: dict[str, bool]) -> np.ndarray:
+            ins = [mod.InferInput(k, list(v.shape), "INT64") for k, v in feeds.items()]
+            for i, v in zip(ins, feeds.values()):
+                i.set_data_from_numpy(v, **kw)
+            outs = [mod.InferRequestedOutput("embedding", **kw)]
+            return np.asarray(client.infer(peer.name, ins, outputs=outs).as_numpy("embedding"))
+
+        for label, mod, client, kw in [
+            ("tritonclient.http binary", thttp, hc, {"binary_data": True}),
+            ("tritonclient.http JSON", thttp, hc, {"binary_data": False}),
+            ("tritonclient.grpc", tgrpc, gc, {}),
+        ]:
+            try:
+                d = np.abs(triton(mod, client, kw) - want).max()
+                ms = _median_ms(lambda m=mod, c=client, k=kw: triton(m, c, k))
+                print(f"{label}: OK, max|diff| {d:.2e}, p50 {ms:.2f} ms")
+            except Exception as exc:  # report, keep going
+                print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:160]}")
+        rest = _median_ms(lambda: infer_json(conn, peer.name, feeds))
+        local = _median_ms(lambda: ref.run(["embedding"], feeds))
+        print(f"REST JSON (http.client keep-alive) p50 {rest:.2f} ms; in-process {local:.2f} ms")
+        conn.close()
+        hc.close()
+        gc.close()
+    finally:
+        peer.stop()
+        print(f"stopped pid {peer.proc.pid}, rc={peer.proc.returncode}")
+
+
+if __name__ == "__main__":
+    smoke()
