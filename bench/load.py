@@ -3,12 +3,13 @@
 peer server (MLServer, its own venv, loopback), in ONE run, on the same ONNX files.
 
 Targets, each serving the same graph with the same request:
-- ``ort``: ``InferenceSession.run`` in this process from N threads, unbatched (the ceiling of
-  a server that does not batch);
+- ``ort``: ``InferenceSession.run`` in this process from N threads, unbatched, with edged's
+  session settings (thread spinning off) so that the difference is the serving;
 - ``edged-rest`` / ``edged-grpc``: a fresh edged daemon (dynamic batching as in the default
   repository); one keep-alive connection per client thread (REST: binary tensors);
-- ``peer``: MLServer (parallel_workers 0) with an ONNX Runtime model, over v2 REST on loopback
-  (bench/peer.py sets it up in .bench-venv/mlserver).
+- ``peer``: MLServer (parallel_workers 0) with an ONNX Runtime model (same session settings),
+  over v2 REST (JSON: MLServer has no binary extension) on loopback, without and with its
+  adaptive batching (64 requests / 2 ms); bench/peer.py sets it up in .bench-venv/mlserver.
 
 Closed loop: N client threads, each sending its next request when the last one is answered.
 Open loop: requests sent at a fixed rate whatever the answers, latency counted from the time a
@@ -332,7 +333,7 @@ def main() -> None:
     header = ["model (graph)", "target", "conc.", "QPS", "p50 ms", "p95 ms", "p99 ms",
               "errors", "QPS / ORT"]  # fmt: skip
     rows: list[list[str]] = []
-    peer = None
+    peer: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory() as tmp:
         proc, socket = start_edged(Path(tmp) / "edged")
         try:
@@ -340,16 +341,36 @@ def main() -> None:
                 from bench import peer as peer_module
 
                 venv = peer_module.ensure_venv(ROOT / ".bench-venv" / "mlserver")
-                peers = {}
+                spin_off = {
+                    "session.intra_op.allow_spinning": "0",
+                    "session.inter_op.allow_spinning": "0",
+                }
+                peer = {}
                 for graph in models:
-                    peers[graph] = peer_module.start_peer(
-                        venv, MODELS / graph / "1" / "model.onnx", graph, Path(tmp) / graph
+                    onnx_file = MODELS / graph / "1" / "model.onnx"
+                    peer[graph] = peer_module.start_peer(
+                        venv, onnx_file, graph, Path(tmp) / graph, session_config=spin_off
                     )
-                peer = peers
+                    # MLServer's adaptive batching: up to 64 requests within 2 ms.
+                    peer[graph + "+batching"] = peer_module.start_peer(
+                        venv,
+                        onnx_file,
+                        graph,
+                        Path(tmp) / (graph + "-batching"),
+                        max_batch_size=64,
+                        max_batch_time=0.002,
+                        session_config=spin_off,
+                    )
             for graph, task in models.items():
                 feeds = inputs[graph]
+                # The session settings edged uses (spinning off), so the rows differ by serving.
+                options = ort.SessionOptions()
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                options.add_session_config_entry("session.inter_op.allow_spinning", "0")
                 session = ort.InferenceSession(
-                    str(MODELS / graph / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+                    str(MODELS / graph / "1" / "model.onnx"),
+                    sess_options=options,
+                    providers=["CPUExecutionProvider"],
                 )
                 targets: dict[str, Callable[[], Call]] = {
                     "ORT in-process": ort_client(session, feeds),
@@ -360,6 +381,9 @@ def main() -> None:
                 }
                 if peer is not None:
                     targets["MLServer REST/TCP"] = http_client(peer[graph].http_url, graph, feeds)
+                    targets["MLServer batching"] = http_client(
+                        peer[graph + "+batching"].http_url, graph, feeds
+                    )
                 for c in args.concurrency:
                     base = None
                     for target, make in targets.items():
@@ -403,39 +427,22 @@ def overload(socket: Path, pid: int, feeds: Tensors, args: argparse.Namespace) -
         f"\n## Overload: text-encoder with a 250 ms timeout; saturation {saturation:.0f} QPS"
         " (closed loop, 64 asyncio clients)"
     )
-    print(
-        table(
-            [
-                [
-                    f"2x saturation ({rate:.0f}/s) for {args.overload_seconds:.0f} s",
-                    f"{hot.qps:.0f}",
-                    str(hot.statuses.get(200, 0)),
-                    str(sum(n for s, n in hot.statuses.items() if s in (429, 503))),
-                    str(sum(n for s, n in hot.statuses.items() if s not in (200, 429, 503))),
-                    f"{hot.pct(0.5):.1f} / {hot.pct(0.99):.1f}",
-                    f"{hot.pct(0.5, hot.refusals):.1f} / {hot.pct(0.99, hot.refusals):.1f}",
-                ],
-                [
-                    f"then 0.5x saturation ({saturation / 2:.0f}/s)",
-                    f"{after.qps:.0f}",
-                    str(after.statuses.get(200, 0)),
-                    str(sum(n for s, n in after.statuses.items() if s in (429, 503))),
-                    str(sum(n for s, n in after.statuses.items() if s not in (200, 429, 503))),
-                    f"{after.pct(0.5):.1f} / {after.pct(0.99):.1f}",
-                    "-",
-                ],
-            ],
-            [
-                "phase",
-                "answered QPS",
-                "200",
-                "429/503",
-                "other",
-                "p50 / p99 ms (200)",
-                "p50 / p99 ms to refuse",
-            ],
-        )
-    )
+
+    def phase(label: str, r: Result, refusals: str) -> list[str]:
+        refused = sum(n for s, n in r.statuses.items() if s in (429, 503))
+        latency = f"{r.pct(0.5):.1f} / {r.pct(0.99):.1f}"
+        return [label, f"{r.qps:.0f}", str(r.statuses.get(200, 0)), str(refused),
+                str(r.errors - refused), latency, refusals]  # fmt: skip
+
+    hot_label = f"2x saturation ({rate:.0f}/s) for {args.overload_seconds:.0f} s"
+    to_refuse = f"{hot.pct(0.5, hot.refusals):.1f} / {hot.pct(0.99, hot.refusals):.1f}"
+    rows = [
+        phase(hot_label, hot, to_refuse),
+        phase(f"then 0.5x saturation ({saturation / 2:.0f}/s)", after, "-"),
+    ]
+    header = ["phase", "answered QPS", "200", "429/503", "504 and other", "p50 / p99 ms (200)",
+              "p50 / p99 ms to refuse"]  # fmt: skip
+    print(table(rows, header))
     print(f"edged RSS: {rss_before:.0f} MiB before, {max(peak):.0f} MiB peak during overload")
 
 

@@ -5,7 +5,7 @@ MLServer lives in its own virtualenv (``.bench-venv/mlserver``) and serves one O
 a small custom runtime (``onnxruntime.InferenceSession``, CPU provider, default session options).
 Everything binds to 127.0.0.1: REST and gRPC on free ports; metrics server, Prometheus middleware
 and gzip are off; ``parallel_workers: 0`` (inference runs in the server process, no worker pool);
-no adaptive batching (``max_batch_size``/``max_batch_time`` left at 0 in model-settings.json).
+adaptive batching off unless asked (``max_batch_size``/``max_batch_time`` in model-settings.json).
 MLServer's REST side speaks JSON only: it does not accept the binary tensor extension.
 
     .venv/bin/python bench/peer.py        # smoke: install, serve text-encoder, check, time
@@ -22,9 +22,9 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,10 @@ from mlserver.utils import get_model_uri
 class OnnxPeerModel(MLModel):
     async def load(self) -> bool:
         path = await get_model_uri(self.settings)
-        self._session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        for key, value in (self.settings.parameters.extra or {}).items():
+            options.add_session_config_entry(key, value)  # none by default
+        self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self._names = [o.name for o in self._session.get_outputs()]
         return True
 
@@ -56,6 +59,8 @@ class OnnxPeerModel(MLModel):
         names = [o.name for o in payload.outputs] if payload.outputs else self._names
         results = self._session.run(names, feeds)
         outputs = [NumpyCodec.encode_output(n, np.asarray(r)) for n, r in zip(names, results)]
+        for out, r in zip(outputs, results):
+            out.shape = list(np.shape(r))  # the codec would turn a 1-D [N] into [N, 1]
         return InferenceResponse(
             model_name=self.name, model_version=self.version, id=payload.id, outputs=outputs
         )
@@ -84,7 +89,7 @@ def ensure_venv(path: Path = DEFAULT_VENV) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -98,6 +103,7 @@ class Peer:
     log: Path
 
     def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM by PID (MLServer shuts down gracefully), SIGKILL after ``timeout``."""
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
@@ -107,12 +113,15 @@ class Peer:
                 self.proc.wait()
 
 
-def _status(url: str) -> int:
+def _status(hostport: str, path: str) -> int:
+    conn = http.client.HTTPConnection(hostport, timeout=2)  # no proxy env, unlike urllib
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return int(r.status)
+        conn.request("GET", path)
+        return conn.getresponse().status
     except OSError:
         return 0
+    finally:
+        conn.close()
 
 
 def start_peer(
@@ -124,11 +133,13 @@ def start_peer(
     timeout: float = 120.0,
     max_batch_size: int = 0,
     max_batch_time: float = 0.0,
+    session_config: dict[str, str] | None = None,
 ) -> Peer:
     """Write settings + runtime under ``workdir``, start ``mlserver start`` and wait until ready.
 
     Adaptive batching is on only with ``max_batch_size > 1`` and ``max_batch_time > 0`` (seconds);
     it concatenates requests along axis 0, so concurrent requests must share all other dims.
+    ``session_config``: ORT session config entries, e.g. {"session.intra_op.allow_spinning": "0"}.
     """
     model_dir = workdir / name
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +147,7 @@ def start_peer(
     model_settings = {
         "name": name,
         "implementation": "peer_onnx_runtime.OnnxPeerModel",
-        "parameters": {"uri": str(Path(onnx_file).resolve())},
+        "parameters": {"uri": str(Path(onnx_file).resolve()), "extra": session_config or {}},
         "max_batch_size": max_batch_size,
         "max_batch_time": max_batch_time,
     }
@@ -150,7 +161,6 @@ def start_peer(
         "metrics_endpoint": None,  # no metrics server, no Prometheus middleware/interceptor
         "debug": False,  # no per-request access log
         "gzip_enabled": False,  # REST responses uncompressed, like a plain v2 server
-        "load_models_at_startup": True,
     }
     (workdir / "settings.json").write_text(json.dumps(settings, indent=2))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLSERVER")}
@@ -164,11 +174,11 @@ def start_peer(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    base = f"http://127.0.0.1:{http_port}"
-    peer = Peer(proc, name, base, f"127.0.0.1:{grpc_port}", log)
+    hp = f"127.0.0.1:{http_port}"
+    peer = Peer(proc, name, f"http://{hp}", f"127.0.0.1:{grpc_port}", log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        if _status(f"{base}/v2/health/ready") == 200 == _status(f"{base}/v2/models/{name}/ready"):
+        if _status(hp, "/v2/health/ready") == 200 == _status(hp, f"/v2/models/{name}/ready"):
             return peer
         time.sleep(0.2)
     peer.stop()
@@ -195,7 +205,10 @@ def infer_json(
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {raw[:300]!r}")
     outs = json.loads(raw)["outputs"]
-    return {o["name"]: np.asarray(o["data"], _NP[o["datatype"]]).reshape(o["shape"]) for o in outs}
+    return {
+        o["name"]: np.asarray(o["data"], _NP.get(o["datatype"], object)).reshape(o["shape"])
+        for o in outs
+    }
 
 
 _JSON = {"Content-Type": "application/json"}
@@ -204,14 +217,10 @@ _NP = {v: k for k, v in _DT.items()}
 
 
 def _median_ms(fn: Callable[[], object], runs: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    samples = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples) * 1000
+    sys.path.insert(0, str(ROOT))  # run as a script: make `bench` importable
+    from bench.serving import timed
+
+    return statistics.median(timed(fn, runs)) * 1000
 
 
 def smoke() -> None:
@@ -225,7 +234,10 @@ def smoke() -> None:
         subprocess.run(["make", "models"], cwd=ROOT, check=True)
     t = time.perf_counter()
     venv = ensure_venv(DEFAULT_VENV)
-    print(f"venv ready in {time.perf_counter() - t:.1f} s: {(venv / STAMP).read_text().split()}")
+    pins = [
+        p for p in (venv / STAMP).read_text().split() if p.startswith(("mlserver", "onnx", "num"))
+    ]
+    print(f"venv ready in {time.perf_counter() - t:.1f} s: {pins}")
     t = time.perf_counter()
     peer = start_peer(venv, onnx_file, "text-encoder", Path("/tmp/peer/smoke"))
     print(f"ready in {time.perf_counter() - t:.1f} s: {peer.http_url} grpc {peer.grpc_url}")
@@ -255,7 +267,7 @@ def smoke() -> None:
         ]:
             try:
                 d = np.abs(triton(mod, client, kw) - want).max()
-                ms = _median_ms(lambda m=mod, c=client, k=kw: triton(m, c, k))
+                ms = _median_ms(partial(triton, mod, client, kw))
                 print(f"{label}: OK, max|diff| {d:.2e}, p50 {ms:.2f} ms")
             except Exception as exc:  # report, keep going
                 print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:160]}")

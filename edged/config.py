@@ -83,6 +83,12 @@ class OnnxRuntimeConfig(Section):
         False,
         description="let idle ORT threads spin; faster alone, but on a few cores sessions starve",
     )
+    inline_max_us: int = Field(
+        200,
+        ge=0,
+        description="executions that recently took less than this run on the event loop, not"
+        " in the thread pool (saves the hand-off on tiny models; 0: never)",
+    )
 
 
 class ModelsConfig(Section):
