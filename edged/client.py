@@ -166,14 +166,17 @@ class Client:
 
     # ---- task API --------------------------------------------------------------------------
 
-    def embed(self, texts: list[str], model: str = "text-embedding") -> np.ndarray:
+    # Every task call takes query parameters: the model's own (threshold, ...) and the
+    # scheduler's ``priority`` (1 = most urgent) and ``timeout`` (microseconds in the queue).
+
+    def embed(self, texts: list[str], model: str = "text-embedding", **params: float) -> np.ndarray:
         """Sentence embeddings, one row per text (``model``: text-embedding or its -int8)."""
-        reply = self.call("POST", "/v1/embed", {"texts": texts, "model": model})
+        reply = self.call("POST", "/v1/embed" + _query(params), {"texts": texts, "model": model})
         return np.asarray(reply["embeddings"], dtype=np.float32)
 
-    def intent(self, texts: list[str]) -> list[dict[str, Any]]:
+    def intent(self, texts: list[str], **params: float) -> list[dict[str, Any]]:
         """The intent of each text with its probability."""
-        return list(self.call("POST", "/v1/intent", {"texts": texts})["intents"])
+        return list(self.call("POST", "/v1/intent" + _query(params), {"texts": texts})["intents"])
 
     def ocr(self, image: bytes, **params: float) -> list[dict[str, Any]]:
         """Lines of text in an encoded image: text, score, box."""

@@ -83,14 +83,31 @@ def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return {"model": args.name, "action": args.action}, f"{args.action}ed {args.name}"
 
 
+def _qos(args: argparse.Namespace) -> dict[str, float]:
+    """The scheduler's parameters from --priority and --timeout-ms."""
+    params: dict[str, float] = {}
+    if args.priority:
+        params["priority"] = args.priority
+    if args.timeout_ms:
+        params["timeout"] = round(args.timeout_ms * 1000)
+    return params
+
+
 def cmd_infer(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    """Raw OIP inference: a request JSON document (file or -) is sent as it is."""
-    reply = client.infer_json(args.model, json.loads(_read(args.request)), args.version)
+    """Raw OIP inference: a request JSON document (file or -) is sent as it is, with
+    --priority and --timeout-ms added to its parameters."""
+    doc = json.loads(_read(args.request))
+    if not isinstance(doc, dict):
+        raise UsageError("the request document must be a JSON object")
+    if _qos(args):
+        doc["parameters"] = {**(doc.get("parameters") or {}), **_qos(args)}
+    reply = client.infer_json(args.model, doc, args.version)
     return reply, json.dumps(reply, indent=2)
 
 
 def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    vectors = client.embed(args.texts, "text-embedding-int8" if args.int8 else "text-embedding")
+    model = "text-embedding-int8" if args.int8 else "text-embedding"
+    vectors = client.embed(args.texts, model, **_qos(args))
     reply = {"dim": int(vectors.shape[1]), "embeddings": vectors.tolist()}
     lines = [
         f"{t[:40]!r:44} [{', '.join(f'{x:.4f}' for x in v[:4])}, ...]"
@@ -104,17 +121,19 @@ def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_intent(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    intents = client.intent(args.texts)
+    intents = client.intent(args.texts, **_qos(args))
     return intents, "\n".join(f"{i['intent']:16} {i['score']:.3f}  {i['text']}" for i in intents)
 
 
 def cmd_ocr(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    lines = client.ocr(_read(args.image))
+    lines = client.ocr(_read(args.image), **_qos(args))
     return lines, "\n".join(f"{line['score']:.3f}  {line['text']}" for line in lines)
 
 
 def cmd_vad(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    params = {"threshold": args.threshold} if args.threshold is not None else {}
+    params = _qos(args)
+    if args.threshold is not None:
+        params["threshold"] = args.threshold
     segments = client.vad(_read(args.wav), **params)
     text = "\n".join(f"{s['start']:8.3f} s -> {s['end']:8.3f} s" for s in segments)
     return segments, text or "no speech"
@@ -134,6 +153,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for edged")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="queue priority of inference calls: 1 is the most urgent (default: the model's)",
+    )
+    parser.add_argument(
+        "--timeout-ms",
+        type=float,
+        default=0,
+        help="how long an inference call may wait in the queue; 429/504 beyond (default: none)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("status", help="readiness and every model's state").set_defaults(fn=cmd_status)

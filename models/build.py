@@ -93,6 +93,12 @@ output [
     label_filename: "labels.txt"
   }}
 ]
+# The scheduler merges concurrent requests into one execution: at no extra delay when idle, in
+# larger batches as load grows. Priority 1 is for urgent work; the rest wait at 2.
+dynamic_batching {{
+  priority_levels: 2
+  default_priority_level: 2
+}}
 """
 
 

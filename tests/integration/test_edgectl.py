@@ -56,6 +56,31 @@ def test_infer_sends_a_request_document(daemon: Daemon, tmp_path: Path) -> None:
     assert json.loads(out.stdout)["outputs"][0]["shape"] == [1, 384]
 
 
+def test_priority_and_timeout_reach_the_scheduler(daemon: Daemon, tmp_path: Path) -> None:
+    urgent = edgectl(daemon.socket, "--priority", "1", "--timeout-ms", "5000", "intent", "hi")
+    assert urgent.returncode == 0, urgent.stderr
+    # The text models have 2 priority levels: 3 is refused, which proves the flag got there.
+    refused = edgectl(daemon.socket, "--priority", "3", "embed", "hello")
+    assert refused.returncode == 4 and b"priority 3 is outside 1..2" in refused.stderr
+    request = tmp_path / "request.json"
+    request.write_text(
+        json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "embedding",
+                        "datatype": "FP32",
+                        "shape": [1, 384],
+                        "data": [0.0] * 384,
+                    }
+                ]
+            }
+        )
+    )
+    refused = edgectl(daemon.socket, "--priority", "9", "infer", "intent-classifier", str(request))
+    assert refused.returncode == 4 and b"priority 9 is outside 1..2" in refused.stderr
+
+
 def test_exit_codes(daemon: Daemon, tmp_path: Path) -> None:
     assert edgectl(tmp_path / "absent.sock", "status").returncode == 3
     unknown = edgectl(daemon.socket, "models", "show", "no-such-model")
