@@ -182,3 +182,11 @@ def test_metrics_on_a_loopback_tcp_port(make_daemon: type[Daemon], tmp_path: Pat
         assert reply.status == 200
         assert b"edged_requests_in_flight" in reply.read()
     assert daemon.stop() == 0
+
+
+def test_the_default_tensor_models_that_take_batches_have_dynamic_batching(
+    client: Client,
+) -> None:
+    for model in ("text-encoder", "text-encoder-int8", "intent-classifier"):
+        config = client.model_config(model)
+        assert config["dynamic_batching"]["priority_levels"] == "2", model
