@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class EdgedError(Exception):
     """Base error: a message for the user and the HTTP status that fits it."""
@@ -72,3 +74,13 @@ class ConfigError(EdgedError):
     """The daemon's configuration or a model's config.pbtxt is invalid."""
 
     status = 400
+
+
+def retry_after(error: EdgedError) -> int | None:
+    """Whole seconds for Retry-After: the scheduler's estimate when overloaded, 1 while the
+    server or the model is not ready; None for errors that retrying does not mend."""
+    if isinstance(error, Overloaded):
+        return max(1, math.ceil(error.retry_after))
+    if isinstance(error, Unavailable):
+        return 1
+    return None

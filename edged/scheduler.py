@@ -12,8 +12,8 @@ Admission is decided when a request arrives, never later: a full queue
 (``max_queue_size``, else ``scheduler.max_queue_size`` so memory stays bounded) or a timeout
 that the work ahead cannot meet is refused at once with 429 and a Retry-After estimate. A
 request whose timeout expires while it waits gets a timeout error (504) at that moment, never a
-late answer (``timeout_action: REJECT``); with ``DELAY`` it goes behind every request still in
-time instead.
+late answer (``timeout_action: REJECT``); with ``DELAY`` it goes behind the requests of its
+level that are still in time instead (and still counts against the queue's size).
 
 Priority and timeout come from the request, as Triton takes them: parameters ``priority``
 (0: the model's default level) and ``timeout`` (microseconds). They are set once per request in
@@ -27,7 +27,6 @@ import contextlib
 import contextvars
 import itertools
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -161,7 +160,7 @@ class Pending:
     enqueued: float
     seq: int
     future: asyncio.Future[Tensors]
-    late: bool = False  # DELAY: past its timeout, behind every request still in time
+    late: bool = False  # DELAY: past its timeout, behind its level's requests in time
     timer: asyncio.TimerHandle | None = None
 
     def finish(self, result: Tensors | BaseException) -> None:
@@ -191,19 +190,21 @@ def batch_key(inputs: Tensors) -> tuple[Any, ...]:
 
 @dataclass
 class _Estimate:
-    """Moving averages of execution time, for Retry-After and deadline admission."""
+    """Moving averages of execution time, per row and per execution, for admission and
+    Retry-After."""
 
-    batch_s: float = 0.0
-    rows: float = 1.0
+    row_s: float = 0.0
+    exec_s: float = 0.0
     samples: int = 0
     alpha: float = 0.2
 
     def add(self, seconds: float, rows: int) -> None:
+        per_row = seconds / max(1, rows)
         if self.samples == 0:
-            self.batch_s, self.rows = seconds, float(rows)
+            self.row_s, self.exec_s = per_row, seconds
         else:
-            self.batch_s += self.alpha * (seconds - self.batch_s)
-            self.rows += self.alpha * (rows - self.rows)
+            self.row_s += self.alpha * (per_row - self.row_s)
+            self.exec_s += self.alpha * (seconds - self.exec_s)
         self.samples += 1
 
 
@@ -221,34 +222,41 @@ class Scheduler:
         self.settings = settings
         self.execute = execute
         self.observer = observer or Observer()
-        self.queues: dict[int, deque[Pending]] = {
-            level: deque() for level in range(1, settings.levels + 1)
-        }
-        self.late: deque[Pending] = deque()
+        levels = range(1, settings.levels + 1)
+        self.queues: dict[int, deque[Pending]] = {level: deque() for level in levels}
+        # timeout_action DELAY: requests past their timeout, served after their level's queue
+        self.late: dict[int, deque[Pending]] = {level: deque() for level in levels}
         self.arrived = asyncio.Event()
         self.forming = asyncio.Lock()  # one worker forms a batch at a time
         self.workers: list[asyncio.Task[None]] = []
+        self.running = 0  # executions in progress
         self.estimate = _Estimate()
         self.sequence = itertools.count()
         self.executions = 0
 
     # ---- admission ---------------------------------------------------------------------------
 
+    def _at(self, level: int) -> list[Pending]:
+        return [*self.queues[level], *self.late[level]]
+
     @property
     def depth(self) -> int:
         """Requests waiting (not yet running)."""
-        return sum(len(q) for q in self.queues.values()) + len(self.late)
+        return sum(len(self.queues[lv]) + len(self.late[lv]) for lv in self.queues)
 
-    def _wait_estimate(self, ahead: int) -> float:
-        """Seconds until a request with ``ahead`` requests before it starts running."""
+    def _wait_estimate(self, level: int) -> float:
+        """Seconds until a new request at ``level`` starts running: the rows queued at this
+        level and more urgent ones, plus what is running (half an execution on average)."""
         if self.estimate.samples == 0:
             return 0.0
-        per_batch = max(1.0, min(self.estimate.rows, self.settings.max_batch_size))
-        rounds = math.ceil((ahead + 1) / per_batch / self.settings.instances)
-        return rounds * self.estimate.batch_s
+        rows = sum(p.rows for lv in range(1, level + 1) for p in self._at(lv))
+        wait = rows * self.estimate.row_s / self.settings.instances
+        if self.running >= self.settings.instances:
+            wait += self.estimate.exec_s / 2
+        return wait
 
     def _retry_after(self) -> float:
-        return max(0.001, self._wait_estimate(self.depth))
+        return max(0.001, self._wait_estimate(self.settings.levels))
 
     def _level(self, qos: RequestQos) -> int:
         if qos.priority == 0 or self.settings.levels == 1:
@@ -274,15 +282,18 @@ class Scheduler:
         policy = self.settings.policies[level]
         now = time.monotonic()
         deadline = self._deadline(qos, policy, now)
-        if len(self.queues[level]) >= policy.max_queue_size:
+        if deadline is not None and deadline <= now and policy.reject_on_timeout:
+            raise DeadlineExceeded(  # e.g. a pipeline's later step, after earlier ones took it
+                f"model '{self.name}': the request's timeout passed before it was queued"
+            )
+        if len(self._at(level)) >= policy.max_queue_size:
             raise Overloaded(
                 f"model '{self.name}': the queue of priority {level} is full"
                 f" ({policy.max_queue_size} requests)",
                 self._retry_after(),
             )
         if deadline is not None and policy.reject_on_timeout:
-            ahead = sum(len(self.queues[lv]) for lv in range(1, level + 1))
-            wait = self._wait_estimate(ahead)
+            wait = self._wait_estimate(level)
             if now + wait > deadline:
                 raise Overloaded(
                     f"model '{self.name}': the timeout of {(deadline - now) * 1000:.1f} ms cannot"
@@ -317,7 +328,7 @@ class Scheduler:
             raise
 
     def _remove(self, pending: Pending) -> bool:
-        queue = self.late if pending.late else self.queues[pending.level]
+        queue = (self.late if pending.late else self.queues)[pending.level]
         try:
             queue.remove(pending)
         except ValueError:
@@ -326,21 +337,30 @@ class Scheduler:
         return True
 
     def _expire(self, pending: Pending) -> None:
-        """The timeout passed while the request waited."""
-        pending.timer = None
+        """The timeout passed while the request waited: 504 (REJECT), or behind (DELAY)."""
+        if pending.timer is not None:
+            pending.timer.cancel()
+            pending.timer = None
+        if not self._remove(pending):
+            return
         if pending.reject_on_timeout:
-            if self._remove(pending):
-                waited = (time.monotonic() - pending.enqueued) * 1000
-                pending.finish(
-                    DeadlineExceeded(
-                        f"model '{self.name}': the request timed out after {waited:.1f} ms in"
-                        " the queue"
-                    )
+            waited = (time.monotonic() - pending.enqueued) * 1000
+            pending.finish(
+                DeadlineExceeded(
+                    f"model '{self.name}': the request timed out after {waited:.1f} ms in the queue"
                 )
-        elif self._remove(pending):
+            )
+        else:
             pending.late = True
-            self.late.append(pending)
+            self.late[pending.level].append(pending)
             self.observer.depth(self.depth)
+
+    def _expire_due(self) -> None:
+        """Expire what is due now even if its timer has not run yet (a busy loop)."""
+        now = time.monotonic()
+        for queue in self.queues.values():
+            for p in [p for p in queue if p.deadline is not None and p.deadline <= now]:
+                self._expire(p)
 
     # ---- execution ---------------------------------------------------------------------------
 
@@ -353,12 +373,13 @@ class Scheduler:
             ]
 
     def _waiting(self) -> list[Pending]:
-        """Every waiting request in the order they are served."""
-        ordered = [p for level in sorted(self.queues) for p in self.queues[level]]
-        return ordered + list(self.late)
+        """Every waiting request in the order they are served: by priority level, each level's
+        requests in time, then its late ones."""
+        return [p for level in sorted(self.queues) for p in self._at(level)]
 
     def _take(self) -> list[Pending]:
-        """The next batch from the queues: the first waiting request and those that fit it."""
+        """The next batch: the first waiting request and those that fit with it. Requests of
+        another shape are passed over, not a barrier (Triton stops at the first one)."""
         waiting = self._waiting()
         if not waiting:
             return []
@@ -372,27 +393,33 @@ class Scheduler:
                 rows += p.rows
         return chosen
 
-    def _full(self, batch: list[Pending]) -> bool:
-        rows = sum(p.rows for p in batch)
-        target = self.settings.preferred[-1] if self.settings.preferred else 0
-        return rows >= self.settings.max_batch_size or (target > 0 and rows >= target)
+    def _preferred(self, rows: int) -> int:
+        """The largest preferred batch size that ``rows`` reaches (0: none)."""
+        return max((size for size in self.settings.preferred if size <= rows), default=0)
 
     async def _form(self) -> list[Pending]:
-        """Wait for work, then for a fuller batch up to max_queue_delay; take it off the queues."""
+        """Wait for work; send at once when the batch is full or reaches a preferred size, else
+        when the first request has waited max_queue_delay; take the batch off the queues."""
         while True:
+            self._expire_due()
             batch = self._take()
             if not batch:
                 self.arrived.clear()
                 await self.arrived.wait()
                 continue
-            wait_until = batch[0].enqueued + self.settings.max_delay_s
-            remaining = wait_until - time.monotonic()
-            if remaining <= 0 or self._full(batch):
+            rows = sum(p.rows for p in batch)
+            if rows >= self.settings.max_batch_size:
                 break
+            preferred = self._preferred(rows)
+            if preferred:
+                batch = self._trim(batch, preferred)
+                break
+            remaining = batch[0].enqueued + self.settings.max_delay_s - time.monotonic()
+            if remaining <= 0:
+                break  # the delay is over: send everything there is
             self.arrived.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.arrived.wait(), remaining)
-        batch = self._trim(batch)
         for p in batch:
             self._remove(p)
             if p.timer is not None:
@@ -400,17 +427,12 @@ class Scheduler:
                 p.timer = None
         return batch
 
-    def _trim(self, batch: list[Pending]) -> list[Pending]:
-        """Cut a batch down to the largest preferred size it passes (Triton's choice)."""
-        rows = sum(p.rows for p in batch)
-        if not self.settings.preferred or rows in self.settings.preferred:
-            return batch
-        fitting = [s for s in self.settings.preferred if s <= rows]
-        if not fitting:
-            return batch
+    @staticmethod
+    def _trim(batch: list[Pending], size: int) -> list[Pending]:
+        """The leading requests of a batch that fit in ``size`` rows (at least one)."""
         kept, total = [], 0
         for p in batch:
-            if total + p.rows > fitting[-1]:
+            if total + p.rows > size:
                 break
             kept.append(p)
             total += p.rows
@@ -420,30 +442,34 @@ class Scheduler:
         while True:
             async with self.forming:
                 batch = await self._form()
-            if batch:
-                await self._run(batch)
+            await self._run(batch)
+            await asyncio.sleep(0)  # let timers and arrivals run between inline executions
 
     async def _run(self, batch: list[Pending]) -> None:
         started = time.monotonic()
         for p in batch:
             self.observer.queued(started - p.enqueued)
         live = [p for p in batch if not p.future.done()]
+        self.running += 1
         try:
             results = await self._results(live)
         except asyncio.CancelledError:  # shutdown: nobody is left without an answer
             for p in live:
                 p.finish(Unavailable(f"model '{self.name}' stopped before the request ran"))
             raise
+        finally:
+            self.running -= 1
         for p, result in zip(live, results):
             p.finish(result)
 
     async def _results(self, live: list[Pending]) -> list[Tensors | BaseException]:
-        """Execute the batch; each request gets its outputs or its error."""
+        """Execute the batch; each request gets its outputs or its error. When the graph refuses
+        a merged batch (400), halve it until the requests at fault are found: only they fail."""
+        if not live:
+            return []
         try:
             if len(live) == 1:
                 return [await self._execute(live[0].inputs)]
-            if not live:
-                return []
             merged = {
                 name: np.concatenate([p.inputs[name] for p in live]) for name in live[0].inputs
             }
@@ -451,16 +477,10 @@ class Scheduler:
         except InvalidRequest as exc:
             if len(live) == 1:
                 return [exc]
-            # One request of the batch may be at fault: run each alone so that only it fails.
-            return [await self._alone(p.inputs) for p in live]
+            half = len(live) // 2
+            return [*await self._results(live[:half]), *await self._results(live[half:])]
         except Exception as exc:
             return [exc] * len(live)
-
-    async def _alone(self, inputs: Tensors) -> Tensors | BaseException:
-        try:
-            return await self._execute(inputs)
-        except Exception as exc:
-            return exc
 
     async def _execute(self, feeds: Tensors) -> Tensors:
         rows = len(next(iter(feeds.values()))) if feeds else 0
@@ -489,5 +509,6 @@ class Scheduler:
         self.workers = []
         for p in self._waiting():
             p.finish(Unavailable(f"model '{self.name}' stopped before the request ran"))
-        for queue in (*self.queues.values(), self.late):
+        for queue in (*self.queues.values(), *self.late.values()):
             queue.clear()
+        self.observer.depth(0)

@@ -367,12 +367,12 @@ class ModelManager:
         """Check the inputs against the model's config and run them."""
         entry, mv = self.resolve(name, version)
         assert mv.config is not None and mv.runtime is not None
-        mv.config.check_inputs(inputs)
         mv.inflight += 1
         mv.idle.clear()
         started = time.monotonic()
         error: BaseException | None = None
         try:
+            mv.config.check_inputs(inputs)
             if mv.scheduler is not None:
                 outputs = await mv.scheduler.submit(inputs)
             else:

@@ -24,7 +24,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from edged.errors import EdgedError, InvalidRequest
+from edged.errors import EdgedError, InvalidRequest, retry_after
 from edged.protocol.tensors import (
     DATATYPES,
     MAX_DIM,
@@ -152,6 +152,9 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return await work()
         except EdgedError as exc:
+            seconds = retry_after(exc)
+            if seconds is not None:  # as REST's Retry-After header
+                context.set_trailing_metadata((("retry-after", str(seconds)),))
             await context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
         except Exception:
             log.exception("gRPC call failed")
@@ -271,11 +274,11 @@ async def start_server(plane: DataPlane, path: Path, mode: int, max_bytes: int) 
         ]
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(Service(plane), server)
-    old = os.umask(0o777 & ~mode)
+    old = os.umask(0o777 & ~mode)  # the socket file is created here, with ``mode`` at once
     try:
         server.add_insecure_port(f"unix:{path}")
-        await server.start()
     finally:
         os.umask(old)
+    await server.start()
     os.chmod(path, mode)
     return server

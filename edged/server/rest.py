@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import struct
 import time
@@ -13,14 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from edged.config import ServerConfig
-from edged.errors import (
-    EdgedError,
-    Forbidden,
-    InvalidRequest,
-    Overloaded,
-    PayloadTooLarge,
-    Unavailable,
-)
+from edged.errors import EdgedError, Forbidden, InvalidRequest, PayloadTooLarge, retry_after
 from edged.metrics import CONTENT_TYPE, Metrics
 from edged.protocol.tensors import (
     HEADER_LENGTH,
@@ -42,16 +34,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def error_response(status: int, message: str) -> web.Response:
     """The protocol's error body: {"error": "..."}."""
     return web.json_response({"error": message}, status=status)
-
-
-def retry_after(error: EdgedError) -> int | None:
-    """Seconds for Retry-After: the scheduler's estimate when overloaded, 1 while the server
-    or the model is not ready; None for errors that retrying does not mend."""
-    if isinstance(error, Overloaded):
-        return max(1, math.ceil(error.retry_after))
-    if isinstance(error, Unavailable):
-        return 1
-    return None
 
 
 def peer_credentials(request: web.Request) -> tuple[int, int, int] | None:

@@ -85,3 +85,29 @@ def test_repository_calls(triton: grpcclient.InferenceServerClient) -> None:
     assert not triton.is_model_ready("vad")
     triton.load_model("vad")
     assert triton.is_model_ready("vad")
+
+
+def test_typed_contents_as_other_grpc_clients_send_them(daemon: Daemon) -> None:
+    """Clients generated from Triton's protos may send typed contents instead of raw bytes."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    embedding = np.random.default_rng(0).standard_normal(384).astype(np.float32)
+    request = pb.ModelInferRequest(model_name="intent-classifier")
+    tensor = request.inputs.add(name="embedding", datatype="FP32", shape=[1, 384])
+    tensor.contents.fp32_contents.extend(embedding.tolist())
+    path = daemon.socket.with_name("edged-grpc.sock")
+    with grpc.insecure_channel(f"unix://{path}") as channel:
+        reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+        wrong = pb.ModelInferRequest(model_name="intent-classifier")
+        bad = wrong.inputs.add(name="embedding", datatype="FP32", shape=[1, 384])
+        bad.contents.fp32_contents.extend([0.0] * 10)  # 10 values for 384
+        with pytest.raises(grpc.RpcError) as error:
+            pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(wrong, timeout=30)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "needs 384 elements" in error.value.details()
+    probabilities = np.frombuffer(reply.raw_output_contents[0], np.float32)
+    session = ort.InferenceSession(str(MODELS / "intent-classifier" / "1" / "model.onnx"))
+    (expected,) = session.run(["probabilities"], {"embedding": embedding[None, :]})
+    np.testing.assert_allclose(probabilities, expected.reshape(-1), atol=1e-6)

@@ -139,13 +139,19 @@ def test_priority_and_timeout_parameters_are_checked(client: Client) -> None:
 
 
 def test_task_api_takes_priority_and_timeout_from_the_query(client: Client) -> None:
-    status, _, body = client.request(
-        "POST",
-        "/v1/embed?priority=1&timeout=5000000",
-        json.dumps({"texts": ["urgent text"]}).encode(),
-        {"Content-Type": "application/json"},
-    )
+    def embed(query: str) -> tuple[int, bytes]:
+        status, _, body = client.request(
+            "POST",
+            "/v1/embed" + query,
+            json.dumps({"texts": ["urgent text"]}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        return status, body
+
+    status, body = embed("?priority=1&timeout=5000000")
     assert status == 200 and len(json.loads(body)["embeddings"][0]) == 384
+    status, body = embed("?priority=3")  # reaches the encoder's scheduler, which has 2 levels
+    assert status == 400 and b"priority 3 is outside 1..2" in body
 
 
 def test_metrics_follow_prometheus_conventions(client: Client) -> None:

@@ -5,6 +5,7 @@ tests assert order and outcomes, not times."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +14,13 @@ import numpy as np
 import pytest
 
 from edged.config import OnnxRuntimeConfig
-from edged.errors import DeadlineExceeded, InvalidRequest, ModelLoadError, Overloaded
+from edged.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelLoadError,
+    Overloaded,
+    Unavailable,
+)
 from edged.models.config import read_config
 from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
@@ -160,18 +167,26 @@ def test_a_timeout_that_expires_in_the_queue_is_an_error_never_a_late_answer(
 
 def test_a_delay_policy_moves_expired_requests_behind_those_in_time(tmp_path: Path) -> None:
     policy = (
-        "dynamic_batching { default_queue_policy { timeout_action: DELAY"
-        " default_timeout_microseconds: 20000 } }"
+        "dynamic_batching { priority_levels: 2 default_priority_level: 2"
+        " default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100000"
+        " max_queue_size: 3 } }"
     )
 
     async def scenario(bench: Bench) -> None:
         blocker = await bench.hold()
         old = bench.submit(1.0, rows=3)
-        await asyncio.sleep(0.05)  # its 20 ms pass: late
+        urgent_old = bench.submit(3.0, rows=3, priority=1)
+        await asyncio.sleep(0.15)  # their 100 ms pass: late, but still queued
+        assert not old.done() and not urgent_old.done()
         fresh = bench.submit(2.0, rows=3)
+        fresh2 = bench.submit(4.0, rows=3)
+        # Late requests still count against max_queue_size (3 at level 2: old, fresh, fresh2).
+        with pytest.raises(Overloaded, match="queue of priority 2 is full"):
+            await bench.submit(5.0, rows=3)
         bench.gate.set()
-        await asyncio.gather(blocker, old, fresh)
-        assert [rows[0] for rows in bench.executions] == [-1.0, 2.0, 1.0]
+        await asyncio.gather(blocker, old, urgent_old, fresh, fresh2)
+        # Level 1 (late or not) before level 2; within level 2, in time before late.
+        assert [rows[0] for rows in bench.executions] == [-1.0, 3.0, 2.0, 4.0, 1.0]
 
     run(tmp_path, policy, scenario)
 
@@ -214,13 +229,19 @@ def test_a_deadline_the_queue_cannot_meet_is_refused_at_once(tmp_path: Path) -> 
 
         bench.scheduler.execute = execute
         await bench.submit(0.0)  # the scheduler learns how long an execution takes
+        # Idle: a timeout shorter than the execution itself is fine (it bounds the queue wait).
+        out = await bench.submit(8.0, timeout_us=20_000)
+        np.testing.assert_array_equal(out["y"], [[16.0, 16.0]])
         blocker = await bench.hold()
         queued = [bench.submit(float(i), rows=4) for i in range(1, 5)]  # 4 executions ahead
         await asyncio.sleep(0)
-        with pytest.raises(Overloaded, match="cannot be met"):
-            await bench.submit(9.0, timeout_us=20_000)
+        with pytest.raises(Overloaded, match="cannot be met") as refused:
+            await bench.submit(9.0, timeout_us=100_000)  # ~200 ms of work ahead
+        assert refused.value.retry_after > 0.1
+        # A timeout the queue can meet is admitted (4 executions of 50 ms ahead, 2 s budget).
+        patient = bench.submit(10.0, timeout_us=2_000_000)
         bench.gate.set()
-        await asyncio.gather(blocker, *queued)
+        await asyncio.gather(blocker, *queued, patient)
 
     run(tmp_path, BATCHING, slow)
 
@@ -259,8 +280,74 @@ def test_one_bad_request_in_a_batch_fails_alone(tmp_path: Path) -> None:
         results = await asyncio.gather(*tasks, return_exceptions=True)
         await blocker
         assert isinstance(results[1], InvalidRequest)
+        # [12, 13, 14] fails; halves [12] and [13, 14]; [13, 14] fails; [13] and [14] alone.
+        assert bench.executions[1:] == [[12.0], [14.0]]
         np.testing.assert_array_equal(results[0]["y"], [[24.0, 24.0]])  # type: ignore[index]
         np.testing.assert_array_equal(results[2]["y"], [[28.0, 28.0]])  # type: ignore[index]
+
+    run(tmp_path, BATCHING, scenario)
+
+
+def test_a_preferred_batch_size_is_sent_without_waiting_for_the_delay(tmp_path: Path) -> None:
+    policy = (
+        "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 5000000 }"
+    )
+
+    async def scenario(bench: Bench) -> None:
+        first, second = bench.submit(1.0), bench.submit(2.0)
+        done, _ = await asyncio.wait({first, second}, timeout=2)  # not the 5 s delay
+        assert len(done) == 2 and bench.executions == [[1.0, 2.0]]
+        alone = bench.submit(3.0)  # one row: waits for company until the delay ends
+        await asyncio.sleep(0.2)
+        assert not alone.done()
+        company = bench.submit(4.0)
+        await asyncio.gather(alone, company)
+        assert bench.executions[-1] == [3.0, 4.0]
+
+    run(tmp_path, policy, scenario)
+
+
+def test_two_instances_run_two_executions_at_once(tmp_path: Path) -> None:
+    async def scenario(bench: Bench) -> None:
+        bench.gate.clear()
+        tasks = [bench.submit(float(i), rows=4) for i in range(3)]  # 4 rows: one per execution
+        await asyncio.sleep(0.1)
+        assert bench.scheduler.running == 2 and bench.scheduler.depth == 1
+        bench.gate.set()
+        await asyncio.gather(*tasks)
+
+    add = "dynamic_batching { }\ninstance_group [ { count: 2 kind: KIND_CPU } ]"
+    run(tmp_path, add, scenario)
+
+
+def test_requests_due_are_expired_before_a_batch_is_formed(tmp_path: Path) -> None:
+    """A worker that never yields (inline executions) must not serve requests past their
+    timeout: the check happens when the batch is formed, not only in the timer."""
+
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        doomed = bench.submit(7.0, timeout_us=1_000)
+        await asyncio.sleep(0)
+        time.sleep(0.01)  # noqa: ASYNC251 (on purpose: the loop is blocked past the deadline)
+        bench.gate.set()
+        await blocker
+        with pytest.raises(DeadlineExceeded):
+            await doomed
+        assert all(7.0 not in rows for rows in bench.executions)
+
+    run(tmp_path, BATCHING, scenario)
+
+
+def test_close_answers_everything_still_queued(tmp_path: Path) -> None:
+    async def scenario(bench: Bench) -> None:
+        blocker = await bench.hold()
+        waiting = bench.submit(1.0)
+        await asyncio.sleep(0)
+        await bench.scheduler.close()
+        for task in (blocker, waiting):
+            with pytest.raises(Unavailable, match="stopped before the request ran"):
+                await task
+        assert bench.scheduler.depth == 0
 
     run(tmp_path, BATCHING, scenario)
 
