@@ -20,6 +20,7 @@ from aiohttp import web
 from edged import systemd
 from edged.config import Config
 from edged.errors import ConfigError, EdgedError, ModelLoadError
+from edged.load import LoadMonitor, default_providers
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
@@ -89,7 +90,8 @@ class Daemon:
             self.metrics,
             config.scheduler.max_queue_size,
         )
-        self.plane = DataPlane(self.manager)
+        self.load = LoadMonitor(default_providers(), config.load.interval_s)
+        self.plane = DataPlane(self.manager, self.load)
         self.grpc: grpc.aio.Server | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
@@ -212,6 +214,7 @@ class Daemon:
             await self._stop_extra_servers()
             await runner.cleanup()
             raise
+        self.load.start()
         interval = systemd.watchdog_interval()
         watchdog = loop.create_task(self._watchdog(interval), name="watchdog") if interval else None
         loading = loop.create_task(self.manager.load_all(self.config.models.load), name="load")
@@ -307,6 +310,7 @@ class Daemon:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.load.stop()
         await self.manager.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
         if self.owned_socket is not None:

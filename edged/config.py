@@ -121,6 +121,12 @@ class MetricsConfig(Section):
     address: str = Field("127.0.0.1", description="address of that port (loopback by default)")
 
 
+class LoadConfig(Section):
+    """The device load monitor (CPU, memory, GPU, temperature, power)."""
+
+    interval_s: float = Field(1.0, gt=0, description="seconds between samples")
+
+
 class LogConfig(Section):
     """Logging."""
 
@@ -139,6 +145,7 @@ class Config(Section):
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    load: LoadConfig = Field(default_factory=LoadConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
 

@@ -61,9 +61,27 @@ def cmd_status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     text = (
         f"edged {status['version']} on {client.socket_path}: "
         f"{'ready' if status['ready'] else 'NOT READY'}, up {status['uptime_s']:.0f} s, "
-        f"{status['inflight']} in flight\n" + _table(rows, ["MODEL", "VERSION", "STATE", "REASON"])
+        f"{status['inflight']} in flight\n{_load_line(status.get('load') or {})}"
+        + _table(rows, ["MODEL", "VERSION", "STATE", "REASON"])
     )
     return status, text
+
+
+def _load_line(load: dict[str, Any]) -> str:
+    """One line of device load: the figures the providers could tell."""
+    parts = []
+    for key, label, unit in (
+        ("cpu_percent", "cpu", "%"),
+        ("memory_used_percent", "memory", "%"),
+        ("gpu_percent", "gpu", "%"),
+        ("temperature_c", "temp", " C"),
+        ("power_w", "power", " W"),
+    ):
+        if load.get(key) is not None:
+            parts.append(f"{label} {load[key]:.1f}{unit}")
+    if load.get("throttled"):
+        parts.append("THROTTLED")
+    return f"load: {', '.join(parts)}\n" if parts else ""
 
 
 def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from edged import __version__
 from edged.errors import InvalidRequest, NotFound, Unavailable
+from edged.load import LoadMonitor
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
@@ -43,9 +44,11 @@ def parse_version(version: str | None) -> int | None:
 class DataPlane:
     """Health, metadata, inference, repository control and the task API."""
 
-    def __init__(self, manager: ModelManager) -> None:
-        """The manager's metrics also count the API requests in flight."""
+    def __init__(self, manager: ModelManager, monitor: LoadMonitor | None = None) -> None:
+        """The manager's metrics also count the API requests in flight; ``monitor`` gives the
+        device's load for the status."""
         self.manager = manager
+        self.monitor = monitor
         self.ready = False
         self.stopping = False
         self.inflight = 0
@@ -127,6 +130,7 @@ class DataPlane:
             "ready": self.ready,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "inflight": self.inflight,
+            "load": self.monitor.latest.as_dict() if self.monitor else None,
             "models": self.manager.index(),
         }
 

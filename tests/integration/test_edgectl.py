@@ -24,6 +24,9 @@ def test_status_and_models_list(daemon: Daemon) -> None:
     out = edgectl(daemon.socket, "status")
     assert out.returncode == 0
     assert b"ready" in out.stdout and b"text-encoder" in out.stdout
+    assert b"load: " in out.stdout and b"memory " in out.stdout  # the device's load, sampled
+    load = json.loads(edgectl(daemon.socket, "--json", "status").stdout)["load"]
+    assert load["memory_total"] > 0 and "procfs" in load["sources"]
     listing = json.loads(edgectl(daemon.socket, "--json", "models", "list").stdout)
     assert {"name": "ocr", "version": "1", "state": "READY", "reason": ""} in listing
 

@@ -1,0 +1,13 @@
+"""Device load: providers probed in order, merged into one ``LoadSnapshot``, sampled in the
+background at a configurable rate.
+
+Providers, most specific first: Jetson sysfs (GPU load, thermal zones, power rails, nvpmodel),
+then /proc and cgroup limits (always there). A field takes the value of the first provider that
+has it. jtop and NVML providers come later (issue 4); their absence is logged, not fatal.
+"""
+
+from __future__ import annotations
+
+from edged.load.monitor import LoadMonitor, LoadSnapshot, Provider, default_providers
+
+__all__ = ["LoadMonitor", "LoadSnapshot", "Provider", "default_providers"]

@@ -1,0 +1,139 @@
+"""The snapshot, the provider contract and the sampler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    """The device's load at one moment. ``None``: no provider could tell."""
+
+    taken: float = 0.0  # time.monotonic()
+    cpu_percent: float | None = None  # all CPUs of the device, 0-100
+    cpu_count: int | None = None
+    cpu_limit: float | None = None  # CPUs this process may use (cgroup quota), if limited
+    cpu_pressure: float | None = None  # PSI "some" avg10, % of time tasks waited for a CPU
+    load_average: float | None = None  # 1-minute
+    memory_total: int | None = None  # bytes (Jetson: shared by CPU and GPU)
+    memory_available: int | None = None  # bytes, the cgroup's limit taken into account
+    gpu_percent: float | None = None
+    gpu_frequency_hz: int | None = None
+    temperature_c: float | None = None  # the hottest zone
+    temperatures: dict[str, float] = field(default_factory=dict)
+    power_w: float | None = None  # total input power (Jetson: VDD_IN)
+    rails_w: dict[str, float] = field(default_factory=dict)
+    throttled: bool | None = None
+    power_mode: str | None = None  # nvpmodel
+    sources: tuple[str, ...] = ()
+
+    @property
+    def memory_used_percent(self) -> float | None:
+        if not self.memory_total or self.memory_available is None:
+            return None
+        return 100.0 * (1 - self.memory_available / self.memory_total)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for the API and telemetry."""
+        out = dataclasses.asdict(self)
+        out["memory_used_percent"] = self.memory_used_percent
+        out["sources"] = list(self.sources)
+        return out
+
+
+class Provider(Protocol):
+    """One source of load figures."""
+
+    name: str
+
+    def available(self) -> bool:
+        """Whether this machine has what the provider reads."""
+        ...
+
+    def sample(self) -> dict[str, Any]:
+        """Fields of ``LoadSnapshot`` it can tell now (missing keys: it cannot)."""
+        ...
+
+
+def default_providers(root: Path = Path("/")) -> list[Provider]:
+    """The providers for this machine, most specific first (``root``: for tests)."""
+    from edged.load.jetson import JetsonSysfs
+    from edged.load.procfs import ProcFs
+
+    candidates: list[Provider] = [JetsonSysfs(root), ProcFs(root)]
+    found = [p for p in candidates if p.available()]
+    skipped = [p.name for p in candidates if p not in found]
+    log.info(
+        "load providers: %s%s",
+        ", ".join(p.name for p in found),
+        f" (not on this machine: {', '.join(skipped)})" if skipped else "",
+    )
+    return found
+
+
+def merge(samples: list[tuple[str, dict[str, Any]]]) -> LoadSnapshot:
+    """The first provider that has a field gives it; dictionaries are merged the same way."""
+    merged: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(LoadSnapshot)}
+    for _, values in samples:
+        for key, value in values.items():
+            if key not in names or value is None:
+                continue
+            if isinstance(value, dict):
+                merged[key] = {**value, **merged.get(key, {})}
+            elif key not in merged:
+                merged[key] = value
+    temperatures = merged.get("temperatures") or {}
+    if temperatures and "temperature_c" not in merged:
+        merged["temperature_c"] = max(temperatures.values())
+    sources = tuple(name for name, values in samples if values)
+    return LoadSnapshot(taken=time.monotonic(), sources=sources, **merged)
+
+
+class LoadMonitor:
+    """Samples the providers every ``interval`` seconds; ``latest`` is the newest snapshot."""
+
+    def __init__(self, providers: list[Provider], interval: float = 1.0) -> None:
+        self.providers = providers
+        self.interval = interval
+        self.latest = LoadSnapshot()
+        self._task: asyncio.Task[None] | None = None
+
+    def sample(self) -> LoadSnapshot:
+        """Read every provider once; a provider that fails is skipped (and logged)."""
+        samples = []
+        for provider in self.providers:
+            try:
+                samples.append((provider.name, provider.sample()))
+            except Exception as exc:  # a vanished sysfs file must not stop the sampling
+                log.warning("load provider %s failed: %s", provider.name, exc)
+        self.latest = merge(samples)
+        return self.latest
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            # File reads are fast, but never on the loop's time: a slow sysfs node must not stall.
+            await loop.run_in_executor(None, self.sample)
+            await asyncio.sleep(self.interval)
+
+    def start(self) -> None:
+        """Sample in the background until ``stop``."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="load-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
