@@ -68,11 +68,12 @@ def default_providers(root: Path = Path("/")) -> list[Provider]:
     """The providers for this machine, most specific first (``root``: for tests)."""
     from edged.load.jetson import JetsonSysfs
     from edged.load.jtop import Jtop
+    from edged.load.nvml import Nvml
     from edged.load.procfs import ProcFs
 
     candidates: list[Provider] = [JetsonSysfs(root), ProcFs(root)]
-    if root == Path("/"):
-        candidates.insert(1, Jtop())
+    if root == Path("/"):  # these read services and drivers, not files under root
+        candidates[1:1] = [Jtop(), Nvml()]
     found = [p for p in candidates if p.available()]
     skipped = [p.name for p in candidates if p not in found]
     log.info(

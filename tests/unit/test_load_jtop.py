@@ -42,3 +42,11 @@ def test_missing_parts_give_nothing() -> None:
 
 def test_jtop_stays_out_without_the_package_or_its_service() -> None:
     assert not Jtop().available()
+
+
+def test_nvml_stays_out_without_a_driver() -> None:
+    """No NVIDIA driver on this machine: NVML is absent, which is logged, not fatal. Its
+    readings are unverified until a GPU machine runs the suite (the device tool lent none)."""
+    from edged.load.nvml import Nvml
+
+    assert not Nvml().available()
