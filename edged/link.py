@@ -1,0 +1,181 @@
+"""Link monitor: the state of the network path to one cloud endpoint.
+
+RTT comes from cheap probes (OIP ``GET /v2/health/ready``, or anything that costs one round
+trip) sent every ``interval`` seconds (at once again after a failure, so that with the
+defaults a cut link is down within ``interval + 2 * timeout`` = 0.85 s; on a slow link the probe
+timeout grows to 3x the p95 RTT, so slow is not taken for cut), and from real requests
+(``observe``). It keeps an EWMA
+and a window for percentiles. Up/down has hysteresis: the link goes down after ``down_after``
+failures in a row (a probe that times out counts) and comes back only after ``up_after``
+successes in a row, so a flaky link does not flap. Bandwidth is estimated from the payloads of
+real requests: bytes over (duration - RTT), for payloads large enough to tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Probe = Callable[[], Awaitable[None]]  # one round trip; raises when the endpoint failed
+MIN_BANDWIDTH_BYTES = 64 * 1024  # smaller payloads are all latency
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """What routing needs to know about a link, at one moment."""
+
+    endpoint: str
+    up: bool
+    rtt_s: float | None  # EWMA
+    rtt_p50_s: float | None
+    rtt_p95_s: float | None
+    bandwidth_bps: float | None  # bytes per second
+    failures: int  # in a row
+    changed: float  # time.monotonic() of the last up/down change
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class LinkMonitor:
+    """RTT, up/down with hysteresis and bandwidth for one endpoint."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        probe: Probe,
+        interval: float = 0.25,
+        timeout: float = 0.3,
+        max_timeout: float = 2.0,
+        down_after: int = 2,
+        up_after: int = 3,
+        alpha: float = 0.2,
+        window: int = 200,
+    ) -> None:
+        self.endpoint = endpoint
+        self.probe = probe
+        self.interval = interval
+        self.timeout = timeout
+        self.max_timeout = max_timeout
+        self.down_after = down_after
+        self.up_after = up_after
+        self.alpha = alpha
+        self.samples: deque[float] = deque(maxlen=window)
+        self.rtt: float | None = None
+        self.bandwidth: float | None = None
+        self.up = False  # until the first probes answer
+        self.failures = 0
+        self.successes = 0
+        self.changed = time.monotonic()
+        self._transition = asyncio.Event()  # set (and replaced) at each up/down change
+        self._task: asyncio.Task[None] | None = None
+
+    def observe(self, seconds: float | None, payload_bytes: int = 0) -> None:
+        """One round trip: its time, or None when it failed. Real requests report here too."""
+        if seconds is None:
+            self.failures += 1
+            self.successes = 0
+            if self.up and self.failures >= self.down_after:
+                self._change(False)
+            return
+        self.failures = 0
+        self.successes += 1
+        if payload_bytes >= MIN_BANDWIDTH_BYTES and self.rtt is not None and seconds > self.rtt:
+            rate = payload_bytes / (seconds - self.rtt)
+            self.bandwidth = rate if self.bandwidth is None else self._ewma(self.bandwidth, rate)
+        else:  # small payloads measure the round trip
+            self.samples.append(seconds)
+            self.rtt = seconds if self.rtt is None else self._ewma(self.rtt, seconds)
+        if not self.up and self.successes >= self.up_after:
+            self._change(True)
+
+    def _ewma(self, old: float, new: float) -> float:
+        return old + self.alpha * (new - old)
+
+    def _change(self, up: bool) -> None:
+        self.up = up
+        self.changed = time.monotonic()
+        self._transition.set()
+        self._transition = asyncio.Event()
+        log.warning("link to %s is %s", self.endpoint, "up" if up else "DOWN")
+
+    async def wait_until(self, up: bool) -> None:
+        """Return once the link is (or becomes) up, or down."""
+        while self.up != up:
+            await self._transition.wait()
+
+    def state(self) -> LinkState:
+        ordered = sorted(self.samples)
+
+        def pct(q: float) -> float | None:
+            return (
+                ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else None
+            )
+
+        return LinkState(
+            endpoint=self.endpoint,
+            up=self.up,
+            rtt_s=self.rtt,
+            rtt_p50_s=pct(0.5),
+            rtt_p95_s=pct(0.95),
+            bandwidth_bps=self.bandwidth,
+            failures=self.failures,
+            changed=self.changed,
+        )
+
+    def probe_timeout(self) -> float:
+        """How long a probe may take: ``timeout``, or 3x the p95 RTT on a slow link (a slow
+        link is not a cut one), at most ``max_timeout``."""
+        p95 = self.state().rtt_p95_s or 0.0
+        return min(self.max_timeout, max(self.timeout, 3 * p95))
+
+    async def probe_once(self) -> None:
+        """Send one probe and record what became of it (a timeout is a failure)."""
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(self.probe(), self.probe_timeout())
+        except Exception as exc:  # refused, reset, timed out, 5xx: the endpoint failed
+            log.debug("probe of %s failed: %s", self.endpoint, exc)
+            self.observe(None)
+        else:
+            self.observe(time.perf_counter() - started)
+
+    async def _run(self) -> None:
+        while True:
+            await self.probe_once()
+            if not self.failures:  # after a failure, probe again at once: a cut shows in time
+                await asyncio.sleep(self.interval)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"link:{self.endpoint}"
+            )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+def oip_ready_probe(session: Any, base_url: str) -> Probe:
+    """A probe that asks an OIP server ``GET {base_url}/v2/health/ready`` over an aiohttp
+    session; anything but 200 is a failure."""
+
+    async def probe() -> None:
+        async with session.get(f"{base_url.rstrip('/')}/v2/health/ready") as response:
+            await response.read()
+            if response.status != 200:
+                raise ConnectionError(f"ready answered {response.status}")
+
+    return probe
