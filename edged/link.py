@@ -14,13 +14,14 @@ real requests: bytes over (duration - RTT), for payloads large enough to tell.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from edged.background import Background
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class LinkState:
         return dict(self.__dict__)
 
 
-class LinkMonitor:
+class LinkMonitor(Background):
     """RTT, up/down with hysteresis and bandwidth for one endpoint."""
 
     def __init__(
@@ -76,7 +77,7 @@ class LinkMonitor:
         self.successes = 0
         self.changed = time.monotonic()
         self._transition = asyncio.Event()  # set (and replaced) at each up/down change
-        self._task: asyncio.Task[None] | None = None
+        self.task_name = f"link:{endpoint}"
 
     def observe(self, seconds: float | None, payload_bytes: int = 0) -> None:
         """One round trip: its time, or None when it failed. Real requests report here too."""
@@ -153,19 +154,6 @@ class LinkMonitor:
             await self.probe_once()
             if not self.failures:  # after a failure, probe again at once: a cut shows in time
                 await asyncio.sleep(self.interval)
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"link:{self.endpoint}"
-            )
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
 
 def oip_ready_probe(session: Any, base_url: str) -> Probe:

@@ -21,16 +21,16 @@ import re
 from pathlib import Path
 from typing import Any
 
+from edged.load.procfs import read_or_none
+
 GPU_NODES = {"ga10b", "gv11b", "gp10b", "gpu", "gb10b"}
 TOTAL_RAILS = ("VDD_IN", "POM_5V_IN")
 MODE_NAME = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)")
 
 
 def _text(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
+    text = read_or_none(path)
+    return None if text is None else text.strip()
 
 
 def _number(path: Path) -> int | None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from edged.background import Background
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +104,16 @@ def merge(samples: list[tuple[str, dict[str, Any]]]) -> LoadSnapshot:
     return LoadSnapshot(taken=time.monotonic(), sources=sources, **merged)
 
 
-class LoadMonitor:
-    """Samples the providers every ``interval`` seconds; ``latest`` is the newest snapshot."""
+class LoadMonitor(Background):
+    """Samples the providers every ``interval`` seconds (from ``start`` to ``stop``); ``latest``
+    is the newest snapshot."""
+
+    task_name = "load-monitor"
 
     def __init__(self, providers: list[Provider], interval: float = 1.0) -> None:
         self.providers = providers
         self.interval = interval
         self.latest = LoadSnapshot()
-        self._task: asyncio.Task[None] | None = None
 
     def sample(self) -> LoadSnapshot:
         """Read every provider once; a provider that fails is skipped (and logged)."""
@@ -129,15 +132,3 @@ class LoadMonitor:
             # File reads are fast, but never on the loop's time: a slow sysfs node must not stall.
             await loop.run_in_executor(None, self.sample)
             await asyncio.sleep(self.interval)
-
-    def start(self) -> None:
-        """Sample in the background until ``stop``."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="load-monitor")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None

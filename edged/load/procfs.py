@@ -15,7 +15,8 @@ from typing import Any
 UNLIMITED = 1 << 60  # cgroup v1 writes a huge number for "no limit"
 
 
-def _read(path: Path) -> str | None:
+def read_or_none(path: Path) -> str | None:
+    """A file's text, or None when it cannot be read (absent, vanished, no permission)."""
     try:
         return path.read_text()
     except OSError:
@@ -45,7 +46,7 @@ class ProcFs:
             if available is not None and room is not None:
                 available = min(available, room)
             out["memory_available"] = available
-        loadavg = _read(self.root / "proc/loadavg")
+        loadavg = read_or_none(self.root / "proc/loadavg")
         if loadavg:
             out["load_average"] = float(loadavg.split()[0])
         out["cpu_pressure"] = self._pressure()
@@ -54,7 +55,7 @@ class ProcFs:
         return out
 
     def _cpu_percent(self) -> float | None:
-        text = _read(self.root / "proc/stat")
+        text = read_or_none(self.root / "proc/stat")
         if not text or not text.startswith("cpu "):
             return None
         lines = text.splitlines()
@@ -69,7 +70,7 @@ class ProcFs:
         return round(100.0 * (busy - last[0]) / (total - last[1]), 1)
 
     def _meminfo(self) -> dict[str, int]:
-        text = _read(self.root / "proc/meminfo") or ""
+        text = read_or_none(self.root / "proc/meminfo") or ""
         values = {}
         for line in text.splitlines():
             key, _, rest = line.partition(":")
@@ -80,7 +81,7 @@ class ProcFs:
 
     def _cgroup(self) -> Path:
         """This process's cgroup directory (v2), or the v1 hierarchy root."""
-        own = _read(self.root / "proc/self/cgroup") or ""
+        own = read_or_none(self.root / "proc/self/cgroup") or ""
         for line in own.splitlines():
             hierarchy, _, path = line.partition(":")[2].partition(":")
             if hierarchy == "" and path:  # v2: "0::/path"
@@ -93,7 +94,7 @@ class ProcFs:
             (base / "memory.max", base / "memory.current"),
             (base / "memory/memory.limit_in_bytes", base / "memory/memory.usage_in_bytes"),
         ):
-            limit, usage = _read(limit_file), _read(usage_file)
+            limit, usage = read_or_none(limit_file), read_or_none(usage_file)
             if limit is None or usage is None:
                 continue
             limit = limit.strip()
@@ -104,18 +105,18 @@ class ProcFs:
 
     def _cpu_limit(self) -> float | None:
         base = self._cgroup()
-        v2 = _read(base / "cpu.max")
+        v2 = read_or_none(base / "cpu.max")
         if v2:
             quota, period = v2.split()[:2]  # "max 100000" or "150000 100000"
             return None if quota == "max" else round(int(quota) / int(period), 2)
-        quota_text = _read(base / "cpu/cpu.cfs_quota_us")
-        period_text = _read(base / "cpu/cpu.cfs_period_us")
+        quota_text = read_or_none(base / "cpu/cpu.cfs_quota_us")
+        period_text = read_or_none(base / "cpu/cpu.cfs_period_us")
         if quota_text and period_text and int(quota_text) > 0:
             return round(int(quota_text) / int(period_text), 2)
         return None
 
     def _pressure(self) -> float | None:
-        text = _read(self.root / "proc/pressure/cpu")
+        text = read_or_none(self.root / "proc/pressure/cpu")
         if not text:
             return None
         for part in text.splitlines()[0].split():
