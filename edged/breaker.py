@@ -1,0 +1,98 @@
+"""Circuit breaker for a cloud endpoint.
+
+CLOSED: calls go through; outcomes are counted over a sliding ``window`` of seconds. When at
+least ``min_calls`` ended in the window and the share of failures passes ``error_rate`` (5% by
+default), the breaker OPENs: calls are refused at once (the router sends the work elsewhere).
+After ``cooldown`` seconds it is HALF_OPEN: up to ``probes`` calls go through; if they all
+succeed it CLOSEs (with a fresh window), one failure OPENs it again with the cooldown doubled
+(up to ``max_cooldown``), so a sick endpoint is not hammered.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from collections.abc import Callable
+
+
+class BreakerState(str, enum.Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    """Decides whether a call to an endpoint may go out, from how the last calls ended."""
+
+    def __init__(
+        self,
+        error_rate: float = 0.05,
+        window: float = 10.0,
+        min_calls: int = 20,
+        cooldown: float = 1.0,
+        max_cooldown: float = 64.0,
+        probes: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.error_rate = error_rate
+        self.window = window
+        self.min_calls = min_calls
+        self.base_cooldown = cooldown
+        self.cooldown = cooldown
+        self.max_cooldown = max_cooldown
+        self.probes = probes
+        self.clock = clock
+        self.state = BreakerState.CLOSED
+        self.outcomes: deque[tuple[float, bool]] = deque()  # (time, ok) in the window
+        self.opened_at = 0.0
+        self.trial_started = 0  # half-open calls let through
+        self.trial_passed = 0
+
+    def allow(self) -> bool:
+        """May a call go out now? (In HALF_OPEN this takes one of the probe slots.)"""
+        if self.state is BreakerState.OPEN:
+            if self.clock() - self.opened_at < self.cooldown:
+                return False
+            self.state = BreakerState.HALF_OPEN
+            self.trial_started = self.trial_passed = 0
+        if self.state is BreakerState.HALF_OPEN:
+            if self.trial_started >= self.probes:
+                return False
+            self.trial_started += 1
+        return True
+
+    def record(self, ok: bool) -> None:
+        """How an allowed call ended."""
+        now = self.clock()
+        if self.state is BreakerState.HALF_OPEN:
+            if not ok:
+                self._open(now, backoff=True)
+                return
+            self.trial_passed += 1
+            if self.trial_passed >= self.probes:
+                self.state = BreakerState.CLOSED
+                self.cooldown = self.base_cooldown
+                self.outcomes.clear()
+            return
+        if self.state is BreakerState.OPEN:
+            return  # a call that left before the breaker opened
+        self.outcomes.append((now, ok))
+        while self.outcomes and self.outcomes[0][0] < now - self.window:
+            self.outcomes.popleft()
+        failures = sum(1 for _, good in self.outcomes if not good)
+        if len(self.outcomes) >= self.min_calls and failures > self.error_rate * len(self.outcomes):
+            self._open(now, backoff=False)
+
+    def _open(self, now: float, backoff: bool) -> None:
+        if backoff:
+            self.cooldown = min(self.max_cooldown, self.cooldown * 2)
+        self.state = BreakerState.OPEN
+        self.opened_at = now
+        self.outcomes.clear()
+
+    def failure_rate(self) -> float:
+        """Share of failed calls in the window (0 when none ended)."""
+        if not self.outcomes:
+            return 0.0
+        return sum(1 for _, ok in self.outcomes if not ok) / len(self.outcomes)

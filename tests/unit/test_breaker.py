@@ -1,0 +1,96 @@
+"""The circuit breaker on a clock the test moves: opening at 5%, half-open probes, closing,
+backoff on a failed probe; and a property test over random outcome sequences."""
+
+from __future__ import annotations
+
+import random
+
+from edged.breaker import BreakerState, CircuitBreaker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_opens_above_5_percent_then_half_opens_and_closes() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(clock=clock)
+    for i in range(100):  # 10% of calls fail, as the issue's scenario
+        clock.now += 0.01
+        assert breaker.allow()
+        breaker.record(ok=i % 10 != 0)
+        if breaker.state is BreakerState.OPEN:
+            break
+    assert breaker.state is BreakerState.OPEN
+    assert not breaker.allow()  # refused at once while open
+    clock.now += 1.01  # the cooldown (1 s)
+    assert [breaker.allow() for _ in range(4)] == [True, True, True, False]  # 3 probes
+    assert breaker.state is BreakerState.HALF_OPEN
+    for _ in range(3):
+        breaker.record(ok=True)
+    assert breaker.state is BreakerState.CLOSED and breaker.allow()
+
+
+def test_a_failed_probe_reopens_with_a_longer_cooldown() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(min_calls=5, clock=clock)
+    for _ in range(5):
+        breaker.allow()
+        breaker.record(ok=False)
+    assert breaker.state is BreakerState.OPEN
+    clock.now += 1.0
+    assert breaker.allow()
+    breaker.record(ok=False)
+    assert breaker.state is BreakerState.OPEN and breaker.cooldown == 2.0
+    clock.now += 1.5
+    assert not breaker.allow()  # 2 s now
+    clock.now += 0.5
+    assert breaker.allow()
+
+
+def test_below_the_rate_or_the_minimum_it_stays_closed() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(clock=clock)
+    for i in range(1000):  # 4% failures
+        clock.now += 0.01
+        breaker.allow()
+        breaker.record(ok=i % 25 != 0)
+    assert breaker.state is BreakerState.CLOSED
+    fresh = CircuitBreaker(clock=clock)
+    for _ in range(19):  # all fail, but fewer than min_calls
+        fresh.record(ok=False)
+    assert fresh.state is BreakerState.CLOSED
+
+
+def test_old_failures_leave_the_window() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(clock=clock)
+    for _ in range(3):
+        breaker.record(ok=False)
+    clock.now += 11  # the 10 s window has passed
+    for _ in range(30):
+        breaker.record(ok=True)
+    assert breaker.state is BreakerState.CLOSED and breaker.failure_rate() == 0.0
+
+
+def test_never_lets_more_than_the_probes_through_while_half_open() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        clock = Clock()
+        breaker = CircuitBreaker(min_calls=5, probes=2, clock=clock)
+        in_flight = 0
+        for _ in range(300):
+            clock.now += rng.random() * 0.2
+            was_half_open = breaker.state is BreakerState.HALF_OPEN
+            if breaker.allow():
+                in_flight += 1
+            if in_flight and rng.random() < 0.6:
+                in_flight -= 1
+                breaker.record(ok=rng.random() < 0.8)
+            if breaker.state is BreakerState.HALF_OPEN and was_half_open:
+                assert breaker.trial_started <= 2
+            assert breaker.cooldown <= 64.0
