@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from bench.serving import rss_mib, tensor_inputs  # noqa: E402
 from edged.client import Client, UnixHTTPConnection  # noqa: E402
 from edged.protocol.tensors import HEADER_LENGTH, encode_tensors  # noqa: E402
+from edged.stats import percentile  # noqa: E402
 
 MODELS = ROOT / "models"
 Tensors = dict[str, np.ndarray]
@@ -73,10 +74,8 @@ class Result:
         return len(self.latencies) / self.seconds
 
     def pct(self, q: float, samples: list[float] | None = None) -> float:
-        data = sorted(self.latencies if samples is None else samples)
-        if not data:
-            return float("nan")
-        return data[min(len(data) - 1, round(q * (len(data) - 1)))] * 1000
+        value = percentile(sorted(self.latencies if samples is None else samples), q)
+        return float("nan") if value is None else value * 1000
 
     @property
     def errors(self) -> int:

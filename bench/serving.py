@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from edged.app import Daemon  # noqa: E402
 from edged.client import Client  # noqa: E402
 from edged.config import Config  # noqa: E402
+from edged.stats import percentile  # noqa: E402
 from tests.media import speech_in_silence, text_image  # noqa: E402
 
 MODELS = ROOT / "models"
@@ -40,7 +41,7 @@ Tensors = dict[str, np.ndarray]
 def percentiles(samples: list[float]) -> tuple[float, float]:
     """p50 and p99 in milliseconds."""
     ordered = sorted(samples)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    p99 = percentile(ordered, 0.99) or 0.0
     return statistics.median(ordered) * 1000, p99 * 1000
 
 

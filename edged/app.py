@@ -20,7 +20,7 @@ from aiohttp import web
 from edged import systemd
 from edged.config import Config
 from edged.errors import ConfigError, EdgedError, ModelLoadError
-from edged.load import LoadMonitor, default_providers
+from edged.load import LoadMonitor
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
@@ -90,7 +90,7 @@ class Daemon:
             self.metrics,
             config.scheduler.max_queue_size,
         )
-        self.load = LoadMonitor(default_providers(), config.load.interval_s)
+        self.load = LoadMonitor(interval=config.load.interval_s)
         self.plane = DataPlane(self.manager, self.load)
         self.grpc: grpc.aio.Server | None = None
         self.metrics_runner: web.AppRunner | None = None

@@ -117,8 +117,9 @@ def cmd_infer(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     doc = json.loads(_read(args.request))
     if not isinstance(doc, dict):
         raise UsageError("the request document must be a JSON object")
-    if _qos(args):
-        doc["parameters"] = {**(doc.get("parameters") or {}), **_qos(args)}
+    qos = _qos(args)
+    if qos:
+        doc["parameters"] = {**(doc.get("parameters") or {}), **qos}
     reply = client.infer_json(args.model, doc, args.version)
     return reply, json.dumps(reply, indent=2)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edged.background import Background
+from edged.stats import ewma, percentile
 
 log = logging.getLogger(__name__)
 
@@ -91,15 +92,12 @@ class LinkMonitor(Background):
         self.successes += 1
         if payload_bytes >= MIN_BANDWIDTH_BYTES and self.rtt is not None and seconds > self.rtt:
             rate = payload_bytes / (seconds - self.rtt)
-            self.bandwidth = rate if self.bandwidth is None else self._ewma(self.bandwidth, rate)
+            self.bandwidth = ewma(self.bandwidth, rate, self.alpha)
         else:  # small payloads measure the round trip
             self.samples.append(seconds)
-            self.rtt = seconds if self.rtt is None else self._ewma(self.rtt, seconds)
+            self.rtt = ewma(self.rtt, seconds, self.alpha)
         if not self.up and self.successes >= self.up_after:
             self._change(True)
-
-    def _ewma(self, old: float, new: float) -> float:
-        return old + self.alpha * (new - old)
 
     def _change(self, up: bool) -> None:
         self.up = up
@@ -115,18 +113,12 @@ class LinkMonitor(Background):
 
     def state(self) -> LinkState:
         ordered = sorted(self.samples)
-
-        def pct(q: float) -> float | None:
-            return (
-                ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else None
-            )
-
         return LinkState(
             endpoint=self.endpoint,
             up=self.up,
             rtt_s=self.rtt,
-            rtt_p50_s=pct(0.5),
-            rtt_p95_s=pct(0.95),
+            rtt_p50_s=percentile(ordered, 0.5),
+            rtt_p95_s=percentile(ordered, 0.95),
             bandwidth_bps=self.bandwidth,
             failures=self.failures,
             changed=self.changed,
@@ -135,7 +127,7 @@ class LinkMonitor(Background):
     def probe_timeout(self) -> float:
         """How long a probe may take: ``timeout``, or 3x the p95 RTT on a slow link (a slow
         link is not a cut one), at most ``max_timeout``."""
-        p95 = self.state().rtt_p95_s or 0.0
+        p95 = percentile(sorted(self.samples), 0.95) or 0.0
         return min(self.max_timeout, max(self.timeout, 3 * p95))
 
     async def probe_once(self) -> None:

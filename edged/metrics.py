@@ -7,17 +7,16 @@ version names come from the repository, never from what a client asked for.
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
 from edged.errors import EdgedError
-from edged.scheduler import Observer
+from edged.scheduler import Observer, Scheduler
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 def outcome_of(error: BaseException | None) -> str:
@@ -84,21 +83,22 @@ class Metrics:
             "edged_requests_in_flight", "API requests being answered (REST and gRPC)", registry=r
         )
 
-    def observer(self, model: str, version: int) -> Observer:
-        """The scheduler's hooks for one model version."""
+    def attach(self, scheduler: Scheduler, model: str, version: int) -> None:
+        """Observe one model version's scheduler: its hooks, and its queue depth read when
+        Prometheus scrapes."""
         labels = (model, str(version))
         queue = self.queue_seconds.labels(*labels)
         compute = self.compute_seconds.labels(*labels)
         batch = self.batch_size.labels(*labels)
         executions = self.executions.labels(*labels)
-        depth = self.queue_depth.labels(*labels)
 
         def executed(rows: int, seconds: float) -> None:
             executions.inc()
             batch.observe(rows)
             compute.observe(seconds)
 
-        return Observer(queued=queue.observe, executed=executed, depth=depth.set)
+        scheduler.observer = Observer(queued=queue.observe, executed=executed)
+        self.queue_depth.labels(*labels).set_function(lambda: scheduler.depth)
 
     def finished(
         self, model: str, version: int, seconds: float, error: BaseException | None

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
-import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,8 +38,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 from edged.errors import DeadlineExceeded, InvalidRequest, ModelLoadError, Overloaded, Unavailable
 from edged.models.config import ModelConfig
 from edged.runtimes.base import Tensors
-
-log = logging.getLogger(__name__)
+from edged.stats import ewma
 
 REJECT = pb.ModelQueuePolicy.TimeoutAction.REJECT
 
@@ -158,7 +156,6 @@ class Pending:
     deadline: float | None
     reject_on_timeout: bool
     enqueued: float
-    seq: int
     future: asyncio.Future[Tensors]
     late: bool = False  # DELAY: past its timeout, behind its level's requests in time
     timer: asyncio.TimerHandle | None = None
@@ -180,7 +177,6 @@ class Observer:
 
     queued: Callable[[float], None] = lambda seconds: None
     executed: Callable[[int, float], None] = lambda rows, seconds: None
-    depth: Callable[[int], None] = lambda depth: None
 
 
 def batch_key(inputs: Tensors) -> tuple[Any, ...]:
@@ -191,21 +187,14 @@ def batch_key(inputs: Tensors) -> tuple[Any, ...]:
 @dataclass
 class _Estimate:
     """Moving averages of execution time, per row and per execution, for admission and
-    Retry-After."""
+    Retry-After (None until the first execution)."""
 
-    row_s: float = 0.0
-    exec_s: float = 0.0
-    samples: int = 0
-    alpha: float = 0.2
+    row_s: float | None = None
+    exec_s: float | None = None
 
     def add(self, seconds: float, rows: int) -> None:
-        per_row = seconds / max(1, rows)
-        if self.samples == 0:
-            self.row_s, self.exec_s = per_row, seconds
-        else:
-            self.row_s += self.alpha * (per_row - self.row_s)
-            self.exec_s += self.alpha * (seconds - self.exec_s)
-        self.samples += 1
+        self.row_s = ewma(self.row_s, seconds / max(1, rows))
+        self.exec_s = ewma(self.exec_s, seconds)
 
 
 class Scheduler:
@@ -216,12 +205,11 @@ class Scheduler:
         name: str,
         settings: Settings,
         execute: Callable[[Tensors], Awaitable[Tensors]],
-        observer: Observer | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
         self.execute = execute
-        self.observer = observer or Observer()
+        self.observer = Observer()  # the daemon's metrics attach theirs
         levels = range(1, settings.levels + 1)
         self.queues: dict[int, deque[Pending]] = {level: deque() for level in levels}
         # timeout_action DELAY: requests past their timeout, served after their level's queue
@@ -231,8 +219,6 @@ class Scheduler:
         self.workers: list[asyncio.Task[None]] = []
         self.running = 0  # executions in progress
         self.estimate = _Estimate()
-        self.sequence = itertools.count()
-        self.executions = 0
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -247,12 +233,13 @@ class Scheduler:
     def _wait_estimate(self, level: int) -> float:
         """Seconds until a new request at ``level`` starts running: the rows queued at this
         level and more urgent ones, plus what is running (half an execution on average)."""
-        if self.estimate.samples == 0:
+        row_s, exec_s = self.estimate.row_s, self.estimate.exec_s
+        if row_s is None or exec_s is None:
             return 0.0
         rows = sum(p.rows for lv in range(1, level + 1) for p in self._at(lv))
-        wait = rows * self.estimate.row_s / self.settings.instances
+        wait = rows * row_s / self.settings.instances
         if self.running >= self.settings.instances:
-            wait += self.estimate.exec_s / 2
+            wait += exec_s / 2
         return wait
 
     def _retry_after(self) -> float:
@@ -286,7 +273,7 @@ class Scheduler:
             raise DeadlineExceeded(  # e.g. a pipeline's later step, after earlier ones took it
                 f"model '{self.name}': the request's timeout passed before it was queued"
             )
-        if len(self._at(level)) >= policy.max_queue_size:
+        if len(self.queues[level]) + len(self.late[level]) >= policy.max_queue_size:
             raise Overloaded(
                 f"model '{self.name}': the queue of priority {level} is full"
                 f" ({policy.max_queue_size} requests)",
@@ -310,13 +297,11 @@ class Scheduler:
             deadline=deadline,
             reject_on_timeout=policy.reject_on_timeout,
             enqueued=now,
-            seq=next(self.sequence),
             future=loop.create_future(),
         )
         if deadline is not None:
             pending.timer = loop.call_at(deadline, self._expire, pending)
         self.queues[level].append(pending)
-        self.observer.depth(self.depth)
         self._start_workers()
         self.arrived.set()
         try:
@@ -333,7 +318,6 @@ class Scheduler:
             queue.remove(pending)
         except ValueError:
             return False  # already taken by a worker
-        self.observer.depth(self.depth)
         return True
 
     def _expire(self, pending: Pending) -> None:
@@ -353,7 +337,6 @@ class Scheduler:
         else:
             pending.late = True
             self.late[pending.level].append(pending)
-            self.observer.depth(self.depth)
 
     def _expire_due(self) -> None:
         """Expire what is due now even if its timer has not run yet (a busy loop)."""
@@ -489,7 +472,6 @@ class Scheduler:
             return await self.execute(feeds)
         finally:
             seconds = time.monotonic() - started
-            self.executions += 1
             self.estimate.add(seconds, rows)
             self.observer.executed(rows, seconds)
 
@@ -511,4 +493,3 @@ class Scheduler:
             p.finish(Unavailable(f"model '{self.name}' stopped before the request ran"))
         for queue in (*self.queues.values(), *self.late.values()):
             queue.clear()
-        self.observer.depth(0)

@@ -76,6 +76,7 @@ class Jtop:
 
     def __init__(self, socket: Path = SOCKET) -> None:
         self.socket = socket
+        self._module: Any = None
         self._jetson: Any = None
 
     def available(self) -> bool:
@@ -87,12 +88,14 @@ class Jtop:
         if not self.socket.exists():
             log.info("jtop is installed but its service is not running (%s)", self.socket)
             return False
-        self._jetson = module.jtop()
-        self._jetson.start()
+        self._module = module
         return True
 
     def sample(self) -> dict[str, Any]:
+        if self._jetson is None:  # connect on the first sample, in the sampler's thread
+            self._jetson = self._module.jtop()
+            self._jetson.start()
         j = self._jetson
-        if j is None or not j.ok(spin=True):  # spin: do not wait for jtop's next update
+        if not j.ok(spin=True):  # spin: do not wait for jtop's next update
             return {}
         return from_jtop(j.stats, j.gpu, j.memory, j.temperature, j.power)

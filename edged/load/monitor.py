@@ -110,13 +110,17 @@ class LoadMonitor(Background):
 
     task_name = "load-monitor"
 
-    def __init__(self, providers: list[Provider], interval: float = 1.0) -> None:
+    def __init__(self, providers: list[Provider] | None = None, interval: float = 1.0) -> None:
+        """``providers`` default to ``default_providers()``, found at the first sample (off
+        the event loop, not at construction: probing imports libraries and reads devices)."""
         self.providers = providers
         self.interval = interval
         self.latest = LoadSnapshot()
 
     def sample(self) -> LoadSnapshot:
         """Read every provider once; a provider that fails is skipped (and logged)."""
+        if self.providers is None:
+            self.providers = default_providers()
         samples = []
         for provider in self.providers:
             try:

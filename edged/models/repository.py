@@ -237,12 +237,8 @@ class ModelManager:
             return
         fresh.runtime = runtime
         if not config.is_pipeline:
-            fresh.scheduler = Scheduler(
-                entry.name,
-                settings,
-                lambda feeds: runtime.infer(feeds, {}),
-                self.metrics.observer(entry.name, version),
-            )
+            fresh.scheduler = Scheduler(entry.name, settings, lambda f: runtime.infer(f, {}))
+            self.metrics.attach(fresh.scheduler, entry.name, version)
         fresh.state = State.READY
         # The swap is one assignment: requests that started on the old runtime finish on it.
         entry.versions[version] = fresh

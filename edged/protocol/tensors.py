@@ -102,14 +102,15 @@ class InferResponse:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-def _element_count(shape: Iterable[int]) -> int:
+def element_count(shape: Iterable[int]) -> int:
     count = 1
     for dim in shape:
         count *= dim
     return count
 
 
-def _shape(name: str, raw: Any) -> list[int]:
+def check_shape(name: str, raw: Any) -> list[int]:
+    """A tensor's shape: a list of at most MAX_DIMS integers from 0 to MAX_DIM."""
     if (
         not isinstance(raw, list)
         or len(raw) > MAX_DIMS
@@ -130,7 +131,7 @@ def from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarr
     except ValueError as exc:  # ragged nesting
         raise InvalidRequest(f"tensor '{name}': 'data' is not a regular array: {exc}") from None
     flat = raw.reshape(-1)
-    count = _element_count(shape)
+    count = element_count(shape)
     if flat.size != count:
         raise InvalidRequest(
             f"tensor '{name}': shape {shape} needs {count} elements, 'data' has {flat.size}"
@@ -161,7 +162,7 @@ def from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarr
 
 def from_binary(name: str, datatype: str, shape: list[int], chunk: bytes) -> np.ndarray:
     """One tensor of the binary tensor extension as an array, checking its size."""
-    count = _element_count(shape)
+    count = element_count(shape)
     if datatype == "BYTES":
         items: list[bytes] = []
         offset = 0
@@ -225,7 +226,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             raise InvalidRequest(
                 f"tensor '{name}': datatype {datatype!r} is not one of {', '.join(DATATYPES)}"
             )
-        shape = _shape(name, raw.get("shape"))
+        shape = check_shape(name, raw.get("shape"))
         params = raw.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidRequest(f"input '{name}': 'parameters' must be an object")

@@ -18,6 +18,7 @@ from edged.errors import EdgedError, InvalidRequest, ModelLoadError
 from edged.models.config import ModelConfig, oip_datatype
 from edged.protocol.tensors import DATATYPES
 from edged.runtimes.base import Tensors
+from edged.stats import ewma
 
 log = logging.getLogger(__name__)
 # ONNX Runtime's own warnings go to stderr uncoordinated with logging; its errors reach us as
@@ -60,7 +61,7 @@ class OnnxRuntime:
         self.session: ort.InferenceSession | None = None
         self.output_names = [o.name for o in config.outputs]
         # Moving average of execution time: tiny models run on the event loop (no thread hop).
-        self.recent_s = float("inf")
+        self.recent_s: float | None = None
         batched = config.max_batch_size > 0
         # Triton's reshape: the shape clients send differs from the one the graph takes.
         self.reshapes = {
@@ -185,7 +186,7 @@ class OnnxRuntime:
                     feeds[name] = feeds[name].reshape(lead + list(shape))
         started = time.perf_counter()
         try:
-            if self.recent_s * 1e6 < self.settings.inline_max_us:
+            if self.recent_s is not None and self.recent_s * 1e6 < self.settings.inline_max_us:
                 results = session.run(self.output_names, feeds)
             else:
                 results = await asyncio.get_running_loop().run_in_executor(
@@ -193,10 +194,7 @@ class OnnxRuntime:
                 )
         except (INVALID_ARGUMENT, FAIL) as exc:  # FAIL: e.g. a sequence past the positions
             raise InvalidRequest(f"model '{self.config.name}' rejected the input: {exc}") from None
-        elapsed = time.perf_counter() - started
-        self.recent_s = (
-            elapsed if self.recent_s == float("inf") else 0.8 * self.recent_s + 0.2 * elapsed
-        )
+        self.recent_s = ewma(self.recent_s, time.perf_counter() - started)
         return dict(zip(self.output_names, results))
 
     async def unload(self) -> None:

@@ -55,17 +55,16 @@ class DataPlane:
         self.idle = asyncio.Event()  # set while no request is in flight
         self.idle.set()
         self.started = time.monotonic()
+        manager.metrics.inflight.set_function(lambda: self.inflight)
 
     def begin(self) -> None:
         """A request started."""
         self.inflight += 1
         self.idle.clear()
-        self.manager.metrics.inflight.inc()
 
     def end(self) -> None:
         """A request finished (answered, failed or cancelled)."""
         self.inflight -= 1
-        self.manager.metrics.inflight.dec()
         if self.inflight == 0:
             self.idle.set()
 

@@ -27,11 +27,11 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from edged.errors import EdgedError, InvalidRequest, retry_after
 from edged.protocol.tensors import (
     DATATYPES,
-    MAX_DIM,
-    MAX_DIMS,
     InferRequest,
     RequestedOutput,
+    check_shape,
     datatype_of,
+    element_count,
     from_binary,
     from_json,
     to_binary,
@@ -77,15 +77,6 @@ def _parameters(message: Any) -> dict[str, Any]:
     return out
 
 
-def _shape(name: str, dims: Any) -> list[int]:
-    shape = list(dims)
-    if len(shape) > MAX_DIMS or not all(0 <= d <= MAX_DIM for d in shape):
-        raise InvalidRequest(
-            f"tensor '{name}': shape must have at most {MAX_DIMS} dimensions from 0 to {MAX_DIM}"
-        )
-    return shape
-
-
 def decode_infer(request: pb.ModelInferRequest) -> InferRequest:
     """A ModelInferRequest as the data plane's InferRequest (raw or typed contents)."""
     if not request.inputs:
@@ -105,7 +96,7 @@ def decode_infer(request: pb.ModelInferRequest) -> InferRequest:
                 f"tensor '{name}': datatype {tensor.datatype!r} is not one of"
                 f" {', '.join(DATATYPES)}"
             )
-        shape = _shape(name, tensor.shape)
+        shape = check_shape(name, list(tensor.shape))
         if raw:
             inputs[name] = from_binary(name, tensor.datatype, shape, raw[i])
             continue
@@ -116,7 +107,7 @@ def decode_infer(request: pb.ModelInferRequest) -> InferRequest:
         if tensor.datatype == "BYTES":
             array = np.empty(len(values), dtype=object)
             array[:] = values
-            count = int(np.prod(shape)) if shape else 1
+            count = element_count(shape)
             if array.size != count:
                 raise InvalidRequest(
                     f"tensor '{name}': shape {shape} needs {count} elements, contents has"

@@ -10,10 +10,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from edged.config import ServerConfig
 from edged.errors import EdgedError, Forbidden, InvalidRequest, PayloadTooLarge, retry_after
-from edged.metrics import CONTENT_TYPE, Metrics
+from edged.metrics import Metrics
 from edged.protocol.tensors import (
     HEADER_LENGTH,
     decode_request,
@@ -129,7 +130,7 @@ def metrics_handler(metrics: Metrics) -> Handler:
     """GET /metrics: Prometheus' text format."""
 
     async def handler(request: web.Request) -> web.Response:
-        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     return handler
 
