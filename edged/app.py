@@ -25,7 +25,9 @@ from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.pipelines.factory import create_pipeline
+from edged.router import Router
 from edged.runtimes.base import Runtime
+from edged.runtimes.cloud import CloudEndpoint
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.server.dataplane import DataPlane
 from edged.server.grpc import start_server as start_grpc
@@ -91,7 +93,9 @@ class Daemon:
             config.scheduler.max_queue_size,
         )
         self.load = LoadMonitor(interval=config.load.interval_s)
-        self.plane = DataPlane(self.manager, self.load)
+        self.cloud = CloudEndpoint(config.cloud) if config.cloud.url else None
+        self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
+        self.plane = DataPlane(self.manager, self.router, self.load)
         self.grpc: grpc.aio.Server | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
@@ -102,7 +106,7 @@ class Daemon:
         """The runtime that serves one model version, by its platform or backend."""
         if model.is_pipeline:
             return create_pipeline(
-                model, version_dir, self.manager, self.executor, self.config.models
+                model, version_dir, self.router, self.executor, self.config.models
             )
         if model.platform == "onnxruntime_onnx":
             return OnnxRuntime(model, version_dir, self.config.onnxruntime, self.executor)
@@ -139,6 +143,8 @@ class Daemon:
             setattr(self.config.models, key, getattr(fresh.models, key))
         self.config.scheduler = fresh.scheduler
         self.manager.max_queue_size = fresh.scheduler.max_queue_size  # for later loads
+        self.config.routing = fresh.routing
+        self.router.configure(fresh.routing)
 
     async def reload(self) -> None:
         """SIGHUP: re-read the config and poll the repository; never stops serving.
@@ -157,8 +163,8 @@ class Daemon:
                 else:
                     log.info(
                         "reloaded the configuration; server.socket, server.socket_mode,"
-                        " server.max_request_bytes, state_dir and models.repository change only"
-                        " on restart"
+                        " server.max_request_bytes, state_dir, models.repository and cloud change"
+                        " only on restart"
                     )
             await self.manager.sync(self.config.models.load)
         except EdgedError as exc:
@@ -215,6 +221,9 @@ class Daemon:
             await runner.cleanup()
             raise
         self.load.start()
+        if self.cloud is not None:
+            self.cloud.start()
+            log.info("cloud tier: %s", self.cloud.url)
         interval = systemd.watchdog_interval()
         watchdog = loop.create_task(self._watchdog(interval), name="watchdog") if interval else None
         loading = loop.create_task(self.manager.load_all(self.config.models.load), name="load")
@@ -311,6 +320,8 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.load.stop()
+        if self.cloud is not None:
+            await self.cloud.stop()
         await self.manager.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
         if self.owned_socket is not None:

@@ -62,6 +62,14 @@ class CircuitBreaker:
             self.trial_started += 1
         return True
 
+    def would_allow(self) -> bool:
+        """Would ``allow`` let a call out now? (Takes no probe slot: for routing decisions.)"""
+        if self.state is BreakerState.OPEN:
+            return self.clock() - self.opened_at >= self.cooldown
+        if self.state is BreakerState.HALF_OPEN:
+            return self.trial_started < self.probes
+        return True
+
     def record(self, ok: bool) -> None:
         """How an allowed call ended."""
         now = self.clock()

@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edged.errors import ConfigError
+from edged.routing import conditions
+from edged.routing.decide import Policy, Rule
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -127,6 +129,122 @@ class LoadConfig(Section):
     interval_s: float = Field(1.0, gt=0, description="seconds between samples")
 
 
+class RuleConfig(Section):
+    """One operator rule: for requests of ``task_type`` (and/or ``model``), when ``when`` holds,
+    run them as ``action`` says (else as ``otherwise`` says; without it the next rule decides)."""
+
+    task_type: str | None = Field(None, description="the task type it applies to (any if unset)")
+    model: str | None = Field(None, description="the model it applies to (any if unset)")
+    when: str | None = Field(
+        None,
+        description="a condition such as 'local_load < 80%' or 'rtt > 150ms and payload >= 1MB'"
+        " (always if unset)",
+    )
+    action: Literal["local", "cloud", "auto"] = Field(
+        ..., description="local, cloud, or auto (the cost model decides)"
+    )
+    otherwise: Literal["local", "cloud", "auto"] | None = Field(
+        None, description="the action when 'when' does not hold (unset: the next rule decides)"
+    )
+    name: str = Field("", description="a name for the reason in answers and metrics")
+
+    @field_validator("when")
+    @classmethod
+    def _parse_when(cls, value: str | None) -> str | None:
+        if value is not None:
+            conditions.parse(value)  # ValueError says what is wrong
+        return value
+
+    def rule(self) -> Rule:
+        when = conditions.parse(self.when) if self.when is not None else None
+        return Rule(self.action, self.task_type, self.model, when, self.otherwise, self.name)
+
+
+class RoutingConfig(Section):
+    """The path decision: where each request runs (see docs/ROUTING.md)."""
+
+    rules: list[RuleConfig] = Field(default_factory=list, description="operator rules, in order")
+    max_latency_ms: float = Field(
+        500.0, gt=0, description="the deadline of requests that set none (their 'timeout')"
+    )
+    local_threshold_ms: float = Field(
+        100.0,
+        gt=0,
+        description="a local estimate under this runs locally; above it the cloud is weighed",
+    )
+    cloud_cost_weight_ms: float = Field(
+        0.0, ge=0, description="milliseconds of latency one unit of a cloud model's cost is worth"
+    )
+    hedging: bool = Field(True, description="run on both tiers when the deadline is tight")
+    hedge_margin: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="hedge when the local estimate is within this share of the deadline",
+    )
+    private_models: list[str] = Field(
+        default_factory=list, description="models whose inputs never leave the device"
+    )
+
+    def policy(self) -> Policy:
+        return Policy(
+            rules=tuple(r.rule() for r in self.rules),
+            default_deadline_s=self.max_latency_ms / 1000,
+            local_threshold_s=self.local_threshold_ms / 1000,
+            cloud_cost_weight_s=self.cloud_cost_weight_ms / 1000,
+            hedging=self.hedging,
+            hedge_margin=self.hedge_margin,
+        )
+
+
+class CloudModelConfig(Section):
+    """A model of the cloud catalog, beyond what the cloud's model index lists."""
+
+    name: str = Field(..., description="the local model name it stands for")
+    cloud_name: str | None = Field(None, description="its name on the cloud server (default: name)")
+    task_type: str | None = Field(None, description="its task type (default: the local model's)")
+    cost: float = Field(0.0, ge=0, description="cost of one call, in the operator's unit")
+
+
+class CloudConfig(Section):
+    """The cloud tier: an Open Inference Protocol server (Triton, KServe, MLServer), usually
+    behind a gateway."""
+
+    url: str = Field(
+        "",
+        description="base URL with the gateway's path prefix, e.g."
+        " https://gw.example.com/api/v1 (empty: no cloud tier)",
+    )
+    auth_header: str = Field("Authorization", description="header that carries the token")
+    token_file: Path | None = Field(
+        None, description="file holding the token (e.g. 'Bearer ...'), read at start"
+    )
+    ca_file: Path | None = Field(None, description="CA bundle to verify the server (https)")
+    cert_file: Path | None = Field(None, description="client certificate for mutual TLS")
+    key_file: Path | None = Field(None, description="client key for mutual TLS")
+    binary_data: bool | None = Field(
+        None,
+        description="send tensors with the binary extension (unset: if the server lists it)",
+    )
+    connect_timeout_s: float = Field(5.0, gt=0, description="TCP+TLS connect limit")
+    probe_interval_s: float = Field(0.25, gt=0, description="seconds between link probes")
+    probe_timeout_s: float = Field(0.3, gt=0, description="a probe slower than this failed")
+    reconnect_min_s: float = Field(1.0, gt=0, description="first probe backoff once down")
+    reconnect_max_s: float = Field(64.0, gt=0, description="longest probe backoff once down")
+    max_retries: int = Field(
+        2, ge=0, description="retries of a failed call with no local fallback (within deadline)"
+    )
+    breaker_error_rate: float = Field(
+        0.05, gt=0, le=1, description="the circuit opens above this share of failed calls"
+    )
+    breaker_window_s: float = Field(10.0, gt=0, description="window the error rate is over")
+    breaker_min_calls: int = Field(20, gt=0, description="calls in the window before it opens")
+    catalog_refresh_s: float = Field(60.0, gt=0, description="re-read the cloud's model index")
+    models: list[CloudModelConfig] = Field(
+        default_factory=list, description="catalog entries added to the cloud's model index"
+    )
+
+
 class LogConfig(Section):
     """Logging."""
 
@@ -146,6 +264,8 @@ class Config(Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    cloud: CloudConfig = Field(default_factory=CloudConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
 

@@ -1,10 +1,13 @@
 """Link monitor: the state of the network path to one cloud endpoint.
 
 RTT comes from cheap probes (OIP ``GET /v2/health/ready``, or anything that costs one round
-trip) sent every ``interval`` seconds (at once again after a failure, so that with the
-defaults a cut link is down within ``interval + 2 * timeout`` = 0.85 s; on a slow link the probe
-timeout grows to 3x the p95 RTT, so slow is not taken for cut), and from real requests
-(``observe``). It keeps an EWMA
+trip) sent every ``interval`` seconds, and from real requests (``observe``). After a failed probe
+the next one goes at once with twice the timeout, so a cut link is down within
+``interval + 3 * timeout`` (0.2 + 0.75 = 0.95 s with the defaults) while a link that merely
+became slower answers the second probe and stays up; on a slow link the probe timeout grows to
+3x the p95 RTT. While the link is down, probes back off exponentially with jitter from
+``backoff_min`` to ``backoff_max`` (1 s to 64 s), so a dead endpoint is not hammered. It keeps an
+EWMA
 and a window for percentiles. Up/down has hysteresis: the link goes down after ``down_after``
 failures in a row (a probe that times out counts) and comes back only after ``up_after``
 successes in a row, so a flaky link does not flap. Bandwidth is estimated from the payloads of
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -54,9 +58,11 @@ class LinkMonitor(Background):
         self,
         endpoint: str,
         probe: Probe,
-        interval: float = 0.25,
-        timeout: float = 0.3,
+        interval: float = 0.2,
+        timeout: float = 0.25,
         max_timeout: float = 2.0,
+        backoff_min: float = 1.0,
+        backoff_max: float = 64.0,
         down_after: int = 2,
         up_after: int = 3,
         alpha: float = 0.2,
@@ -67,6 +73,8 @@ class LinkMonitor(Background):
         self.interval = interval
         self.timeout = timeout
         self.max_timeout = max_timeout
+        self.backoff_min = backoff_min
+        self.backoff_max = backoff_max
         self.down_after = down_after
         self.up_after = up_after
         self.alpha = alpha
@@ -80,8 +88,10 @@ class LinkMonitor(Background):
         self._transition = asyncio.Event()  # set (and replaced) at each up/down change
         self.task_name = f"link:{endpoint}"
 
-    def observe(self, seconds: float | None, payload_bytes: int = 0) -> None:
-        """One round trip: its time, or None when it failed. Real requests report here too."""
+    def observe(self, seconds: float | None, payload_bytes: int = 0, rtt: bool = True) -> None:
+        """One round trip: its time, or None when it failed. Real requests report here too,
+        with ``rtt=False`` when their time includes the server's work (then only a payload
+        large enough to measure bandwidth is timed)."""
         if seconds is None:
             self.failures += 1
             self.successes = 0
@@ -93,7 +103,7 @@ class LinkMonitor(Background):
         if payload_bytes >= MIN_BANDWIDTH_BYTES and self.rtt is not None and seconds > self.rtt:
             rate = payload_bytes / (seconds - self.rtt)
             self.bandwidth = ewma(self.bandwidth, rate, self.alpha)
-        else:  # small payloads measure the round trip
+        elif rtt:  # small payloads measure the round trip
             self.samples.append(seconds)
             self.rtt = ewma(self.rtt, seconds, self.alpha)
         if not self.up and self.successes >= self.up_after:
@@ -126,9 +136,17 @@ class LinkMonitor(Background):
 
     def probe_timeout(self) -> float:
         """How long a probe may take: ``timeout``, or 3x the p95 RTT on a slow link (a slow
-        link is not a cut one), at most ``max_timeout``."""
+        link is not a cut one), twice that after a failure, at most ``max_timeout``."""
         p95 = percentile(sorted(self.samples), 0.95) or 0.0
-        return min(self.max_timeout, max(self.timeout, 3 * p95))
+        base = max(self.timeout, 3 * p95) * (2 if self.failures else 1)
+        return min(self.max_timeout, base)
+
+    def backoff(self) -> float:
+        """The pause before the next probe of a link that is down: exponential in the failures
+        since it went down, with jitter (half to all of it)."""
+        steps = max(0, self.failures - self.down_after)
+        delay = min(self.backoff_max, self.backoff_min * 2 ** min(steps, 30))
+        return delay / 2 + random.uniform(0, delay / 2)
 
     async def probe_once(self) -> None:
         """Send one probe and record what became of it (a timeout is a failure)."""
@@ -144,8 +162,11 @@ class LinkMonitor(Background):
     async def _run(self) -> None:
         while True:
             await self.probe_once()
-            if not self.failures:  # after a failure, probe again at once: a cut shows in time
+            if not self.failures:
                 await asyncio.sleep(self.interval)
+            elif not self.up and self.failures >= self.down_after:
+                await asyncio.sleep(self.backoff())
+            # else: a first failure: probe again at once, so a cut shows in time
 
 
 def oip_ready_probe(session: Any, base_url: str) -> Probe:

@@ -82,6 +82,17 @@ class Metrics:
         self.inflight = Gauge(
             "edged_requests_in_flight", "API requests being answered (REST and gRPC)", registry=r
         )
+        self.routes = Counter(
+            "edged_route_decisions",
+            "Model calls by where they ran (local, cloud, hedged, escalated, fallback, none) and"
+            " what decided (a rule's label, private, unavailable, request, estimate)",
+            ["model", "route", "reason"],
+            registry=r,
+        )
+
+    def route(self, model: str, route: str, reason: str) -> None:
+        """Count one routing decision (``reason``: the rule's label or what decided)."""
+        self.routes.labels(model, route, reason).inc()
 
     def attach(self, scheduler: Scheduler, model: str, version: int) -> None:
         """Observe one model version's scheduler: its hooks, and its queue depth read when

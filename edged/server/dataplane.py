@@ -6,6 +6,7 @@ REST and gRPC over Unix sockets are thin adapters over this.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,10 +19,12 @@ from edged.load import LoadMonitor
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
+from edged.router import ROUTE, ROUTE_PARAMETERS, RouteContext, Router, route_context
 from edged.scheduler import REQUEST, RequestQos, qos_from_parameters
 
-# Request parameters that the scheduler takes (Triton's names); the model never sees them.
-QOS_PARAMETERS = ("priority", "timeout")
+# Request parameters that the scheduler (Triton's names) and the router take; the model never
+# sees them.
+TAKEN_PARAMETERS = ("priority", "timeout", *ROUTE_PARAMETERS)
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -30,6 +33,27 @@ EXTENSIONS = [
     "model_configuration",
     "edged_tasks",
 ]
+
+
+def parse_served(served: str) -> int | None:
+    """The local version that served (None when the cloud did)."""
+    return int(served) if served.isdigit() else None
+
+
+def route_parameters(route: RouteContext, explain: bool, text: bool = True) -> dict[str, Any]:
+    """Where the work ran and why, for the answer's parameters; with ``explain``, every
+    decision of the request as ``route_trace`` (as JSON text when ``text``: OIP parameter values
+    are scalars)."""
+    main = route.summary()
+    if not main:
+        return {}
+    out: dict[str, Any] = {"route": main["route"], "reason": main["reason"]}
+    for key in ("predicted_ms", "actual_ms"):
+        if main.get(key) is not None:
+            out[key] = main[key]
+    if explain:
+        out["route_trace"] = json.dumps(route.decisions) if text else route.decisions
+    return out
 
 
 def parse_version(version: str | None) -> int | None:
@@ -44,10 +68,13 @@ def parse_version(version: str | None) -> int | None:
 class DataPlane:
     """Health, metadata, inference, repository control and the task API."""
 
-    def __init__(self, manager: ModelManager, monitor: LoadMonitor | None = None) -> None:
-        """The manager's metrics also count the API requests in flight; ``monitor`` gives the
-        device's load for the status."""
+    def __init__(
+        self, manager: ModelManager, router: Router, monitor: LoadMonitor | None = None
+    ) -> None:
+        """The manager's metrics also count the API requests in flight; ``router`` decides where
+        each call runs; ``monitor`` gives the device's load for the status."""
         self.manager = manager
+        self.router = router
         self.monitor = monitor
         self.ready = False
         self.stopping = False
@@ -145,8 +172,8 @@ class DataPlane:
         """POST /v2/models/{m}[/versions/{v}]/infer (or gRPC ModelInfer, whose deadline comes
         along); returns the response and which outputs go as binary data."""
         self.check_ready()
-        parameters = self.take_qos(request.parameters, deadline)
-        _, served, outputs = await self.manager.infer(
+        parameters, route = self.take_parameters(request.parameters, deadline, request.id)
+        served, outputs = await self.router.infer(
             name, parse_version(version), request.inputs, parameters
         )
         binary: dict[str, bool] = {}
@@ -160,7 +187,7 @@ class DataPlane:
                     )
                 array = outputs[wanted.name]
                 if wanted.classification:
-                    labels = self.manager.labels_of(name, wanted.name, served)
+                    labels = self.manager.labels_of(name, wanted.name, parse_served(served))
                     array = classify(array, wanted.classification, labels)
                 chosen[wanted.name] = array
                 binary[wanted.name] = (
@@ -170,29 +197,41 @@ class DataPlane:
         else:
             binary = dict.fromkeys(outputs, request.binary_output)
         response = InferResponse(
-            model_name=name, model_version=str(served), outputs=outputs, id=request.id
+            model_name=name,
+            model_version=served,
+            outputs=outputs,
+            id=request.id,
+            parameters=route_parameters(route, request.parameters.get("explain") is True),
         )
         return response, binary
 
     async def run(
         self, name: str, inputs: dict[str, np.ndarray], params: Mapping[str, Any]
-    ) -> tuple[int, dict[str, np.ndarray]]:
-        """Run a model for the task API: (served version, outputs)."""
+    ) -> tuple[str, dict[str, np.ndarray], dict[str, Any]]:
+        """Run a model for the task API: (served version, outputs, route parameters)."""
         self.check_ready()
-        parameters = self.take_qos(params)
-        _, served, outputs = await self.manager.infer(name, None, inputs, parameters)
-        return served, outputs
+        parameters, route = self.take_parameters(params)
+        served, outputs = await self.router.infer(name, None, inputs, parameters)
+        return served, outputs, route_parameters(route, params.get("explain") is True, text=False)
 
-    @staticmethod
-    def take_qos(parameters: Mapping[str, Any], deadline: float | None = None) -> dict[str, Any]:
-        """Set this request's priority and timeout for the scheduler (and for the steps of a
-        pipeline, which inherit the context); return the other parameters. ``deadline`` is the
-        transport's own (a gRPC deadline), if any: the earlier one wins."""
+    def take_parameters(
+        self,
+        parameters: Mapping[str, Any],
+        deadline: float | None = None,
+        request_id: str | None = None,
+    ) -> tuple[dict[str, Any], RouteContext]:
+        """Set this request's priority and timeout for the scheduler and its routing facts
+        (private, route, deadline) for the router, in context variables that the steps of a
+        pipeline inherit; return the other parameters and the routing context. ``deadline`` is
+        the transport's own (a gRPC deadline), if any: the earlier one wins."""
         qos = qos_from_parameters(parameters)
         if deadline is not None and (qos.deadline is None or deadline < qos.deadline):
             qos = RequestQos(qos.priority, deadline)
         REQUEST.set(qos)
-        return {k: v for k, v in parameters.items() if k not in QOS_PARAMETERS}
+        route = route_context(parameters, self.router.policy.default_deadline_s)
+        route.request_id = request_id or ""
+        ROUTE.set(route)
+        return {k: v for k, v in parameters.items() if k not in TAKEN_PARAMETERS}, route
 
     # ---- repository ------------------------------------------------------------------------
 

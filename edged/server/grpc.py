@@ -213,6 +213,12 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             for name, array in response.outputs.items():
                 reply.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
                 reply.raw_output_contents.append(to_binary(array))
+            for key, value in response.parameters.items():
+                param = reply.parameters[key]
+                if isinstance(value, str):
+                    param.string_param = value
+                else:
+                    param.double_param = float(value)
             return reply
 
         return await self._call(context, work)

@@ -116,9 +116,18 @@ async def read_json(request: web.Request) -> Any:
 
 
 def query_parameters(request: web.Request) -> dict[str, Any]:
-    """Numeric query parameters (?threshold=0.6) as request parameters."""
+    """Query parameters as request parameters: ``route`` as text, ``private`` and ``explain``
+    as true/false, the others as numbers (?threshold=0.6)."""
     params: dict[str, Any] = {}
     for key, value in request.query.items():
+        if key == "route":
+            params[key] = value
+            continue
+        if key in ("private", "explain"):
+            if value not in ("true", "false", "1", "0"):
+                raise InvalidRequest(f"query parameter '{key}' must be true or false")
+            params[key] = value in ("true", "1")
+            continue
         try:
             params[key] = float(value)
         except ValueError:

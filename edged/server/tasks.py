@@ -58,20 +58,23 @@ async def embed(plane: DataPlane, doc: Any, params: Mapping[str, Any]) -> dict[s
     model = doc.get("model", EMBED_MODEL)
     if model not in EMBED_MODELS:
         raise InvalidRequest(f"'model' must be one of {', '.join(EMBED_MODELS)}")
-    version, out = await plane.run(model, {"text": _text_tensor("texts", texts)}, params)
+    version, out, route = await plane.run(model, {"text": _text_tensor("texts", texts)}, params)
     vectors = out["embedding"]
     return {
         "model": model,
         "version": str(version),
         "dim": int(vectors.shape[1]),
         "embeddings": vectors.tolist(),
+        **route,
     }
 
 
 async def intent(plane: DataPlane, doc: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     """POST /v1/intent {"texts": [...]} -> the intent of each text and its probability."""
     texts = _strings(doc, "text", "texts")
-    version, out = await plane.run(INTENT_MODEL, {"text": _text_tensor("texts", texts)}, params)
+    version, out, route = await plane.run(
+        INTENT_MODEL, {"text": _text_tensor("texts", texts)}, params
+    )
     return {
         "model": INTENT_MODEL,
         "version": str(version),
@@ -79,6 +82,7 @@ async def intent(plane: DataPlane, doc: Any, params: Mapping[str, Any]) -> dict[
             {"text": t, "intent": i.decode(), "score": round(float(s), 6)}
             for t, i, s in zip(texts, out["intent"], out["score"])
         ],
+        **route,
     }
 
 
@@ -86,20 +90,20 @@ async def ocr(plane: DataPlane, image: bytes, params: Mapping[str, Any]) -> dict
     """POST /v1/ocr with an encoded image as the body -> lines of text with boxes."""
     if not image:
         raise InvalidRequest("the body is empty: send the image file's bytes")
-    version, out = await plane.run(OCR_MODEL, {"image": _bytes_tensor([image])}, params)
+    version, out, route = await plane.run(OCR_MODEL, {"image": _bytes_tensor([image])}, params)
     lines = [
         {"text": t.decode(), "score": round(float(s), 6), "box": b.round(1).tolist()}
         for t, s, b in zip(out["text"], out["scores"], out["boxes"])
     ]
-    return {"model": OCR_MODEL, "version": str(version), "lines": lines}
+    return {"model": OCR_MODEL, "version": str(version), "lines": lines, **route}
 
 
 async def vad(plane: DataPlane, audio: bytes, params: Mapping[str, Any]) -> dict[str, Any]:
     """POST /v1/vad with a WAV file as the body -> speech segments in seconds."""
     if not audio:
         raise InvalidRequest("the body is empty: send a WAV file's bytes")
-    version, out = await plane.run(VAD_MODEL, {"audio": _bytes_tensor([audio])}, params)
+    version, out, route = await plane.run(VAD_MODEL, {"audio": _bytes_tensor([audio])}, params)
     segments = [
         {"start": round(float(a), 3), "end": round(float(b), 3)} for a, b in out["segments"]
     ]
-    return {"model": VAD_MODEL, "version": str(version), "segments": segments}
+    return {"model": VAD_MODEL, "version": str(version), "segments": segments, **route}

@@ -1,0 +1,427 @@
+"""The router: runs each model call where ``routing.decide`` says, and keeps serving when a tier
+fails.
+
+For every model call (an API request, or a step of a pipeline) it gathers plain facts — is the
+model ready locally, can the cloud take it (link up, circuit closed, in the catalog), the learned
+latency of each path, the device's load, the time left — asks the pure ``decide()``, and runs:
+
+- ``local``: on the device; if that fails for want of capacity (429) or a server-side error,
+  the cloud takes it when it may (route ``fallback``). A local classifier whose confidence is
+  under its model's ``escalate_below`` is asked again in the cloud (route ``escalated``).
+- ``cloud``: through the cloud endpoint, leaving enough of the deadline to run locally; if the
+  call fails (timeout, reset, 5xx, open circuit) it runs locally (route ``fallback``). Without a
+  local fallback a retryable failure is retried, within the deadline.
+- ``hedged``: both at once; the first good answer wins, the other is cancelled.
+
+Each call appends what was decided and what happened to the request's ``RouteContext``; the data
+plane returns it with the answer. Privacy is checked again right before a cloud call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edged.config import RoutingConfig
+from edged.errors import EdgedError, InvalidRequest, NotFound, Unavailable
+from edged.load import LoadMonitor
+from edged.metrics import Metrics
+from edged.models.config import ModelConfig
+from edged.models.repository import ModelManager
+from edged.routing import Decision, Estimates, Path, RouteRequest, decide
+from edged.runtimes.base import Tensors
+from edged.runtimes.cloud import CloudEndpoint, CloudError
+from edged.scheduler import REQUEST
+
+log = logging.getLogger(__name__)
+
+CLOUD_VERSION = "cloud"  # the model_version of an answer the cloud gave
+MIN_LOCAL_RESERVE_S = 0.02  # time kept for a local fallback when the local path is unmeasured
+ROUTE_PARAMETERS = ("private", "route", "explain")
+
+
+@dataclass
+class RouteContext:
+    """Routing facts of one API request, shared with the steps of a pipeline."""
+
+    deadline: float  # time.monotonic()
+    private: bool = False
+    override: str | None = None  # "local" | "cloud"
+    request_id: str = ""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """The decision that tells most about where the work ran: the first that left the
+        device, else the first one that had a choice, else the first."""
+        if not self.decisions:
+            return {}
+        for row in self.decisions:
+            if row["route"] != "local":
+                return row
+        for row in self.decisions:
+            if row["basis"] != "unavailable":
+                return row
+        return self.decisions[0]
+
+
+ROUTE: contextvars.ContextVar[RouteContext | None] = contextvars.ContextVar(
+    "edged_route", default=None
+)
+
+
+def route_context(parameters: Mapping[str, Any], default_deadline_s: float) -> RouteContext:
+    """Read ``private``, ``route`` and the deadline from request parameters."""
+    private = parameters.get("private", False)
+    if not isinstance(private, bool):
+        raise InvalidRequest("parameter 'private' must be true or false")
+    override = parameters.get("route", "auto")
+    if override not in ("local", "cloud", "auto"):
+        raise InvalidRequest("parameter 'route' must be 'local', 'cloud' or 'auto'")
+    deadline = REQUEST.get().deadline
+    if deadline is None:
+        deadline = time.monotonic() + default_deadline_s
+    request_id = parameters.get("id", "")
+    return RouteContext(
+        deadline=deadline,
+        private=private,
+        override=None if override == "auto" else override,
+        request_id=request_id if isinstance(request_id, str) else "",
+    )
+
+
+def payload_size(inputs: Tensors) -> int:
+    total = 0
+    for array in inputs.values():
+        if array.dtype == object:
+            total += sum(len(v) for v in array.ravel() if isinstance(v, (bytes, str)))
+        else:
+            total += array.nbytes
+    return total
+
+
+def confidence(array: np.ndarray) -> float:
+    """The least sure row: min over rows of the best class's score."""
+    values = np.asarray(array, dtype=np.float64)
+    if values.ndim == 0 or values.size == 0:
+        return 1.0
+    best = values.max(axis=-1) if values.ndim > 1 else values
+    return float(best.min())
+
+
+def should_fall_back(exc: BaseException) -> bool:
+    """A local failure the cloud may make good: no capacity, or a server-side error."""
+    status = exc.status if isinstance(exc, EdgedError) else 500
+    return status in (429, 500, 503)
+
+
+class Router:
+    """Decides and runs every model call; pipelines call their steps through it too."""
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        config: RoutingConfig,
+        cloud: CloudEndpoint | None,
+        monitor: LoadMonitor | None,
+        metrics: Metrics,
+    ) -> None:
+        self.manager = manager
+        self.config = config
+        self.policy = config.policy()
+        self.cloud = cloud
+        self.monitor = monitor
+        self.metrics = metrics
+        self.estimates = Estimates()
+
+    def configure(self, config: RoutingConfig) -> None:
+        """New rules and settings (SIGHUP)."""
+        self.config = config
+        self.policy = config.policy()
+
+    # ---- what pipelines see (runtimes.base.Steps) ------------------------------------------
+
+    async def call(self, name: str, inputs: Tensors) -> Tensors:
+        return (await self.infer(name, None, inputs))[1]
+
+    def config_of(self, name: str) -> ModelConfig:
+        return self.manager.config_of(name)
+
+    def labels_of(self, name: str, output: str, version: int | None = None) -> list[str]:
+        return self.manager.labels_of(name, output, version)
+
+    # ---- facts -----------------------------------------------------------------------------
+
+    def _load(self) -> float | None:
+        if self.monitor is None:
+            return None
+        snap = self.monitor.latest
+        values = [v for v in (snap.cpu_percent, snap.gpu_percent) if v is not None]
+        return max(values) if values else None
+
+    def facts(self, name: str, payload: int, left: float) -> dict[str, float | None]:
+        snap = self.monitor.latest if self.monitor is not None else None
+        link = self.cloud.link if self.cloud is not None else None
+        queue = None
+        entry = self.manager.entries.get(name)
+        if entry is not None:
+            queue = float(sum(mv.inflight for mv in entry.versions.values()))
+        return {
+            "local_load": self._load(),
+            "cpu": snap.cpu_percent if snap else None,
+            "gpu": snap.gpu_percent if snap else None,
+            "memory": snap.memory_used_percent if snap else None,
+            "temperature": snap.temperature_c if snap else None,
+            "battery": None,
+            "rtt": link.rtt * 1000 if link is not None and link.rtt is not None else None,
+            "deadline": left * 1000,
+            "payload": float(payload),
+            "queue": queue,
+        }
+
+    def _local_path(
+        self, name: str, version: int | None, payload: int
+    ) -> tuple[Path, ModelConfig | None, Exception | None]:
+        try:
+            _, mv = self.manager.resolve(name, version)
+        except (NotFound, Unavailable) as exc:
+            return Path(False, exc.message), None, exc
+        predicted = self.estimates.predict(name, "local", self._load(), payload)
+        return Path(True, predicted_s=predicted), mv.config, None
+
+    def _cloud_path(self, name: str, version: int | None, payload: int) -> Path:
+        if self.cloud is None:
+            return Path(False, "no cloud tier is configured")
+        if version is not None:
+            return Path(False, f"version {version} was asked for, and only the device has it")
+        why = self.cloud.unavailable(name)
+        if why:
+            return Path(False, why)
+        link = self.cloud.link
+        entry = self.cloud.catalog[name]
+        predicted = self.estimates.predict(
+            name, "cloud", None, payload, rtt=link.rtt, bandwidth=link.bandwidth
+        )
+        return Path(True, predicted_s=predicted, cost=entry.cost)
+
+    # ---- running ---------------------------------------------------------------------------
+
+    async def infer(
+        self,
+        name: str,
+        version: int | None,
+        inputs: Tensors,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> tuple[str, Tensors]:
+        """Run one model call where the decision says: (the version that served, outputs)."""
+        ctx = ROUTE.get()
+        if ctx is None:  # a call from outside a request: default deadline, no private label
+            ctx = RouteContext(deadline=time.monotonic() + self.policy.default_deadline_s)
+            ROUTE.set(ctx)
+        payload = payload_size(inputs)
+        local, config, local_error = self._local_path(name, version, payload)
+        cloud = self._cloud_path(name, version, payload)
+        if not cloud.available and local_error is not None:
+            raise local_error  # nothing to route: the local error (404, 503) stands
+        if config is not None:
+            config.check_inputs(inputs)  # bad input never travels
+        private = ctx.private or name in self.config.private_models
+        if config is not None and config.parameters.get("privacy") == "private":
+            private = True
+        left = ctx.deadline - time.monotonic()
+        request = RouteRequest(
+            model=name,
+            task_type=config.parameters.get("task_type") if config else None,
+            private=private,
+            deadline_s=max(0.0, left),
+            payload_bytes=payload,
+            override=ctx.override,  # type: ignore[arg-type]
+        )
+        decision = decide(request, local, cloud, self.facts(name, payload, left), self.policy)
+        record: dict[str, Any] = {
+            "model": name,
+            "route": decision.route,
+            "reason": decision.reason,
+            "basis": decision.basis,
+            "predicted_ms": _ms(decision.predicted_s),
+            "deadline_ms": _ms(left),
+            "trace": list(decision.trace),
+        }
+        ctx.decisions.append(record)
+        started = time.perf_counter()
+        try:
+            served, outputs = await self._run(
+                decision, record, name, version, inputs, config, parameters or {}, ctx, private
+            )
+        finally:
+            record["actual_ms"] = _ms(time.perf_counter() - started)
+            self.metrics.route(name, record["route"], decision.rule or decision.basis)
+        return served, outputs
+
+    async def _run(
+        self,
+        decision: Decision,
+        record: dict[str, Any],
+        name: str,
+        version: int | None,
+        inputs: Tensors,
+        config: ModelConfig | None,
+        parameters: Mapping[str, Any],
+        ctx: RouteContext,
+        private: bool,
+    ) -> tuple[str, Tensors]:
+        outputs_wanted = [o.name for o in config.outputs] if config else []
+        payload = payload_size(inputs)
+
+        async def local() -> tuple[str, Tensors]:
+            load = self._load()
+            t = time.perf_counter()
+            _, served, out = await self.manager.infer(name, version, inputs, parameters)
+            self.estimates.observe(name, "local", time.perf_counter() - t, load, payload)
+            return str(served), out
+
+        async def cloud(reserve: float) -> tuple[str, Tensors]:
+            if private:  # the last gate before the network
+                raise CloudError("a private input never leaves the device", endpoint_fault=False)
+            out = await self._call_cloud(name, inputs, outputs_wanted, ctx, reserve, payload)
+            return CLOUD_VERSION, out
+
+        if decision.route == "none":
+            raise Unavailable(f"model '{name}': {decision.reason}")
+        if decision.route == "local":
+            try:
+                served, out = await local()
+            except Exception as exc:
+                if decision.fallback != "cloud" or not should_fall_back(exc):
+                    raise
+                why = exc.message if isinstance(exc, EdgedError) else str(exc)
+                record["route"] = "fallback"
+                record["reason"] = f"{decision.reason}; local failed ({why}): ran in the cloud"
+                return await self._cloud_or_raise(cloud(0.0))
+            if decision.fallback == "cloud" and config is not None:
+                return await self._escalate(name, config, served, out, record, cloud)
+            return served, out
+        if decision.route == "cloud":
+            reserve = 0.0
+            if decision.fallback == "local":
+                reserve = max(MIN_LOCAL_RESERVE_S, 2 * (decision.predicted_local_s or 0.0))
+            try:
+                return await cloud(reserve)
+            except CloudError as exc:
+                if decision.fallback != "local":
+                    raise Unavailable(f"model '{name}': the cloud failed: {exc.message}") from None
+                record["route"] = "fallback"
+                record["reason"] = f"{decision.reason}; cloud failed ({exc.message}): ran locally"
+                return await local()
+        return await self._hedge(local(), cloud(0.0), record)
+
+    async def _cloud_or_raise(self, call: Awaitable[tuple[str, Tensors]]) -> tuple[str, Tensors]:
+        try:
+            return await call
+        except CloudError as exc:
+            raise Unavailable(f"the cloud failed too: {exc.message}") from None
+
+    async def _call_cloud(
+        self,
+        name: str,
+        inputs: Tensors,
+        outputs: list[str],
+        ctx: RouteContext,
+        reserve: float,
+        payload: int,
+    ) -> Tensors:
+        """Call the cloud within the deadline (less ``reserve``, kept for a local fallback);
+        with no fallback, retry what may succeed later while time is left."""
+        assert self.cloud is not None
+        attempt = 0
+        while True:
+            rtt = self.cloud.link.rtt
+            t = time.perf_counter()
+            budget = ctx.deadline - time.monotonic() - reserve
+            try:
+                out = await self.cloud.infer(name, inputs, outputs, budget, ctx.request_id)
+            except CloudError as exc:
+                attempt += 1
+                pause = self.cloud.backoff(attempt)
+                if (
+                    reserve > 0
+                    or not exc.retryable
+                    or attempt > self.cloud.config.max_retries
+                    or time.monotonic() + pause >= ctx.deadline
+                ):
+                    raise
+                await asyncio.sleep(pause)
+                continue
+            self.estimates.observe(name, "cloud", time.perf_counter() - t, None, payload, rtt)
+            return out
+
+    async def _escalate(
+        self,
+        name: str,
+        config: ModelConfig,
+        served: str,
+        outputs: Tensors,
+        record: dict[str, Any],
+        cloud: Callable[[float], Awaitable[tuple[str, Tensors]]],
+    ) -> tuple[str, Tensors]:
+        """Ask the cloud again when the local answer is not sure enough (hard examples)."""
+        threshold = config.parameters.get("escalate_below")
+        if threshold is None:
+            return served, outputs
+        output = config.parameters.get("confidence_output") or config.outputs[0].name
+        if output not in outputs:
+            return served, outputs
+        sure = confidence(outputs[output])
+        if sure >= float(threshold):
+            return served, outputs
+        try:
+            result = await cloud(0.0)
+        except CloudError as exc:
+            record["reason"] += (
+                f"; confidence {sure:.3f} < {threshold}, cloud failed: {exc.message}"
+            )
+            return served, outputs
+        record["route"] = "escalated"
+        record["reason"] += f"; confidence {sure:.3f} < {threshold}: the cloud answered"
+        return result
+
+    async def _hedge(
+        self,
+        local: Awaitable[tuple[str, Tensors]],
+        cloud: Awaitable[tuple[str, Tensors]],
+        record: dict[str, Any],
+    ) -> tuple[str, Tensors]:
+        """Both at once; the first good answer wins and the other is cancelled."""
+        tasks = {
+            asyncio.ensure_future(local): "local",
+            asyncio.ensure_future(cloud): "cloud",
+        }
+        errors: list[str] = []
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    exc = task.exception()
+                    if exc is None:
+                        record["reason"] += f"; {tasks[task]} answered first"
+                        record["winner"] = tasks[task]
+                        return task.result()
+                    errors.append(f"{tasks[task]}: {getattr(exc, 'message', exc)}")
+                    last = exc
+            if isinstance(last, EdgedError):
+                raise last
+            raise Unavailable(f"both tiers failed: {'; '.join(errors)}")
+        finally:
+            for task in pending:
+                task.cancel()
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)

@@ -1,0 +1,308 @@
+"""The cloud tier: an Open Inference Protocol server (Triton, KServe, MLServer) behind a gateway.
+
+One ``CloudEndpoint`` per configured URL. It speaks OIP REST through tritonclient's asyncio
+client: the base URL may carry the gateway's path prefix (``https://gw/api/v1`` sends
+``POST /api/v1/v2/models/{m}/infer``); a token goes in a header; https requires TLS 1.3 and can
+present a client certificate (mutual TLS). Each call carries the time the request has left, as
+the OIP ``timeout`` parameter for the server and as its own limit here. Around the calls:
+
+- a ``LinkMonitor`` probes ``/v2/health/ready`` and is fed by the calls (a connection error or a
+  timeout is a link failure), so routing knows RTT, bandwidth and up/down;
+- a ``CircuitBreaker`` counts the outcomes (5xx, timeouts and connection errors are failures;
+  4xx are the request's fault, not the endpoint's);
+- the catalog: the models the server lists in its repository index (re-read every
+  ``catalog_refresh_s`` and when the link comes back), plus those the config names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import numpy as np
+import tritonclient.http.aio as triton
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from edged.background import Background
+from edged.breaker import CircuitBreaker
+from edged.config import CloudConfig
+from edged.errors import ConfigError
+from edged.link import LinkMonitor
+
+log = logging.getLogger(__name__)
+
+Tensors = dict[str, np.ndarray]
+RETRYABLE_STATUS = {429, 502, 503, 504}
+
+
+class CloudError(Exception):
+    """A cloud call that did not give an answer.
+
+    ``endpoint_fault``: the endpoint failed (counts against its breaker); ``link_fault``: the
+    network failed (counts against the link); ``retryable``: the same call may succeed later.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        endpoint_fault: bool = True,
+        link_fault: bool = False,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.endpoint_fault = endpoint_fault
+        self.link_fault = link_fault
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A model the cloud serves, under the local name it stands for."""
+
+    name: str  # local name
+    cloud_name: str
+    task_type: str | None = None
+    cost: float = 0.0
+
+
+def tls_context(config: CloudConfig) -> ssl.SSLContext:
+    """TLS 1.3 at least, the configured CA (else the system's), a client certificate if set."""
+    try:
+        context = ssl.create_default_context(cafile=str(config.ca_file) if config.ca_file else None)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        if config.cert_file is not None:
+            key = str(config.key_file) if config.key_file else None
+            context.load_cert_chain(str(config.cert_file), key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cloud TLS settings: {exc}") from None
+    return context
+
+
+def read_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read cloud.token_file {path}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"cloud.token_file {path} is empty")
+    return token
+
+
+def _as_bytes(array: np.ndarray) -> np.ndarray:
+    """BYTES outputs come back as str from JSON: give bytes, as local models do."""
+    if array.dtype == object:
+        out = np.empty(array.shape, dtype=object)
+        out.ravel()[:] = [v.encode() if isinstance(v, str) else v for v in array.ravel()]
+        return out
+    return array
+
+
+class CloudEndpoint(Background):
+    """Calls to one OIP endpoint, with its link monitor, breaker and catalog."""
+
+    def __init__(self, config: CloudConfig) -> None:
+        self.config = config
+        parts = urlsplit(config.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(
+                f"cloud.url must be http(s)://host[:port][/prefix], got '{config.url}'"
+            )
+        self.url = config.url.rstrip("/")
+        self.address = parts.netloc + parts.path.rstrip("/")  # tritonclient takes no scheme
+        self.tls = tls_context(config) if parts.scheme == "https" else None
+        token = read_token(config.token_file)
+        self.headers = {config.auth_header: token} if token else {}
+        self.client: triton.InferenceServerClient | None = None
+        self.binary = config.binary_data
+        self.catalog: dict[str, CatalogEntry] = {}
+        self.breaker = CircuitBreaker(
+            error_rate=config.breaker_error_rate,
+            window=config.breaker_window_s,
+            min_calls=config.breaker_min_calls,
+        )
+        self.link = LinkMonitor(
+            self.url,
+            self._probe,
+            interval=config.probe_interval_s,
+            timeout=config.probe_timeout_s,
+            backoff_min=config.reconnect_min_s,
+            backoff_max=config.reconnect_max_s,
+        )
+        self.task_name = f"catalog:{self.url}"
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the client (it needs the running loop), start probing and reading the catalog."""
+        if self.client is None:
+            self.client = triton.InferenceServerClient(
+                self.address,
+                ssl=self.tls is not None,
+                ssl_context=self.tls,
+                conn_timeout=max(self.config.connect_timeout_s, 600.0),
+            )
+        self.link.start()
+        super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self.link.stop()
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+    async def _probe(self) -> None:
+        assert self.client is not None
+        if not await self.client.is_server_ready(headers=self.headers):
+            raise ConnectionError("the server is not ready")
+
+    async def _run(self) -> None:
+        """Keep the catalog fresh: at start, when the link comes back, and periodically."""
+        while True:
+            await self.link.wait_until(True)
+            await self.refresh_catalog()
+            down = asyncio.ensure_future(self.link.wait_until(False))
+            try:
+                await asyncio.wait_for(asyncio.shield(down), self.config.catalog_refresh_s)
+            except asyncio.TimeoutError:
+                continue
+            finally:
+                down.cancel()
+
+    async def refresh_catalog(self) -> None:
+        """The server's repository index (READY models) plus the configured entries."""
+        assert self.client is not None
+        found: dict[str, CatalogEntry] = {}
+        try:
+            index = await asyncio.wait_for(
+                self.client.get_model_repository_index(headers=self.headers),
+                self.config.connect_timeout_s,
+            )
+            if self.binary is None:
+                metadata = await self.client.get_server_metadata(headers=self.headers)
+                self.binary = "binary_tensor_data" in metadata.get("extensions", [])
+        except Exception as exc:  # a gateway may not pass the index through
+            log.warning("cloud %s: cannot read the model index: %s", self.url, exc)
+            index = []
+        for row in index:
+            if row.get("state", "READY") == "READY" and row.get("name"):
+                found[row["name"]] = CatalogEntry(row["name"], row["name"])
+        for model in self.config.models:
+            found[model.name] = CatalogEntry(
+                model.name, model.cloud_name or model.name, model.task_type, model.cost
+            )
+        if found.keys() != self.catalog.keys():
+            log.info("cloud %s serves: %s", self.url, ", ".join(sorted(found)) or "nothing")
+        self.catalog = found
+
+    # ---- calls -----------------------------------------------------------------------------
+
+    def unavailable(self, model: str) -> str:
+        """Why ``model`` cannot go to the cloud now ("" when it can). Takes no breaker slot."""
+        if not self.link.up:
+            return f"link to {self.url} is down"
+        if model not in self.catalog:
+            return f"the cloud does not serve '{model}'"
+        if not self.breaker.would_allow():
+            return f"the circuit to {self.url} is open"
+        return ""
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Tensors,
+        outputs: list[str],
+        timeout: float,
+        request_id: str = "",
+    ) -> Tensors:
+        """One call; CloudError says why it failed. ``timeout`` (s) bounds it, here and on the
+        server (as the OIP ``timeout`` parameter)."""
+        if self.client is None:
+            raise CloudError("the cloud client is not started", link_fault=False)
+        if timeout <= 0:
+            raise CloudError("no time left for the cloud", endpoint_fault=False)
+        if not self.breaker.allow():
+            raise CloudError(f"the circuit to {self.url} is open", endpoint_fault=False)
+        entry = self.catalog.get(model)
+        binary = bool(self.binary)
+        request = []
+        payload = 0
+        for name, array in inputs.items():
+            tensor = triton.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array, binary_data=binary)
+            request.append(tensor)
+            payload += array.nbytes if array.dtype != object else sum(map(len, array.ravel()))
+        wanted = [triton.InferRequestedOutput(n, binary_data=binary) for n in outputs]
+        started = time.perf_counter()
+        try:
+            result = await asyncio.wait_for(
+                self.client.infer(
+                    entry.cloud_name if entry else model,
+                    request,
+                    outputs=wanted or None,
+                    request_id=request_id,
+                    timeout=max(1, int(timeout * 1e6)),
+                    headers=self.headers,
+                ),
+                timeout,
+            )
+        except asyncio.TimeoutError:
+            error = CloudError(
+                f"the cloud did not answer within {timeout * 1000:.0f} ms",
+                link_fault=True,
+                retryable=True,
+            )
+        except InferenceServerException as exc:
+            status = int(exc.status()) if str(exc.status() or "").isdigit() else None
+            error = CloudError(
+                f"the cloud answered {status}: {exc.message()}",
+                status=status,
+                endpoint_fault=status is None or status >= 500,
+                retryable=status in RETRYABLE_STATUS,
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            error = CloudError(
+                f"cannot reach the cloud: {exc or type(exc).__name__}",
+                link_fault=True,
+                retryable=True,
+            )
+        else:
+            elapsed = time.perf_counter() - started
+            self.breaker.record(True)
+            self.link.observe(elapsed, payload, rtt=False)
+            response = result.get_response()
+            names = [o["name"] for o in response.get("outputs", [])]
+            return {n: _as_bytes(result.as_numpy(n)) for n in names}
+        self.breaker.record(not error.endpoint_fault)
+        if error.link_fault:
+            self.link.observe(None)
+        raise error
+
+    def backoff(self, attempt: int) -> float:
+        """Pause before retry ``attempt`` (1, 2, ...): exponential with jitter, 1 s to 64 s
+        scaled down to the request's time (the caller caps it by the deadline)."""
+        delay = min(self.config.reconnect_max_s, 0.05 * 2 ** (attempt - 1))
+        return delay / 2 + random.uniform(0, delay / 2)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "link": self.link.state().as_dict(),
+            "breaker": self.breaker.state.value,
+            "error_rate": round(self.breaker.failure_rate(), 4),
+            "catalog": sorted(self.catalog),
+        }

@@ -1,0 +1,196 @@
+"""The pure path decision: conditions, estimates and decide(), by examples and by properties."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edged.config import parse as parse_config
+from edged.errors import ConfigError
+from edged.routing import Estimates, Path, Policy, RouteRequest, Rule, decide
+from edged.routing.conditions import VARIABLES, parse
+
+# ---- conditions -----------------------------------------------------------------------------
+
+
+def test_condition_units_and_precedence() -> None:
+    cond = parse("local_load < 80% and rtt > 0.15s or payload >= 1MB")
+    assert cond.holds({"local_load": 50, "rtt": 200.0, "payload": 0})
+    assert not cond.holds({"local_load": 90, "rtt": 200.0, "payload": 10})
+    assert cond.holds({"local_load": 90, "rtt": 1.0, "payload": 1e6})
+    assert parse("payload > 1KiB").any_of[0][0].value == 1024
+    assert parse("temperature >= 70C").holds({"temperature": 71.5})
+
+
+def test_unknown_values_never_make_a_condition_true() -> None:
+    assert not parse("gpu < 50%").holds({"gpu": None})
+    assert not parse("gpu >= 50%").holds({})
+    assert parse("gpu < 50% or cpu < 50%").holds({"gpu": None, "cpu": 10})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty"),
+        ("load < 80%", "unknown variable 'load'"),
+        ("rtt < 80%", "'rtt' takes the units ms, s"),
+        ("local_load < eighty", "cannot read"),
+        ("local_load < 80% and", "cannot read"),
+        ("__import__('os') < 1", "cannot read"),
+    ],
+)
+def test_bad_conditions_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(text)
+
+
+def test_a_bad_rule_in_the_config_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"routing\.rules\.0\.when.*unknown variable 'lod'"):
+        parse_config({"routing": {"rules": [{"when": "lod < 80%", "action": "local"}]}})
+    config = parse_config(
+        {"routing": {"rules": [{"task_type": "t", "when": "cpu < 80%", "action": "cloud"}]}}
+    )
+    (rule,) = config.routing.policy().rules
+    assert rule.task_type == "t" and rule.when is not None and rule.when.text == "cpu < 80%"
+
+
+# ---- decide() by example --------------------------------------------------------------------
+
+UP = Path(True, predicted_s=0.01)
+FAST_CLOUD = Path(True, predicted_s=0.02)
+
+
+def test_private_input_stays_local_even_against_a_rule_and_an_override() -> None:
+    policy = Policy(rules=(Rule("cloud"),))
+    request = RouteRequest("m", private=True, override="cloud")
+    decision = decide(request, UP, FAST_CLOUD, {}, policy)
+    assert decision.route == "local" and decision.basis == "private"
+    assert decision.fallback is None  # not even as a fallback
+    assert decide(request, Path(False, "not loaded"), FAST_CLOUD, {}, policy).route == "none"
+
+
+def test_the_brief_rule_local_under_80_percent_else_cloud() -> None:
+    rule = Rule("local", task_type="text-classification", when=parse("local_load < 80%"),
+                otherwise="cloud")  # fmt: skip
+    policy = Policy(rules=(rule,))
+    request = RouteRequest("m", task_type="text-classification")
+    calm = decide(request, UP, FAST_CLOUD, {"local_load": 30.0}, policy)
+    busy = decide(request, UP, FAST_CLOUD, {"local_load": 95.0}, policy)
+    assert (calm.route, busy.route) == ("local", "cloud")
+    assert "does not hold" in busy.reason and busy.rule == "rule 1" and busy.fallback == "local"
+    other = decide(RouteRequest("m", task_type="ocr"), UP, FAST_CLOUD, {"local_load": 95}, policy)
+    assert other.rule is None  # the rule is for another task type
+
+
+def test_cost_model_deadline_threshold_and_hedging() -> None:
+    policy = Policy()
+    slow_cloud = Path(True, predicted_s=0.45)
+    # local over the threshold, the cloud does not fit a 300 ms deadline: local
+    d = decide(RouteRequest("m", deadline_s=0.3), Path(True, predicted_s=0.2), slow_cloud, {},
+               policy)  # fmt: skip
+    assert d.route == "local" and "only local fits" in d.reason
+    # local over the threshold, cloud faster: cloud, with local as fallback
+    d = decide(RouteRequest("m"), Path(True, predicted_s=0.2), FAST_CLOUD, {}, policy)
+    assert (d.route, d.fallback) == ("cloud", "local")
+    # local near the deadline: both
+    d = decide(RouteRequest("m", deadline_s=0.25), Path(True, predicted_s=0.22), FAST_CLOUD, {},
+               policy)  # fmt: skip
+    assert d.route == "hedged"
+    assert decide(RouteRequest("m", deadline_s=0.25), Path(True, predicted_s=0.22), FAST_CLOUD,
+                  {}, Policy(hedging=False)).route == "cloud"  # fmt: skip
+    # a cloud cost weight tips a close call to the device
+    costly = Path(True, predicted_s=0.15, cost=1.0)
+    assert decide(RouteRequest("m"), Path(True, predicted_s=0.2), costly, {}, policy).route == (
+        "cloud"
+    )
+    weighted = Policy(cloud_cost_weight_s=0.1)
+    assert decide(RouteRequest("m"), Path(True, predicted_s=0.2), costly, {}, weighted).route == (
+        "local"
+    )
+
+
+# ---- decide() by property -------------------------------------------------------------------
+
+seconds = st.one_of(st.none(), st.floats(0, 5, allow_nan=False))
+paths = st.builds(
+    Path,
+    available=st.booleans(),
+    why_not=st.sampled_from(["", "down", "not loaded"]),
+    predicted_s=seconds,
+    cost=st.floats(0, 10, allow_nan=False),
+)
+conditions = st.sampled_from(
+    ["local_load < 80%", "rtt > 150ms", "payload >= 1MB and gpu < 50%", "deadline < 100ms"]
+).map(parse)
+actions = st.sampled_from(["local", "cloud", "auto"])
+rules = st.builds(
+    Rule,
+    action=actions,
+    task_type=st.sampled_from([None, "a", "b"]),
+    model=st.sampled_from([None, "m", "n"]),
+    when=st.one_of(st.none(), conditions),
+    otherwise=st.one_of(st.none(), actions),
+)
+policies = st.builds(
+    Policy,
+    rules=st.lists(rules, max_size=4).map(tuple),
+    default_deadline_s=st.floats(0.001, 5),
+    local_threshold_s=st.floats(0.001, 1),
+    cloud_cost_weight_s=st.floats(0, 1),
+    hedging=st.booleans(),
+    hedge_margin=st.floats(0, 1),
+)
+requests = st.builds(
+    RouteRequest,
+    model=st.sampled_from(["m", "n"]),
+    task_type=st.sampled_from([None, "a", "b"]),
+    private=st.booleans(),
+    deadline_s=seconds,
+    payload_bytes=st.integers(0, 10**8),
+    override=st.sampled_from([None, "local", "cloud"]),
+)
+facts = st.fixed_dictionaries(
+    {name: st.one_of(st.none(), st.floats(0, 10**7, allow_nan=False)) for name in VARIABLES}
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(requests, paths, paths, facts, policies)
+def test_decide_properties(
+    request: RouteRequest, local: Path, cloud: Path, facts: dict[str, float | None], policy: Policy
+) -> None:
+    decision = decide(request, local, cloud, facts, policy)
+    assert decision.reason  # always a reason
+    assert decision.trace and decision.trace[-1].startswith(f"-> {decision.route}")
+    uses_cloud = decision.route in ("cloud", "hedged") or decision.fallback == "cloud"
+    uses_local = decision.route in ("local", "hedged") or decision.fallback == "local"
+    if request.private:  # never private to the cloud, not even as fallback
+        assert not uses_cloud
+    if not cloud.available:  # never an unavailable tier
+        assert not uses_cloud
+    if not local.available:
+        assert not uses_local
+    if decision.route == "none":
+        assert not local.available and (not cloud.available or request.private)
+    else:  # something that can serve is always chosen
+        assert local.available or (cloud.available and not request.private)
+    assert decide(request, local, cloud, facts, policy) == decision  # pure
+
+
+# ---- estimates ------------------------------------------------------------------------------
+
+
+def test_estimates_learn_per_band_and_follow_the_link() -> None:
+    est = Estimates(alpha=0.5, spread=0.0)
+    assert est.predict("m", "local") is None
+    for _ in range(10):
+        est.observe("m", "local", 0.010, load=10)
+        est.observe("m", "local", 0.050, load=90)
+    assert est.predict("m", "local", load=5) == pytest.approx(0.010)
+    assert est.predict("m", "local", load=99) == pytest.approx(0.050)
+    assert est.predict("m", "local", load=60) == pytest.approx(0.050)  # nearest band measured
+    # the cloud learns service time; the prediction adds today's RTT and transfer
+    est.observe("m", "cloud", 0.030, payload=100, rtt=0.020)
+    assert est.predict("m", "cloud", payload=100, rtt=0.400) == pytest.approx(0.410)
+    assert est.predict("m", "cloud", payload=100, rtt=0.0, bandwidth=100.0) == pytest.approx(1.01)
