@@ -36,10 +36,15 @@ PACKAGES = ("mlserver==1.7.1", "onnxruntime==1.32.0", "numpy")
 STAMP = ".peer-installed"
 
 RUNTIME = """\
+import json
+import os
+import time
+
 import numpy as np
 import onnxruntime as ort
 from mlserver import MLModel
 from mlserver.codecs import NumpyCodec
+from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, InferenceResponse
 from mlserver.utils import get_model_uri
 
@@ -47,15 +52,35 @@ from mlserver.utils import get_model_uri
 class OnnxPeerModel(MLModel):
     async def load(self) -> bool:
         path = await get_model_uri(self.settings)
+        extra = self.settings.parameters.extra or {}
         options = ort.SessionOptions()
-        for key, value in (self.settings.parameters.extra or {}).items():
+        for key, value in extra.get("session", {}).items():
             options.add_session_config_entry(key, value)  # none by default
         self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self._names = [o.name for o in self._session.get_outputs()]
+        self._journal = extra.get("journal")  # a line per request seen: {id, model, head}
+        self._faults = extra.get("faults")  # {"fail_every": N} fails one call in N with a 500
+        self._calls = 0
         return True
+
+    def _fault(self) -> None:
+        self._calls += 1
+        if not self._faults or not os.path.exists(self._faults):
+            return
+        with open(self._faults) as f:
+            every = json.load(f).get("fail_every", 0)
+        if every and self._calls % every == 0:
+            raise MLServerError("injected fault", status_code=500)
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         feeds = {i.name: NumpyCodec.decode_input(i) for i in payload.inputs}
+        if self._journal:
+            first = next(iter(feeds.values())).ravel()
+            line = {"id": payload.id, "model": self.name, "head": first[:4].tolist(),
+                    "t": time.time()}
+            with open(self._journal, "a") as f:
+                f.write(json.dumps(line) + "\\n")
+        self._fault()
         names = [o.name for o in payload.outputs] if payload.outputs else self._names
         results = self._session.run(names, feeds)
         outputs = [NumpyCodec.encode_output(n, np.asarray(r)) for n, r in zip(names, results)]
@@ -134,24 +159,36 @@ def start_peer(
     max_batch_size: int = 0,
     max_batch_time: float = 0.0,
     session_config: dict[str, str] | None = None,
+    more_models: dict[str, Path] | None = None,
+    journal: Path | None = None,
+    faults: Path | None = None,
 ) -> Peer:
     """Write settings + runtime under ``workdir``, start ``mlserver start`` and wait until ready.
 
     Adaptive batching is on only with ``max_batch_size > 1`` and ``max_batch_time > 0`` (seconds);
     it concatenates requests along axis 0, so concurrent requests must share all other dims.
     ``session_config``: ORT session config entries, e.g. {"session.intra_op.allow_spinning": "0"}.
+    ``more_models``: other ONNX files to serve, by name. ``journal``: a file where the server
+    writes a line per request it sees (the tests check there what reached the cloud);
+    ``faults``: a JSON file read at each call, ``{"fail_every": N}`` fails one call in N (500).
     """
-    model_dir = workdir / name
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "peer_onnx_runtime.py").write_text(RUNTIME)
-    model_settings = {
-        "name": name,
-        "implementation": "peer_onnx_runtime.OnnxPeerModel",
-        "parameters": {"uri": str(Path(onnx_file).resolve()), "extra": session_config or {}},
-        "max_batch_size": max_batch_size,
-        "max_batch_time": max_batch_time,
-    }
-    (model_dir / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
+    extra: dict[str, Any] = {"session": session_config or {}}
+    if journal is not None:
+        extra["journal"] = str(journal)
+    if faults is not None:
+        extra["faults"] = str(faults)
+    for model, path in {name: Path(onnx_file), **(more_models or {})}.items():
+        model_dir = workdir / model
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "peer_onnx_runtime.py").write_text(RUNTIME)
+        model_settings = {
+            "name": model,
+            "implementation": "peer_onnx_runtime.OnnxPeerModel",
+            "parameters": {"uri": str(path.resolve()), "extra": extra},
+            "max_batch_size": max_batch_size,
+            "max_batch_time": max_batch_time,
+        }
+        (model_dir / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
     http_port, grpc_port = free_port(), free_port()
     settings = {
         "host": "127.0.0.1",  # REST, gRPC and metrics servers all bind to this
@@ -178,7 +215,10 @@ def start_peer(
     peer = Peer(proc, name, f"http://{hp}", f"127.0.0.1:{grpc_port}", log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        if _status(hp, "/v2/health/ready") == 200 == _status(hp, f"/v2/models/{name}/ready"):
+        names = [name, *(more_models or {})]
+        if _status(hp, "/v2/health/ready") == 200 and all(
+            _status(hp, f"/v2/models/{m}/ready") == 200 for m in names
+        ):
             return peer
         time.sleep(0.2)
     peer.stop()

@@ -93,7 +93,11 @@ class Daemon:
             config.scheduler.max_queue_size,
         )
         self.load = LoadMonitor(interval=config.load.interval_s)
-        self.cloud = CloudEndpoint(config.cloud) if config.cloud.url else None
+        self.cloud = (
+            CloudEndpoint(config.cloud, lambda: list(self.manager.entries))
+            if config.cloud.url
+            else None
+        )
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load)
         self.grpc: grpc.aio.Server | None = None

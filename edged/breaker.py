@@ -48,6 +48,8 @@ class CircuitBreaker:
         self.opened_at = 0.0
         self.trial_started = 0  # half-open calls let through
         self.trial_passed = 0
+        self.opened = 0  # times it opened, for the status
+        self.trials = 0  # half-open probe calls let through, for the status
 
     def allow(self) -> bool:
         """May a call go out now? (In HALF_OPEN this takes one of the probe slots.)"""
@@ -60,7 +62,21 @@ class CircuitBreaker:
             if self.trial_started >= self.probes:
                 return False
             self.trial_started += 1
+            self.trials += 1
         return True
+
+    def current(self) -> BreakerState:
+        """The state as of now: an OPEN breaker whose cool-down has passed is HALF_OPEN."""
+        if self.state is BreakerState.OPEN and self.clock() - self.opened_at >= self.cooldown:
+            return BreakerState.HALF_OPEN
+        return self.state
+
+    def reset(self) -> None:
+        """CLOSED with a fresh window and the base cool-down (the endpoint was proven healthy
+        another way, e.g. the link's probes after an outage)."""
+        self.state = BreakerState.CLOSED
+        self.cooldown = self.base_cooldown
+        self.outcomes.clear()
 
     def would_allow(self) -> bool:
         """Would ``allow`` let a call out now? (Takes no probe slot: for routing decisions.)"""
@@ -96,6 +112,7 @@ class CircuitBreaker:
         if backoff:
             self.cooldown = min(self.max_cooldown, self.cooldown * 2)
         self.state = BreakerState.OPEN
+        self.opened += 1
         self.opened_at = now
         self.outcomes.clear()
 

@@ -150,8 +150,23 @@ class Client:
         parameters: Mapping[str, Any] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run a model on numpy inputs; tensors travel as binary data unless ``binary=False``."""
+        return self.infer_answer(model, inputs, version, binary, parameters)[0]
+
+    def infer_answer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        version: str | None = None,
+        binary: bool = True,
+        parameters: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Like ``infer``, with the answer's parameters: ``route``, ``reason``, ``predicted_ms``,
+        ``actual_ms`` (and ``route_trace`` when ``parameters`` has ``explain: true``)."""
         entries, chunks = encode_tensors(inputs, dict.fromkeys(inputs, binary))
         doc: dict[str, Any] = {"inputs": entries, "parameters": dict(parameters or {})}
+        if request_id is not None:
+            doc["id"] = request_id
         if binary:
             doc["parameters"]["binary_data_output"] = True
         header = json.dumps(doc).encode()
@@ -162,7 +177,7 @@ class Client:
             "POST", _model_path(model, version) + "/infer", header + b"".join(chunks), headers
         )
         _raise_for_status(status, payload, reply_headers)
-        return decode_outputs(payload, reply_headers)
+        return decode_response(payload, reply_headers)
 
     # ---- task API --------------------------------------------------------------------------
 
@@ -209,6 +224,13 @@ def _model_path(model: str, version: str | None) -> str:
 
 def decode_outputs(payload: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:
     """Outputs of an OIP REST response (JSON or binary tensor data) as numpy arrays."""
+    return decode_response(payload, headers)[0]
+
+
+def decode_response(
+    payload: bytes, headers: Mapping[str, str]
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Outputs of an OIP REST response as numpy arrays, and the response's parameters."""
     length = next((v for k, v in headers.items() if k.lower() == HEADER_LENGTH.lower()), None)
     split = int(length) if length is not None else len(payload)
     doc = json.loads(payload[:split])
@@ -223,4 +245,4 @@ def decode_outputs(payload: bytes, headers: Mapping[str, str]) -> dict[str, np.n
         else:
             outputs[name] = from_binary(name, datatype, shape, binary[offset : offset + size])
             offset += size
-    return outputs
+    return outputs, dict(doc.get("parameters") or {})

@@ -67,7 +67,9 @@ class LinkMonitor(Background):
         up_after: int = 3,
         alpha: float = 0.2,
         window: int = 200,
+        on_change: Callable[[bool], None] | None = None,
     ) -> None:
+        """``on_change(up)`` is called at each up/down change."""
         self.endpoint = endpoint
         self.probe = probe
         self.interval = interval
@@ -78,6 +80,7 @@ class LinkMonitor(Background):
         self.down_after = down_after
         self.up_after = up_after
         self.alpha = alpha
+        self.on_change = on_change
         self.samples: deque[float] = deque(maxlen=window)
         self.rtt: float | None = None
         self.bandwidth: float | None = None
@@ -115,6 +118,8 @@ class LinkMonitor(Background):
         self._transition.set()
         self._transition = asyncio.Event()
         log.warning("link to %s is %s", self.endpoint, "up" if up else "DOWN")
+        if self.on_change is not None:
+            self.on_change(up)
 
     async def wait_until(self, up: bool) -> None:
         """Return once the link is (or becomes) up, or down."""
@@ -141,11 +146,10 @@ class LinkMonitor(Background):
         base = max(self.timeout, 3 * p95) * (2 if self.failures else 1)
         return min(self.max_timeout, base)
 
-    def backoff(self) -> float:
-        """The pause before the next probe of a link that is down: exponential in the failures
-        since it went down, with jitter (half to all of it)."""
-        steps = max(0, self.failures - self.down_after)
-        delay = min(self.backoff_max, self.backoff_min * 2 ** min(steps, 30))
+    def backoff(self, attempt: int) -> float:
+        """The pause before probe ``attempt`` (0, 1, ...) of a link that is down: exponential,
+        with jitter (half to all of it)."""
+        delay = min(self.backoff_max, self.backoff_min * 2 ** min(attempt, 30))
         return delay / 2 + random.uniform(0, delay / 2)
 
     async def probe_once(self) -> None:
@@ -160,12 +164,15 @@ class LinkMonitor(Background):
             self.observe(time.perf_counter() - started)
 
     async def _run(self) -> None:
+        attempt = 0  # failed probes since the link went down
         while True:
             await self.probe_once()
             if not self.failures:
+                attempt = 0
                 await asyncio.sleep(self.interval)
             elif not self.up and self.failures >= self.down_after:
-                await asyncio.sleep(self.backoff())
+                await asyncio.sleep(self.backoff(attempt))
+                attempt += 1
             # else: a first failure: probe again at once, so a cut shows in time
 
 

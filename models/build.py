@@ -93,6 +93,11 @@ output [
     label_filename: "labels.txt"
   }}
 ]
+# What routing rules match on (`task_type` in [[routing.rules]]).
+parameters {{
+  key: "task_type"
+  value {{ string_value: "text-classification" }}
+}}
 # The scheduler merges concurrent requests into one execution: at no extra delay when idle, in
 # larger batches as load grows. Priority 1 is for urgent work; the rest wait at 2.
 dynamic_batching {{

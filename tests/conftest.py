@@ -11,7 +11,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+import hypothesis  # noqa: F401  (imported here, at collection: its pytest plugin would import it
+import pytest  # at the summary, where CPython 3.11's compiler can trip over threads still running)
 
 from edged.client import Client, ClientError
 

@@ -7,7 +7,9 @@
    is never chosen; when no tier can serve, the route is ``none`` with both reasons;
 2. the caller's override (``route`` parameter), within those constraints;
 3. the operator's rules, in order: the first one whose ``task_type``/``model`` match and whose
-   condition holds (or that has an ``otherwise``) decides ``local``, ``cloud`` or ``auto``;
+   condition holds (or that has an ``otherwise``) decides ``local``, ``cloud`` or ``auto``; a
+   rule is a preference, so when its tier is predicted to miss the deadline and the other tier
+   fits, the other one runs;
 4. the cost model (``auto``): predicted latency per path against the deadline and the local
    threshold (the brief's localThreshold with cloud fallback), a cost weight on cloud calls,
    and hedging when the local estimate comes within ``hedge_margin`` of the deadline.
@@ -157,7 +159,17 @@ def decide(
             continue
         if action != "auto":
             verb = "holds" if holds else "does not hold"
-            return done(action, f"{label}: '{condition}' {verb} -> {action}", "rule", label)
+            why = f"{label}: '{condition}' {verb} -> {action}"
+            mine, other = (pl, pc) if action == "local" else (pc, pl)
+            if mine is not None and mine > deadline and (other is None or other <= deadline):
+                # a rule states a preference; the deadline is the caller's requirement
+                switch: Tier = "cloud" if action == "local" else "local"
+                why += (
+                    f", but its estimate {_ms(mine)} is over the deadline {_ms(deadline)}"
+                    f" and {switch} may fit ({_ms(other)})"
+                )
+                return done(switch, why, "rule", label)
+            return done(action, why, "rule", label)
         break  # auto: the cost model decides
 
     # 4. the cost model

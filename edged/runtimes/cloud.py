@@ -9,7 +9,8 @@ the OIP ``timeout`` parameter for the server and as its own limit here. Around t
 - a ``LinkMonitor`` probes ``/v2/health/ready`` and is fed by the calls (a connection error or a
   timeout is a link failure), so routing knows RTT, bandwidth and up/down;
 - a ``CircuitBreaker`` counts the outcomes (5xx, timeouts and connection errors are failures;
-  4xx are the request's fault, not the endpoint's);
+  4xx are the request's fault, not the endpoint's); when the link comes back after an outage
+  it closes at once (its probes proved the endpoint), so traffic returns in one step;
 - the catalog: the models the server lists in its repository index (re-read every
   ``catalog_refresh_s`` and when the link comes back), plus those the config names.
 """
@@ -21,6 +22,7 @@ import logging
 import random
 import ssl
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
 RETRYABLE_STATUS = {429, 502, 503, 504}
+JSON = "application/json"
 
 
 class CloudError(Exception):
@@ -114,8 +117,13 @@ def _as_bytes(array: np.ndarray) -> np.ndarray:
 class CloudEndpoint(Background):
     """Calls to one OIP endpoint, with its link monitor, breaker and catalog."""
 
-    def __init__(self, config: CloudConfig) -> None:
+    def __init__(
+        self, config: CloudConfig, local_names: Callable[[], Iterable[str]] = lambda: ()
+    ) -> None:
+        """``local_names``: the models of the local repository, to look for in the cloud when
+        it does not serve its repository index."""
         self.config = config
+        self.local_names = local_names
         parts = urlsplit(config.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(
@@ -141,6 +149,7 @@ class CloudEndpoint(Background):
             timeout=config.probe_timeout_s,
             backoff_min=config.reconnect_min_s,
             backoff_max=config.reconnect_max_s,
+            on_change=self._link_changed,
         )
         self.task_name = f"catalog:{self.url}"
 
@@ -165,6 +174,10 @@ class CloudEndpoint(Background):
             await self.client.close()
             self.client = None
 
+    def _link_changed(self, up: bool) -> None:
+        if up:  # what the outage made fail says nothing of the endpoint; the probes passed
+            self.breaker.reset()
+
     async def _probe(self) -> None:
         assert self.client is not None
         if not await self.client.is_server_ready(headers=self.headers):
@@ -184,23 +197,37 @@ class CloudEndpoint(Background):
                 down.cancel()
 
     async def refresh_catalog(self) -> None:
-        """The server's repository index (READY models) plus the configured entries."""
+        """The server's repository index (READY models); where the index is not served (MLServer
+        wants a body tritonclient does not send; gateways often keep the repository API
+        inside), the local models the server says are ready. Plus the configured entries."""
         assert self.client is not None
         found: dict[str, CatalogEntry] = {}
+        limit = self.config.connect_timeout_s
         try:
-            index = await asyncio.wait_for(
-                self.client.get_model_repository_index(headers=self.headers),
-                self.config.connect_timeout_s,
-            )
             if self.binary is None:
-                metadata = await self.client.get_server_metadata(headers=self.headers)
+                metadata = await asyncio.wait_for(
+                    self.client.get_server_metadata(headers=self.headers), limit
+                )
                 self.binary = "binary_tensor_data" in metadata.get("extensions", [])
-        except Exception as exc:  # a gateway may not pass the index through
-            log.warning("cloud %s: cannot read the model index: %s", self.url, exc)
-            index = []
-        for row in index:
-            if row.get("state", "READY") == "READY" and row.get("name"):
-                found[row["name"]] = CatalogEntry(row["name"], row["name"])
+            try:
+                index = await asyncio.wait_for(
+                    self.client.get_model_repository_index(headers=self.headers), limit
+                )
+                names = [r["name"] for r in index if r.get("name") and r.get("state", "READY")
+                         == "READY"]  # fmt: skip
+            except InferenceServerException:
+                names = [
+                    name
+                    for name in self.local_names()
+                    if await asyncio.wait_for(
+                        self.client.is_model_ready(name, headers=self.headers), limit
+                    )
+                ]
+        except Exception as exc:
+            log.warning("cloud %s: cannot read its models: %s", self.url, exc)
+            names = []
+        for name in names:
+            found[name] = CatalogEntry(name, name)
         for model in self.config.models:
             found[model.name] = CatalogEntry(
                 model.name, model.cloud_name or model.name, model.task_type, model.cost
@@ -256,7 +283,12 @@ class CloudEndpoint(Background):
                     outputs=wanted or None,
                     request_id=request_id,
                     timeout=max(1, int(timeout * 1e6)),
-                    headers=self.headers,
+                    # tritonclient's asyncio client sends no Content-Type; FastAPI-based
+                    # servers (MLServer, KServe) refuse a JSON body without it
+                    headers={
+                        **self.headers,
+                        "Content-Type": "application/octet-stream" if binary else JSON,
+                    },
                 ),
                 timeout,
             )
@@ -293,8 +325,8 @@ class CloudEndpoint(Background):
         raise error
 
     def backoff(self, attempt: int) -> float:
-        """Pause before retry ``attempt`` (1, 2, ...): exponential with jitter, 1 s to 64 s
-        scaled down to the request's time (the caller caps it by the deadline)."""
+        """Pause before retry ``attempt`` (1, 2, ...) of one request: 50 ms doubling, with
+        jitter (the caller stops when the deadline would pass)."""
         delay = min(self.config.reconnect_max_s, 0.05 * 2 ** (attempt - 1))
         return delay / 2 + random.uniform(0, delay / 2)
 
@@ -302,7 +334,10 @@ class CloudEndpoint(Background):
         return {
             "url": self.url,
             "link": self.link.state().as_dict(),
-            "breaker": self.breaker.state.value,
+            "breaker": self.breaker.current().value,
+            "breaker_cooldown_s": self.breaker.cooldown,
+            "breaker_opened": self.breaker.opened,
+            "breaker_trials": self.breaker.trials,
             "error_rate": round(self.breaker.failure_rate(), 4),
             "catalog": sorted(self.catalog),
         }

@@ -157,6 +157,7 @@ class DataPlane:
             "uptime_s": round(time.monotonic() - self.started, 3),
             "inflight": self.inflight,
             "load": self.monitor.latest.as_dict() if self.monitor else None,
+            "cloud": self.router.cloud.state() if self.router.cloud else None,
             "models": self.manager.index(),
         }
 

@@ -1,0 +1,323 @@
+"""The path decision end to end: a real edged, a real third-party OIP server as the cloud
+(MLServer on loopback, serving the same intent-classifier.onnx), and a fault-injecting TCP proxy
+between them (latency, blackhole, reset). Faults are real: bytes held or delayed on a real
+socket, real 500s from the server, a real CPU hog. What reached the cloud is read from the
+server's own journal of the requests it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.peer import Peer, ensure_venv, start_peer
+from edged.client import Client, ClientError
+from tests.conftest import MODELS, Daemon, skip_or_fail, wait_for
+from tests.faultproxy import FaultProxy
+from tests.integration.test_scheduling import metric
+
+MODEL = "intent-classifier"
+DIM = 384
+PRIVATE_HEAD = [0.0625, -0.125, 0.25, -0.5]  # the first values of every private input
+
+
+@dataclass
+class Cloud:
+    peer: Peer
+    proxy: FaultProxy
+    journal: Path
+    faults: Path
+
+    def seen(self) -> list[dict[str, Any]]:
+        """Every request the cloud server saw (its own journal)."""
+        if not self.journal.exists():
+            return []
+        return [json.loads(line) for line in self.journal.read_text().splitlines() if line]
+
+    def fail_every(self, n: int) -> None:
+        self.faults.write_text(json.dumps({"fail_every": n}))
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
+    work = tmp_path_factory.mktemp("cloud")
+    try:
+        venv = ensure_venv()
+    except (RuntimeError, OSError) as exc:
+        skip_or_fail(f"cannot install MLServer for the cloud tier: {exc}")
+    journal, faults = work / "journal.jsonl", work / "faults.json"
+    onnx = MODELS / MODEL / "1" / "model.onnx"
+    peer = start_peer(venv, onnx, MODEL, work / "mlserver", journal=journal, faults=faults)
+    port = int(peer.http_url.rsplit(":", 1)[1])
+    proxy = FaultProxy("127.0.0.1", port)
+    try:
+        yield Cloud(peer, proxy, journal, faults)
+    finally:
+        proxy.close()
+        peer.stop()
+
+
+@pytest.fixture
+def faults_cleared(cloud: Cloud) -> Iterator[Cloud]:
+    cloud.proxy.restore()
+    cloud.fail_every(0)
+    yield cloud
+    cloud.proxy.restore()
+    cloud.fail_every(0)
+
+
+def edged_with_cloud(make_daemon: type[Daemon], cloud: Cloud, routing: str = "", extra: str = "",
+                     models: tuple[str, ...] = (MODEL,)) -> Daemon:  # fmt: skip
+    config = f"""
+[models]
+load = {json.dumps(list(models))}
+[cloud]
+url = "http://{cloud.proxy.address}"
+{extra}
+[routing]
+{routing}
+"""
+    daemon = make_daemon(config=config).start()
+    wait_for(lambda: cloud_state(daemon.client)["link"]["up"], 10, "the cloud link up")
+    wait_for(lambda: MODEL in cloud_state(daemon.client)["catalog"], 10, "the cloud catalog")
+    return daemon
+
+
+def cloud_state(client: Client) -> dict[str, Any]:
+    return dict(client.status()["cloud"])
+
+
+ALWAYS_CLOUD = """
+[[routing.rules]]
+name = "cloud-first"
+task_type = "text-classification"
+action = "cloud"
+"""
+
+
+def embedding(i: int, private: bool = False) -> np.ndarray:
+    x = np.random.default_rng(i).standard_normal((1, DIM)).astype(np.float32)
+    x /= np.linalg.norm(x)
+    if private:
+        x[0, :4] = PRIVATE_HEAD
+    return x
+
+
+def ask(client: Client, i: int, **parameters: Any) -> dict[str, Any]:
+    """One request; its answer's parameters, its probabilities and when it was sent."""
+    sent = time.monotonic()
+    outputs, params = client.infer_answer(
+        MODEL,
+        {"embedding": embedding(i, parameters.get("private", False))},
+        binary=False,
+        parameters=parameters,
+        request_id=f"{'private' if parameters.get('private') else 'req'}-{i}",
+    )
+    return {**params, "i": i, "sent": sent, "probabilities": outputs["probabilities"]}
+
+
+def routes(rows: list[dict[str, Any]]) -> str:
+    return " ".join(f"{r['i']}:{r['route']}" for r in rows)
+
+
+# ---- every answer says where it ran and why ---------------------------------------------------
+
+
+def test_answers_say_where_they_ran_and_why(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    cloud = faults_cleared
+    daemon = edged_with_cloud(make_daemon, cloud)
+    client = daemon.client
+    local = ask(client, 1)
+    assert local["route"] == "local", local
+    assert "estimate" in local["reason"] or "threshold" in local["reason"]
+    assert local["actual_ms"] > 0
+    remote = ask(client, 1, route="cloud")
+    assert remote["route"] == "cloud", remote
+    assert remote["reason"] == "the request asked for cloud"
+    np.testing.assert_allclose(remote["probabilities"], local["probabilities"], atol=1e-5)
+    assert any(r["id"] == "req-1" for r in cloud.seen())  # the server saw it
+    explained = ask(client, 2, route="cloud", explain=True)
+    (step,) = json.loads(explained["route_trace"])
+    assert step["model"] == MODEL and step["route"] == "cloud" and step["trace"]
+    # the task API says it too, for a pipeline whose classifier step ran in the cloud
+    assert metric(client, "edged_route_decisions_total", model=MODEL, route="cloud") == 2
+    state = cloud_state(client)
+    assert state["breaker"] == "closed" and state["link"]["rtt_s"] > 0
+
+
+# ---- privacy ----------------------------------------------------------------------------------
+
+
+def test_private_inputs_never_reach_the_cloud(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    cloud = faults_cleared
+    daemon = edged_with_cloud(make_daemon, cloud, ALWAYS_CLOUD, models=(MODEL, "intent"))
+    client = daemon.client
+    before = len(cloud.seen())
+    # under a cloud-first rule, asking for the cloud, with the cloud failing, under load
+    cloud.fail_every(2)
+    with ThreadPoolExecutor(16) as pool:
+        rows = list(pool.map(lambda i: ask(client, i, private=True, route="cloud"), range(40)))
+        public = list(pool.map(lambda i: ask(client, 1000 + i), range(40)))
+    assert {r["route"] for r in rows} == {"local"}
+    assert all("private" in r["reason"] for r in rows)
+    # the rule sends public ones out (until the failing cloud's circuit opens)
+    assert {r["route"] for r in public} & {"cloud", "fallback"}
+    assert all("circuit" in r["reason"] for r in public if r["route"] == "local")
+    # the task API: the pipeline's classifier step stays on the device too
+    reply = client.call("POST", "/v1/intent?private=true&route=cloud", {"texts": ["open a ticket"]})
+    assert reply["route"] == "local" and "private" in reply["reason"]
+    # with the local model gone, a private request fails rather than leave the device, while a
+    # public one goes to the cloud (now healthy again: its circuit closes after the cool-down)
+    cloud.fail_every(0)
+    client.unload(MODEL)
+    wait_for(lambda: cloud_state(client)["breaker"] != "open", 70, "the circuit to half-open")
+    with pytest.raises(ClientError) as failed:
+        ask(client, 7, private=True)
+    assert failed.value.status == 503 and "private" in failed.value.message
+    assert "only the cloud can serve" in ask(client, 8)["reason"]
+    seen = cloud.seen()[before:]
+    sent = {f"req-{r['i']}" for r in public if r["route"] in ("cloud", "fallback")}
+    assert sent and sent <= {s["id"] for s in seen}  # the public ones reached it: it can tell
+    assert not [s for s in seen if s["id"].startswith("private")], "a private id reached the cloud"
+    assert not [s for s in seen if np.allclose(s["head"], PRIVATE_HEAD)], "private data leaked"
+
+
+# ---- the link: cut, slow -----------------------------------------------------------------------
+
+
+def test_link_cut_mid_traffic_runs_locally_and_returns_without_flapping(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    cloud = faults_cleared
+    daemon = edged_with_cloud(make_daemon, cloud, ALWAYS_CLOUD)
+    client = daemon.client
+    rate, count, cut_at, restore_at = 40.0, 200, 40, 100
+    start = time.monotonic() + 0.1
+    cut = restored = 0.0
+    futures = []
+    with ThreadPoolExecutor(32) as pool:
+        for i in range(count):
+            time.sleep(max(0.0, start + i / rate - time.monotonic()))
+            if i == cut_at:
+                cloud.proxy.blackhole()
+                cut = time.monotonic()
+            if i == restore_at:
+                cloud.proxy.restore()
+                restored = time.monotonic()
+            futures.append(pool.submit(ask, client, i))
+        rows = [f.result() for f in futures]  # every request succeeded (else this raises)
+    print(routes(rows))
+    assert all(r["route"] == "cloud" for r in rows[: cut_at - 1]), routes(rows[:cut_at])
+    # in flight at the cut: the cloud call gave up in time to run locally
+    during = [r for r in rows if cut <= r["sent"] < restored]
+    assert {r["route"] for r in during} <= {"local", "fallback"}
+    known = [r for r in during if r["route"] == "local"]
+    detected = known[0]["sent"] - cut
+    print(f"cut seen {detected * 1000:.0f} ms after it began; first local: {known[0]['reason']}")
+    assert detected <= 1.0
+    assert all(r["route"] == "local" for r in during if r["sent"] >= cut + 1.0)
+    # after the restore: back to the cloud, once, for good (no flapping)
+    after = [r for r in rows if r["sent"] >= restored]
+    back = next(k for k, r in enumerate(after) if r["route"] == "cloud")
+    print(f"back on the cloud {after[back]['sent'] - restored:.2f} s after the restore")
+    assert all(r["route"] == "cloud" for r in after[back:]), routes(after)
+
+
+def test_slow_link_sends_tight_deadlines_local(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    cloud = faults_cleared
+    daemon = edged_with_cloud(make_daemon, cloud, ALWAYS_CLOUD)
+    client = daemon.client
+    for i in range(5):  # the cloud's service time is learned
+        assert ask(client, i, timeout=300_000)["route"] == "cloud"
+    cloud.proxy.delay(0.2)  # 200 ms each way: a 400 ms round trip
+    wait_for(lambda: cloud_state(client)["link"]["rtt_s"] > 0.35, 30, "the RTT measured at 400 ms")
+    assert cloud_state(client)["link"]["up"]  # slow, not cut
+    tight = [ask(client, 10 + i, timeout=300_000) for i in range(5)]  # 300 ms deadline
+    assert {r["route"] for r in tight} == {"local"}, [r["reason"] for r in tight]
+    assert "over the deadline" in tight[0]["reason"]
+    loose = ask(client, 20, timeout=2_000_000)  # 2 s: the rule's cloud still fits
+    assert loose["route"] == "cloud" and loose["actual_ms"] >= 400
+
+
+# ---- device load -------------------------------------------------------------------------------
+
+
+def test_cpu_hog_sends_eligible_requests_to_the_cloud(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    cloud = faults_cleared
+    rule = """
+[[routing.rules]]
+name = "brief"
+task_type = "text-classification"
+when = "local_load < 80%"
+action = "local"
+otherwise = "cloud"
+"""
+    daemon = edged_with_cloud(make_daemon, cloud, rule, extra="", models=(MODEL,))
+    client = daemon.client
+    wait_for(lambda: client.status()["load"]["cpu_percent"] is not None, 5, "a load sample")
+    calm = ask(client, 1)
+    if client.status()["load"]["cpu_percent"] < 80:
+        assert calm["route"] == "local", calm
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(2 * (os.cpu_count() or 1))
+    ]
+    try:
+        wait_for(lambda: client.status()["load"]["cpu_percent"] >= 90, 15, "the CPU hog seen")
+        busy = [ask(client, 10 + i) for i in range(10)]
+    finally:
+        for hog in hogs:
+            os.kill(hog.pid, signal.SIGKILL)
+            hog.wait()
+    assert {r["route"] for r in busy} == {"cloud"}, busy
+    assert "rule 'brief'" in busy[0]["reason"] and "does not hold" in busy[0]["reason"]
+    wait_for(lambda: client.status()["load"]["cpu_percent"] < 60, 15, "the CPU calm again")
+    assert ask(client, 30)["route"] == "local"
+
+
+# ---- the circuit breaker -----------------------------------------------------------------------
+
+
+def test_cloud_5xx_opens_the_breaker_then_it_closes_after_recovery(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    cloud = faults_cleared
+    daemon = edged_with_cloud(make_daemon, cloud, ALWAYS_CLOUD)
+    client = daemon.client
+    cloud.fail_every(10)  # a 500 for one call in ten
+    rows = []
+    for i in range(60):  # sequential, 50 per second
+        rows.append(ask(client, i))  # each one succeeds: a failed cloud call runs locally
+        time.sleep(0.02)
+    print(routes(rows))
+    assert any(r["route"] == "fallback" for r in rows)
+    opened = [r for r in rows if "circuit" in r["reason"] and r["route"] == "local"]
+    assert opened, "the breaker never opened"
+    state = cloud_state(client)
+    assert state["breaker_opened"] >= 1
+    cloud.fail_every(0)  # the cloud recovers
+    wait_for(lambda: ask(client, 100)["route"] == "cloud", 10, "traffic back on the cloud")
+    for i in range(5):
+        assert ask(client, 200 + i)["route"] == "cloud"
+    state = cloud_state(client)
+    assert state["breaker"] == "closed" and state["breaker_trials"] >= 3, state
