@@ -181,25 +181,33 @@ class Client:
 
     # ---- task API --------------------------------------------------------------------------
 
-    # Every task call takes query parameters: the model's own (threshold, ...) and the
-    # scheduler's ``priority`` (1 = most urgent) and ``timeout`` (microseconds in the queue).
+    # Every task call takes query parameters: the model's own (threshold, ...), the scheduler's
+    # ``priority`` (1 = most urgent) and ``timeout`` (microseconds), and the router's ``route``
+    # (auto, local, cloud, hedged), ``private`` (never to the cloud) and ``explain`` (the whole
+    # decision trace in the answer).
 
-    def embed(self, texts: list[str], model: str = "text-embedding", **params: float) -> np.ndarray:
+    def task(
+        self, name: str, doc: Any = None, raw: bytes | None = None, **params: Any
+    ) -> dict[str, Any]:
+        """The whole answer of ``POST /v1/{name}``, with ``route`` and ``reason``."""
+        return dict(self.call("POST", f"/v1/{name}" + _query(params), doc, raw))
+
+    def embed(self, texts: list[str], model: str = "text-embedding", **params: Any) -> np.ndarray:
         """Sentence embeddings, one row per text (``model``: text-embedding or its -int8)."""
-        reply = self.call("POST", "/v1/embed" + _query(params), {"texts": texts, "model": model})
+        reply = self.task("embed", {"texts": texts, "model": model}, **params)
         return np.asarray(reply["embeddings"], dtype=np.float32)
 
-    def intent(self, texts: list[str], **params: float) -> list[dict[str, Any]]:
+    def intent(self, texts: list[str], **params: Any) -> list[dict[str, Any]]:
         """The intent of each text with its probability."""
-        return list(self.call("POST", "/v1/intent" + _query(params), {"texts": texts})["intents"])
+        return list(self.task("intent", {"texts": texts}, **params)["intents"])
 
-    def ocr(self, image: bytes, **params: float) -> list[dict[str, Any]]:
+    def ocr(self, image: bytes, **params: Any) -> list[dict[str, Any]]:
         """Lines of text in an encoded image: text, score, box."""
-        return list(self.call("POST", "/v1/ocr" + _query(params), raw=image)["lines"])
+        return list(self.task("ocr", raw=image, **params)["lines"])
 
-    def vad(self, wav: bytes, **params: float) -> list[dict[str, float]]:
+    def vad(self, wav: bytes, **params: Any) -> list[dict[str, float]]:
         """Speech segments of a WAV file, in seconds."""
-        return list(self.call("POST", "/v1/vad" + _query(params), raw=wav)["segments"])
+        return list(self.task("vad", raw=wav, **params)["segments"])
 
 
 def _raise_for_status(status: int, payload: bytes, headers: Mapping[str, str]) -> None:
@@ -214,8 +222,11 @@ def _raise_for_status(status: int, payload: bytes, headers: Mapping[str, str]) -
     raise ClientError(status, message, float(retry) if retry and retry.isdigit() else None)
 
 
-def _query(params: Mapping[str, float]) -> str:
-    return ("?" + "&".join(f"{k}={v}" for k, v in params.items())) if params else ""
+def _query(params: Mapping[str, Any]) -> str:
+    def text(value: Any) -> str:
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return ("?" + "&".join(f"{k}={text(v)}" for k, v in params.items())) if params else ""
 
 
 def _model_path(model: str, version: str | None) -> str:

@@ -62,6 +62,7 @@ def cmd_status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         f"edged {status['version']} on {client.socket_path}: "
         f"{'ready' if status['ready'] else 'NOT READY'}, up {status['uptime_s']:.0f} s, "
         f"{status['inflight']} in flight\n{_load_line(status.get('load') or {})}"
+        f"{_cloud_line(status.get('cloud'))}"
         + _table(rows, ["MODEL", "VERSION", "STATE", "REASON"])
     )
     return status, text
@@ -84,6 +85,18 @@ def _load_line(load: dict[str, Any]) -> str:
     return f"load: {', '.join(parts)}\n" if parts else ""
 
 
+def _cloud_line(cloud: dict[str, Any] | None) -> str:
+    """One line on the cloud tier: link, RTT, circuit, catalog."""
+    if not cloud:
+        return "cloud: none configured\n"
+    link = cloud["link"]
+    rtt = f", rtt {link['rtt_s'] * 1000:.1f} ms" if link.get("rtt_s") is not None else ""
+    return (
+        f"cloud: {cloud['url']} link {'up' if link['up'] else 'DOWN'}{rtt},"
+        f" circuit {cloud['breaker']}, serves {', '.join(cloud['catalog']) or 'nothing'}\n"
+    )
+
+
 def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "list":
         index = client.repository_index()
@@ -101,33 +114,61 @@ def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return {"model": args.name, "action": args.action}, f"{args.action}ed {args.name}"
 
 
-def _qos(args: argparse.Namespace) -> dict[str, float]:
-    """The scheduler's parameters from --priority and --timeout-ms."""
-    params: dict[str, float] = {}
+def _params(args: argparse.Namespace) -> dict[str, Any]:
+    """Request parameters from the global flags: the scheduler's (--priority, --timeout-ms)
+    and the router's (--route, --private, --explain)."""
+    params: dict[str, Any] = {}
     if args.priority:
         params["priority"] = args.priority
     if args.timeout_ms:
         params["timeout"] = round(args.timeout_ms * 1000)
+    if args.route != "auto":
+        params["route"] = args.route
+    if args.private:
+        params["private"] = True
+    if args.explain:
+        params["explain"] = True
     return params
 
 
+def _explained(reply: dict[str, Any], text: str, args: argparse.Namespace) -> str:
+    """With --explain: where the work ran, why, and every decision of the request."""
+    if not args.explain or "route" not in reply:
+        return text
+    lines = [text, f"route: {reply['route']}: {reply['reason']}"]
+    if reply.get("predicted_ms") is not None or reply.get("actual_ms") is not None:
+        lines.append(
+            f"  predicted {reply.get('predicted_ms', '-')} ms, actual {reply.get('actual_ms')} ms"
+        )
+    trace = reply.get("route_trace") or []
+    if isinstance(trace, str):  # OIP parameters carry it as JSON text
+        trace = json.loads(trace)
+    for step in trace:
+        lines.append(
+            f"  {step['model']}: {step['route']} (deadline {step['deadline_ms']} ms,"
+            f" predicted {step['predicted_ms']} ms, actual {step.get('actual_ms')} ms)"
+        )
+        lines += [f"    {line}" for line in step["trace"]]
+    return "\n".join(lines)
+
+
 def cmd_infer(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    """Raw OIP inference: a request JSON document (file or -) is sent as it is, with
-    --priority and --timeout-ms added to its parameters."""
+    """Raw OIP inference: a request JSON document (file or -) is sent as it is, with the
+    global flags' parameters added to its parameters."""
     doc = json.loads(_read(args.request))
     if not isinstance(doc, dict):
         raise UsageError("the request document must be a JSON object")
-    qos = _qos(args)
-    if qos:
-        doc["parameters"] = {**(doc.get("parameters") or {}), **qos}
+    params = _params(args)
+    if params:
+        doc["parameters"] = {**(doc.get("parameters") or {}), **params}
     reply = client.infer_json(args.model, doc, args.version)
-    return reply, json.dumps(reply, indent=2)
+    return reply, _explained(reply.get("parameters") or {}, json.dumps(reply, indent=2), args)
 
 
 def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     model = "text-embedding-int8" if args.int8 else "text-embedding"
-    vectors = client.embed(args.texts, model, **_qos(args))
-    reply = {"dim": int(vectors.shape[1]), "embeddings": vectors.tolist()}
+    reply = client.task("embed", {"texts": args.texts, "model": model}, **_params(args))
+    vectors = np.asarray(reply["embeddings"], dtype=np.float32)
     lines = [
         f"{t[:40]!r:44} [{', '.join(f'{x:.4f}' for x in v[:4])}, ...]"
         for t, v in zip(args.texts, vectors)
@@ -136,26 +177,29 @@ def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         sims = vectors @ vectors.T
         lines.append("cosine similarity:")
         lines += ["  " + " ".join(f"{x:6.3f}" for x in row) for row in np.asarray(sims)]
-    return reply, "\n".join(lines)
+    return reply, _explained(reply, "\n".join(lines), args)
 
 
 def cmd_intent(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    intents = client.intent(args.texts, **_qos(args))
-    return intents, "\n".join(f"{i['intent']:16} {i['score']:.3f}  {i['text']}" for i in intents)
+    reply = client.task("intent", {"texts": args.texts}, **_params(args))
+    text = "\n".join(f"{i['intent']:16} {i['score']:.3f}  {i['text']}" for i in reply["intents"])
+    return reply, _explained(reply, text, args)
 
 
 def cmd_ocr(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    lines = client.ocr(_read(args.image), **_qos(args))
-    return lines, "\n".join(f"{line['score']:.3f}  {line['text']}" for line in lines)
+    reply = client.task("ocr", raw=_read(args.image), **_params(args))
+    text = "\n".join(f"{line['score']:.3f}  {line['text']}" for line in reply["lines"])
+    return reply, _explained(reply, text, args)
 
 
 def cmd_vad(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    params = _qos(args)
+    params = _params(args)
     if args.threshold is not None:
         params["threshold"] = args.threshold
-    segments = client.vad(_read(args.wav), **params)
+    reply = client.task("vad", raw=_read(args.wav), **params)
+    segments = reply["segments"]
     text = "\n".join(f"{s['start']:8.3f} s -> {s['end']:8.3f} s" for s in segments)
-    return segments, text or "no speech"
+    return reply, _explained(reply, text or "no speech", args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,7 +226,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout-ms",
         type=float,
         default=0,
-        help="how long an inference call may wait in the queue; 429/504 beyond (default: none)",
+        help="the call's deadline: the queue gives up beyond it (429/504) and routing plans"
+        " within it (default: none; routing assumes routing.max_latency_ms)",
+    )
+    parser.add_argument(
+        "--route",
+        choices=["auto", "local", "cloud", "hedged"],
+        default="auto",
+        help="where inference calls run: auto lets edged decide (default), local, cloud or"
+        " hedged (both, the first answer wins); a private input stays local whatever is asked",
+    )
+    parser.add_argument("--private", action="store_true", help="the input never leaves the device")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print where each step ran and why: the router's whole decision trace",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -46,6 +46,7 @@ class LinkState:
     bandwidth_bps: float | None  # bytes per second
     failures: int  # in a row
     changed: float  # time.monotonic() of the last up/down change
+    last_error: str  # why the last probe failed ("" if none has)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -88,6 +89,7 @@ class LinkMonitor(Background):
         self.failures = 0
         self.successes = 0
         self.changed = time.monotonic()
+        self.last_error = ""
         self._transition = asyncio.Event()  # set (and replaced) at each up/down change
         self.task_name = f"link:{endpoint}"
 
@@ -137,6 +139,7 @@ class LinkMonitor(Background):
             bandwidth_bps=self.bandwidth,
             failures=self.failures,
             changed=self.changed,
+            last_error=self.last_error,
         )
 
     def probe_timeout(self) -> float:
@@ -158,7 +161,10 @@ class LinkMonitor(Background):
         try:
             await asyncio.wait_for(self.probe(), self.probe_timeout())
         except Exception as exc:  # refused, reset, timed out, 5xx: the endpoint failed
-            log.debug("probe of %s failed: %s", self.endpoint, exc)
+            error = str(exc) or type(exc).__name__
+            if error != self.last_error:  # once per kind of failure, not per probe
+                log.warning("probe of %s failed: %s", self.endpoint, error)
+            self.last_error = error
             self.observe(None)
         else:
             self.observe(time.perf_counter() - started)

@@ -53,7 +53,7 @@ class RouteContext:
 
     deadline: float  # time.monotonic()
     private: bool = False
-    override: str | None = None  # "local" | "cloud"
+    override: str | None = None  # "local" | "cloud" | "hedged"
     request_id: str = ""
     decisions: list[dict[str, Any]] = field(default_factory=list)
 
@@ -82,8 +82,8 @@ def route_context(parameters: Mapping[str, Any], default_deadline_s: float) -> R
     if not isinstance(private, bool):
         raise InvalidRequest("parameter 'private' must be true or false")
     override = parameters.get("route", "auto")
-    if override not in ("local", "cloud", "auto"):
-        raise InvalidRequest("parameter 'route' must be 'local', 'cloud' or 'auto'")
+    if override not in ("local", "cloud", "hedged", "auto"):
+        raise InvalidRequest("parameter 'route' must be 'auto', 'local', 'cloud' or 'hedged'")
     deadline = REQUEST.get().deadline
     if deadline is None:
         deadline = time.monotonic() + default_deadline_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -9,16 +10,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hypothesis  # noqa: F401  (imported here, at collection: its pytest plugin would import it
 import pytest  # at the summary, where CPython 3.11's compiler can trip over threads still running)
 
+from bench.peer import Peer, ensure_venv, start_peer
 from edged.client import Client, ClientError
+from tests.faultproxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
 EDGED = [sys.executable, "-m", "edged"]
+CLOUD_MODEL = "intent-classifier"  # what the cloud tier serves in tests
 
 
 def require_models() -> None:
@@ -171,3 +177,51 @@ def copy_model(repository: Path, name: str) -> Path:
     link.unlink()
     shutil.copytree(MODELS / name, link)
     return link
+
+
+# ---- the cloud tier: MLServer on loopback, behind a fault-injecting proxy --------------------
+
+
+@dataclass
+class Cloud:
+    peer: Peer
+    proxy: FaultProxy
+    journal: Path
+    faults: Path
+
+    def seen(self) -> list[dict[str, Any]]:
+        """Every request the cloud server saw (its own journal)."""
+        if not self.journal.exists():
+            return []
+        return [json.loads(line) for line in self.journal.read_text().splitlines() if line]
+
+    def fail_every(self, n: int) -> None:
+        self.faults.write_text(json.dumps({"fail_every": n}))
+
+
+@pytest.fixture(scope="session")
+def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
+    work = tmp_path_factory.mktemp("cloud")
+    try:
+        venv = ensure_venv()
+    except (RuntimeError, OSError) as exc:
+        skip_or_fail(f"cannot install MLServer for the cloud tier: {exc}")
+    journal, faults = work / "journal.jsonl", work / "faults.json"
+    onnx = MODELS / CLOUD_MODEL / "1" / "model.onnx"
+    peer = start_peer(venv, onnx, CLOUD_MODEL, work / "mlserver", journal=journal, faults=faults)
+    port = int(peer.http_url.rsplit(":", 1)[1])
+    proxy = FaultProxy("127.0.0.1", port)
+    try:
+        yield Cloud(peer, proxy, journal, faults)
+    finally:
+        proxy.close()
+        peer.stop()
+
+
+@pytest.fixture
+def faults_cleared(cloud: Cloud) -> Iterator[Cloud]:
+    cloud.proxy.restore()
+    cloud.fail_every(0)
+    yield cloud
+    cloud.proxy.restore()
+    cloud.fail_every(0)

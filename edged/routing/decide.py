@@ -40,7 +40,7 @@ class RouteRequest:
     private: bool = False
     deadline_s: float | None = None  # time left; None: the policy's default
     payload_bytes: int = 0
-    override: Tier | None = None  # the caller's ``route`` parameter
+    override: Route | None = None  # the caller's ``route`` parameter: local, cloud or hedged
 
 
 @dataclass(frozen=True, slots=True)

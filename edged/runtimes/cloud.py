@@ -181,7 +181,7 @@ class CloudEndpoint(Background):
     async def _probe(self) -> None:
         assert self.client is not None
         if not await self.client.is_server_ready(headers=self.headers):
-            raise ConnectionError("the server is not ready")
+            raise ConnectionError("GET v2/health/ready did not answer 200")
 
     async def _run(self) -> None:
         """Keep the catalog fresh: at start, when the link comes back, and periodically."""

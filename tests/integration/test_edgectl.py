@@ -25,6 +25,7 @@ def test_status_and_models_list(daemon: Daemon) -> None:
     assert out.returncode == 0
     assert b"ready" in out.stdout and b"text-encoder" in out.stdout
     assert b"load: " in out.stdout and b"memory " in out.stdout  # the device's load, sampled
+    assert b"cloud: none configured" in out.stdout
     load = json.loads(edgectl(daemon.socket, "--json", "status").stdout)["load"]
     assert load["memory_total"] > 0 and "procfs" in load["sources"]
     listing = json.loads(edgectl(daemon.socket, "--json", "models", "list").stdout)
@@ -37,14 +38,28 @@ def test_task_commands(daemon: Daemon, tmp_path: Path) -> None:
     intent = json.loads(
         edgectl(daemon.socket, "--json", "intent", "what is the GPU temperature").stdout
     )
-    assert intent[0]["intent"] == "device-status"
+    assert intent["intents"][0]["intent"] == "device-status"
+    assert intent["route"] == "local" and intent["reason"]  # where it ran, and why
     image = tmp_path / "text.png"
     image.write_bytes(text_image(["Hello from edged"]))
     ocr = edgectl(daemon.socket, "ocr", str(image))
     assert ocr.returncode == 0 and b"edged" in ocr.stdout
     wav, _, _ = speech_in_silence("hello there", 0.5, 0.5)
-    vad = json.loads(edgectl(daemon.socket, "--json", "vad", "-", stdin=wav).stdout)
+    vad = json.loads(edgectl(daemon.socket, "--json", "vad", "-", stdin=wav).stdout)["segments"]
     assert len(vad) >= 1 and vad[0]["start"] > 0.3
+
+
+def test_explain_prints_every_decision(daemon: Daemon) -> None:
+    out = edgectl(daemon.socket, "--explain", "intent", "turn on the lights")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout.decode()
+    assert "route: local: cloud excluded: no cloud tier is configured" in text
+    # the pipeline and each of its steps: intent -> text-embedding -> text-encoder, classifier
+    for model in ("intent", "text-embedding", "text-encoder", "intent-classifier"):
+        assert f"  {model}: local" in text, text
+    # asking for the cloud where there is none: served locally, and the answer says why
+    asked = json.loads(edgectl(daemon.socket, "--json", "--route", "cloud", "intent", "hi").stdout)
+    assert asked["route"] == "local" and "no cloud tier" in asked["reason"]
 
 
 def test_infer_sends_a_request_document(daemon: Daemon, tmp_path: Path) -> None:

@@ -13,69 +13,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from bench.peer import Peer, ensure_venv, start_peer
 from edged.client import Client, ClientError
-from tests.conftest import MODELS, Daemon, skip_or_fail, wait_for
-from tests.faultproxy import FaultProxy
+from tests.conftest import CLOUD_MODEL as MODEL
+from tests.conftest import Cloud, Daemon, wait_for
 from tests.integration.test_scheduling import metric
 
-MODEL = "intent-classifier"
 DIM = 384
 PRIVATE_HEAD = [0.0625, -0.125, 0.25, -0.5]  # the first values of every private input
-
-
-@dataclass
-class Cloud:
-    peer: Peer
-    proxy: FaultProxy
-    journal: Path
-    faults: Path
-
-    def seen(self) -> list[dict[str, Any]]:
-        """Every request the cloud server saw (its own journal)."""
-        if not self.journal.exists():
-            return []
-        return [json.loads(line) for line in self.journal.read_text().splitlines() if line]
-
-    def fail_every(self, n: int) -> None:
-        self.faults.write_text(json.dumps({"fail_every": n}))
-
-
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
-    work = tmp_path_factory.mktemp("cloud")
-    try:
-        venv = ensure_venv()
-    except (RuntimeError, OSError) as exc:
-        skip_or_fail(f"cannot install MLServer for the cloud tier: {exc}")
-    journal, faults = work / "journal.jsonl", work / "faults.json"
-    onnx = MODELS / MODEL / "1" / "model.onnx"
-    peer = start_peer(venv, onnx, MODEL, work / "mlserver", journal=journal, faults=faults)
-    port = int(peer.http_url.rsplit(":", 1)[1])
-    proxy = FaultProxy("127.0.0.1", port)
-    try:
-        yield Cloud(peer, proxy, journal, faults)
-    finally:
-        proxy.close()
-        peer.stop()
-
-
-@pytest.fixture
-def faults_cleared(cloud: Cloud) -> Iterator[Cloud]:
-    cloud.proxy.restore()
-    cloud.fail_every(0)
-    yield cloud
-    cloud.proxy.restore()
-    cloud.fail_every(0)
 
 
 def edged_with_cloud(make_daemon: type[Daemon], cloud: Cloud, routing: str = "", extra: str = "",

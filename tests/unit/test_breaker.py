@@ -94,3 +94,20 @@ def test_never_lets_more_than_the_probes_through_while_half_open() -> None:
             if breaker.state is BreakerState.HALF_OPEN and was_half_open:
                 assert breaker.trial_started <= 2
             assert breaker.cooldown <= 64.0
+
+
+def test_would_allow_takes_no_probe_slot_and_reset_closes() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(min_calls=4, cooldown=1.0, probes=2, clock=clock)
+    for ok in (True, True, False, False):
+        breaker.record(ok)
+    assert breaker.state is BreakerState.OPEN and not breaker.would_allow()
+    clock.now += 1.0
+    assert breaker.current() is BreakerState.HALF_OPEN  # as the status shows it
+    for _ in range(5):
+        assert breaker.would_allow()  # asking takes no slot
+    assert breaker.allow() and breaker.allow() and not breaker.allow()
+    assert not breaker.would_allow()  # the two probe slots are taken
+    breaker.reset()
+    assert breaker.state is BreakerState.CLOSED and breaker.allow()
+    assert (breaker.opened, breaker.trials) == (1, 2)

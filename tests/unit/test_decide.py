@@ -148,7 +148,7 @@ requests = st.builds(
     private=st.booleans(),
     deadline_s=seconds,
     payload_bytes=st.integers(0, 10**8),
-    override=st.sampled_from([None, "local", "cloud"]),
+    override=st.sampled_from([None, "local", "cloud", "hedged"]),
 )
 facts = st.fixed_dictionaries(
     {name: st.one_of(st.none(), st.floats(0, 10**7, allow_nan=False)) for name in VARIABLES}

@@ -89,3 +89,19 @@ def test_a_cut_link_is_down_within_1_s_and_back_after_recovery() -> None:
         await runner.cleanup()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_second_probe_waits_longer_and_a_down_link_backs_off() -> None:
+    changes: list[bool] = []
+    link = LinkMonitor("cloud", never, timeout=0.25, down_after=2, on_change=changes.append)
+    link.observe(None)
+    assert link.probe_timeout() == 0.5  # after a failure: twice the timeout (slow is not cut)
+    for _ in range(3):
+        link.observe(0.01)
+    link.observe(None)
+    link.observe(None)
+    assert changes == [True, False]
+    for attempt, ceiling in [(0, 1.0), (1, 2.0), (3, 8.0), (6, 64.0), (30, 64.0)]:
+        pauses = [link.backoff(attempt) for _ in range(200)]
+        assert ceiling / 2 <= min(pauses) and max(pauses) <= ceiling  # jitter: half to all
+        assert max(pauses) - min(pauses) > ceiling / 10  # and it does vary

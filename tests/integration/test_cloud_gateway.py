@@ -1,0 +1,237 @@
+"""The cloud tier behind an API gateway: https with TLS 1.3 at least, mutual TLS, a bearer token
+and a path prefix (the brief's gateway routes /api/v1/... to the inference server).
+
+The gateway is a small aiohttp reverse proxy on loopback in front of the real MLServer; the
+certificates are made for the test with ``cryptography`` (a CA, the gateway's, the device's, and
+a rogue device's from another CA). What the gateway saw (path, client certificate, token) is
+checked on its side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import json
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.conftest import CLOUD_MODEL, Cloud, Daemon, wait_for
+from tests.integration.test_routing import ask, cloud_state
+
+TOKEN = "Bearer s3cret-fleet-token"
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _issue(
+    subject: str,
+    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
+    directory: Path,
+    stem: str,
+    server: bool = False,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer[0].subject if issuer else _name(subject))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
+    )
+    if server:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+    cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+    (directory / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / f"{stem}.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ca, gateway (for localhost), device (from the CA) and rogue (from another CA)."""
+    directory = tmp_path_factory.mktemp("pki")
+    ca = _issue("fleet CA", None, directory, "ca")
+    _issue("localhost", ca, directory, "gateway", server=True)
+    _issue("edge-node-1", ca, directory, "device")
+    other = _issue("someone else's CA", None, directory, "other-ca")
+    _issue("edge-node-rogue", other, directory, "rogue")
+    return directory
+
+
+@dataclass
+class Gateway:
+    """An https reverse proxy: ``/api/v1/<path>`` -> the cloud server's ``/<path>``."""
+
+    upstream: str
+    pki: Path
+    max_version: ssl.TLSVersion = ssl.TLSVersion.MAXIMUM_SUPPORTED
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    port: int = 0
+
+    def start(self) -> Gateway:
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        threading.Thread(target=self._main, args=(started,), daemon=True).start()
+        assert started.wait(10)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def _main(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+        started.set()
+        self.loop.run_forever()
+        self.loop.close()
+
+    async def _serve(self) -> None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.pki / "ca.pem")
+        context.load_cert_chain(self.pki / "gateway.pem", self.pki / "gateway.key")
+        context.verify_mode = ssl.CERT_REQUIRED  # mutual TLS: the device must show its cert
+        context.maximum_version = self.max_version
+        app = web.Application()
+        app.router.add_route("*", "/api/v1/{tail:.*}", self._forward)
+        self.session = aiohttp.ClientSession()
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=context)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        peer = request.transport.get_extra_info("peercert") if request.transport else None
+        subject = dict(x[0] for x in peer["subject"]) if peer else {}
+        self.seen.append(
+            {
+                "path": request.path,
+                "client": subject.get("commonName"),
+                "token": request.headers.get("Authorization"),
+            }
+        )
+        if request.headers.get("Authorization") != TOKEN:
+            return web.json_response({"error": "unauthorized"}, status=401)
+        async with self.session.request(
+            request.method,
+            f"{self.upstream}/{request.match_info['tail']}",
+            data=await request.read(),
+            headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
+        ) as upstream:
+            body = await upstream.read()
+            return web.Response(
+                body=body, status=upstream.status, content_type=upstream.content_type
+            )
+
+
+@pytest.fixture
+def gateway(cloud: Cloud, pki: Path) -> Iterator[Gateway]:
+    gw = Gateway(cloud.peer.http_url, pki).start()
+    yield gw
+    gw.stop()
+
+
+def daemon_behind(make_daemon: type[Daemon], gw: Gateway, pki: Path, **cloud: str) -> Daemon:
+    token = pki / "token"
+    token.write_text(cloud.pop("token", TOKEN) + "\n")
+    settings = {
+        "url": f"https://localhost:{gw.port}/api/v1",
+        "ca_file": str(pki / "ca.pem"),
+        "cert_file": str(pki / "device.pem"),
+        "key_file": str(pki / "device.key"),
+        "token_file": str(token),
+        **cloud,
+    }
+    lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
+    config = f'[models]\nload = ["{CLOUD_MODEL}"]\n[cloud]\n{lines}\n'
+    return make_daemon(config=config).start()
+
+
+def test_calls_go_through_the_gateway_with_mtls_token_and_prefix(
+    make_daemon: type[Daemon], gateway: Gateway, pki: Path
+) -> None:
+    daemon = daemon_behind(make_daemon, gateway, pki)
+    client = daemon.client
+    wait_for(lambda: CLOUD_MODEL in cloud_state(client)["catalog"], 10, "the catalog via the gw")
+    answer = ask(client, 1, route="cloud")
+    assert answer["route"] == "cloud", answer
+    infer = [s for s in gateway.seen if s["path"].endswith("/infer")]
+    assert infer == [
+        {
+            "path": f"/api/v1/v2/models/{CLOUD_MODEL}/infer",
+            "client": "edge-node-1",
+            "token": TOKEN,
+        }
+    ]
+    assert all(s["client"] == "edge-node-1" and s["token"] == TOKEN for s in gateway.seen)
+
+
+@pytest.mark.parametrize(
+    ("case", "settings", "max_tls"),
+    [
+        ("a gateway that stops at TLS 1.2", {}, ssl.TLSVersion.TLSv1_2),
+        (
+            "a certificate from another CA",
+            {"cert_file": "rogue.pem", "key_file": "rogue.key"},
+            None,
+        ),
+        ("a wrong token", {"token": "Bearer guess"}, None),
+    ],
+)
+def test_a_gateway_edged_cannot_trust_or_enter_is_down_and_work_stays_local(
+    make_daemon: type[Daemon],
+    cloud: Cloud,
+    pki: Path,
+    case: str,
+    settings: dict[str, str],
+    max_tls: ssl.TLSVersion | None,
+) -> None:
+    gw = Gateway(cloud.peer.http_url, pki)
+    if max_tls is not None:
+        gw.max_version = max_tls
+    gw.start()
+    try:
+        for key in ("cert_file", "key_file"):
+            if key in settings:
+                settings[key] = str(pki / settings[key])
+        daemon = daemon_behind(make_daemon, gw, pki, **settings)
+        client = daemon.client
+        wait_for(lambda: cloud_state(client)["link"]["failures"] >= 2, 10, f"{case}: refused")
+        state = cloud_state(client)
+        print(f"{case}: {state['link']['last_error']}")
+        assert not state["link"]["up"] and state["link"]["last_error"]
+        answer = ask(client, 1, route="cloud")
+        assert answer["route"] == "local" and "is down" in answer["reason"], answer
+        assert not [s for s in gw.seen if s["path"].endswith("/infer")]
+    finally:
+        gw.stop()
