@@ -7,6 +7,8 @@ version names come from the repository, never from what a client asked for.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
@@ -89,10 +91,15 @@ class Metrics:
             ["model", "route", "reason"],
             registry=r,
         )
+        self._route_children: dict[tuple[str, str, str], Any] = {}
 
     def route(self, model: str, route: str, reason: str) -> None:
         """Count one routing decision (``reason``: the rule's label or what decided)."""
-        self.routes.labels(model, route, reason).inc()
+        key = (model, route, reason)
+        child = self._route_children.get(key)
+        if child is None:  # labels() costs a lock and a lookup: once per combination
+            child = self._route_children[key] = self.routes.labels(*key)
+        child.inc()
 
     def attach(self, scheduler: Scheduler, model: str, version: int) -> None:
         """Observe one model version's scheduler: its hooks, and its queue depth read when

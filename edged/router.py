@@ -23,7 +23,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,8 +229,6 @@ class Router:
         cloud = self._cloud_path(name, version, payload)
         if not cloud.available and local_error is not None:
             raise local_error  # nothing to route: the local error (404, 503) stands
-        if config is not None:
-            config.check_inputs(inputs)  # bad input never travels
         private = ctx.private or name in self.config.private_models
         if config is not None and config.parameters.get("privacy") == "private":
             private = True
@@ -243,7 +241,9 @@ class Router:
             payload_bytes=payload,
             override=ctx.override,  # type: ignore[arg-type]
         )
-        decision = decide(request, local, cloud, self.facts(name, payload, left), self.policy)
+        # the facts feed rule conditions only: not gathered when no rule could use them
+        facts = self.facts(name, payload, left) if self.policy.rules else {}
+        decision = decide(request, local, cloud, facts, self.policy)
         record: dict[str, Any] = {
             "model": name,
             "route": decision.route,
@@ -254,98 +254,77 @@ class Router:
             "trace": list(decision.trace),
         }
         ctx.decisions.append(record)
+        call = Call(name, version, inputs, parameters or {}, config, ctx, private, payload, record)
         started = time.perf_counter()
         try:
-            served, outputs = await self._run(
-                decision, record, name, version, inputs, config, parameters or {}, ctx, private
-            )
+            return await self._run(decision, call)
         finally:
             record["actual_ms"] = _ms(time.perf_counter() - started)
             self.metrics.route(name, record["route"], decision.rule or decision.basis)
-        return served, outputs
 
-    async def _run(
-        self,
-        decision: Decision,
-        record: dict[str, Any],
-        name: str,
-        version: int | None,
-        inputs: Tensors,
-        config: ModelConfig | None,
-        parameters: Mapping[str, Any],
-        ctx: RouteContext,
-        private: bool,
-    ) -> tuple[str, Tensors]:
-        outputs_wanted = [o.name for o in config.outputs] if config else []
-        payload = payload_size(inputs)
-
-        async def local() -> tuple[str, Tensors]:
-            load = self._load()
-            t = time.perf_counter()
-            _, served, out = await self.manager.infer(name, version, inputs, parameters)
-            self.estimates.observe(name, "local", time.perf_counter() - t, load, payload)
-            return str(served), out
-
-        async def cloud(reserve: float) -> tuple[str, Tensors]:
-            if private:  # the last gate before the network
-                raise CloudError("a private input never leaves the device", endpoint_fault=False)
-            out = await self._call_cloud(name, inputs, outputs_wanted, ctx, reserve, payload)
-            return CLOUD_VERSION, out
-
+    async def _run(self, decision: Decision, call: Call) -> tuple[str, Tensors]:
         if decision.route == "none":
-            raise Unavailable(f"model '{name}': {decision.reason}")
+            raise Unavailable(f"model '{call.name}': {decision.reason}")
         if decision.route == "local":
             try:
-                served, out = await local()
+                served, out = await self._local(call)
             except Exception as exc:
                 if decision.fallback != "cloud" or not should_fall_back(exc):
                     raise
                 why = exc.message if isinstance(exc, EdgedError) else str(exc)
-                record["route"] = "fallback"
-                record["reason"] = f"{decision.reason}; local failed ({why}): ran in the cloud"
-                return await self._cloud_or_raise(cloud(0.0))
-            if decision.fallback == "cloud" and config is not None:
-                return await self._escalate(name, config, served, out, record, cloud)
+                call.note("fallback", f"local failed ({why}): ran in the cloud")
+                try:
+                    return await self._cloud(call, reserve=0.0)
+                except CloudError as cloud_exc:
+                    raise Unavailable(f"the cloud failed too: {cloud_exc.message}") from None
+            if decision.fallback == "cloud" and call.config is not None:
+                return await self._escalate(call, served, out)
             return served, out
         if decision.route == "cloud":
             reserve = 0.0
             if decision.fallback == "local":
                 reserve = max(MIN_LOCAL_RESERVE_S, 2 * (decision.predicted_local_s or 0.0))
             try:
-                return await cloud(reserve)
+                return await self._cloud(call, reserve)
             except CloudError as exc:
                 if decision.fallback != "local":
-                    raise Unavailable(f"model '{name}': the cloud failed: {exc.message}") from None
-                record["route"] = "fallback"
-                record["reason"] = f"{decision.reason}; cloud failed ({exc.message}): ran locally"
-                return await local()
-        return await self._hedge(local(), cloud(0.0), record)
+                    raise Unavailable(
+                        f"model '{call.name}': the cloud failed: {exc.message}"
+                    ) from None
+                call.note("fallback", f"cloud failed ({exc.message}): ran locally")
+                return await self._local(call)
+        return await self._hedge(call)
 
-    async def _cloud_or_raise(self, call: Awaitable[tuple[str, Tensors]]) -> tuple[str, Tensors]:
-        try:
-            return await call
-        except CloudError as exc:
-            raise Unavailable(f"the cloud failed too: {exc.message}") from None
+    async def _local(self, call: Call) -> tuple[str, Tensors]:
+        load = self._load()
+        started = time.perf_counter()
+        _, served, out = await self.manager.infer(
+            call.name, call.version, call.inputs, call.parameters
+        )
+        self.estimates.observe(
+            call.name, "local", time.perf_counter() - started, load, call.payload
+        )
+        return str(served), out
 
-    async def _call_cloud(
-        self,
-        name: str,
-        inputs: Tensors,
-        outputs: list[str],
-        ctx: RouteContext,
-        reserve: float,
-        payload: int,
-    ) -> Tensors:
+    async def _cloud(self, call: Call, reserve: float) -> tuple[str, Tensors]:
         """Call the cloud within the deadline (less ``reserve``, kept for a local fallback);
         with no fallback, retry what may succeed later while time is left."""
         assert self.cloud is not None
+        if call.private:  # the last gate before the network
+            raise CloudError("a private input never leaves the device", endpoint_fault=False)
+        if call.config is not None:
+            call.config.check_inputs(call.inputs)  # bad input never travels (InvalidRequest)
+        wanted = [o.name for o in call.config.outputs] if call.config else []
+        deadline = call.ctx.deadline
         attempt = 0
         while True:
             rtt = self.cloud.link.rtt
-            t = time.perf_counter()
-            budget = ctx.deadline - time.monotonic() - reserve
+            started = time.perf_counter()
+            budget = deadline - time.monotonic() - reserve
             try:
-                out = await self.cloud.infer(name, inputs, outputs, budget, ctx.request_id)
+                out = await self.cloud.infer(
+                    call.name, call.inputs, wanted, budget, call.ctx.request_id
+                )
             except CloudError as exc:
                 attempt += 1
                 pause = self.cloud.backoff(attempt)
@@ -353,54 +332,42 @@ class Router:
                     reserve > 0
                     or not exc.retryable
                     or attempt > self.cloud.config.max_retries
-                    or time.monotonic() + pause >= ctx.deadline
+                    or time.monotonic() + pause >= deadline
                 ):
                     raise
                 await asyncio.sleep(pause)
                 continue
-            self.estimates.observe(name, "cloud", time.perf_counter() - t, None, payload, rtt)
-            return out
+            seconds = time.perf_counter() - started
+            self.estimates.observe(call.name, "cloud", seconds, None, call.payload, rtt)
+            return CLOUD_VERSION, out
 
-    async def _escalate(
-        self,
-        name: str,
-        config: ModelConfig,
-        served: str,
-        outputs: Tensors,
-        record: dict[str, Any],
-        cloud: Callable[[float], Awaitable[tuple[str, Tensors]]],
-    ) -> tuple[str, Tensors]:
+    async def _escalate(self, call: Call, served: str, outputs: Tensors) -> tuple[str, Tensors]:
         """Ask the cloud again when the local answer is not sure enough (hard examples)."""
-        threshold = config.parameters.get("escalate_below")
+        assert call.config is not None
+        threshold = call.config.parameters.get("escalate_below")
         if threshold is None:
             return served, outputs
-        output = config.parameters.get("confidence_output") or config.outputs[0].name
+        output = call.config.parameters.get("confidence_output") or call.config.outputs[0].name
         if output not in outputs:
             return served, outputs
         sure = confidence(outputs[output])
         if sure >= float(threshold):
             return served, outputs
         try:
-            result = await cloud(0.0)
+            result = await self._cloud(call, reserve=0.0)
         except CloudError as exc:
-            record["reason"] += (
-                f"; confidence {sure:.3f} < {threshold}, cloud failed: {exc.message}"
+            call.record["reason"] += (
+                f"; confidence {sure:.3f} < {threshold}, the cloud failed: {exc.message}"
             )
             return served, outputs
-        record["route"] = "escalated"
-        record["reason"] += f"; confidence {sure:.3f} < {threshold}: the cloud answered"
+        call.note("escalated", f"confidence {sure:.3f} < {threshold}: the cloud answered")
         return result
 
-    async def _hedge(
-        self,
-        local: Awaitable[tuple[str, Tensors]],
-        cloud: Awaitable[tuple[str, Tensors]],
-        record: dict[str, Any],
-    ) -> tuple[str, Tensors]:
-        """Both at once; the first good answer wins and the other is cancelled."""
+    async def _hedge(self, call: Call) -> tuple[str, Tensors]:
+        """Both at once; the first good answer wins, the other is cancelled."""
         tasks = {
-            asyncio.ensure_future(local): "local",
-            asyncio.ensure_future(cloud): "cloud",
+            asyncio.ensure_future(self._local(call)): "local",
+            asyncio.ensure_future(self._cloud(call, reserve=0.0)): "cloud",
         }
         errors: list[str] = []
         pending = set(tasks)
@@ -410,17 +377,33 @@ class Router:
                 for task in done:
                     exc = task.exception()
                     if exc is None:
-                        record["reason"] += f"; {tasks[task]} answered first"
-                        record["winner"] = tasks[task]
+                        call.record["reason"] += f"; {tasks[task]} answered first"
                         return task.result()
                     errors.append(f"{tasks[task]}: {getattr(exc, 'message', exc)}")
-                    last = exc
-            if isinstance(last, EdgedError):
-                raise last
             raise Unavailable(f"both tiers failed: {'; '.join(errors)}")
         finally:
             for task in pending:
                 task.cancel()
+
+
+@dataclass
+class Call:
+    """One model call on its way: what it runs and the record of its decision."""
+
+    name: str
+    version: int | None
+    inputs: Tensors
+    parameters: Mapping[str, Any]
+    config: ModelConfig | None
+    ctx: RouteContext
+    private: bool
+    payload: int
+    record: dict[str, Any]
+
+    def note(self, route: str, what: str) -> None:
+        """The route changed on the way (fallback, escalated): say so, and why."""
+        self.record["route"] = route
+        self.record["reason"] += f"; {what}"
 
 
 def _ms(seconds: float | None) -> float | None:

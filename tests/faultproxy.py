@@ -4,6 +4,8 @@ It forwards bytes both ways between 127.0.0.1:<port> and a target, and can, at a
 
 - ``delay(seconds)``: hold each chunk that long in each direction (an RTT of twice that), in
   order, without limiting how many requests are in flight;
+- ``erratic(probability, seconds)``: hold a chunk ``seconds`` more with that probability (and
+  what follows it on its connection, as TCP would): a path with spikes;
 - ``bandwidth(bytes_per_s)``: pace the bytes (each direction);
 - ``blackhole()``: stop forwarding (bytes wait, as TCP retransmits over a cut link) and let new
   connections in without forwarding anything; ``restore()`` lets everything flow again;
@@ -15,6 +17,7 @@ It runs an asyncio loop in a thread of the test process; ``close()`` stops it.
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import threading
 import time
@@ -27,6 +30,9 @@ class FaultProxy:
         self.target = (target_host, target_port)
         self.latency = 0.0  # seconds per direction
         self.rate = 0.0  # bytes per second per direction (0: unlimited)
+        self.spike_probability = 0.0
+        self.spike = 0.0
+        self.random = random.Random(0)
         self.refusing = False  # reset
         self.connections: set[asyncio.StreamWriter] = set()
         self.accepted = 0
@@ -50,6 +56,9 @@ class FaultProxy:
     def delay(self, seconds: float) -> None:
         self.latency = seconds
 
+    def erratic(self, probability: float, seconds: float) -> None:
+        self.spike_probability, self.spike = probability, seconds
+
     def bandwidth(self, bytes_per_s: float) -> None:
         self.rate = bytes_per_s
 
@@ -62,7 +71,7 @@ class FaultProxy:
 
     def restore(self) -> None:
         self.refusing = False
-        self.latency = self.rate = 0.0
+        self.latency = self.rate = self.spike_probability = self.spike = 0.0
         self.loop.call_soon_threadsafe(self.flowing.set)
 
     def close(self) -> None:
@@ -125,6 +134,8 @@ class FaultProxy:
                     writer.write_eof() if writer.can_write_eof() else None
                     return
                 await self.flowing.wait()
+                if self.spike_probability and self.random.random() < self.spike_probability:
+                    due += self.spike
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)

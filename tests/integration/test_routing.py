@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,15 +22,21 @@ import pytest
 
 from edged.client import Client, ClientError
 from tests.conftest import CLOUD_MODEL as MODEL
-from tests.conftest import Cloud, Daemon, wait_for
+from tests.conftest import MODELS, Cloud, Daemon, copy_model, linked_repository, wait_for
 from tests.integration.test_scheduling import metric
 
 DIM = 384
 PRIVATE_HEAD = [0.0625, -0.125, 0.25, -0.5]  # the first values of every private input
 
 
-def edged_with_cloud(make_daemon: type[Daemon], cloud: Cloud, routing: str = "", extra: str = "",
-                     models: tuple[str, ...] = (MODEL,)) -> Daemon:  # fmt: skip
+def edged_with_cloud(
+    make_daemon: type[Daemon],
+    cloud: Cloud,
+    routing: str = "",
+    extra: str = "",
+    models: tuple[str, ...] = (MODEL,),
+    repository: Path = MODELS,
+) -> Daemon:
     config = f"""
 [models]
 load = {json.dumps(list(models))}
@@ -39,7 +46,7 @@ url = "http://{cloud.proxy.address}"
 [routing]
 {routing}
 """
-    daemon = make_daemon(config=config).start()
+    daemon = make_daemon(repository, config=config).start()
     wait_for(lambda: cloud_state(daemon.client)["link"]["up"], 10, "the cloud link up")
     wait_for(lambda: MODEL in cloud_state(daemon.client)["catalog"], 10, "the cloud catalog")
     return daemon
@@ -107,6 +114,31 @@ def test_answers_say_where_they_ran_and_why(
     assert metric(client, "edged_route_decisions_total", model=MODEL, route="cloud") == 2
     state = cloud_state(client)
     assert state["breaker"] == "closed" and state["link"]["rtt_s"] > 0
+
+
+def test_unsure_local_answers_escalate_to_the_cloud(
+    make_daemon: type[Daemon], faults_cleared: Cloud, tmp_path: Path
+) -> None:
+    cloud = faults_cleared
+    repository = linked_repository(tmp_path / "models", [MODEL])
+    config = copy_model(repository, MODEL) / "config.pbtxt"
+    config.write_text(
+        config.read_text()
+        + 'parameters {\n  key: "escalate_below"\n  value { string_value: "0.95" }\n}\n'
+    )
+    daemon = edged_with_cloud(make_daemon, cloud, repository=repository)
+    client = daemon.client
+    answers = [ask(client, i) for i in range(10)]  # random embeddings: unsure answers
+    unsure = [a for a in answers if a["probabilities"].max() < 0.95]
+    assert unsure and all(a["route"] == "escalated" for a in unsure), answers
+    assert "confidence" in unsure[0]["reason"] and "the cloud answered" in unsure[0]["reason"]
+    escalated = {f"req-{a['i']}" for a in unsure}
+    assert escalated <= {s["id"] for s in cloud.seen()}
+    # private: never escalated; a failing cloud: the local answer stands, and says so
+    assert ask(client, 1, private=True)["route"] == "local"
+    cloud.fail_every(1)
+    kept = ask(client, 2)
+    assert kept["route"] == "local" and "the cloud failed" in kept["reason"], kept
 
 
 # ---- privacy ----------------------------------------------------------------------------------
