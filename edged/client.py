@@ -117,6 +117,10 @@ class Client:
         """GET /v1/status: readiness, in-flight requests, every model's state."""
         return dict(self.call("GET", "/v1/status"))
 
+    def capabilities(self) -> list[dict[str, Any]]:
+        """Task types, the models that serve each, and on which tier (local, cloud)."""
+        return list(self.call("GET", "/v1/capabilities"))
+
     def model_metadata(self, model: str, version: str | None = None) -> dict[str, Any]:
         """GET /v2/models/{m}[/versions/{v}]."""
         return dict(self.call("GET", _model_path(model, version)))

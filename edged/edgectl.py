@@ -97,6 +97,26 @@ def _cloud_line(cloud: dict[str, Any] | None) -> str:
     )
 
 
+def cmd_capabilities(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    """Task types and the tiers that serve their models, with measured latency."""
+    found = client.capabilities()
+
+    def tier(info: dict[str, Any] | None) -> str:
+        if info is None:
+            return "-"
+        if not info["available"]:
+            return f"no ({info['why_not']})"
+        latency = info["latency_ms"]
+        return "yes" + (f", {latency:.1f} ms over {info['calls']}" if latency is not None else "")
+
+    rows = [
+        [group["task_type"], m["model"], tier(m["local"]), tier(m["cloud"])]
+        for group in found
+        for m in group["models"]
+    ]
+    return found, _table(rows, ["TASK TYPE", "MODEL", "LOCAL", "CLOUD"])
+
+
 def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "list":
         index = client.repository_index()
@@ -245,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("status", help="readiness and every model's state").set_defaults(fn=cmd_status)
+    sub.add_parser(
+        "capabilities", help="task types, and which models serve them on which tier"
+    ).set_defaults(fn=cmd_capabilities)
 
     models = sub.add_parser("models", help="list, show, load or unload models")
     models.add_argument("action", choices=["list", "show", "load", "unload"])

@@ -210,6 +210,47 @@ class Router:
         )
         return Path(True, predicted_s=predicted, cost=entry.cost)
 
+    # ---- the capability registry -----------------------------------------------------------
+
+    def capabilities(self) -> list[dict[str, Any]]:
+        """For each task type: which models serve it on which tier, now, with their measured
+        latency (mean over the calls seen) and the cloud's cost per call."""
+
+        def measured(name: str, path: str) -> dict[str, Any]:
+            found = self.estimates.summary(name, path)
+            if found is None:
+                return {"latency_ms": None, "calls": 0}
+            return {"latency_ms": round(found[0] * 1000, 3), "calls": found[1]}
+
+        catalog = self.cloud.catalog if self.cloud is not None else {}
+        by_task: dict[str, list[dict[str, Any]]] = {}
+        for name in sorted(set(self.manager.entries) | set(catalog)):
+            local, config, _ = self._local_path(name, None, 0)
+            task = config.parameters.get("task_type") if config else None
+            row: dict[str, Any] = {
+                "model": name,
+                "local": {
+                    "available": local.available,
+                    "why_not": local.why_not,
+                    **measured(name, "local"),
+                },
+                "cloud": None,
+            }
+            entry = catalog.get(name)
+            if entry is not None:
+                assert self.cloud is not None
+                why = self.cloud.unavailable(name)
+                row["cloud"] = {
+                    "available": not why,
+                    "why_not": why,
+                    "cloud_name": entry.cloud_name,
+                    "cost": entry.cost,
+                    **measured(name, "cloud"),
+                }
+                task = task or entry.task_type
+            by_task.setdefault(task or "unknown", []).append(row)
+        return [{"task_type": t, "models": rows} for t, rows in sorted(by_task.items())]
+
     # ---- running ---------------------------------------------------------------------------
 
     async def infer(

@@ -112,6 +112,15 @@ class Estimates:
                 seconds += payload / bandwidth
         return seconds
 
+    def summary(self, model: str, path: str) -> tuple[float, int] | None:
+        """Mean seconds over every band of ``model`` on ``path`` (weighted by count), and how
+        many calls taught it; None when never measured."""
+        rows = [e for (m, p, _, _), e in self.table.items() if m == model and p == path]
+        count = sum(e.count for e in rows)
+        if not count:
+            return None
+        return sum(e.mean * e.count for e in rows) / count, count
+
     def as_list(self) -> list[dict[str, object]]:
         return [
             {

@@ -161,6 +161,10 @@ class DataPlane:
             "models": self.manager.index(),
         }
 
+    def capabilities(self) -> list[dict[str, Any]]:
+        """GET /v1/capabilities: task types, the models serving them and on which tier."""
+        return self.router.capabilities()
+
     # ---- inference -------------------------------------------------------------------------
 
     async def infer(

@@ -207,6 +207,9 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return ok(plane.status())
 
+    async def capabilities(request: web.Request) -> web.Response:
+        return ok(plane.capabilities())
+
     async def embed(request: web.Request) -> web.Response:
         return ok(await tasks.embed(plane, await read_json(request), query_parameters(request)))
 
@@ -237,6 +240,7 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
             web.post("/v2/repository/models/{model}/load", repository_load),
             web.post("/v2/repository/models/{model}/unload", repository_unload),
             web.get("/v1/status", status),
+            web.get("/v1/capabilities", capabilities),
             web.get("/metrics", metrics_handler(plane.manager.metrics)),
             web.post("/v1/embed", embed),
             web.post("/v1/intent", intent),

@@ -26,6 +26,11 @@ def test_status_and_models_list(daemon: Daemon) -> None:
     assert b"ready" in out.stdout and b"text-encoder" in out.stdout
     assert b"load: " in out.stdout and b"memory " in out.stdout  # the device's load, sampled
     assert b"cloud: none configured" in out.stdout
+    table = edgectl(daemon.socket, "capabilities").stdout.decode()
+    rows = [line.split() for line in table.splitlines()]
+    assert ["text-classification", "intent-classifier"] in [r[:2] for r in rows], table
+    assert all(r[2].startswith("yes") for r in rows[1:])  # all are served locally
+    assert all(r[-1] == "-" for r in rows[1:])  # no cloud tier
     load = json.loads(edgectl(daemon.socket, "--json", "status").stdout)["load"]
     assert load["memory_total"] > 0 and "procfs" in load["sources"]
     listing = json.loads(edgectl(daemon.socket, "--json", "models", "list").stdout)

@@ -110,10 +110,15 @@ def test_answers_say_where_they_ran_and_why(
     explained = ask(client, 2, route="cloud", explain=True)
     (step,) = json.loads(explained["route_trace"])
     assert step["model"] == MODEL and step["route"] == "cloud" and step["trace"]
-    # the task API says it too, for a pipeline whose classifier step ran in the cloud
     assert metric(client, "edged_route_decisions_total", model=MODEL, route="cloud") == 2
     state = cloud_state(client)
     assert state["breaker"] == "closed" and state["link"]["rtt_s"] > 0
+    # the capability registry: the task type, both tiers, what was measured on each
+    (group,) = [g for g in client.capabilities() if g["task_type"] == "text-classification"]
+    (row,) = group["models"]
+    assert row["model"] == MODEL and row["local"]["available"] and row["cloud"]["available"]
+    assert row["local"]["calls"] == 1 and row["cloud"]["calls"] == 2
+    assert row["cloud"]["latency_ms"] > 0 and row["cloud"]["cloud_name"] == MODEL
 
 
 def test_unsure_local_answers_escalate_to_the_cloud(
