@@ -212,14 +212,18 @@ class CloudConfig(Section):
 
     url: str = Field(
         "",
-        description="base URL with the gateway's path prefix, e.g."
-        " https://gw.example.com/api/v1 (empty: no cloud tier)",
+        description="OIP REST base URL with the gateway's path prefix, e.g."
+        " https://gw.example.com/api/v1, or OIP gRPC grpcs://host:port (empty: no cloud tier)",
     )
-    auth_header: str = Field("Authorization", description="header that carries the token")
+    auth_header: str = Field(
+        "Authorization", description="header (gRPC: metadata key) that carries the token"
+    )
     token_file: Path | None = Field(
         None, description="file holding the token (e.g. 'Bearer ...'), read at start"
     )
-    ca_file: Path | None = Field(None, description="CA bundle to verify the server (https)")
+    ca_file: Path | None = Field(
+        None, description="CA bundle to verify the server (default: the system's)"
+    )
     cert_file: Path | None = Field(None, description="client certificate for mutual TLS")
     key_file: Path | None = Field(None, description="client key for mutual TLS")
     binary_data: bool | None = Field(

@@ -1,10 +1,13 @@
 """The cloud tier: an Open Inference Protocol server (Triton, KServe, MLServer) behind a gateway.
 
-One ``CloudEndpoint`` per configured URL. It speaks OIP REST through tritonclient's asyncio
-client: the base URL may carry the gateway's path prefix (``https://gw/api/v1`` sends
-``POST /api/v1/v2/models/{m}/infer``); a token goes in a header; https requires TLS 1.3 and can
-present a client certificate (mutual TLS). Each call carries the time the request has left, as
-the OIP ``timeout`` parameter for the server and as its own limit here. Around the calls:
+One ``CloudEndpoint`` per configured URL. It speaks OIP REST (``http://``, ``https://``) or OIP
+gRPC (``grpc://``, ``grpcs://``) through tritonclient's asyncio clients. A REST base URL may carry
+the gateway's path prefix (``https://gw/api/v1`` sends ``POST /api/v1/v2/models/{m}/infer``); a
+token goes in a header (gRPC metadata); https requires TLS 1.3; both TLS schemes can present a
+client certificate (mutual TLS). gRPC's Python API cannot refuse TLS 1.2 (the server's choice
+stands), which is logged at start: use https where TLS 1.3 must be enforced. Each call carries
+the time the request has left, as the OIP ``timeout`` parameter for the server and as its own
+limit here (the gRPC deadline too). Around the calls:
 
 - a ``LinkMonitor`` probes ``/v2/health/ready`` and is fed by the calls (a connection error or a
   timeout is a link failure), so routing knows RTT, bandwidth and up/down;
@@ -43,6 +46,19 @@ log = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
 RETRYABLE_STATUS = {429, 502, 503, 504}
+# gRPC status codes as the HTTP status that means the same
+GRPC_STATUS = {
+    "StatusCode.INVALID_ARGUMENT": 400,
+    "StatusCode.UNAUTHENTICATED": 401,
+    "StatusCode.PERMISSION_DENIED": 403,
+    "StatusCode.NOT_FOUND": 404,
+    "StatusCode.RESOURCE_EXHAUSTED": 429,
+    "StatusCode.INTERNAL": 500,
+    "StatusCode.UNKNOWN": 500,
+    "StatusCode.UNIMPLEMENTED": 501,
+    "StatusCode.UNAVAILABLE": 503,
+    "StatusCode.DEADLINE_EXCEEDED": 504,
+}
 JSON = "application/json"
 
 
@@ -105,6 +121,12 @@ def read_token(path: Path | None) -> str | None:
     return token
 
 
+def is_ready(row: dict[str, Any]) -> bool:
+    """A repository index row that serves: state READY (MLServer's gRPC says "State.READY"),
+    or no state at all (KServe lists only what it serves)."""
+    return str(row.get("state", "READY")).rsplit(".", 1)[-1].upper() == "READY"
+
+
 def _as_bytes(array: np.ndarray) -> np.ndarray:
     """BYTES outputs come back as str from JSON: give bytes, as local models do."""
     if array.dtype == object:
@@ -125,17 +147,26 @@ class CloudEndpoint(Background):
         self.config = config
         self.local_names = local_names
         parts = urlsplit(config.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if parts.scheme not in ("http", "https", "grpc", "grpcs") or not parts.netloc:
             raise ConfigError(
-                f"cloud.url must be http(s)://host[:port][/prefix], got '{config.url}'"
+                "cloud.url must be http(s)://host[:port][/prefix] or grpc(s)://host[:port],"
+                f" got '{config.url}'"
+            )
+        self.grpc = parts.scheme.startswith("grpc")
+        if self.grpc and parts.path.strip("/"):
+            raise ConfigError(
+                f"cloud.url: gRPC has no path prefix (gateways route it by service): '{parts.path}'"
             )
         self.url = config.url.rstrip("/")
         self.address = parts.netloc + parts.path.rstrip("/")  # tritonclient takes no scheme
+        self.secure = parts.scheme in ("https", "grpcs")
         self.tls = tls_context(config) if parts.scheme == "https" else None
         token = read_token(config.token_file)
-        self.headers = {config.auth_header: token} if token else {}
-        self.client: triton.InferenceServerClient | None = None
-        self.binary = config.binary_data
+        header = config.auth_header.lower() if self.grpc else config.auth_header  # gRPC metadata
+        self.headers = {header: token} if token else {}
+        self.client: Any = None
+        self.module: Any = triton
+        self.binary = True if self.grpc else config.binary_data
         self.catalog: dict[str, CatalogEntry] = {}
         self.breaker = CircuitBreaker(
             error_rate=config.breaker_error_rate,
@@ -157,10 +188,15 @@ class CloudEndpoint(Background):
 
     def start(self) -> None:
         """Open the client (it needs the running loop), start probing and reading the catalog."""
-        if self.client is None:
+        if self.client is None and self.grpc:
+            import tritonclient.grpc.aio as triton_grpc
+
+            self.module = triton_grpc
+            self.client = triton_grpc.InferenceServerClient(self.address, **self._grpc_tls())
+        elif self.client is None:
             self.client = triton.InferenceServerClient(
                 self.address,
-                ssl=self.tls is not None,
+                ssl=self.secure,
                 ssl_context=self.tls,
                 conn_timeout=max(self.config.connect_timeout_s, 600.0),
             )
@@ -173,6 +209,31 @@ class CloudEndpoint(Background):
         if self.client is not None:
             await self.client.close()
             self.client = None
+
+    def _grpc_tls(self) -> dict[str, Any]:
+        """grpcs: the CA, and the client certificate for mutual TLS, as PEM bytes."""
+        if not self.secure:
+            return {}
+        log.warning(
+            "cloud %s: gRPC's Python API cannot refuse TLS 1.2; use https:// where TLS 1.3 must"
+            " be enforced",
+            self.url,
+        )
+
+        def pem(path: Path | None) -> bytes | None:
+            try:
+                return path.read_bytes() if path is not None else None
+            except OSError as exc:
+                raise ConfigError(
+                    f"cloud TLS settings: cannot read {path}: {exc.strerror}"
+                ) from None
+
+        return {
+            "ssl": True,
+            "root_certificates": pem(self.config.ca_file),
+            "private_key": pem(self.config.key_file),
+            "certificate_chain": pem(self.config.cert_file),
+        }
 
     def _link_changed(self, up: bool) -> None:
         if up:  # what the outage made fail says nothing of the endpoint; the probes passed
@@ -210,11 +271,13 @@ class CloudEndpoint(Background):
                 )
                 self.binary = "binary_tensor_data" in metadata.get("extensions", [])
             try:
+                kwargs = {"as_json": True} if self.grpc else {}
                 index = await asyncio.wait_for(
-                    self.client.get_model_repository_index(headers=self.headers), limit
+                    self.client.get_model_repository_index(headers=self.headers, **kwargs), limit
                 )
-                names = [r["name"] for r in index if r.get("name") and r.get("state", "READY")
-                         == "READY"]  # fmt: skip
+                if self.grpc:
+                    index = index.get("models", [])
+                names = [r["name"] for r in index if r.get("name") and is_ready(r)]
             except InferenceServerException:
                 names = [
                     name
@@ -266,14 +329,26 @@ class CloudEndpoint(Background):
             raise CloudError(f"the circuit to {self.url} is open", endpoint_fault=False)
         entry = self.catalog.get(model)
         binary = bool(self.binary)
+        module = self.module
         request = []
         payload = 0
         for name, array in inputs.items():
-            tensor = triton.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array, binary_data=binary)
+            tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            if self.grpc:
+                tensor.set_data_from_numpy(array)
+            else:
+                tensor.set_data_from_numpy(array, binary_data=binary)
             request.append(tensor)
             payload += array.nbytes if array.dtype != object else sum(map(len, array.ravel()))
-        wanted = [triton.InferRequestedOutput(n, binary_data=binary) for n in outputs]
+        if self.grpc:
+            wanted = [module.InferRequestedOutput(n) for n in outputs]
+            transport: dict[str, Any] = {"client_timeout": timeout, "headers": self.headers}
+        else:
+            wanted = [module.InferRequestedOutput(n, binary_data=binary) for n in outputs]
+            # tritonclient's asyncio REST client sends no Content-Type; FastAPI-based servers
+            # (MLServer, KServe) refuse a JSON body without it
+            kind = "application/octet-stream" if binary else JSON
+            transport = {"headers": {**self.headers, "Content-Type": kind}}
         started = time.perf_counter()
         try:
             result = await asyncio.wait_for(
@@ -282,13 +357,8 @@ class CloudEndpoint(Background):
                     request,
                     outputs=wanted or None,
                     request_id=request_id,
-                    timeout=max(1, int(timeout * 1e6)),
-                    # tritonclient's asyncio client sends no Content-Type; FastAPI-based
-                    # servers (MLServer, KServe) refuse a JSON body without it
-                    headers={
-                        **self.headers,
-                        "Content-Type": "application/octet-stream" if binary else JSON,
-                    },
+                    timeout=max(1, int(timeout * 1e6)),  # the server may drop it after this
+                    **transport,
                 ),
                 timeout,
             )
@@ -299,11 +369,13 @@ class CloudEndpoint(Background):
                 retryable=True,
             )
         except InferenceServerException as exc:
-            status = int(exc.status()) if str(exc.status() or "").isdigit() else None
+            code = str(exc.status() or "")
+            status = GRPC_STATUS.get(code) or (int(code) if code.isdigit() else None)
             error = CloudError(
-                f"the cloud answered {status}: {exc.message()}",
+                f"the cloud answered {code or 'an error'}: {exc.message()}",
                 status=status,
                 endpoint_fault=status is None or status >= 500,
+                link_fault=status in (503, 504) and self.grpc,  # gRPC's lost connection
                 retryable=status in RETRYABLE_STATUS,
             )
         except (aiohttp.ClientError, OSError) as exc:
@@ -317,7 +389,10 @@ class CloudEndpoint(Background):
             self.breaker.record(True)
             self.link.observe(elapsed, payload, rtt=False)
             response = result.get_response()
-            names = [o["name"] for o in response.get("outputs", [])]
+            if self.grpc:
+                names = [o.name for o in response.outputs]
+            else:
+                names = [o["name"] for o in response.get("outputs", [])]
             return {n: _as_bytes(result.as_numpy(n)) for n in names}
         self.breaker.record(not error.endpoint_fault)
         if error.link_fault:

@@ -121,6 +121,21 @@ def test_answers_say_where_they_ran_and_why(
     assert row["cloud"]["latency_ms"] > 0 and row["cloud"]["cloud_name"] == MODEL
 
 
+def test_the_cloud_over_grpc(make_daemon: type[Daemon], faults_cleared: Cloud) -> None:
+    cloud = faults_cleared
+    config = f'[models]\nload = ["{MODEL}"]\n[cloud]\nurl = "grpc://{cloud.peer.grpc_url}"\n'
+    daemon = make_daemon(config=config).start()
+    client = daemon.client
+    wait_for(lambda: MODEL in cloud_state(client)["catalog"], 10, "the catalog over gRPC")
+    local, remote = ask(client, 5, route="local"), ask(client, 5, route="cloud")
+    assert remote["route"] == "cloud", remote
+    np.testing.assert_allclose(remote["probabilities"], local["probabilities"], atol=1e-5)
+    assert "req-5" in {s["id"] for s in cloud.seen()}
+    cloud.fail_every(1)  # every call fails on the server: INTERNAL, then the device answers
+    failed = ask(client, 6, route="cloud")
+    assert failed["route"] == "fallback" and "StatusCode.INTERNAL" in failed["reason"], failed
+
+
 def test_unsure_local_answers_escalate_to_the_cloud(
     make_daemon: type[Daemon], faults_cleared: Cloud, tmp_path: Path
 ) -> None:
