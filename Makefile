@@ -15,13 +15,14 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
 APT_TEST := espeak-ng fonts-dejavu-core curl systemd
 
-.PHONY: run test setup models lint unit integration bench bench-load clean distclean help
+.PHONY: run test setup models lint unit integration bench bench-load bench-routing clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
 	@echo "make test   - set up everything and run lint, unit and integration tests"
 	@echo "make bench  - run the serving benchmark (bench/serving.py)"
 	@echo "make bench-load - load benchmark vs in-process ONNX Runtime and MLServer (bench/load.py)"
+	@echo "make bench-routing - decide() cost and hedging on an erratic link (bench/routing.py)"
 	@echo "make models - (re)build the default model repository in models/"
 
 $(STAMPS):
@@ -78,6 +79,9 @@ bench: $(STAMPS)/models
 
 bench-load: $(STAMPS)/models
 	$(PY) bench/load.py
+
+bench-routing: $(STAMPS)/models
+	$(PY) bench/routing.py
 
 clean:
 	rm -rf run var .pytest_cache .mypy_cache .ruff_cache

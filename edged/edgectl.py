@@ -155,18 +155,21 @@ def _explained(reply: dict[str, Any], text: str, args: argparse.Namespace) -> st
     """With --explain: where the work ran, why, and every decision of the request."""
     if not args.explain or "route" not in reply:
         return text
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} ms"
+
     lines = [text, f"route: {reply['route']}: {reply['reason']}"]
-    if reply.get("predicted_ms") is not None or reply.get("actual_ms") is not None:
-        lines.append(
-            f"  predicted {reply.get('predicted_ms', '-')} ms, actual {reply.get('actual_ms')} ms"
-        )
+    lines.append(
+        f"  predicted {ms(reply.get('predicted_ms'))}, actual {ms(reply.get('actual_ms'))}"
+    )
     trace = reply.get("route_trace") or []
     if isinstance(trace, str):  # OIP parameters carry it as JSON text
         trace = json.loads(trace)
     for step in trace:
         lines.append(
-            f"  {step['model']}: {step['route']} (deadline {step['deadline_ms']} ms,"
-            f" predicted {step['predicted_ms']} ms, actual {step.get('actual_ms')} ms)"
+            f"  {step['model']}: {step['route']} (deadline {ms(step['deadline_ms'])},"
+            f" predicted {ms(step['predicted_ms'])}, actual {ms(step.get('actual_ms'))})"
         )
         lines += [f"    {line}" for line in step["trace"]]
     return "\n".join(lines)

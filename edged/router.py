@@ -220,7 +220,10 @@ class Router:
             found = self.estimates.summary(name, path)
             if found is None:
                 return {"latency_ms": None, "calls": 0}
-            return {"latency_ms": round(found[0] * 1000, 3), "calls": found[1]}
+            seconds, calls = found
+            if path == "cloud" and self.cloud is not None:  # service time + the RTT of now
+                seconds += self.cloud.link.rtt or 0.0
+            return {"latency_ms": round(seconds * 1000, 3), "calls": calls}
 
         catalog = self.cloud.catalog if self.cloud is not None else {}
         by_task: dict[str, list[dict[str, Any]]] = {}

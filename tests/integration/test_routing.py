@@ -161,6 +161,16 @@ def test_unsure_local_answers_escalate_to_the_cloud(
     assert kept["route"] == "local" and "the cloud failed" in kept["reason"], kept
 
 
+def test_sighup_applies_new_rules(make_daemon: type[Daemon], faults_cleared: Cloud) -> None:
+    daemon = edged_with_cloud(make_daemon, faults_cleared)
+    assert ask(daemon.client, 1)["route"] == "local"
+    daemon.config.write_text(daemon.config.read_text() + ALWAYS_CLOUD)
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: ask(daemon.client, 2)["route"] == "cloud", 10, "the new rule applied")
+    assert "rule 'cloud-first'" in ask(daemon.client, 3)["reason"]
+
+
 # ---- privacy ----------------------------------------------------------------------------------
 
 
