@@ -17,6 +17,7 @@ It runs an asyncio loop in a thread of the test process; ``close()`` stops it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import socket
 import threading
@@ -116,9 +117,11 @@ class FaultProxy:
             writer.transport.abort()
             return
         self.connections |= {writer, up_writer}
-        await asyncio.gather(
-            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
-        )
+        # close() cancels this: end quietly (asyncio logs a handler task that ends cancelled)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(
+                self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+            )
         for w in (writer, up_writer):
             self.connections.discard(w)
             w.transport.abort()
