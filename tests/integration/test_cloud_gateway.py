@@ -106,8 +106,12 @@ class Gateway:
         return self
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
+
+    async def _close(self) -> None:
+        await self.runner.cleanup()
+        await self.session.close()
 
     def _main(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
