@@ -59,7 +59,7 @@ class OnnxPeerModel(MLModel):
         self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self._names = [o.name for o in self._session.get_outputs()]
         self._journal = extra.get("journal")  # a line per request seen: {id, model, head}
-        self._faults = extra.get("faults")  # {"fail_every": N} fails one call in N with a 500
+        self._faults = extra.get("faults")  # {"fail_every": N, "status": 500}: one call in N fails
         self._calls = 0
         return True
 
@@ -68,9 +68,10 @@ class OnnxPeerModel(MLModel):
         if not self._faults or not os.path.exists(self._faults):
             return
         with open(self._faults) as f:
-            every = json.load(f).get("fail_every", 0)
+            faults = json.load(f)
+        every = faults.get("fail_every", 0)
         if every and self._calls % every == 0:
-            raise MLServerError("injected fault", status_code=500)
+            raise MLServerError("injected fault", status_code=faults.get("status", 500))
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         feeds = {i.name: NumpyCodec.decode_input(i) for i in payload.inputs}
@@ -170,7 +171,8 @@ def start_peer(
     ``session_config``: ORT session config entries, e.g. {"session.intra_op.allow_spinning": "0"}.
     ``more_models``: other ONNX files to serve, by name. ``journal``: a file where the server
     writes a line per request it sees (the tests check there what reached the cloud);
-    ``faults``: a JSON file read at each call, ``{"fail_every": N}`` fails one call in N (500).
+    ``faults``: a JSON file read at each call, ``{"fail_every": N, "status": 503}`` fails one call
+    in N with that status (500 by default).
     """
     extra: dict[str, Any] = {"session": session_config or {}}
     if journal is not None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,12 +34,11 @@ from edged.load import LoadMonitor
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
+from edged.protocol.tensors import payload_bytes
 from edged.routing import Decision, Estimates, Path, RouteRequest, decide
 from edged.runtimes.base import Tensors
 from edged.runtimes.cloud import CloudEndpoint, CloudError
 from edged.scheduler import REQUEST
-
-log = logging.getLogger(__name__)
 
 CLOUD_VERSION = "cloud"  # the model_version of an answer the cloud gave
 MIN_LOCAL_RESERVE_S = 0.02  # time kept for a local fallback when the local path is unmeasured
@@ -87,23 +85,9 @@ def route_context(parameters: Mapping[str, Any], default_deadline_s: float) -> R
     deadline = REQUEST.get().deadline
     if deadline is None:
         deadline = time.monotonic() + default_deadline_s
-    request_id = parameters.get("id", "")
     return RouteContext(
-        deadline=deadline,
-        private=private,
-        override=None if override == "auto" else override,
-        request_id=request_id if isinstance(request_id, str) else "",
+        deadline=deadline, private=private, override=None if override == "auto" else override
     )
-
-
-def payload_size(inputs: Tensors) -> int:
-    total = 0
-    for array in inputs.values():
-        if array.dtype == object:
-            total += sum(len(v) for v in array.ravel() if isinstance(v, (bytes, str)))
-        else:
-            total += array.nbytes
-    return total
 
 
 def confidence(array: np.ndarray) -> float:
@@ -268,7 +252,7 @@ class Router:
         if ctx is None:  # a call from outside a request: default deadline, no private label
             ctx = RouteContext(deadline=time.monotonic() + self.policy.default_deadline_s)
             ROUTE.set(ctx)
-        payload = payload_size(inputs)
+        payload = payload_bytes(inputs)
         local, config, local_error = self._local_path(name, version, payload)
         cloud = self._cloud_path(name, version, payload)
         if not cloud.available and local_error is not None:

@@ -195,8 +195,9 @@ class Cloud:
             return []
         return [json.loads(line) for line in self.journal.read_text().splitlines() if line]
 
-    def fail_every(self, n: int) -> None:
-        self.faults.write_text(json.dumps({"fail_every": n}))
+    def fail_every(self, n: int, status: int = 500) -> None:
+        """The server fails one call in ``n`` (0: none) with ``status``."""
+        self.faults.write_text(json.dumps({"fail_every": n, "status": status}))
 
 
 @pytest.fixture(scope="session")

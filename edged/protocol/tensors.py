@@ -102,6 +102,17 @@ class InferResponse:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+def payload_bytes(tensors: Mapping[str, np.ndarray]) -> int:
+    """The bytes of a request's tensors (BYTES elements: their lengths)."""
+    total = 0
+    for array in tensors.values():
+        if array.dtype == object:
+            total += sum(len(v) for v in array.ravel() if isinstance(v, (bytes, str)))
+        else:
+            total += array.nbytes
+    return total
+
+
 def element_count(shape: Iterable[int]) -> int:
     count = 1
     for dim in shape:

@@ -41,6 +41,7 @@ from edged.breaker import CircuitBreaker
 from edged.config import CloudConfig
 from edged.errors import ConfigError
 from edged.link import LinkMonitor
+from edged.protocol.tensors import payload_bytes
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +332,6 @@ class CloudEndpoint(Background):
         binary = bool(self.binary)
         module = self.module
         request = []
-        payload = 0
         for name, array in inputs.items():
             tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             if self.grpc:
@@ -339,7 +339,6 @@ class CloudEndpoint(Background):
             else:
                 tensor.set_data_from_numpy(array, binary_data=binary)
             request.append(tensor)
-            payload += array.nbytes if array.dtype != object else sum(map(len, array.ravel()))
         if self.grpc:
             wanted = [module.InferRequestedOutput(n) for n in outputs]
             transport: dict[str, Any] = {"client_timeout": timeout, "headers": self.headers}
@@ -387,7 +386,7 @@ class CloudEndpoint(Background):
         else:
             elapsed = time.perf_counter() - started
             self.breaker.record(True)
-            self.link.observe(elapsed, payload, rtt=False)
+            self.link.observe(elapsed, payload_bytes(inputs), rtt=False)
             response = result.get_response()
             if self.grpc:
                 names = [o.name for o in response.outputs]

@@ -136,6 +136,26 @@ def test_the_cloud_over_grpc(make_daemon: type[Daemon], faults_cleared: Cloud) -
     assert failed["route"] == "fallback" and "StatusCode.INTERNAL" in failed["reason"], failed
 
 
+def test_without_a_local_model_the_cloud_is_retried_within_the_deadline(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    cloud = faults_cleared
+    daemon = edged_with_cloud(make_daemon, cloud)
+    client = daemon.client
+    client.unload(MODEL)  # only the cloud can serve now: no local fallback
+    cloud.fail_every(2, status=503)  # every other call: 503, which is worth a retry
+    answers = [ask(client, 300 + i) for i in range(4)]
+    assert {a["route"] for a in answers} == {"cloud"}, answers
+    assert "only the cloud can serve" in answers[0]["reason"]
+    ids = [s["id"] for s in cloud.seen()]
+    assert sum(ids.count(f"req-{300 + i}") for i in range(4)) > 4  # some were sent twice
+    cloud.fail_every(1, status=500)  # every call fails, and 500 is not worth a retry
+    with pytest.raises(ClientError) as failed:
+        ask(client, 400)
+    assert failed.value.status == 503 and "the cloud failed" in failed.value.message
+    assert [s["id"] for s in cloud.seen()].count("req-400") == 1
+
+
 def test_unsure_local_answers_escalate_to_the_cloud(
     make_daemon: type[Daemon], faults_cleared: Cloud, tmp_path: Path
 ) -> None:
@@ -297,12 +317,15 @@ otherwise = "cloud"
     try:
         wait_for(lambda: client.status()["load"]["cpu_percent"] >= 90, 15, "the CPU hog seen")
         busy = [ask(client, 10 + i) for i in range(10)]
+        private = [ask(client, 50 + i, private=True) for i in range(5)]
     finally:
         for hog in hogs:
             os.kill(hog.pid, signal.SIGKILL)
             hog.wait()
     assert {r["route"] for r in busy} == {"cloud"}, busy
     assert "rule 'brief'" in busy[0]["reason"] and "does not hold" in busy[0]["reason"]
+    assert {r["route"] for r in private} == {"local"}  # under load too
+    assert not [s for s in cloud.seen() if s["id"].startswith("private")]
     wait_for(lambda: client.status()["load"]["cpu_percent"] < 60, 15, "the CPU calm again")
     assert ask(client, 30)["route"] == "local"
 
