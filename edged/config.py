@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -231,8 +232,13 @@ class CloudConfig(Section):
         description="send tensors with the binary extension (unset: if the server lists it)",
     )
     connect_timeout_s: float = Field(5.0, gt=0, description="TCP+TLS connect limit")
-    probe_interval_s: float = Field(0.25, gt=0, description="seconds between link probes")
-    probe_timeout_s: float = Field(0.3, gt=0, description="a probe slower than this failed")
+    probe_interval_s: float = Field(0.2, gt=0, description="seconds between link probes")
+    probe_timeout_s: float = Field(
+        0.25,
+        gt=0,
+        description="a probe slower than this failed (the next one gets twice as long; a cut"
+        " link is down within interval + 3 x this)",
+    )
     reconnect_min_s: float = Field(1.0, gt=0, description="first probe backoff once down")
     reconnect_max_s: float = Field(64.0, gt=0, description="longest probe backoff once down")
     max_retries: int = Field(
@@ -247,6 +253,18 @@ class CloudConfig(Section):
     models: list[CloudModelConfig] = Field(
         default_factory=list, description="catalog entries added to the cloud's model index"
     )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https", "grpc", "grpcs") or not parts.netloc:
+            raise ValueError("must be http(s)://host[:port][/prefix] or grpc(s)://host[:port]")
+        if parts.scheme.startswith("grpc") and parts.path.strip("/"):
+            raise ValueError("gRPC has no path prefix (gateways route it by service)")
+        return value
 
 
 class LogConfig(Section):

@@ -99,6 +99,10 @@ class CatalogEntry:
 
 def tls_context(config: CloudConfig) -> ssl.SSLContext:
     """TLS 1.3 at least, the configured CA (else the system's), a client certificate if set."""
+    for key in ("ca_file", "cert_file", "key_file"):
+        path = getattr(config, key)
+        if path is not None and not path.is_file():
+            raise ConfigError(f"cloud.{key} {path} is not a readable file")
     try:
         context = ssl.create_default_context(cafile=str(config.ca_file) if config.ca_file else None)
         context.minimum_version = ssl.TLSVersion.TLSv1_3
@@ -147,17 +151,8 @@ class CloudEndpoint(Background):
         it does not serve its repository index."""
         self.config = config
         self.local_names = local_names
-        parts = urlsplit(config.url)
-        if parts.scheme not in ("http", "https", "grpc", "grpcs") or not parts.netloc:
-            raise ConfigError(
-                "cloud.url must be http(s)://host[:port][/prefix] or grpc(s)://host[:port],"
-                f" got '{config.url}'"
-            )
+        parts = urlsplit(config.url)  # checked by the config
         self.grpc = parts.scheme.startswith("grpc")
-        if self.grpc and parts.path.strip("/"):
-            raise ConfigError(
-                f"cloud.url: gRPC has no path prefix (gateways route it by service): '{parts.path}'"
-            )
         self.url = config.url.rstrip("/")
         self.address = parts.netloc + parts.path.rstrip("/")  # tritonclient takes no scheme
         self.secure = parts.scheme in ("https", "grpcs")

@@ -194,3 +194,14 @@ def test_estimates_learn_per_band_and_follow_the_link() -> None:
     est.observe("m", "cloud", 0.030, payload=100, rtt=0.020)
     assert est.predict("m", "cloud", payload=100, rtt=0.400) == pytest.approx(0.410)
     assert est.predict("m", "cloud", payload=100, rtt=0.0, bandwidth=100.0) == pytest.approx(1.01)
+
+
+def test_a_bad_cloud_url_is_a_config_error() -> None:
+    for url, message in [
+        ("ftp://x", "must be http"),
+        ("gw.example.com/api", "must be http"),
+        ("grpcs://h:443/prefix", "no path prefix"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"cloud\.url: .*{message}"):
+            parse_config({"cloud": {"url": url}})
+    assert parse_config({"cloud": {"url": "https://gw:8443/api/v1"}}).cloud.url
