@@ -99,10 +99,10 @@ class CatalogEntry:
 
 def tls_context(config: CloudConfig) -> ssl.SSLContext:
     """TLS 1.3 at least, the configured CA (else the system's), a client certificate if set."""
-    for key in ("ca_file", "cert_file", "key_file"):
-        path = getattr(config, key)
+    for name in ("ca_file", "cert_file", "key_file"):
+        path = getattr(config, name)
         if path is not None and not path.is_file():
-            raise ConfigError(f"cloud.{key} {path} is not a readable file")
+            raise ConfigError(f"cloud.{name} {path} is not a readable file")
     try:
         context = ssl.create_default_context(cafile=str(config.ca_file) if config.ca_file else None)
         context.minimum_version = ssl.TLSVersion.TLSv1_3
