@@ -55,7 +55,12 @@ def test_infer_with_raw_contents_equals_onnx_runtime(
     session = ort.InferenceSession(str(MODELS / "text-encoder" / "1" / "model.onnx"))
     (expected,) = session.run(["embedding"], feeds)
     np.testing.assert_allclose(result.as_numpy("embedding"), expected, atol=1e-5)
-    assert result.get_response().model_version == "1"
+    response = result.get_response()
+    assert response.model_version == "1"
+    # where it ran and why, as InferParameters
+    assert response.parameters["route"].string_param == "local"
+    assert "no cloud tier" in response.parameters["reason"].string_param
+    assert response.parameters["actual_ms"].double_param > 0
 
 
 def test_pipelines_take_strings(triton: grpcclient.InferenceServerClient) -> None:
