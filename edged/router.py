@@ -99,6 +99,16 @@ def confidence(array: np.ndarray) -> float:
     return float(best.min())
 
 
+def local_reserve(decision: Decision) -> float:
+    """The time a cloud call leaves for running locally after it, when it may fall back there:
+    twice the local estimate (at least MIN_LOCAL_RESERVE_S), at most half the deadline; none
+    when running locally would miss the deadline anyway (the cloud gets all of it)."""
+    local = decision.predicted_local_s
+    if decision.fallback != "local" or (local is not None and local >= decision.deadline_s):
+        return 0.0
+    return min(max(MIN_LOCAL_RESERVE_S, 2 * (local or 0.0)), decision.deadline_s / 2)
+
+
 def should_fall_back(exc: BaseException) -> bool:
     """A local failure the cloud may make good: no capacity, or a server-side error."""
     status = exc.status if isinstance(exc, EdgedError) else 500
@@ -309,11 +319,8 @@ class Router:
                 return await self._escalate(call, served, out)
             return served, out
         if decision.route == "cloud":
-            reserve = 0.0
-            if decision.fallback == "local":
-                reserve = max(MIN_LOCAL_RESERVE_S, 2 * (decision.predicted_local_s or 0.0))
             try:
-                return await self._cloud(call, reserve)
+                return await self._cloud(call, local_reserve(decision))
             except CloudError as exc:
                 if decision.fallback != "local":
                     raise Unavailable(

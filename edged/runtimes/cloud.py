@@ -357,10 +357,14 @@ class CloudEndpoint(Background):
                 timeout,
             )
         except asyncio.TimeoutError:
+            # silence for longer than a probe may take says the path failed; a shorter budget
+            # (a tight deadline) says nothing about the link or the endpoint
+            meaningful = timeout >= self.link.probe_timeout()
             error = CloudError(
                 f"the cloud did not answer within {timeout * 1000:.0f} ms",
-                link_fault=True,
-                retryable=True,
+                endpoint_fault=meaningful,
+                link_fault=meaningful,
+                retryable=meaningful,
             )
         except InferenceServerException as exc:
             code = str(exc.status() or "")

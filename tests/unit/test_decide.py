@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from edged.config import parse as parse_config
 from edged.errors import ConfigError
-from edged.routing import Estimates, Path, Policy, RouteRequest, Rule, decide
+from edged.routing import Decision, Estimates, Path, Policy, RouteRequest, Rule, decide
 from edged.routing.conditions import VARIABLES, parse
 
 # ---- conditions -----------------------------------------------------------------------------
@@ -205,3 +205,16 @@ def test_a_bad_cloud_url_is_a_config_error() -> None:
         with pytest.raises(ConfigError, match=rf"cloud\.url: .*{message}"):
             parse_config({"cloud": {"url": url}})
     assert parse_config({"cloud": {"url": "https://gw:8443/api/v1"}}).cloud.url
+
+
+def test_the_local_reserve_of_a_cloud_call() -> None:
+    from edged.router import local_reserve
+
+    def cloud(local: float | None, deadline: float, fallback: bool = True) -> Decision:
+        return Decision("cloud", "r", "local" if fallback else None, None, local, 0.01, deadline)
+
+    assert local_reserve(cloud(0.001, 0.5)) == 0.02  # at least 20 ms
+    assert local_reserve(cloud(0.05, 0.5)) == 0.1  # twice the local estimate
+    assert local_reserve(cloud(0.005, 0.02)) == 0.01  # at most half the deadline
+    assert local_reserve(cloud(0.03, 0.025)) == 0.0  # local would miss anyway: all to the cloud
+    assert local_reserve(cloud(0.001, 0.5, fallback=False)) == 0.0

@@ -1,0 +1,325 @@
+"""The routing lab's replay harness: edged's own routing parts, in simulated time, over a trace.
+
+What runs is edged's code: ``routing.decide`` (the path decision), ``routing.Estimates`` (the
+learned latencies), ``CircuitBreaker`` (on the simulated clock), ``LinkMonitor`` (fed with the
+trace's probes: every 0.2 s, a failure retried at once, backoff while down, as the daemon does)
+and the router's fallback reserve (``router.local_reserve``). What is simulated is only what the
+trace says the world did: how long each path took for each request, and whether the cloud could
+be reached. Requests are replayed one by one in arrival order; each one's outcome teaches the
+estimators, the breaker and the link before the next.
+
+Execution follows the router:
+- local: the trace's ``local_ms``;
+- cloud: the trace's ``cloud_ms`` if the call is allowed (circuit) and it comes within the
+  deadline less the local reserve; else the call gives up at that point and runs locally
+  (``fallback``): the wait plus ``local_ms``;
+- hedged: the faster of the two;
+- a private request that goes to the cloud is counted as a violation (there must be none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.lab.traces import Trace
+from edged.breaker import CircuitBreaker
+from edged.link import LinkMonitor
+from edged.router import local_reserve
+from edged.routing import Decision, Estimates, Path, Policy, RouteRequest, decide, parse
+from edged.routing.decide import Route
+from edged.stats import percentile
+
+logging.getLogger("edged.link").setLevel(logging.ERROR)  # thousands of simulated ups and downs
+PROBE_INTERVAL = 0.2
+PROBE_TIMEOUT = 0.25
+
+
+@dataclass
+class Situation:
+    """What a policy sees for one request (all of it known before the request runs)."""
+
+    request: RouteRequest
+    local: Path
+    cloud: Path
+    facts: dict[str, float | None]
+    trace_row: dict[str, Any]  # the request as the trace has it (hindsight: not for policies)
+
+
+Strategy = Callable[[Situation], Decision]
+
+
+@dataclass
+class Outcome:
+    route: str  # what ran in the end: local, cloud, hedged, fallback
+    latency_ms: float
+    ok: bool  # within the deadline
+    cloud_calls: int
+    violation: bool
+
+
+@dataclass
+class Result:
+    policy: str
+    trace: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)  # the decided route, per request
+
+    @property
+    def slo(self) -> float:
+        return 100.0 * sum(o.ok for o in self.outcomes) / max(1, len(self.outcomes))
+
+    @property
+    def cloud_calls(self) -> int:
+        return sum(o.cloud_calls for o in self.outcomes)
+
+    @property
+    def violations(self) -> int:
+        return sum(o.violation for o in self.outcomes)
+
+    def latency(self, q: float) -> float:
+        return percentile(sorted(o.latency_ms for o in self.outcomes), q) or 0.0
+
+
+class Replay:
+    """One policy over one trace, in simulated time."""
+
+    def __init__(self, trace: Trace, strategy: Strategy, name: str) -> None:
+        self.trace = trace
+        self.strategy = strategy
+        self.now = 0.0
+        self.estimates = Estimates()
+        self.breaker = CircuitBreaker(clock=lambda: self.now)
+        self.link = LinkMonitor("sim", self._never, interval=PROBE_INTERVAL)
+        self.next_probe = 0.0
+        self.down_attempt = 0
+        self.result = Result(name, trace.name)
+
+    @staticmethod
+    async def _never() -> None:  # the replay feeds the monitor itself
+        raise AssertionError
+
+    def _probe_until(self, t: float) -> None:
+        """The link monitor's probes between the last request and ``t``."""
+        while self.next_probe <= t:
+            env = self.trace.at(self.next_probe)
+            timeout = self.link.probe_timeout()
+            rtt = env["rtt_ms"] / 1000
+            if env["outage"] or rtt > timeout:
+                self.link.observe(None)
+                if self.link.up or self.link.failures < self.link.down_after:
+                    self.next_probe += timeout  # probe again at once, with a longer timeout
+                else:
+                    self.next_probe += timeout + self.link.backoff(self.down_attempt)
+                    self.down_attempt += 1
+            else:
+                self.link.observe(rtt)
+                self.down_attempt = 0
+                self.next_probe += rtt + PROBE_INTERVAL
+
+    def situation(self, row: dict[str, Any]) -> Situation:
+        env = self.trace.at(row["t"])
+        load = env["load"]
+        request = RouteRequest(
+            model=row["task"],
+            task_type=row["task"],
+            private=row["private"],
+            deadline_s=row["deadline_ms"] / 1000,
+            payload_bytes=row["payload"],
+        )
+        local = Path(True, predicted_s=self.estimates.predict(row["task"], "local", load,
+                                                              row["payload"]))  # fmt: skip
+        if not self.link.up:
+            cloud = Path(False, "link down")
+        elif not self.breaker.would_allow():
+            cloud = Path(False, "circuit open")
+        else:
+            predicted = self.estimates.predict(
+                row["task"], "cloud", None, row["payload"], self.link.rtt, self.link.bandwidth
+            )
+            cloud = Path(True, predicted_s=predicted)
+        facts: dict[str, float | None] = {
+            "local_load": load,
+            "cpu": load,
+            "rtt": self.link.rtt * 1000 if self.link.rtt is not None else None,
+            "deadline": row["deadline_ms"],
+            "payload": float(row["payload"]),
+        }
+        return Situation(request, local, cloud, facts, row)
+
+    def run(self) -> Result:
+        for row in self.trace.requests:
+            self._probe_until(row["t"])
+            self.now = row["t"]
+            situation = self.situation(row)
+            decision = self.strategy(situation)
+            self.result.decisions.append(decision.route)
+            self.result.outcomes.append(self._execute(decision, row))
+        return self.result
+
+    def _execute(self, decision: Decision, row: dict[str, Any]) -> Outcome:
+        local_ms, cloud_ms, deadline = row["local_ms"], row["cloud_ms"], row["deadline_ms"]
+        load = self.trace.at(row["t"])["load"]
+        route: str = decision.route
+        calls = 0
+        if route == "none":
+            return Outcome("none", float("inf"), False, 0, False)
+
+        def ran_local() -> None:
+            self.estimates.observe(row["task"], "local", local_ms / 1000, load, row["payload"])
+
+        def ran_cloud(budget_ms: float) -> float | None:
+            """The cloud's time, or None when it failed within ``budget_ms``."""
+            nonlocal calls
+            if budget_ms <= 0 or not self.breaker.allow():
+                return None  # no call: no time left, or the circuit is open
+            calls += 1
+            if cloud_ms is None or cloud_ms > budget_ms:
+                # as CloudEndpoint.infer: a timeout counts against the link and the endpoint
+                # only if it was longer than a probe may take
+                if budget_ms / 1000 >= self.link.probe_timeout():
+                    self.breaker.record(False)
+                    self.link.observe(None)
+                else:
+                    self.breaker.record(True)
+                return None
+            self.breaker.record(True)
+            self.estimates.observe(
+                row["task"], "cloud", cloud_ms / 1000, None, row["payload"], self.link.rtt
+            )
+            return float(cloud_ms)
+
+        if route == "local":
+            latency = local_ms
+            ran_local()
+        elif route == "cloud":
+            budget = deadline - local_reserve(decision) * 1000
+            got = ran_cloud(budget)
+            if got is not None:
+                latency = got
+            elif decision.fallback == "local":
+                route, latency = "fallback", max(0.0, budget) + local_ms
+                ran_local()
+            else:
+                latency = float("inf")
+        else:  # hedged
+            got = ran_cloud(deadline)
+            latency = min(local_ms, got if got is not None else float("inf"))
+            ran_local()
+        violation = row["private"] and calls > 0
+        return Outcome(route, latency, latency <= deadline, calls, violation)
+
+
+# ---- policies -----------------------------------------------------------------------------------
+
+
+def forced(route: Route) -> Strategy:
+    """Always ``route`` where the hard constraints allow (privacy, availability)."""
+
+    def strategy(s: Situation) -> Decision:
+        request = dataclasses.replace(s.request, override=route)
+        return decide(request, s.local, s.cloud, s.facts, Policy())
+
+    return strategy
+
+
+def static_rules() -> Strategy:
+    """The brief's static rules: local_load < 80% -> local, else cloud; a local estimate over
+    the local threshold (100 ms) -> cloud. No deadline, no estimates of the cloud."""
+    busy = parse("local_load >= 80%")
+    policy = Policy(hedging=False)
+
+    def strategy(s: Situation) -> Decision:
+        slow = s.local.predicted_s is not None and s.local.predicted_s > policy.local_threshold_s
+        choice: Route = "cloud" if busy.holds(s.facts) or slow else "local"
+        request = dataclasses.replace(s.request, override=choice)
+        return decide(request, s.local, s.cloud, s.facts, policy)
+
+    return strategy
+
+
+def edged_default(policy: Policy | None = None) -> Strategy:
+    """edged's ``decide()`` with its default settings (or ``policy``)."""
+    chosen = policy or Policy()
+
+    def strategy(s: Situation) -> Decision:
+        return decide(s.request, s.local, s.cloud, s.facts, chosen)
+
+    return strategy
+
+
+def oracle_outcome(row: dict[str, Any]) -> Outcome:
+    """The oracle: in hindsight, the route that meets the deadline at the least cost (local
+    first); private stays local; when neither path meets it, local."""
+    deadline = row["deadline_ms"]
+    cloud = row["cloud_ms"] if not row["private"] else None
+    if row["local_ms"] <= deadline or cloud is None or cloud > deadline:
+        return Outcome("local", row["local_ms"], row["local_ms"] <= deadline, 0, False)
+    return Outcome("cloud", cloud, True, 1, False)
+
+
+POLICIES: dict[str, Callable[[], Strategy]] = {
+    "always-local": lambda: forced("local"),
+    "always-cloud": lambda: forced("cloud"),
+    "static rules": static_rules,
+    "edged default": edged_default,
+}
+
+
+def run_oracle(trace: Trace) -> Result:
+    result = Result("oracle", trace.name)
+    for row in trace.requests:
+        outcome = oracle_outcome(row)
+        result.outcomes.append(outcome)
+        result.decisions.append(outcome.route)
+    return result
+
+
+def run_all(
+    trace: Trace, policies: dict[str, Callable[[], Strategy]] | None = None
+) -> list[Result]:
+    results = [run_oracle(trace)]
+    for name, make in (policies or POLICIES).items():
+        results.append(Replay(trace, make(), name).run())
+    return results
+
+
+def adaptation(result: Result, best: Result, trace: Trace, window: int = 50) -> int | None:
+    """Requests after the trace's regime change until the policy agrees with the oracle on at
+    least 90% of the next ``window`` public requests (None: it never does)."""
+    if trace.change_at_s is None:
+        return None
+    start = next(i for i, r in enumerate(trace.requests) if r["t"] >= trace.change_at_s)
+    public = [i for i in range(start, len(trace.requests)) if not trace.requests[i]["private"]]
+    for k in range(len(public) - window):
+        span = public[k : k + window]
+        agree = sum(result.decisions[i] == best.decisions[i] for i in span)
+        if agree >= 0.9 * window:
+            return k
+    return None
+
+
+def summary(results: list[Result], trace: Trace) -> list[dict[str, Any]]:
+    best = results[0]
+    rows = []
+    for r in results:
+        rows.append(
+            {
+                "trace": trace.name,
+                "policy": r.policy,
+                "slo_percent": round(r.slo, 2),
+                "p50_ms": round(r.latency(0.5), 1),
+                "p95_ms": round(r.latency(0.95), 1),
+                "p99_ms": round(r.latency(0.99), 1),
+                "cloud_calls": r.cloud_calls,
+                "violations": r.violations,
+                "regret_points": round(best.slo - r.slo, 2),
+                "mean_ms": round(statistics.fmean(min(o.latency_ms, 1e5) for o in r.outcomes), 1),
+                "adaptation": adaptation(r, best, trace),
+            }
+        )
+    return rows
