@@ -106,6 +106,11 @@ class Daemon:
         self.reloads: set[asyncio.Task[None]] = set()
         self.owned_socket: Path | None = None
 
+    @property
+    def learner_state(self) -> Path:
+        """Where the learned routing policy keeps what it learned across restarts."""
+        return self.config.state_dir / "routing-learner.json"
+
     def make_runtime(self, model: ModelConfig, version_dir: Path) -> Runtime:
         """The runtime that serves one model version, by its platform or backend."""
         if model.is_pipeline:
@@ -225,6 +230,7 @@ class Daemon:
             await runner.cleanup()
             raise
         self.load.start()
+        self.router.load_state(self.learner_state)
         if self.cloud is not None:
             self.cloud.start()
             log.info("cloud tier: %s", self.cloud.url)
@@ -324,6 +330,7 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.load.stop()
+        self.router.save_state(self.learner_state)
         if self.cloud is not None:
             await self.cloud.stop()
         await self.manager.close()

@@ -165,6 +165,12 @@ class RoutingConfig(Section):
     """The path decision: where each request runs (see docs/ROUTING.md)."""
 
     rules: list[RuleConfig] = Field(default_factory=list, description="operator rules, in order")
+    policy: Literal["cost-model", "learned"] = Field(
+        "cost-model",
+        description="what decides where no rule does: the cost model (estimates against the"
+        " deadline and the local threshold), or the learned policy (Thompson sampling on"
+        " 'in time', learning online; see docs/ROUTING.md)",
+    )
     max_latency_ms: float = Field(
         500.0, gt=0, description="the deadline of requests that set none (their 'timeout')"
     )
@@ -187,7 +193,7 @@ class RoutingConfig(Section):
         default_factory=list, description="models whose inputs never leave the device"
     )
 
-    def policy(self) -> Policy:
+    def to_policy(self) -> Policy:
         return Policy(
             rules=tuple(r.rule() for r in self.rules),
             default_deadline_s=self.max_latency_ms / 1000,

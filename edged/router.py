@@ -21,9 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
+import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path as Path_
 from typing import Any
 
 import numpy as np
@@ -36,9 +41,12 @@ from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.protocol.tensors import payload_bytes
 from edged.routing import Decision, Estimates, Path, RouteRequest, decide
+from edged.routing.learned import Learner
 from edged.runtimes.base import Tensors
 from edged.runtimes.cloud import CloudEndpoint, CloudError
 from edged.scheduler import REQUEST
+
+log = logging.getLogger(__name__)
 
 CLOUD_VERSION = "cloud"  # the model_version of an answer the cloud gave
 MIN_LOCAL_RESERVE_S = 0.02  # time kept for a local fallback when the local path is unmeasured
@@ -128,16 +136,46 @@ class Router:
     ) -> None:
         self.manager = manager
         self.config = config
-        self.policy = config.policy()
+        self.policy = config.to_policy()
         self.cloud = cloud
         self.monitor = monitor
         self.metrics = metrics
         self.estimates = Estimates()
+        self.learner: Learner | None = Learner() if config.policy == "learned" else None
 
     def configure(self, config: RoutingConfig) -> None:
-        """New rules and settings (SIGHUP)."""
+        """New rules and settings (SIGHUP); a learner keeps what it learned."""
         self.config = config
-        self.policy = config.policy()
+        self.policy = config.to_policy()
+        if config.policy == "learned" and self.learner is None:
+            self.learner = Learner()
+        elif config.policy != "learned":
+            self.learner = None
+
+    def load_state(self, path: PathLike) -> None:
+        """What the learner learned before a restart (a missing or bad file: start afresh)."""
+        if self.learner is None:
+            return
+        try:
+            self.learner.load_json(json.loads(Path_(path).read_text()))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("routing: cannot read %s, learning afresh: %s", path, exc)
+            return
+        log.info("routing: the learner resumes with %d contexts", len(self.learner.table))
+
+    def save_state(self, path: PathLike) -> None:
+        """Keep what the learner learned (atomically: a crash leaves the old file)."""
+        if self.learner is None:
+            return
+        target = Path_(path)
+        temporary = target.with_suffix(".tmp")
+        try:
+            temporary.write_text(json.dumps(self.learner.to_json()))
+            os.replace(temporary, target)
+        except OSError as exc:
+            log.warning("routing: cannot save the learner to %s: %s", path, exc)
 
     # ---- what pipelines see (runtimes.base.Steps) ------------------------------------------
 
@@ -186,8 +224,9 @@ class Router:
             _, mv = self.manager.resolve(name, version)
         except (NotFound, Unavailable) as exc:
             return Path(False, exc.message), None, exc
-        predicted = self.estimates.predict(name, "local", self._load(), payload)
-        return Path(True, predicted_s=predicted), mv.config, None
+        found = self.estimates.forecast(name, "local", self._load(), payload)
+        predicted, deviation = found or (None, None)
+        return Path(True, "", predicted, 0.0, deviation), mv.config, None
 
     def _cloud_path(self, name: str, version: int | None, payload: int) -> Path:
         if self.cloud is None:
@@ -199,10 +238,11 @@ class Router:
             return Path(False, why)
         link = self.cloud.link
         entry = self.cloud.catalog[name]
-        predicted = self.estimates.predict(
+        found = self.estimates.forecast(
             name, "cloud", None, payload, rtt=link.rtt, bandwidth=link.bandwidth
         )
-        return Path(True, predicted_s=predicted, cost=entry.cost)
+        predicted, deviation = found or (None, None)
+        return Path(True, "", predicted, entry.cost, deviation)
 
     # ---- the capability registry -----------------------------------------------------------
 
@@ -282,6 +322,8 @@ class Router:
         # the facts feed rule conditions only: not gathered when no rule could use them
         facts = self.facts(name, payload, left) if self.policy.rules else {}
         decision = decide(request, local, cloud, facts, self.policy)
+        if self.learner is not None:
+            decision = self.learner.refine(decision, request, local, cloud, facts)
         record: dict[str, Any] = {
             "model": name,
             "route": decision.route,
@@ -298,6 +340,13 @@ class Router:
             return await self._run(decision, call)
         finally:
             record["actual_ms"] = _ms(time.perf_counter() - started)
+            if self.learner is not None and decision.basis == "learned":
+                for tier, seconds in call.ran.items():  # would it have been in time there?
+                    in_time = seconds is not None and seconds <= decision.deadline_s
+                    if tier == "local":
+                        self.learner.learn(request, "local", local, decision.deadline_s, in_time)
+                    else:
+                        self.learner.learn(request, "cloud", cloud, decision.deadline_s, in_time)
             self.metrics.route(name, record["route"], decision.rule or decision.basis)
 
     async def _run(self, decision: Decision, call: Call) -> tuple[str, Tensors]:
@@ -333,12 +382,13 @@ class Router:
     async def _local(self, call: Call) -> tuple[str, Tensors]:
         load = self._load()
         started = time.perf_counter()
+        call.ran["local"] = None
         _, served, out = await self.manager.infer(
             call.name, call.version, call.inputs, call.parameters
         )
-        self.estimates.observe(
-            call.name, "local", time.perf_counter() - started, load, call.payload
-        )
+        seconds = time.perf_counter() - started
+        call.ran["local"] = seconds
+        self.estimates.observe(call.name, "local", seconds, load, call.payload)
         return str(served), out
 
     async def _cloud(self, call: Call, reserve: float) -> tuple[str, Tensors]:
@@ -356,6 +406,7 @@ class Router:
             rtt = self.cloud.link.rtt
             started = time.perf_counter()
             budget = deadline - time.monotonic() - reserve
+            call.ran["cloud"] = None
             try:
                 out = await self.cloud.infer(
                     call.name, call.inputs, wanted, budget, call.ctx.request_id
@@ -373,6 +424,7 @@ class Router:
                 await asyncio.sleep(pause)
                 continue
             seconds = time.perf_counter() - started
+            call.ran["cloud"] = seconds
             self.estimates.observe(call.name, "cloud", seconds, None, call.payload, rtt)
             return CLOUD_VERSION, out
 
@@ -434,6 +486,7 @@ class Call:
     private: bool
     payload: int
     record: dict[str, Any]
+    ran: dict[str, float | None] = field(default_factory=dict)  # tier: seconds (None: failed)
 
     def note(self, route: str, what: str) -> None:
         """The route changed on the way (fallback, escalated): say so, and why."""

@@ -32,6 +32,7 @@ from edged.link import LinkMonitor
 from edged.router import local_reserve
 from edged.routing import Decision, Estimates, Path, Policy, RouteRequest, decide, parse
 from edged.routing.decide import Route
+from edged.routing.learned import Learner
 from edged.stats import percentile
 
 logging.getLogger("edged.link").setLevel(logging.ERROR)  # thousands of simulated ups and downs
@@ -48,9 +49,21 @@ class Situation:
     cloud: Path
     facts: dict[str, float | None]
     trace_row: dict[str, Any]  # the request as the trace has it (hindsight: not for policies)
+    now: float  # simulated time
 
 
 Strategy = Callable[[Situation], Decision]
+
+
+class Learning:
+    """A strategy that also learns from what happened: ``observe`` gets, for each tier that
+    ran, whether the request would have been in time there."""
+
+    def __call__(self, s: Situation) -> Decision:
+        raise NotImplementedError
+
+    def observe(self, s: Situation, decision: Decision, in_time: dict[str, bool]) -> None:
+        raise NotImplementedError
 
 
 @dataclass
@@ -121,6 +134,13 @@ class Replay:
                 self.down_attempt = 0
                 self.next_probe += rtt + PROBE_INTERVAL
 
+    def _forecast(self, row: dict[str, Any], tier: str, load: float | None) -> tuple[Any, ...]:
+        """Path's why_not, predicted_s, cost, deviation_s for ``tier``."""
+        found = self.estimates.forecast(
+            row["task"], tier, load, row["payload"], self.link.rtt, self.link.bandwidth
+        )
+        return ("", None, 0.0, None) if found is None else ("", found[0], 0.0, found[1])
+
     def situation(self, row: dict[str, Any]) -> Situation:
         env = self.trace.at(row["t"])
         load = env["load"]
@@ -131,17 +151,13 @@ class Replay:
             deadline_s=row["deadline_ms"] / 1000,
             payload_bytes=row["payload"],
         )
-        local = Path(True, predicted_s=self.estimates.predict(row["task"], "local", load,
-                                                              row["payload"]))  # fmt: skip
+        local = Path(True, *self._forecast(row, "local", load))
         if not self.link.up:
             cloud = Path(False, "link down")
         elif not self.breaker.would_allow():
             cloud = Path(False, "circuit open")
         else:
-            predicted = self.estimates.predict(
-                row["task"], "cloud", None, row["payload"], self.link.rtt, self.link.bandwidth
-            )
-            cloud = Path(True, predicted_s=predicted)
+            cloud = Path(True, *self._forecast(row, "cloud", None))
         facts: dict[str, float | None] = {
             "local_load": load,
             "cpu": load,
@@ -149,7 +165,7 @@ class Replay:
             "deadline": row["deadline_ms"],
             "payload": float(row["payload"]),
         }
-        return Situation(request, local, cloud, facts, row)
+        return Situation(request, local, cloud, facts, row, self.now)
 
     def run(self) -> Result:
         for row in self.trace.requests:
@@ -158,10 +174,15 @@ class Replay:
             situation = self.situation(row)
             decision = self.strategy(situation)
             self.result.decisions.append(decision.route)
-            self.result.outcomes.append(self._execute(decision, row))
+            in_time: dict[str, bool] = {}
+            self.result.outcomes.append(self._execute(decision, row, in_time))
+            if isinstance(self.strategy, Learning):
+                self.strategy.observe(situation, decision, in_time)
         return self.result
 
-    def _execute(self, decision: Decision, row: dict[str, Any]) -> Outcome:
+    def _execute(
+        self, decision: Decision, row: dict[str, Any], in_time: dict[str, bool]
+    ) -> Outcome:
         local_ms, cloud_ms, deadline = row["local_ms"], row["cloud_ms"], row["deadline_ms"]
         load = self.trace.at(row["t"])["load"]
         route: str = decision.route
@@ -171,6 +192,7 @@ class Replay:
 
         def ran_local() -> None:
             self.estimates.observe(row["task"], "local", local_ms / 1000, load, row["payload"])
+            in_time["local"] = local_ms <= deadline
 
         def ran_cloud(budget_ms: float) -> float | None:
             """The cloud's time, or None when it failed within ``budget_ms``."""
@@ -178,6 +200,7 @@ class Replay:
             if budget_ms <= 0 or not self.breaker.allow():
                 return None  # no call: no time left, or the circuit is open
             calls += 1
+            in_time["cloud"] = cloud_ms is not None and cloud_ms <= deadline
             if cloud_ms is None or cloud_ms > budget_ms:
                 # as CloudEndpoint.infer: a timeout counts against the link and the endpoint
                 # only if it was longer than a probe may take
@@ -252,6 +275,21 @@ def edged_default(policy: Policy | None = None) -> Strategy:
     return strategy
 
 
+def informed_outcome(row: dict[str, Any]) -> Outcome:
+    """The informed reference: it knows what each path takes *typically* at that moment (the
+    trace's medians), not this request's draw: local if its median meets the deadline, else the
+    cloud if its median does, else local. No policy that cannot see the future does better on
+    cloud calls at the same SLO; the gap to the oracle is what only hindsight buys."""
+    deadline = row["deadline_ms"]
+    cloud = row["cloud_median_ms"] if not row["private"] else None
+    if row["local_median_ms"] <= deadline or cloud is None or cloud > deadline:
+        return Outcome("local", row["local_ms"], row["local_ms"] <= deadline, 0, False)
+    got = row["cloud_ms"]
+    if got is None or got > deadline:  # its draw missed: a late answer (a fallback, at best)
+        return Outcome("cloud", deadline + row["local_ms"], False, 1, False)
+    return Outcome("cloud", got, True, 1, False)
+
+
 def oracle_outcome(row: dict[str, Any]) -> Outcome:
     """The oracle: in hindsight, the route that meets the deadline at the least cost (local
     first); private stays local; when neither path meets it, local."""
@@ -262,28 +300,54 @@ def oracle_outcome(row: dict[str, Any]) -> Outcome:
     return Outcome("cloud", cloud, True, 1, False)
 
 
+class Learned(Learning):
+    """edged's ``decide()`` refined by the learner (``routing.policy = "learned"``)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.now = 0.0
+        self.learner = Learner(seed=seed, clock=lambda: self.now)
+        self.policy = Policy(hedging=False)
+
+    def __call__(self, s: Situation) -> Decision:
+        self.now = s.now
+        decision = decide(s.request, s.local, s.cloud, s.facts, self.policy)
+        return self.learner.refine(decision, s.request, s.local, s.cloud, s.facts)
+
+    def observe(self, s: Situation, decision: Decision, in_time: dict[str, bool]) -> None:
+        if decision.basis == "learned":
+            for tier, ok in in_time.items():
+                path = s.local if tier == "local" else s.cloud
+                self.learner.learn(s.request, tier, path, decision.deadline_s, ok)  # type: ignore[arg-type]
+
+
 POLICIES: dict[str, Callable[[], Strategy]] = {
     "always-local": lambda: forced("local"),
     "always-cloud": lambda: forced("cloud"),
     "static rules": static_rules,
     "edged default": edged_default,
+    "learned": Learned,
 }
 
 
-def run_oracle(trace: Trace) -> Result:
-    result = Result("oracle", trace.name)
+def run_reference(
+    trace: Trace,
+    name: str = "oracle",
+    outcome: Callable[[dict[str, Any]], Outcome] = oracle_outcome,
+) -> Result:
+    result = Result(name, trace.name)
     for row in trace.requests:
-        outcome = oracle_outcome(row)
-        result.outcomes.append(outcome)
-        result.decisions.append(outcome.route)
+        got = outcome(row)
+        result.outcomes.append(got)
+        result.decisions.append(got.route)
     return result
 
 
 def run_all(
     trace: Trace, policies: dict[str, Callable[[], Strategy]] | None = None
 ) -> list[Result]:
-    results = [run_oracle(trace)]
-    for name, make in (policies or POLICIES).items():
+    """The oracle first, then the informed reference, then each policy."""
+    results = [run_reference(trace), run_reference(trace, "informed", informed_outcome)]
+    for name, make in (POLICIES if policies is None else policies).items():
         results.append(Replay(trace, make(), name).run())
     return results
 

@@ -5,7 +5,8 @@ A trace is what the world did, drawn once with a fixed seed, so every policy (an
 faces exactly the same world: the timeline (every 100 ms: local load, thermal throttling, RTT,
 bandwidth, outage) and the requests (arrival time, task type, payload, deadline, privacy label,
 and what each path *would* take at that moment: ``local_ms`` on the device, ``cloud_ms`` in the
-cloud, None when the cloud cannot be reached). A policy's choices do not change the world (no
+cloud, None when the cloud cannot be reached; and the same without the request's own noise,
+``local_median_ms`` and ``cloud_median_ms``). A policy's choices do not change the world (no
 queueing feedback): the lab measures choices, not capacity.
 
 Latency models (from the figures this project measured, rounded; see docs/ROUTING.md):
@@ -114,14 +115,14 @@ def build(
         task = str(rng.choice(names, p=shares / shares.sum()))
         base, service, payload_typ, deadlines, _ = TASKS[task]
         payload = int(payload_typ * rng.lognormal(0, 0.3))
-        local = local_ms(base, env["load"][i], bool(env["throttled"][i]), rng.lognormal(0, 0.15))
-        cloud = None
+        local_median = local_ms(base, env["load"][i], bool(env["throttled"][i]), 1.0)
+        local = local_median * rng.lognormal(0, 0.15)
+        transfer = payload / env["bandwidth"][i] * 1000
+        cloud = cloud_median = None
         if not env["outage"][i]:
-            cloud = (
-                env["rtt_ms"][i] * rng.lognormal(0, 0.1)
-                + service * rng.lognormal(0, 0.2)
-                + payload / env["bandwidth"][i] * 1000
-            )
+            cloud_median = env["rtt_ms"][i] + service + transfer
+            cloud = env["rtt_ms"][i] * rng.lognormal(0, 0.1) + service * rng.lognormal(0, 0.2)
+            cloud += transfer
         requests.append(
             {
                 "t": round(float(t), 4),
@@ -131,6 +132,9 @@ def build(
                 "private": bool(rng.random() < PRIVATE_SHARE),
                 "local_ms": round(float(local), 3),
                 "cloud_ms": None if cloud is None else round(float(cloud), 3),
+                # without this request's own noise: what a perfectly informed policy can know
+                "local_median_ms": round(float(local_median), 3),
+                "cloud_median_ms": None if cloud_median is None else round(float(cloud_median), 3),
             }
         )
         t += rng.exponential(1 / rate)

@@ -51,6 +51,7 @@ class Path:
     why_not: str = ""  # when not available
     predicted_s: float | None = None  # None: not measured yet
     cost: float = 0.0  # per call, in the operator's unit (cloud)
+    deviation_s: float | None = None  # how much the latency varies around the prediction
 
 
 @dataclass(frozen=True, slots=True)

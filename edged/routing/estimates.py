@@ -102,6 +102,19 @@ class Estimates:
     ) -> float | None:
         """Expected seconds on ``path`` (None: never measured). For the cloud, the current
         ``rtt`` and the payload's transfer time over ``bandwidth`` (bytes/s) are added."""
+        found = self.forecast(model, path, load, payload, rtt, bandwidth)
+        return None if found is None else found[0]
+
+    def forecast(
+        self,
+        model: str,
+        path: str,
+        load: float | None = None,
+        payload: int = 0,
+        rtt: float | None = None,
+        bandwidth: float | None = None,
+    ) -> tuple[float, float] | None:
+        """``predict``'s figure and the deviation it was learned with (seconds)."""
         found = self.lookup(model, path, load, payload)
         if found is None:
             return None
@@ -110,7 +123,7 @@ class Estimates:
             seconds += rtt or 0.0
             if bandwidth:
                 seconds += payload / bandwidth
-        return seconds
+        return seconds, found.deviation
 
     def summary(self, model: str, path: str) -> tuple[float, int] | None:
         """Mean seconds over every band of ``model`` on ``path`` (weighted by count), and how

@@ -185,6 +185,22 @@ def test_unsure_local_answers_escalate_to_the_cloud(
     assert kept["route"] == "local" and "the cloud failed" in kept["reason"], kept
 
 
+def test_the_learned_policy_decides_learns_and_remembers(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    daemon = edged_with_cloud(make_daemon, faults_cleared, 'policy = "learned"')
+    client = daemon.client
+    answers = [ask(client, i, timeout=200_000) for i in range(30)]
+    assert all(a["reason"].startswith("learned: P(in time) drawn local") for a in answers)
+    assert {a["route"] for a in answers} <= {"local", "cloud"}
+    assert metric(client, "edged_route_decisions_total", model=MODEL, reason="learned") == 30
+    assert daemon.stop() == 0
+    state = json.loads((daemon.workdir / "state" / "routing-learner.json").read_text())
+    assert state["rows"] and all(row[0] == MODEL for row in state["rows"])
+    daemon.start()  # the same state directory: it resumes
+    wait_for(lambda: "the learner resumes with" in daemon.logs(), 10, "the learner resumed")
+
+
 def test_sighup_applies_new_rules(make_daemon: type[Daemon], faults_cleared: Cloud) -> None:
     daemon = edged_with_cloud(make_daemon, faults_cleared)
     assert ask(daemon.client, 1)["route"] == "local"

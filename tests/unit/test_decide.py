@@ -51,7 +51,7 @@ def test_a_bad_rule_in_the_config_names_the_key() -> None:
     config = parse_config(
         {"routing": {"rules": [{"task_type": "t", "when": "cpu < 80%", "action": "cloud"}]}}
     )
-    (rule,) = config.routing.policy().rules
+    (rule,) = config.routing.to_policy().rules
     assert rule.task_type == "t" and rule.when is not None and rule.when.text == "cpu < 80%"
 
 
