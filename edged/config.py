@@ -237,7 +237,9 @@ class CloudConfig(Section):
         None,
         description="send tensors with the binary extension (unset: if the server lists it)",
     )
-    connect_timeout_s: float = Field(5.0, gt=0, description="TCP+TLS connect limit")
+    catalog_timeout_s: float = Field(
+        5.0, gt=0, description="limit of each catalog call (model index, metadata, readiness)"
+    )
     probe_interval_s: float = Field(0.2, gt=0, description="seconds between link probes")
     probe_timeout_s: float = Field(
         0.25,

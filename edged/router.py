@@ -24,11 +24,10 @@ import contextvars
 import json
 import logging
 import os
+import pathlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from os import PathLike
-from pathlib import Path as Path_
 from typing import Any
 
 import numpy as np
@@ -152,12 +151,12 @@ class Router:
         elif config.policy != "learned":
             self.learner = None
 
-    def load_state(self, path: PathLike) -> None:
+    def load_state(self, path: pathlib.Path) -> None:
         """What the learner learned before a restart (a missing or bad file: start afresh)."""
         if self.learner is None:
             return
         try:
-            self.learner.load_json(json.loads(Path_(path).read_text()))
+            self.learner.load_json(json.loads(path.read_text()))
         except FileNotFoundError:
             return
         except (OSError, ValueError, TypeError) as exc:
@@ -165,15 +164,14 @@ class Router:
             return
         log.info("routing: the learner resumes with %d contexts", len(self.learner.table))
 
-    def save_state(self, path: PathLike) -> None:
+    def save_state(self, path: pathlib.Path) -> None:
         """Keep what the learner learned (atomically: a crash leaves the old file)."""
         if self.learner is None:
             return
-        target = Path_(path)
-        temporary = target.with_suffix(".tmp")
+        temporary = path.with_suffix(".tmp")
         try:
             temporary.write_text(json.dumps(self.learner.to_json()))
-            os.replace(temporary, target)
+            os.replace(temporary, path)
         except OSError as exc:
             log.warning("routing: cannot save the learner to %s: %s", path, exc)
 

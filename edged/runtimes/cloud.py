@@ -194,7 +194,9 @@ class CloudEndpoint(Background):
                 self.address,
                 ssl=self.secure,
                 ssl_context=self.tls,
-                conn_timeout=max(self.config.connect_timeout_s, 600.0),
+                # every call has its own limit (its deadline, or catalog_timeout_s); this
+                # session-wide one only bounds what nothing else does
+                conn_timeout=600.0,
             )
         self.link.start()
         super().start()
@@ -259,7 +261,7 @@ class CloudEndpoint(Background):
         inside), the local models the server says are ready. Plus the configured entries."""
         assert self.client is not None
         found: dict[str, CatalogEntry] = {}
-        limit = self.config.connect_timeout_s
+        limit = self.config.catalog_timeout_s
         try:
             if self.binary is None:
                 metadata = await asyncio.wait_for(
@@ -282,9 +284,11 @@ class CloudEndpoint(Background):
                         self.client.is_model_ready(name, headers=self.headers), limit
                     )
                 ]
-        except Exception as exc:
-            log.warning("cloud %s: cannot read its models: %s", self.url, exc)
-            names = []
+        except Exception as exc:  # keep what it served last time: a hiccup is not an empty cloud
+            log.warning(
+                "cloud %s: cannot read its models (keeping the last list): %s", self.url, exc
+            )
+            names = [e.cloud_name for e in self.catalog.values()]
         for name in names:
             found[name] = CatalogEntry(name, name)
         for model in self.config.models:
