@@ -184,6 +184,13 @@ class Daemon:
             if self.plane.ready:
                 systemd.notify("READY=1", f"STATUS={self.status_line()}")
 
+    async def _keep_learner(self, every: float = 60.0) -> None:
+        """Save what the learned routing policy learned now and then (and at stop), so that a
+        crash loses at most a minute of it."""
+        while True:
+            await asyncio.sleep(every)
+            self.router.save_state(self.learner_state)
+
     async def _watchdog(self, interval: float) -> None:
         while True:
             systemd.notify("WATCHDOG=1")
@@ -236,11 +243,12 @@ class Daemon:
             log.info("cloud tier: %s", self.cloud.url)
         interval = systemd.watchdog_interval()
         watchdog = loop.create_task(self._watchdog(interval), name="watchdog") if interval else None
+        keeper = loop.create_task(self._keep_learner(), name="learner-state")
         loading = loop.create_task(self.manager.load_all(self.config.models.load), name="load")
         try:
             await self._serve(loading, sock.getsockname())
         finally:
-            await self._shutdown(runner, site, [t for t in (watchdog, loading) if t])
+            await self._shutdown(runner, site, [t for t in (watchdog, loading, keeper) if t])
         return 0
 
     async def _start_extra_servers(self) -> None:
