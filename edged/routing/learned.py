@@ -15,8 +15,9 @@ RTT). Every outcome it sees (the tier that ran; both for hedged calls) updates i
   is tried again (Thompson sampling draws from a wider posterior), and a changed world is
   learned within a few dozen requests.
 - Bounded exploration: draws come from the posteriors, so a tier that is clearly worse is
-  almost never drawn; a draw can never overrule privacy or availability, which ``decide``
-  settles before the learner is asked.
+  rarely drawn, and a cloud call on a hunch (a lucky draw against a posterior under even odds)
+  goes at most once per ``explore_every_s`` per model; a draw can never overrule privacy or
+  availability, which ``decide`` settles before the learner is asked.
 - State: ``to_json`` / ``from_json``, so it survives restarts.
 """
 
@@ -61,6 +62,7 @@ class Learner:
         cost_margin: float = 0.1,
         half_life_s: float = 30.0,
         prior_weight: float = 10.0,
+        explore_every_s: float = 10.0,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -68,6 +70,8 @@ class Learner:
         self.cost_margin = cost_margin
         self.half_life_s = half_life_s
         self.prior_weight = prior_weight
+        self.explore_every_s = explore_every_s
+        self.explored: dict[str, float] = {}  # model: when a cloud call last went on a hunch
         self.random = random.Random(seed)
         self.clock = clock
         self.table: dict[Key, list[float]] = {}  # successes, failures, when last updated
@@ -103,11 +107,18 @@ class Learner:
         mine, expected = draw("local", local)
         if max(mine, expected) >= self.good_enough:  # very likely in time: no cloud call
             return "local", f"learned: P(in time) drawn local {mine:.2f}, good enough"
-        theirs, _ = draw("cloud", cloud)
+        theirs, believed = draw("cloud", cloud)
         # a cloud call must be likely to help, and clearly likelier than the device
-        helps = theirs >= 0.5 and theirs > mine + self.cost_margin
-        tier: Tier = "cloud" if helps else "local"
-        return tier, f"learned: P(in time) drawn local {mine:.2f}, cloud {theirs:.2f}"
+        if not (theirs >= 0.5 and theirs > mine + self.cost_margin):
+            return "local", f"learned: P(in time) drawn local {mine:.2f}, cloud {theirs:.2f}"
+        why = f"learned: P(in time) drawn local {mine:.2f}, cloud {theirs:.2f}"
+        if believed < 0.5:  # a hunch against the evidence: exploration, at a bounded rate
+            now = self.clock()
+            if now - self.explored.get(request.model, -math.inf) < self.explore_every_s:
+                return "local", why + " (exploration spent)"
+            self.explored[request.model] = now
+            why += " (exploring)"
+        return "cloud", why
 
     def refine(
         self, decision: Decision, request: RouteRequest, local: Path, cloud: Path, facts: Any

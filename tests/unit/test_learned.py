@@ -68,3 +68,15 @@ def test_refine_keeps_privacy_and_rules_and_the_state_survives_a_restart() -> No
     assert restarted.table.keys() == learner.table.keys()
     (row,) = restarted.table.values()
     assert row[:2] == [1.0, 0.0]
+
+
+def test_exploration_on_a_hunch_is_rationed() -> None:
+    clock = Clock()
+    learner = Learner(seed=4, clock=clock, explore_every_s=10.0)
+    hopeless_local = Path(True, predicted_s=0.5, deviation_s=0.02)
+    doubtful_cloud = Path(True, predicted_s=0.116, deviation_s=0.01)  # about 1 chance in 3
+    assert share_cloud(learner, hopeless_local, doubtful_cloud, n=200) == 1 / 200  # one hunch
+    clock.now += 10.0
+    assert share_cloud(learner, hopeless_local, doubtful_cloud, n=200) == 1 / 200  # one more
+    likely_cloud = Path(True, predicted_s=0.05, deviation_s=0.005)  # not a hunch: no ration
+    assert share_cloud(learner, hopeless_local, likely_cloud, n=200) > 0.95
