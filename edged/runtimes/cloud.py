@@ -97,12 +97,15 @@ class CatalogEntry:
     cost: float = 0.0
 
 
-def tls_context(config: CloudConfig) -> ssl.SSLContext:
-    """TLS 1.3 at least, the configured CA (else the system's), a client certificate if set."""
+def check_tls_files(config: CloudConfig) -> None:
     for name in ("ca_file", "cert_file", "key_file"):
         path = getattr(config, name)
         if path is not None and not path.is_file():
             raise ConfigError(f"cloud.{name} {path} is not a readable file")
+
+
+def tls_context(config: CloudConfig) -> ssl.SSLContext:
+    """TLS 1.3 at least, the configured CA (else the system's), a client certificate if set."""
     try:
         context = ssl.create_default_context(cafile=str(config.ca_file) if config.ca_file else None)
         context.minimum_version = ssl.TLSVersion.TLSv1_3
@@ -156,6 +159,8 @@ class CloudEndpoint(Background):
         self.url = config.url.rstrip("/")
         self.address = parts.netloc + parts.path.rstrip("/")  # tritonclient takes no scheme
         self.secure = parts.scheme in ("https", "grpcs")
+        if self.secure:
+            check_tls_files(config)
         self.tls = tls_context(config) if parts.scheme == "https" else None
         token = read_token(config.token_file)
         header = config.auth_header.lower() if self.grpc else config.auth_header  # gRPC metadata
@@ -209,7 +214,8 @@ class CloudEndpoint(Background):
             self.client = None
 
     def _grpc_tls(self) -> dict[str, Any]:
-        """grpcs: the CA, and the client certificate for mutual TLS, as PEM bytes."""
+        """grpcs: the CA, and the client certificate for mutual TLS (tritonclient reads the
+        files)."""
         if not self.secure:
             return {}
         log.warning(
@@ -217,20 +223,12 @@ class CloudEndpoint(Background):
             " be enforced",
             self.url,
         )
-
-        def pem(path: Path | None) -> bytes | None:
-            try:
-                return path.read_bytes() if path is not None else None
-            except OSError as exc:
-                raise ConfigError(
-                    f"cloud TLS settings: cannot read {path}: {exc.strerror}"
-                ) from None
-
+        config = self.config
         return {
             "ssl": True,
-            "root_certificates": pem(self.config.ca_file),
-            "private_key": pem(self.config.key_file),
-            "certificate_chain": pem(self.config.cert_file),
+            "root_certificates": str(config.ca_file) if config.ca_file else None,
+            "private_key": str(config.key_file) if config.key_file else None,
+            "certificate_chain": str(config.cert_file) if config.cert_file else None,
         }
 
     def _link_changed(self, up: bool) -> None:

@@ -165,7 +165,9 @@ def gateway(cloud: Cloud, pki: Path) -> Iterator[Gateway]:
     gw.stop()
 
 
-def daemon_behind(make_daemon: type[Daemon], gw: Gateway, pki: Path, **cloud: str) -> Daemon:
+def daemon_behind(
+    make_daemon: type[Daemon], gw: Gateway | GrpcGateway, pki: Path, **cloud: str
+) -> Daemon:
     token = pki / "token"
     token.write_text(cloud.pop("token", TOKEN) + "\n")
     settings = {
@@ -237,5 +239,105 @@ def test_a_gateway_edged_cannot_trust_or_enter_is_down_and_work_stays_local(
         answer = ask(client, 1, route="cloud")
         assert answer["route"] == "local" and "is down" in answer["reason"], answer
         assert not [s for s in gw.seen if s["path"].endswith("/infer")]
+    finally:
+        gw.stop()
+
+
+# ---- gRPC over mutual TLS ----------------------------------------------------------------------
+
+
+class GrpcGateway:
+    """A gRPC pass-through with mutual TLS in front of the cloud's gRPC port: every unary call
+    is forwarded as bytes; what it saw (method, client certificate, token) is kept."""
+
+    def __init__(self, upstream: str, pki: Path) -> None:
+        self.upstream = upstream
+        self.pki = pki
+        self.seen: list[dict[str, Any]] = []
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        threading.Thread(target=self._main, args=(started,), daemon=True).start()
+        assert started.wait(10)
+
+    def _main(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+        started.set()
+        self.loop.run_forever()
+        self.loop.close()
+
+    async def _serve(self) -> None:
+        import grpc
+
+        self.channel = grpc.aio.insecure_channel(self.upstream)
+        gateway = self
+
+        class Forward(grpc.GenericRpcHandler):
+            def service(self, details: Any) -> Any:
+                method = details.method
+
+                async def unary(request: bytes, context: Any) -> bytes:
+                    names = context.auth_context().get("x509_common_name", [b""])
+                    metadata = dict(context.invocation_metadata())
+                    gateway.seen.append(
+                        {
+                            "method": method,
+                            "client": names[0].decode(),
+                            "token": metadata.get("authorization"),
+                        }
+                    )
+                    call = gateway.channel.unary_unary(method)
+                    return await call(request, metadata=[("authorization", TOKEN)])
+
+                return grpc.unary_unary_rpc_method_handler(unary)
+
+        credentials = grpc.ssl_server_credentials(
+            [((self.pki / "gateway.key").read_bytes(), (self.pki / "gateway.pem").read_bytes())],
+            root_certificates=(self.pki / "ca.pem").read_bytes(),
+            require_client_auth=True,
+        )
+        self.server = grpc.aio.server()
+        self.server.add_generic_rpc_handlers([Forward()])
+        self.port = self.server.add_secure_port("localhost:0", credentials)
+        await self.server.start()
+
+    def stop(self) -> None:
+        async def close() -> None:
+            await self.server.stop(0)
+            await self.channel.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def test_grpcs_with_mutual_tls_and_a_token(
+    make_daemon: type[Daemon], cloud: Cloud, pki: Path
+) -> None:
+    gw = GrpcGateway(cloud.peer.grpc_url, pki)
+    try:
+        daemon = daemon_behind(make_daemon, gw, pki, url=f"grpcs://localhost:{gw.port}")
+        client = daemon.client
+        wait_for(lambda: CLOUD_MODEL in cloud_state(client)["catalog"], 10, "the catalog")
+        answer = ask(client, 1, route="cloud")
+        assert answer["route"] == "cloud", answer
+        infer = [s for s in gw.seen if s["method"].endswith("/ModelInfer")]
+        assert infer == [
+            {
+                "method": "/inference.GRPCInferenceService/ModelInfer",
+                "client": "edge-node-1",
+                "token": TOKEN,
+            }
+        ]
+        rogue = daemon_behind(
+            make_daemon,
+            gw,
+            pki,
+            url=f"grpcs://localhost:{gw.port}",
+            cert_file=str(pki / "rogue.pem"),
+            key_file=str(pki / "rogue.key"),
+        )
+        wait_for(lambda: cloud_state(rogue.client)["link"]["failures"] >= 2, 10, "refused")
+        assert not cloud_state(rogue.client)["link"]["up"]
+        assert {s["client"] for s in gw.seen} == {"edge-node-1"}  # the rogue never got in
     finally:
         gw.stop()
