@@ -1,0 +1,246 @@
+"""The knowledge store: text chunks and their embeddings in Milvus (Milvus Lite by default).
+
+One collection per namespace (``kb_<namespace>``), each with the same schema:
+
+| field | type | what |
+| --- | --- | --- |
+| `id` | VARCHAR(64), primary | sha256 of the chunk's text (a re-ingest upserts, not copies) |
+| `vector` | FLOAT_VECTOR(dim) | the chunk's embedding (L2-normalised, cosine = inner product) |
+| `text` | VARCHAR(8192) | the chunk |
+| `source` | VARCHAR(1024) | where it came from (a file name, a URL) |
+| `metadata` | JSON | anything else, filterable (`metadata["lang"] == "en"`) |
+| `created_at` | INT64 | seconds since the epoch, at (re-)ingest |
+
+Index: FLAT (exact search) by default: recall 1.0 by construction, and at the sizes a device
+holds (10^4 to 10^5 chunks) fast enough; `index = "HNSW"` trades recall for speed on larger
+stores (docs/BENCHMARKS.md has both). The same code serves a Milvus server or cluster: pass its
+URI (and token) instead of a file path.
+
+Milvus Lite's limits: one process per file (edged owns it; nothing else may open it while edged
+runs), and after reopening a file a collection must be loaded before it is searched (done here).
+The client is synchronous: the daemon calls it from its thread pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edged.errors import InvalidRequest, NotFound
+
+NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+MAX_TEXT = 8192
+MAX_SOURCE = 1024
+PREFIX = "kb_"
+
+
+def content_id(text: str) -> str:
+    """A chunk's id: the sha256 of its text (dedupe by content)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def chunk_text(text: str, size: int = 800, overlap: int = 120) -> list[str]:
+    """Split ``text`` into chunks of about ``size`` characters that overlap by ``overlap``,
+    cut at paragraph, then sentence, then word boundaries where one is near."""
+    if size <= overlap:
+        raise ValueError("chunk size must be larger than the overlap")
+    text = re.sub(r"[ \t]+", " ", text.replace("\r\n", "\n")).strip()
+    chunks: list[str] = []
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            window = text[start + size // 2 : end]
+            for boundary in ("\n\n", ". ", "\n", " "):
+                cut = window.rfind(boundary)
+                if cut >= 0:
+                    end = start + size // 2 + cut + len(boundary)
+                    break
+        piece = text[start:end].strip()
+        if piece:
+            chunks.append(piece)
+        if end >= len(text):
+            break
+        start = max(end - overlap, start + 1)
+        while start < end and not text[start - 1].isspace():  # start on a word
+            start += 1
+    return chunks
+
+
+@dataclass(frozen=True)
+class Chunk:
+    text: str
+    vector: Sequence[float] | np.ndarray
+    source: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return content_id(self.text)
+
+
+@dataclass(frozen=True)
+class Hit:
+    id: str
+    score: float  # cosine similarity, 1 is identical
+    text: str
+    source: str
+    metadata: dict[str, Any]
+    created_at: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class KnowledgeStore:
+    """Namespaces of chunks over one Milvus client."""
+
+    def __init__(self, uri: str, dim: int, token: str = "", index: str = "FLAT") -> None:
+        from pymilvus import MilvusClient  # imported here: it takes a second, most runs need none
+
+        self.client = MilvusClient(uri=uri, token=token)
+        self.dim = dim
+        self.index = index
+        self.loaded: set[str] = set()
+
+    def close(self) -> None:
+        self.client.close()
+
+    # ---- collections -----------------------------------------------------------------------
+
+    @staticmethod
+    def collection(namespace: str) -> str:
+        if not NAMESPACE.match(namespace):
+            raise InvalidRequest(
+                f"namespace '{namespace}': a letter, then letters, digits or _, at most 63"
+            )
+        return PREFIX + namespace
+
+    def namespaces(self) -> list[str]:
+        return sorted(
+            name[len(PREFIX) :]
+            for name in self.client.list_collections()
+            if name.startswith(PREFIX)
+        )
+
+    def ensure(self, namespace: str) -> str:
+        """The namespace's collection, created (schema, index) or loaded as needed."""
+        name = self.collection(namespace)
+        if name in self.loaded:
+            return name
+        if not self.client.has_collection(name):
+            self._create(name)
+        self.client.load_collection(name)  # needed after reopening a Milvus Lite file
+        self.loaded.add(name)
+        return name
+
+    def _create(self, name: str) -> None:
+        from pymilvus import DataType
+
+        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=64)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=self.dim)
+        schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT)
+        schema.add_field("source", DataType.VARCHAR, max_length=MAX_SOURCE)
+        schema.add_field("metadata", DataType.JSON)
+        schema.add_field("created_at", DataType.INT64)
+        index = self.client.prepare_index_params()
+        params = {"M": 16, "efConstruction": 200} if self.index == "HNSW" else {}
+        index.add_index("vector", index_type=self.index, metric_type="COSINE", params=params)
+        self.client.create_collection(name, schema=schema, index_params=index)
+
+    def _existing(self, namespace: str) -> str:
+        name = self.collection(namespace)
+        if name not in self.loaded and not self.client.has_collection(name):
+            raise NotFound(f"no knowledge namespace '{namespace}'")
+        return self.ensure(namespace)
+
+    # ---- data ------------------------------------------------------------------------------
+
+    def upsert(self, namespace: str, chunks: Iterable[Chunk]) -> int:
+        """Add or replace chunks (the same text is the same row); the number written."""
+        name = self.ensure(namespace)
+        now = int(time.time())
+        rows = []
+        for chunk in chunks:
+            if len(chunk.text.encode("utf-8")) > MAX_TEXT:
+                raise InvalidRequest(f"a chunk is over {MAX_TEXT} bytes; chunk the text first")
+            vector = np.asarray(chunk.vector, dtype=np.float32).ravel()
+            if vector.shape != (self.dim,):
+                raise InvalidRequest(
+                    f"a vector has {vector.size} values; the store takes {self.dim}"
+                )
+            rows.append(
+                {
+                    "id": chunk.id,
+                    "vector": vector.tolist(),
+                    "text": chunk.text,
+                    "source": chunk.source[:MAX_SOURCE],
+                    "metadata": json.loads(json.dumps(chunk.metadata)),  # JSON-safe or error
+                    "created_at": now,
+                }
+            )
+        if not rows:
+            return 0
+        result = self.client.upsert(name, rows)
+        return int(result.get("upsert_count", len(rows)))
+
+    def search(
+        self,
+        namespace: str,
+        vectors: Sequence[Sequence[float]] | np.ndarray,
+        k: int = 10,
+        where: str = "",
+    ) -> list[list[Hit]]:
+        """The ``k`` nearest chunks of each vector, best first; ``where`` is a Milvus filter
+        expression over the fields (``source == "faq.md"``, ``metadata["lang"] == "en"``)."""
+        name = self._existing(namespace)
+        if not 1 <= k <= 1000:
+            raise InvalidRequest("k must be 1 to 1000")
+        queries = np.asarray(vectors, dtype=np.float32).reshape(-1, self.dim).tolist()
+        found = self.client.search(
+            name,
+            queries,
+            limit=k,
+            filter=where,
+            output_fields=["text", "source", "metadata", "created_at"],
+        )
+        return [
+            [
+                Hit(
+                    id=hit["id"],
+                    score=float(hit["distance"]),
+                    text=hit["entity"]["text"],
+                    source=hit["entity"]["source"],
+                    metadata=hit["entity"]["metadata"] or {},
+                    created_at=int(hit["entity"]["created_at"]),
+                )
+                for hit in hits
+            ]
+            for hits in found
+        ]
+
+    def delete(
+        self, namespace: str, ids: Sequence[str] | None = None, source: str | None = None
+    ) -> int:
+        """Remove chunks by id or by source; the number removed."""
+        name = self._existing(namespace)
+        if ids:
+            result = self.client.delete(name, ids=list(ids))
+        elif source is not None:
+            result = self.client.delete(name, filter=f"source == {json.dumps(source)}")
+        else:
+            raise InvalidRequest("say which chunks to delete: ids or a source")
+        return int(result.get("delete_count", 0)) if isinstance(result, dict) else len(result)
+
+    def stats(self, namespace: str) -> dict[str, Any]:
+        name = self._existing(namespace)
+        rows = self.client.get_collection_stats(name).get("row_count", 0)
+        return {"namespace": namespace, "chunks": int(rows), "dim": self.dim, "index": self.index}

@@ -1,0 +1,66 @@
+"""The knowledge store on a real Milvus Lite file: upsert by content, search with filters,
+delete, stats, and everything still there after the file is reopened (a restart)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edged.errors import InvalidRequest, NotFound
+from edged.knowledge import Chunk, KnowledgeStore, chunk_text
+
+DIM = 8
+
+
+def unit(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def test_chunks_overlap_and_cut_at_boundaries() -> None:
+    text = " ".join(f"Sentence number {i} says something." for i in range(200))
+    chunks = chunk_text(text, size=300, overlap=60)
+    assert len(chunks) > 10 and all(len(c) <= 300 for c in chunks)
+    assert all(c.endswith(".") for c in chunks[:-1])  # cut after a sentence
+    for a, b in itertools.pairwise(chunks):
+        assert a[-40:].split()[-1] in b  # the overlap carries the end of one into the next
+    assert chunk_text("short") == ["short"] and chunk_text("   ") == []
+
+
+def test_store_search_filter_delete_and_reopen(tmp_path: Path) -> None:
+    path = str(tmp_path / "kb.db")
+    store = KnowledgeStore(path, DIM)
+    chunks = [
+        Chunk(f"chunk {i}", unit(i), source=f"doc{i % 3}.md", metadata={"n": i}) for i in range(30)
+    ]
+    assert store.upsert("faq", chunks) == 30
+    assert store.upsert("faq", chunks[:5]) == 5  # the same texts: replaced, not added
+    assert store.stats("faq")["chunks"] == 30
+    (hits,) = store.search("faq", [unit(7)], k=3)
+    assert hits[0].text == "chunk 7" and hits[0].score == pytest.approx(1.0, abs=1e-5)
+    assert hits[0].source == "doc1.md" and hits[0].metadata == {"n": 7}
+    (only,) = store.search("faq", [unit(7)], k=5, where='source == "doc0.md"')
+    assert only and all(h.source == "doc0.md" for h in only)
+    (numbered,) = store.search("faq", [unit(7)], k=30, where='metadata["n"] >= 25')
+    assert sorted(h.metadata["n"] for h in numbered) == [25, 26, 27, 28, 29]
+    store.delete("faq", source="doc2.md")
+    store.delete("faq", ids=[chunks[0].id])
+    store.close()
+
+    reopened = KnowledgeStore(path, DIM)  # a restart: the file is all there is
+    assert reopened.namespaces() == ["faq"]
+    assert reopened.stats("faq")["chunks"] == 30 - 10 - 1
+    (hits,) = reopened.search("faq", [unit(3)], k=1)
+    assert hits[0].text == "chunk 3"
+    (gone,) = reopened.search("faq", [unit(2)], k=1, where='source == "doc2.md"')
+    assert gone == []
+    with pytest.raises(NotFound):
+        reopened.search("nothing_here", [unit(1)])
+    with pytest.raises(InvalidRequest, match="namespace"):
+        reopened.ensure("../etc")
+    with pytest.raises(InvalidRequest, match="8"):
+        reopened.upsert("faq", [Chunk("bad", [0.0, 1.0])])
+    reopened.close()
