@@ -88,17 +88,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-@dataclass
-class Gateway:
-    """An https reverse proxy: ``/api/v1/<path>`` -> the cloud server's ``/<path>``."""
+class LoopThread:
+    """A server on its own asyncio loop in a thread of the test process: ``_serve`` starts it,
+    ``_close`` stops it."""
 
-    upstream: str
-    pki: Path
-    max_version: ssl.TLSVersion = ssl.TLSVersion.MAXIMUM_SUPPORTED
-    seen: list[dict[str, Any]] = field(default_factory=list)
-    port: int = 0
-
-    def start(self) -> Gateway:
+    def start(self) -> Any:
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
         threading.Thread(target=self._main, args=(started,), daemon=True).start()
@@ -109,16 +103,33 @@ class Gateway:
         asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
 
-    async def _close(self) -> None:
-        await self.runner.cleanup()
-        await self.session.close()
-
     def _main(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self._serve())
         started.set()
         self.loop.run_forever()
         self.loop.close()
+
+    async def _serve(self) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class Gateway(LoopThread):
+    """An https reverse proxy: ``/api/v1/<path>`` -> the cloud server's ``/<path>``."""
+
+    upstream: str
+    pki: Path
+    max_version: ssl.TLSVersion = ssl.TLSVersion.MAXIMUM_SUPPORTED
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    port: int = 0
+
+    async def _close(self) -> None:
+        await self.runner.cleanup()
+        await self.session.close()
 
     async def _serve(self) -> None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.pki / "ca.pem")
@@ -246,7 +257,7 @@ def test_a_gateway_edged_cannot_trust_or_enter_is_down_and_work_stays_local(
 # ---- gRPC over mutual TLS ----------------------------------------------------------------------
 
 
-class GrpcGateway:
+class GrpcGateway(LoopThread):
     """A gRPC pass-through with mutual TLS in front of the cloud's gRPC port: every unary call
     is forwarded as bytes; what it saw (method, client certificate, token) is kept."""
 
@@ -254,17 +265,7 @@ class GrpcGateway:
         self.upstream = upstream
         self.pki = pki
         self.seen: list[dict[str, Any]] = []
-        self.loop = asyncio.new_event_loop()
-        started = threading.Event()
-        threading.Thread(target=self._main, args=(started,), daemon=True).start()
-        assert started.wait(10)
-
-    def _main(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._serve())
-        started.set()
-        self.loop.run_forever()
-        self.loop.close()
+        self.start()
 
     async def _serve(self) -> None:
         import grpc
@@ -301,13 +302,9 @@ class GrpcGateway:
         self.port = self.server.add_secure_port("localhost:0", credentials)
         await self.server.start()
 
-    def stop(self) -> None:
-        async def close() -> None:
-            await self.server.stop(0)
-            await self.channel.close()
-
-        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+    async def _close(self) -> None:
+        await self.server.stop(0)
+        await self.channel.close()
 
 
 def test_grpcs_with_mutual_tls_and_a_token(
