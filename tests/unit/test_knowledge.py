@@ -63,4 +63,15 @@ def test_store_search_filter_delete_and_reopen(tmp_path: Path) -> None:
         reopened.ensure("../etc")
     with pytest.raises(InvalidRequest, match="8"):
         reopened.upsert("faq", [Chunk("bad", [0.0, 1.0])])
+    with pytest.raises(InvalidRequest, match="zero"):
+        reopened.upsert("faq", [Chunk("zero", np.zeros(DIM))])
     reopened.close()
+
+
+def test_scores_are_cosine_whatever_the_vectors_length(tmp_path: Path) -> None:
+    store = KnowledgeStore(str(tmp_path / "kb.db"), DIM)
+    store.upsert("n", [Chunk(f"c{i}", unit(i) * (i + 1) * 10) for i in range(5)])
+    (hits,) = store.search("n", [unit(3) * 0.01], k=5)
+    assert hits[0].text == "c3" and hits[0].score == pytest.approx(1.0, abs=1e-5)
+    assert all(-1.0 - 1e-5 <= h.score <= 1.0 + 1e-5 for h in hits)
+    store.close()
