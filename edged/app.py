@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -20,12 +21,13 @@ from aiohttp import web
 from edged import systemd
 from edged.config import Config
 from edged.errors import ConfigError, EdgedError, ModelLoadError
+from edged.knowledge.service import KnowledgeService, text_tensor
 from edged.load import LoadMonitor
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.pipelines.factory import create_pipeline
-from edged.router import Router
+from edged.router import ROUTE, RouteContext, Router
 from edged.runtimes.base import Runtime
 from edged.runtimes.cloud import CloudEndpoint
 from edged.runtimes.onnxruntime import OnnxRuntime
@@ -100,11 +102,31 @@ class Daemon:
         )
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load)
+        knowledge = config.knowledge
+        token = knowledge.token_file.read_text().strip() if knowledge.token_file else ""
+        self.plane.knowledge = KnowledgeService(
+            knowledge.uri or config.state_dir / "knowledge.db",
+            self._embed,
+            self.executor,
+            token=token,
+            index=knowledge.index,
+            chunk_size=knowledge.chunk_size,
+            overlap=knowledge.chunk_overlap,
+        )
         self.grpc: grpc.aio.Server | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
         self.reloads: set[asyncio.Task[None]] = set()
         self.owned_socket: Path | None = None
+
+    async def _embed(self, texts: list[str]) -> Any:
+        """Embeddings for the knowledge store, from the local model; private: what is being
+        indexed never leaves the device."""
+        ROUTE.set(RouteContext(deadline=time.monotonic() + 60.0, private=True))
+        _, outputs = await self.router.infer(
+            self.config.knowledge.embedding_model, None, {"text": text_tensor(texts)}
+        )
+        return outputs["embedding"]
 
     @property
     def learner_state(self) -> Path:
@@ -339,6 +361,8 @@ class Daemon:
                 await task
         await self.load.stop()
         self.router.save_state(self.learner_state)
+        if self.plane.knowledge is not None:
+            await self.plane.knowledge.close()
         if self.cloud is not None:
             await self.cloud.stop()
         await self.manager.close()

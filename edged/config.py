@@ -275,6 +275,23 @@ class CloudConfig(Section):
         return value
 
 
+class KnowledgeConfig(Section):
+    """The knowledge store (docs/API.md, /v1/kb)."""
+
+    uri: str = Field(
+        "",
+        description="a Milvus URI (http://host:19530) or a Milvus Lite file (default:"
+        " state_dir/knowledge.db)",
+    )
+    token_file: Path | None = Field(None, description="file holding a Milvus server's token")
+    index: Literal["FLAT", "HNSW"] = Field(
+        "FLAT", description="FLAT: exact search; HNSW: faster on large stores, measure recall"
+    )
+    embedding_model: str = Field("text-embedding", description="the model that embeds text")
+    chunk_size: int = Field(800, ge=100, le=8000, description="characters per chunk")
+    chunk_overlap: int = Field(120, ge=0, description="characters shared by adjacent chunks")
+
+
 class LogConfig(Section):
     """Logging."""
 
@@ -296,6 +313,7 @@ class Config(Section):
     load: LoadConfig = Field(default_factory=LoadConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     cloud: CloudConfig = Field(default_factory=CloudConfig)
+    knowledge: KnowledgeConfig = Field(default_factory=KnowledgeConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from edged import __version__
 from edged.errors import InvalidRequest, NotFound, Unavailable
+from edged.knowledge.service import KnowledgeService
 from edged.load import LoadMonitor
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
@@ -76,6 +77,7 @@ class DataPlane:
         self.manager = manager
         self.router = router
         self.monitor = monitor
+        self.knowledge: KnowledgeService | None = None  # /v1/kb, set by the daemon
         self.ready = False
         self.stopping = False
         self.inflight = 0
@@ -160,6 +162,13 @@ class DataPlane:
             "cloud": self.router.cloud.state() if self.router.cloud else None,
             "models": self.manager.index(),
         }
+
+    def kb(self) -> KnowledgeService:
+        """The knowledge service, once edged is ready (its embeddings need the models)."""
+        self.check_ready()
+        if self.knowledge is None:
+            raise Unavailable("this edged has no knowledge store")
+        return self.knowledge
 
     def capabilities(self) -> list[dict[str, Any]]:
         """GET /v1/capabilities: task types, the models serving them and on which tier."""

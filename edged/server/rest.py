@@ -207,6 +207,33 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return ok(plane.status())
 
+    async def kb_list(request: web.Request) -> web.Response:
+        return ok({"namespaces": await plane.kb().namespaces()})
+
+    async def kb_ingest(request: web.Request) -> web.Response:
+        doc = await read_json(request)
+        documents = doc.get("documents") if isinstance(doc, dict) else None
+        return ok(await plane.kb().ingest(request.match_info["ns"], documents))
+
+    async def kb_search(request: web.Request) -> web.Response:
+        doc = await read_json(request)
+        if not isinstance(doc, dict):
+            raise InvalidRequest('the body must be {"query": "...", "k": 5, "filter": ""}')
+        k = doc.get("k", 5)
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise InvalidRequest("'k' must be an integer")
+        where = doc.get("filter", "")
+        return ok(await plane.kb().search(request.match_info["ns"], doc.get("query"), k, where))
+
+    async def kb_stats(request: web.Request) -> web.Response:
+        return ok(await plane.kb().stats(request.match_info["ns"]))
+
+    async def kb_delete(request: web.Request) -> web.Response:
+        doc = await read_json(request)
+        if not isinstance(doc, dict):
+            raise InvalidRequest('the body must be {"ids": [...]} or {"source": "..."}')
+        return ok(await plane.kb().delete(request.match_info["ns"], doc))
+
     async def capabilities(request: web.Request) -> web.Response:
         return ok(plane.capabilities())
 
@@ -241,6 +268,11 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
             web.post("/v2/repository/models/{model}/unload", repository_unload),
             web.get("/v1/status", status),
             web.get("/v1/capabilities", capabilities),
+            web.get("/v1/kb", kb_list),
+            web.post("/v1/kb/{ns}/ingest", kb_ingest),
+            web.post("/v1/kb/{ns}/search", kb_search),
+            web.get("/v1/kb/{ns}/stats", kb_stats),
+            web.post("/v1/kb/{ns}/delete", kb_delete),
             web.get("/metrics", metrics_handler(plane.manager.metrics)),
             web.post("/v1/embed", embed),
             web.post("/v1/intent", intent),
