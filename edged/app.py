@@ -29,7 +29,7 @@ from edged.models.repository import ModelManager
 from edged.pipelines.factory import create_pipeline
 from edged.router import ROUTE, RouteContext, Router
 from edged.runtimes.base import Runtime
-from edged.runtimes.cloud import CloudEndpoint
+from edged.runtimes.cloud import CloudEndpoint, read_token
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.server.dataplane import DataPlane
 from edged.server.grpc import start_server as start_grpc
@@ -103,7 +103,7 @@ class Daemon:
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load)
         knowledge = config.knowledge
-        token = knowledge.token_file.read_text().strip() if knowledge.token_file else ""
+        token = read_token(knowledge.token_file) or ""
         self.plane.knowledge = KnowledgeService(
             knowledge.uri or config.state_dir / "knowledge.db",
             self._embed,

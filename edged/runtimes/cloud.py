@@ -118,14 +118,15 @@ def tls_context(config: CloudConfig) -> ssl.SSLContext:
 
 
 def read_token(path: Path | None) -> str | None:
+    """A token from its file (None without one); ConfigError if it cannot be read or is empty."""
     if path is None:
         return None
     try:
         token = path.read_text().strip()
     except OSError as exc:
-        raise ConfigError(f"cannot read cloud.token_file {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read the token file {path}: {exc.strerror}") from None
     if not token:
-        raise ConfigError(f"cloud.token_file {path} is empty")
+        raise ConfigError(f"the token file {path} is empty")
     return token
 
 
