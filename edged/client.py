@@ -121,6 +121,29 @@ class Client:
         """Task types, the models that serve each, and on which tier (local, cloud)."""
         return list(self.call("GET", "/v1/capabilities"))
 
+    # ---- knowledge base --------------------------------------------------------------------
+
+    def kb_ingest(self, namespace: str, documents: list[dict[str, Any]]) -> dict[str, Any]:
+        """Chunk, embed and store ``[{text, source, metadata}]`` in ``namespace``."""
+        return dict(self.call("POST", f"/v1/kb/{namespace}/ingest", {"documents": documents}))
+
+    def kb_search(
+        self, namespace: str, query: str, k: int = 5, where: str = ""
+    ) -> list[dict[str, Any]]:
+        """The ``k`` chunks nearest in meaning to ``query``: score, text, source, metadata."""
+        body = {"query": query, "k": k, "filter": where}
+        return list(self.call("POST", f"/v1/kb/{namespace}/search", body)["hits"])
+
+    def kb_stats(self, namespace: str | None = None) -> dict[str, Any]:
+        """A namespace's figures, or the list of namespaces."""
+        return dict(self.call("GET", f"/v1/kb/{namespace}/stats" if namespace else "/v1/kb"))
+
+    def kb_delete(
+        self, namespace: str, ids: list[str] | None = None, source: str | None = None
+    ) -> int:
+        body = {"ids": ids} if ids else {"source": source}
+        return int(self.call("POST", f"/v1/kb/{namespace}/delete", body)["deleted"])
+
     def model_metadata(self, model: str, version: str | None = None) -> dict[str, Any]:
         """GET /v2/models/{m}[/versions/{v}]."""
         return dict(self.call("GET", _model_path(model, version)))

@@ -225,6 +225,67 @@ def cmd_vad(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return reply, _explained(reply, text or "no speech", args)
 
 
+KB_BATCH_BYTES = 1_000_000  # file contents per ingest request
+
+
+def cmd_kb(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    """The knowledge base: ingest files, search, stats, delete."""
+    if args.action != "stats" and not args.namespace:
+        raise UsageError(f"kb {args.action} needs a namespace")
+    if args.action == "ingest":
+        return _kb_ingest(client, args)
+    if args.action == "search":
+        if not args.items:
+            raise UsageError("kb search needs a question")
+        hits = client.kb_search(args.namespace, " ".join(args.items), args.k, args.filter)
+        rows = [[f"{h['score']:.3f}", h["source"], h["text"][:70].replace("\n", " ")] for h in hits]
+        return hits, _table(rows, ["SCORE", "SOURCE", "TEXT"])
+    if args.action == "stats":
+        stats = client.kb_stats(args.namespace)
+        return stats, json.dumps(stats, indent=2)
+    if not args.items:
+        raise UsageError("kb delete needs the sources (files) whose chunks go")
+    deleted = sum(client.kb_delete(args.namespace, source=source) for source in args.items)
+    return {"deleted": deleted}, f"deleted {deleted} chunks"
+
+
+def _kb_ingest(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    """Each file (text or Markdown) is a document whose source is its path; files go in
+    batches of about 1 MB, with a progress line on stderr."""
+    if not args.items:
+        raise UsageError("kb ingest needs files")
+    batch: list[dict[str, Any]] = []
+    size = files = chunks = 0
+
+    def send() -> None:
+        nonlocal batch, size, chunks
+        if batch:
+            chunks += client.kb_ingest(args.namespace, batch)["chunks"]
+            batch, size = [], 0
+
+    for number, path in enumerate(args.items, start=1):
+        try:
+            text = _read(path).decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"{path} is not UTF-8 text") from None
+        batch.append({"text": text, "source": path})
+        size += len(text)
+        files += 1
+        if size >= KB_BATCH_BYTES:
+            send()
+        done = int(30 * number / len(args.items))
+        print(
+            f"\r[{'=' * done}{' ' * (30 - done)}] {number}/{len(args.items)} files",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+    send()
+    print(file=sys.stderr)
+    reply = {"namespace": args.namespace, "files": files, "chunks": chunks}
+    return reply, f"ingested {files} files into '{args.namespace}': {chunks} chunks"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """edgectl's argument parser."""
     parser = argparse.ArgumentParser(
@@ -271,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "capabilities", help="task types, and which models serve them on which tier"
     ).set_defaults(fn=cmd_capabilities)
+
+    kb = sub.add_parser("kb", help="the knowledge base: ingest files, search, stats, delete")
+    kb.add_argument("action", choices=["ingest", "search", "stats", "delete"])
+    kb.add_argument("namespace", nargs="?", help="the namespace (stats without one: all)")
+    kb.add_argument("items", nargs="*", help="ingest: files; search: the question; delete: sources")
+    kb.add_argument("-k", type=int, default=5, help="search: how many chunks (default 5)")
+    kb.add_argument("--filter", default="", help='search: a filter, e.g. source == "faq.md"')
+    kb.set_defaults(fn=cmd_kb)
 
     models = sub.add_parser("models", help="list, show, load or unload models")
     models.add_argument("action", choices=["list", "show", "load", "unload"])

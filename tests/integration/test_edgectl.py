@@ -67,6 +67,33 @@ def test_explain_prints_every_decision(daemon: Daemon) -> None:
     assert asked["route"] == "local" and "no cloud tier" in asked["reason"]
 
 
+def test_kb_ingest_search_stats_delete(daemon: Daemon, tmp_path: Path) -> None:
+    (tmp_path / "reboot.md").write_text(
+        "# Rebooting\n\nHold the power button for ten seconds until the LED blinks twice."
+    )
+    (tmp_path / "wifi.txt").write_text("Change the Wi-Fi password under Network, Wireless.")
+    files = [str(tmp_path / "reboot.md"), str(tmp_path / "wifi.txt")]
+    ingest = edgectl(daemon.socket, "kb", "ingest", "cli_docs", *files)
+    assert ingest.returncode == 0, ingest.stderr
+    assert b"2/2 files" in ingest.stderr and b"2 chunks" in ingest.stdout
+    found = edgectl(daemon.socket, "--json", "kb", "search", "cli_docs", "how", "to", "restart")
+    hits = json.loads(found.stdout)
+    assert hits[0]["source"] == files[0] and hits[0]["score"] > hits[1]["score"]
+    table = edgectl(daemon.socket, "kb", "search", "cli_docs", "wireless key", "-k", "1")
+    assert b"wifi.txt" in table.stdout and b"SCORE" in table.stdout
+    stats = json.loads(edgectl(daemon.socket, "--json", "kb", "stats", "cli_docs").stdout)
+    assert stats["chunks"] == 2
+    assert (
+        "cli_docs"
+        in json.loads(edgectl(daemon.socket, "--json", "kb", "stats").stdout)["namespaces"]
+    )
+    gone = edgectl(daemon.socket, "kb", "delete", "cli_docs", files[1])
+    assert gone.returncode == 0 and b"deleted" in gone.stdout
+    assert edgectl(daemon.socket, "kb", "search").returncode == 2  # no namespace: usage
+    missing = edgectl(daemon.socket, "kb", "search", "no_such_kb", "anything")
+    assert missing.returncode == 4  # 404
+
+
 def test_infer_sends_a_request_document(daemon: Daemon, tmp_path: Path) -> None:
     request = tmp_path / "request.json"
     request.write_text(
