@@ -107,6 +107,7 @@ class Daemon:
         self.plane.knowledge = KnowledgeService(
             knowledge.uri or config.state_dir / "knowledge.db",
             self._embed,
+            self._embedding_dim,
             self.executor,
             token=token,
             index=knowledge.index,
@@ -127,6 +128,11 @@ class Daemon:
             self.config.knowledge.embedding_model, None, {"text": text_tensor(texts)}
         )
         return outputs["embedding"]
+
+    def _embedding_dim(self) -> int:
+        """The size of the embedding model's vectors, from its config (no model call)."""
+        config = self.manager.config_of(self.config.knowledge.embedding_model)
+        return next(o.dims[-1] for o in config.outputs if o.name == "embedding")
 
     @property
     def learner_state(self) -> Path:

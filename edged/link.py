@@ -69,8 +69,10 @@ class LinkMonitor(Background):
         alpha: float = 0.2,
         window: int = 200,
         on_change: Callable[[bool], None] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
-        """``on_change(up)`` is called at each up/down change."""
+        """``on_change(up)`` is called at each up/down change; ``rng`` draws the backoff's
+        jitter (a seeded one makes a replay repeatable)."""
         self.endpoint = endpoint
         self.probe = probe
         self.interval = interval
@@ -82,6 +84,7 @@ class LinkMonitor(Background):
         self.up_after = up_after
         self.alpha = alpha
         self.on_change = on_change
+        self.rng = rng or random.Random()
         self.samples: deque[float] = deque(maxlen=window)
         self.rtt: float | None = None
         self.bandwidth: float | None = None
@@ -149,11 +152,16 @@ class LinkMonitor(Background):
         base = max(self.timeout, 3 * p95) * (2 if self.failures else 1)
         return min(self.max_timeout, base)
 
+    def silence_is_failure(self, seconds: float) -> bool:
+        """Does no answer within ``seconds`` say the path failed? Only when that is at least as
+        long as a probe may take; a shorter wait (a tight deadline) says nothing."""
+        return seconds >= self.probe_timeout()
+
     def backoff(self, attempt: int) -> float:
         """The pause before probe ``attempt`` (0, 1, ...) of a link that is down: exponential,
         with jitter (half to all of it)."""
         delay = min(self.backoff_max, self.backoff_min * 2 ** min(attempt, 30))
-        return delay / 2 + random.uniform(0, delay / 2)
+        return delay / 2 + self.rng.uniform(0, delay / 2)
 
     async def probe_once(self) -> None:
         """Send one probe and record what became of it (a timeout is a failure)."""

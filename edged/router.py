@@ -48,6 +48,7 @@ from edged.scheduler import REQUEST
 log = logging.getLogger(__name__)
 
 CLOUD_VERSION = "cloud"  # the model_version of an answer the cloud gave
+NO_CLOUD = Path(False, "no cloud tier is configured")
 MIN_LOCAL_RESERVE_S = 0.02  # time kept for a local fallback when the local path is unmeasured
 ROUTE_PARAMETERS = ("private", "route", "explain")
 
@@ -81,7 +82,9 @@ ROUTE: contextvars.ContextVar[RouteContext | None] = contextvars.ContextVar(
 )
 
 
-def route_context(parameters: Mapping[str, Any], default_deadline_s: float) -> RouteContext:
+def route_context(
+    parameters: Mapping[str, Any], default_deadline_s: float, request_id: str = ""
+) -> RouteContext:
     """Read ``private``, ``route`` and the deadline from request parameters."""
     private = parameters.get("private", False)
     if not isinstance(private, bool):
@@ -93,7 +96,10 @@ def route_context(parameters: Mapping[str, Any], default_deadline_s: float) -> R
     if deadline is None:
         deadline = time.monotonic() + default_deadline_s
     return RouteContext(
-        deadline=deadline, private=private, override=None if override == "auto" else override
+        deadline=deadline,
+        private=private,
+        override=None if override == "auto" else override,
+        request_id=request_id,
     )
 
 
@@ -228,7 +234,7 @@ class Router:
 
     def _cloud_path(self, name: str, version: int | None, payload: int) -> Path:
         if self.cloud is None:
-            return Path(False, "no cloud tier is configured")
+            return NO_CLOUD
         if version is not None:
             return Path(False, f"version {version} was asked for, and only the device has it")
         why = self.cloud.unavailable(name)
@@ -321,7 +327,7 @@ class Router:
         facts = self.facts(name, payload, left) if self.policy.rules else {}
         decision = decide(request, local, cloud, facts, self.policy)
         if self.learner is not None:
-            decision = self.learner.refine(decision, request, local, cloud, facts)
+            decision = self.learner.refine(decision, request, local, cloud)
         record: dict[str, Any] = {
             "model": name,
             "route": decision.route,
@@ -329,7 +335,7 @@ class Router:
             "basis": decision.basis,
             "predicted_ms": _ms(decision.predicted_s),
             "deadline_ms": _ms(left),
-            "trace": list(decision.trace),
+            "trace": decision.trace,  # a tuple; JSON writes it as a list
         }
         ctx.decisions.append(record)
         call = Call(name, version, inputs, parameters or {}, config, ctx, private, payload, record)
@@ -407,7 +413,7 @@ class Router:
             call.ran["cloud"] = None
             try:
                 out = await self.cloud.infer(
-                    call.name, call.inputs, wanted, budget, call.ctx.request_id
+                    call.name, call.inputs, wanted, budget, call.ctx.request_id, call.payload
                 )
             except CloudError as exc:
                 attempt += 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,7 +108,7 @@ class Replay:
         self.now = 0.0
         self.estimates = Estimates()
         self.breaker = CircuitBreaker(clock=lambda: self.now)
-        self.link = LinkMonitor("sim", self._never, interval=PROBE_INTERVAL)
+        self.link = LinkMonitor("sim", self._never, interval=PROBE_INTERVAL, rng=random.Random(0))
         self.next_probe = 0.0
         self.down_attempt = 0
         self.result = Result(name, trace.name)
@@ -204,7 +205,7 @@ class Replay:
             if cloud_ms is None or cloud_ms > budget_ms:
                 # as CloudEndpoint.infer: a timeout counts against the link and the endpoint
                 # only if it was longer than a probe may take
-                if budget_ms / 1000 >= self.link.probe_timeout():
+                if self.link.silence_is_failure(budget_ms / 1000):
                     self.breaker.record(False)
                     self.link.observe(None)
                 else:
@@ -311,7 +312,7 @@ class Learned(Learning):
     def __call__(self, s: Situation) -> Decision:
         self.now = s.now
         decision = decide(s.request, s.local, s.cloud, s.facts, self.policy)
-        return self.learner.refine(decision, s.request, s.local, s.cloud, s.facts)
+        return self.learner.refine(decision, s.request, s.local, s.cloud)
 
     def observe(self, s: Situation, decision: Decision, in_time: dict[str, bool]) -> None:
         if decision.basis == "learned":

@@ -46,6 +46,7 @@ class KnowledgeService:
         self,
         uri: str | Path,
         embed: Embed,
+        dim: Callable[[], int],
         executor: Executor,
         token: str = "",
         index: str = "FLAT",
@@ -53,7 +54,8 @@ class KnowledgeService:
         overlap: int = 120,
     ) -> None:
         self.uri = str(uri)
-        self.dim = 0  # learned from the embedding model at first use
+        self.dim_of = dim  # the embedding model's, asked at first use (it may still be loading)
+        self.dim = 0
         self.embed = embed
         self.executor = executor
         self.token = token
@@ -65,7 +67,7 @@ class KnowledgeService:
 
     async def _call(self, fn: Callable[[KnowledgeStore], T]) -> T:
         if not self.dim:
-            self.dim = int((await self.embed(["the size of an embedding"])).shape[1])
+            self.dim = self.dim_of()
 
         def run() -> T:
             with self._lock:

@@ -94,7 +94,7 @@ class Learner:
         return alpha, beta
 
     def choose(
-        self, request: RouteRequest, local: Path, cloud: Path, facts: Any, deadline: float
+        self, request: RouteRequest, local: Path, cloud: Path, deadline: float
     ) -> tuple[Tier, str]:
         """local or cloud for a request both can serve, and why."""
 
@@ -121,13 +121,13 @@ class Learner:
         return "cloud", why
 
     def refine(
-        self, decision: Decision, request: RouteRequest, local: Path, cloud: Path, facts: Any
+        self, decision: Decision, request: RouteRequest, local: Path, cloud: Path
     ) -> Decision:
         """``decide()``'s decision, with the learner choosing where the cost model chose (the
         hard constraints, the caller and the rules stand as they are)."""
         if decision.basis != "estimate":
             return decision
-        tier, reason = self.choose(request, local, cloud, facts, decision.deadline_s)
+        tier, reason = self.choose(request, local, cloud, decision.deadline_s)
         other: Tier = "cloud" if tier == "local" else "local"
         return dataclasses.replace(
             decision,

@@ -41,7 +41,6 @@ from edged.breaker import CircuitBreaker
 from edged.config import CloudConfig
 from edged.errors import ConfigError
 from edged.link import LinkMonitor
-from edged.protocol.tensors import payload_bytes
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +316,7 @@ class CloudEndpoint(Background):
         outputs: list[str],
         timeout: float,
         request_id: str = "",
+        payload: int = 0,
     ) -> Tensors:
         """One call; CloudError says why it failed. ``timeout`` (s) bounds it, here and on the
         server (as the OIP ``timeout`` parameter)."""
@@ -360,9 +360,7 @@ class CloudEndpoint(Background):
                 timeout,
             )
         except asyncio.TimeoutError:
-            # silence for longer than a probe may take says the path failed; a shorter budget
-            # (a tight deadline) says nothing about the link or the endpoint
-            meaningful = timeout >= self.link.probe_timeout()
+            meaningful = self.link.silence_is_failure(timeout)
             error = CloudError(
                 f"the cloud did not answer within {timeout * 1000:.0f} ms",
                 endpoint_fault=meaningful,
@@ -388,7 +386,7 @@ class CloudEndpoint(Background):
         else:
             elapsed = time.perf_counter() - started
             self.breaker.record(True)
-            self.link.observe(elapsed, payload_bytes(inputs), rtt=False)
+            self.link.observe(elapsed, payload, rtt=False)
             response = result.get_response()
             if self.grpc:
                 names = [o.name for o in response.outputs]

@@ -242,8 +242,7 @@ class DataPlane:
         if deadline is not None and (qos.deadline is None or deadline < qos.deadline):
             qos = RequestQos(qos.priority, deadline)
         REQUEST.set(qos)
-        route = route_context(parameters, self.router.policy.default_deadline_s)
-        route.request_id = request_id or ""
+        route = route_context(parameters, self.router.policy.default_deadline_s, request_id or "")
         ROUTE.set(route)
         return {k: v for k, v in parameters.items() if k not in TAKEN_PARAMETERS}, route
 

@@ -19,7 +19,7 @@ REQUEST = RouteRequest("m", deadline_s=0.1)
 
 
 def share_cloud(learner: Learner, local: Path, cloud: Path, n: int = 400) -> float:
-    return sum(learner.choose(REQUEST, local, cloud, {}, 0.1)[0] == "cloud" for _ in range(n)) / n
+    return sum(learner.choose(REQUEST, local, cloud, 0.1)[0] == "cloud" for _ in range(n)) / n
 
 
 def test_the_estimate_is_the_prior() -> None:
@@ -58,8 +58,8 @@ def test_refine_keeps_privacy_and_rules_and_the_state_survives_a_restart() -> No
     cloud = Path(True, predicted_s=0.03, deviation_s=0.003)
     private = RouteRequest("m", private=True, deadline_s=0.1)
     kept = decide(private, local, cloud, {}, Policy())
-    assert learner.refine(kept, private, local, cloud, {}) is kept  # private: not the learner's
-    chosen = learner.refine(decide(REQUEST, local, cloud, {}, Policy()), REQUEST, local, cloud, {})
+    assert learner.refine(kept, private, local, cloud) is kept  # private: not the learner's
+    chosen = learner.refine(decide(REQUEST, local, cloud, {}, Policy()), REQUEST, local, cloud)
     assert chosen.basis == "learned" and chosen.route == "cloud" and chosen.fallback == "local"
     assert chosen.reason.startswith("learned:") and chosen.trace[-1].startswith("-> cloud")
     learner.learn(REQUEST, "cloud", cloud, 0.1, in_time=True)
