@@ -92,6 +92,51 @@ class OnnxPeerModel(MLModel):
         )
 """
 
+# A question-answering model for the knowledge base's escalations (docs/API.md, "ask"): inputs
+# ``question`` (BYTES [1]) and ``context`` (BYTES [n], the retrieved passages), output
+# ``answer`` (BYTES [1]). It is a small extractive reader: the passage sentence that shares the
+# most words with the question. It stands for a large answer model in the cloud; the tests
+# check what reaches it (the journal keeps each question and its passages whole).
+ANSWER_RUNTIME = """\
+import json
+import re
+
+from mlserver import MLModel
+from mlserver.codecs import StringCodec
+from mlserver.types import InferenceRequest, InferenceResponse
+
+WORD = re.compile(r"[a-z0-9]+")
+SENTENCE = re.compile(r"(?<=[.!?])\\s+")
+COMMON = set("a an and are as at be by do does for from how i in is it my of on or the to what"
+             " when where which who why with you your".split())
+
+
+def words(text):
+    return {w for w in WORD.findall(text.lower()) if w not in COMMON}
+
+
+class AnswerModel(MLModel):
+    async def load(self) -> bool:
+        self._journal = (self.settings.parameters.extra or {}).get("journal")
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        given = {i.name: StringCodec.decode_input(i) for i in payload.inputs}
+        question, context = given["question"][0], given.get("context", [])
+        if self._journal:
+            line = {"id": payload.id, "model": self.name, "question": question,
+                    "context": context}
+            with open(self._journal, "a") as f:
+                f.write(json.dumps(line) + "\\n")
+        asked = words(question)
+        sentences = [s for passage in context for s in SENTENCE.split(passage) if s.strip()]
+        best = max(sentences, key=lambda s: len(asked & words(s)), default="")
+        answer = best or "I do not know."
+        output = StringCodec.encode_output("answer", [answer])
+        output.shape = [1]
+        return InferenceResponse(model_name=self.name, id=payload.id, outputs=[output])
+"""
+
 
 def ensure_venv(path: Path = DEFAULT_VENV) -> Path:
     """Create ``path`` with MLServer + onnxruntime + numpy; skipped when the stamp exists."""
@@ -163,6 +208,7 @@ def start_peer(
     more_models: dict[str, Path] | None = None,
     journal: Path | None = None,
     faults: Path | None = None,
+    answer_model: str | None = None,
 ) -> Peer:
     """Write settings + runtime under ``workdir``, start ``mlserver start`` and wait until ready.
 
@@ -172,7 +218,8 @@ def start_peer(
     ``more_models``: other ONNX files to serve, by name. ``journal``: a file where the server
     writes a line per request it sees (the tests check there what reached the cloud);
     ``faults``: a JSON file read at each call, ``{"fail_every": N, "status": 503}`` fails one call
-    in N with that status (500 by default).
+    in N with that status (500 by default). ``answer_model``: also serve the extractive
+    question-answering model (``ANSWER_RUNTIME``) under that name.
     """
     extra: dict[str, Any] = {"session": session_config or {}}
     if journal is not None:
@@ -189,6 +236,16 @@ def start_peer(
             "parameters": {"uri": str(path.resolve()), "extra": extra},
             "max_batch_size": max_batch_size,
             "max_batch_time": max_batch_time,
+        }
+        (model_dir / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
+    if answer_model is not None:
+        model_dir = workdir / answer_model
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "peer_answer_runtime.py").write_text(ANSWER_RUNTIME)
+        model_settings = {
+            "name": answer_model,
+            "implementation": "peer_answer_runtime.AnswerModel",
+            "parameters": {"extra": {"journal": str(journal)} if journal else {}},
         }
         (model_dir / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
     http_port, grpc_port = free_port(), free_port()
@@ -217,7 +274,7 @@ def start_peer(
     peer = Peer(proc, name, f"http://{hp}", f"127.0.0.1:{grpc_port}", log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        names = [name, *(more_models or {})]
+        names = [name, *(more_models or {}), *([answer_model] if answer_model else [])]
         if _status(hp, "/v2/health/ready") == 200 and all(
             _status(hp, f"/v2/models/{m}/ready") == 200 for m in names
         ):

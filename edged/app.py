@@ -20,16 +20,17 @@ from aiohttp import web
 
 from edged import systemd
 from edged.config import Config
-from edged.errors import ConfigError, EdgedError, ModelLoadError
-from edged.knowledge.service import KnowledgeService, text_tensor
+from edged.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
+from edged.knowledge.service import AskSettings, KnowledgeService
 from edged.load import LoadMonitor
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.pipelines.factory import create_pipeline
+from edged.protocol.tensors import text_tensor
 from edged.router import ROUTE, RouteContext, Router
 from edged.runtimes.base import Runtime
-from edged.runtimes.cloud import CloudEndpoint, read_token
+from edged.runtimes.cloud import CloudEndpoint, CloudError, read_token
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.server.dataplane import DataPlane
 from edged.server.grpc import start_server as start_grpc
@@ -113,6 +114,14 @@ class Daemon:
             index=knowledge.index,
             chunk_size=knowledge.chunk_size,
             overlap=knowledge.chunk_overlap,
+            min_free_mb=knowledge.min_free_mb,
+            answer=self._answer,
+            ask=AskSettings(
+                knowledge.answer_threshold,
+                knowledge.answer_model,
+                knowledge.ask_passages,
+                knowledge.private_namespaces,
+            ),
         )
         self.grpc: grpc.aio.Server | None = None
         self.metrics_runner: web.AppRunner | None = None
@@ -123,11 +132,37 @@ class Daemon:
     async def _embed(self, texts: list[str]) -> Any:
         """Embeddings for the knowledge store, from the local model; private: what is being
         indexed never leaves the device."""
-        ROUTE.set(RouteContext(deadline=time.monotonic() + 60.0, private=True))
-        _, outputs = await self.router.infer(
-            self.config.knowledge.embedding_model, None, {"text": text_tensor(texts)}
-        )
+        token = ROUTE.set(RouteContext(deadline=time.monotonic() + 60.0, private=True))
+        try:
+            _, outputs = await self.router.infer(
+                self.config.knowledge.embedding_model, None, {"text": text_tensor("texts", texts)}
+            )
+        finally:
+            ROUTE.reset(token)  # the request's own routing context, for what follows
         return outputs["embedding"]
+
+    async def _answer(self, question: str, passages: list[str]) -> tuple[str, str, str]:
+        """The answer model's answer to ``question`` from ``passages``, within the request's
+        routing context (its deadline; a private request never reaches it): (answer, route,
+        reason)."""
+        model = self.config.knowledge.answer_model
+        assert model is not None
+        inputs = {
+            "question": text_tensor("question", [question]),
+            "context": text_tensor("context", passages),
+        }
+        try:
+            _, outputs = await self.router.infer(model, None, inputs)
+        except CloudError as exc:
+            raise Unavailable(f"the cloud failed: {exc.message}") from None
+        answer = outputs.get("answer")
+        if answer is None or answer.size == 0:
+            raise Unavailable(f"the answer model '{model}' gave no 'answer' output")
+        first = answer.ravel()[0]
+        text = first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first)
+        ctx = ROUTE.get()
+        last = ctx.decisions[-1] if ctx is not None and ctx.decisions else {}
+        return text, str(last.get("route", "local")), str(last.get("reason", ""))
 
     def _embedding_dim(self) -> int:
         """The size of the embedding model's vectors, from its config (no model call)."""

@@ -134,6 +134,17 @@ class Client:
         body = {"query": query, "k": k, "filter": where}
         return list(self.call("POST", f"/v1/kb/{namespace}/search", body)["hits"])
 
+    def kb_ask(
+        self, namespace: str, question: str, threshold: float | None = None, private: bool = False
+    ) -> dict[str, Any]:
+        """The answer to ``question``: from the best passage on the device when it is close
+        enough, else from the answer model with the top passages (never a private one)."""
+        body: dict[str, Any] = {"question": question}
+        if threshold is not None:
+            body["threshold"] = threshold
+        query = "?private=true" if private else ""
+        return dict(self.call("POST", f"/v1/kb/{namespace}/ask{query}", body))
+
     def kb_stats(self, namespace: str | None = None) -> dict[str, Any]:
         """A namespace's figures, or the list of namespaces."""
         return dict(self.call("GET", f"/v1/kb/{namespace}/stats" if namespace else "/v1/kb"))

@@ -288,8 +288,31 @@ class KnowledgeConfig(Section):
         "FLAT", description="FLAT: exact search; HNSW: faster on large stores, measure recall"
     )
     embedding_model: str = Field("text-embedding", description="the model that embeds text")
-    chunk_size: int = Field(800, ge=100, le=8000, description="characters per chunk")
-    chunk_overlap: int = Field(120, ge=0, description="characters shared by adjacent chunks")
+    chunk_size: int = Field(
+        500,
+        ge=100,
+        le=8000,
+        description="characters per chunk (500: about the 128 tokens MiniLM was trained on)",
+    )
+    chunk_overlap: int = Field(80, ge=0, description="characters shared by adjacent chunks")
+    min_free_mb: int = Field(
+        256, ge=0, description="ingest refuses to leave less free space on the store's disk"
+    )
+    answer_threshold: float = Field(
+        0.6,
+        ge=-1.0,
+        le=1.0,
+        description="ask: the best passage's cosine score at which the device answers from it",
+    )
+    answer_model: str | None = Field(
+        None,
+        description="ask: the model (OIP: question, context -> answer) that answers what the"
+        " store cannot; none: the device answers with its best passage",
+    )
+    ask_passages: int = Field(4, ge=1, le=20, description="ask: passages sent with a question")
+    private_namespaces: list[str] = Field(
+        default_factory=list, description="namespaces whose passages never leave the device"
+    )
 
 
 class LogConfig(Section):

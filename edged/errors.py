@@ -45,6 +45,12 @@ class Unavailable(EdgedError):
     status = 503
 
 
+class InsufficientStorage(EdgedError):
+    """A write would fill the disk: refused before anything is written."""
+
+    status = 507
+
+
 class Overloaded(EdgedError):
     """Admission control refused the request: a full queue, or a timeout that cannot be met.
 

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
 EDGED = [sys.executable, "-m", "edged"]
 CLOUD_MODEL = "intent-classifier"  # what the cloud tier serves in tests
+ANSWER_MODEL = "kb-answer"  # and its question-answering model (bench/peer.py ANSWER_RUNTIME)
 
 
 def require_models() -> None:
@@ -209,7 +210,15 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
         skip_or_fail(f"cannot install MLServer for the cloud tier: {exc}")
     journal, faults = work / "journal.jsonl", work / "faults.json"
     onnx = MODELS / CLOUD_MODEL / "1" / "model.onnx"
-    peer = start_peer(venv, onnx, CLOUD_MODEL, work / "mlserver", journal=journal, faults=faults)
+    peer = start_peer(
+        venv,
+        onnx,
+        CLOUD_MODEL,
+        work / "mlserver",
+        journal=journal,
+        faults=faults,
+        answer_model=ANSWER_MODEL,
+    )
     port = int(peer.http_url.rsplit(":", 1)[1])
     proxy = FaultProxy("127.0.0.1", port)
     try:

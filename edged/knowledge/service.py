@@ -1,42 +1,57 @@
-"""The knowledge service: ingest and search over the store, with the daemon's own embeddings.
+"""The knowledge service: ingest, search and ask over the store, with the daemon's own embeddings.
 
-Texts are chunked (``chunk_text``), embedded by the local embedding model through the router
-(as any other model call: batched by the scheduler, private by default: see below), and
-upserted; questions are embedded the same way and searched. The store is synchronous and
-owned by this process (Milvus Lite: one process per file), so its calls run in the daemon's
-thread pool, one at a time. It is opened at first use: pymilvus takes a second to import and
-most devices that never ask the knowledge base need not pay it.
+Texts are chunked (``edged.knowledge.text``), embedded by the local embedding model through the
+router (as any other model call: batched by the scheduler) and upserted a batch at a time, so a
+crash in the middle of a long ingest leaves whole batches behind and a re-ingest (same text,
+same ids) completes it. Questions are embedded the same way and searched. The store is
+synchronous and owned by this process (Milvus Lite: one process per file), so its calls run in
+the daemon's thread pool, one at a time. It is opened at first use: pymilvus takes a second to
+import and most devices that never ask the knowledge base need not pay it.
 
-Embedding calls are marked private: what is being indexed stays on the device, whatever the
-routing rules say of the embedding model.
+Embedding calls are private: what is being indexed stays on the device, whatever the routing
+rules say of the embedding model. ``ask`` answers from the best passage when it is close enough
+to the question (``answer_threshold``), else sends the question and the top passages to the
+answer model, unless one of them is private; then the device answers with what it has, and
+says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from edged.errors import InvalidRequest
-from edged.knowledge.store import Chunk, KnowledgeStore, chunk_text
-from edged.protocol.tensors import encode_utf8
+from edged.errors import EdgedError, InsufficientStorage, InvalidRequest, Unavailable
+from edged.knowledge.store import Chunk, KnowledgeStore
+from edged.knowledge.text import chunk_markdown, chunk_text
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Embed = Callable[[list[str]], Awaitable[np.ndarray]]
+# (question, passages) -> (the answer, where it ran, why): the daemon's answer model call
+Answer = Callable[[str, list[str]], Awaitable[tuple[str, str, str]]]
 BATCH = 64  # texts per embedding call
+WRITE_BATCH = 512  # chunks per upsert: what a crash in the middle of an ingest can lose
 MAX_DOCUMENTS = 1000  # per ingest request
 MAX_DOCUMENT_CHARS = 2_000_000
+FORMATS = ("text", "markdown")
 
 
-def text_tensor(texts: list[str]) -> np.ndarray:
-    array = np.empty(len(texts), dtype=object)
-    array[:] = [encode_utf8("texts", t) for t in texts]
-    return array
+@dataclass
+class AskSettings:
+    threshold: float = 0.6
+    answer_model: str | None = None
+    passages: int = 4
+    private_namespaces: list[str] = field(default_factory=list)
 
 
 class KnowledgeService:
@@ -50,18 +65,24 @@ class KnowledgeService:
         executor: Executor,
         token: str = "",
         index: str = "FLAT",
-        chunk_size: int = 800,
-        overlap: int = 120,
+        chunk_size: int = 500,
+        overlap: int = 80,
+        min_free_mb: int = 256,
+        answer: Answer | None = None,
+        ask: AskSettings | None = None,
     ) -> None:
         self.uri = str(uri)
         self.dim_of = dim  # the embedding model's, asked at first use (it may still be loading)
         self.dim = 0
         self.embed = embed
+        self.answer = answer
+        self.ask_settings = ask or AskSettings()
         self.executor = executor
         self.token = token
         self.index = index
         self.chunk_size = chunk_size
         self.overlap = overlap
+        self.min_free = min_free_mb << 20
         self._store: KnowledgeStore | None = None
         self._lock = threading.Lock()  # the store's calls, one at a time
 
@@ -72,10 +93,20 @@ class KnowledgeService:
         def run() -> T:
             with self._lock:
                 if self._store is None:
-                    self._store = KnowledgeStore(self.uri, self.dim, self.token, self.index)
+                    self._store = KnowledgeStore(
+                        self.uri, self.dim, self.token, self.index, self.min_free
+                    )
                 return fn(self._store)
 
-        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+        except EdgedError:
+            raise
+        except Exception as exc:  # pymilvus' errors: the store's own words, and the log
+            if "No space left" in str(exc) or "Errno 28" in str(exc):
+                raise InsufficientStorage(f"the knowledge store's disk is full: {exc}") from exc
+            log.exception("knowledge store call failed")
+            raise Unavailable(f"the knowledge store failed: {exc}") from exc
 
     async def close(self) -> None:
         if self._store is not None:
@@ -86,31 +117,53 @@ class KnowledgeService:
         parts = [await self.embed(texts[i : i + BATCH]) for i in range(0, len(texts), BATCH)]
         return np.concatenate(parts)
 
+    def _pieces(self, doc: Any) -> list[tuple[str, str, dict[str, Any]]]:
+        """One document as (chunk, source, metadata) rows, or InvalidRequest."""
+        if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+            raise InvalidRequest("each document needs 'text' (a string)")
+        if len(doc["text"]) > MAX_DOCUMENT_CHARS:
+            raise InvalidRequest(f"a document is over {MAX_DOCUMENT_CHARS} characters")
+        source = doc.get("source", "")
+        metadata = doc.get("metadata", {})
+        if not isinstance(source, str) or not isinstance(metadata, dict):
+            raise InvalidRequest("'source' must be a string and 'metadata' an object")
+        kind = doc.get("format", "markdown" if source.endswith((".md", ".markdown")) else "text")
+        if kind not in FORMATS:
+            raise InvalidRequest(f"'format' must be one of {', '.join(FORMATS)}")
+        private = doc.get("private", False)
+        if not isinstance(private, bool):
+            raise InvalidRequest("'private' must be true or false")
+        if private:
+            metadata = {**metadata, "private": True}
+        if kind == "text":
+            return [(p, source, metadata) for p in chunk_text(doc["text"], *self._sizes())]
+        return [
+            (piece, source, {**metadata, "section": section} if section else metadata)
+            for piece, section in chunk_markdown(doc["text"], *self._sizes())
+        ]
+
+    def _sizes(self) -> tuple[int, int]:
+        return self.chunk_size, self.overlap
+
     async def ingest(self, namespace: str, documents: Any) -> dict[str, Any]:
-        """Chunk, embed and upsert ``[{text, source, metadata}]``; a re-ingest of the same text
-        writes the same rows (ids are content hashes)."""
+        """Chunk, embed and upsert ``[{text, source, metadata, format, private}]``, a batch at
+        a time; a re-ingest of the same text writes the same rows (ids are content hashes)."""
+        self.store_namespace(namespace)
         if not isinstance(documents, list) or not documents:
             raise InvalidRequest("'documents' must be a non-empty list of {text, source}")
         if len(documents) > MAX_DOCUMENTS:
             raise InvalidRequest(f"at most {MAX_DOCUMENTS} documents per request")
-        pending: list[tuple[str, str, dict[str, Any]]] = []
-        for doc in documents:
-            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
-                raise InvalidRequest("each document needs 'text' (a string)")
-            if len(doc["text"]) > MAX_DOCUMENT_CHARS:
-                raise InvalidRequest(f"a document is over {MAX_DOCUMENT_CHARS} characters")
-            source = doc.get("source", "")
-            metadata = doc.get("metadata", {})
-            if not isinstance(source, str) or not isinstance(metadata, dict):
-                raise InvalidRequest("'source' must be a string and 'metadata' an object")
-            for piece in chunk_text(doc["text"], self.chunk_size, self.overlap):
-                pending.append((piece, source, metadata))
-        self.store_namespace(namespace)
+        pending = [piece for doc in documents for piece in self._pieces(doc)]
         if not pending:
             raise InvalidRequest("the documents hold no text")
-        vectors = await self._vectors([p[0] for p in pending])
-        chunks = [Chunk(t, v, s, m) for (t, s, m), v in zip(pending, vectors)]
-        written = await self._call(lambda store: store.upsert(namespace, chunks))
+        written = 0
+        for i in range(0, len(pending), WRITE_BATCH):
+            batch = pending[i : i + WRITE_BATCH]
+            vectors = await self._vectors([p[0] for p in batch])
+            chunks = [Chunk(t, v, s, m) for (t, s, m), v in zip(batch, vectors)]
+            written += await self._call(
+                partial(KnowledgeStore.upsert, namespace=namespace, chunks=chunks)
+            )
         return {"namespace": namespace, "documents": len(documents), "chunks": written}
 
     @staticmethod
@@ -124,9 +177,79 @@ class KnowledgeService:
             raise InvalidRequest("'query' must be a non-empty string")
         if not isinstance(where, str):
             raise InvalidRequest("'filter' must be a Milvus filter expression (a string)")
+        self.store_namespace(namespace)
         vectors = await self._vectors([query])
         (hits,) = await self._call(lambda store: store.search(namespace, vectors, k, where))
         return {"namespace": namespace, "query": query, "hits": [h.as_dict() for h in hits]}
+
+    async def ask(
+        self,
+        namespace: str,
+        question: Any,
+        threshold: float | None = None,
+        where: str = "",
+        private: bool = False,
+    ) -> dict[str, Any]:
+        """Answer from the best passage when it scores ``threshold`` or more; else from the
+        answer model with the top passages, unless the question or one of them is private."""
+        if not isinstance(question, str) or not question.strip():
+            raise InvalidRequest("'question' must be a non-empty string")
+        settings = self.ask_settings
+        threshold = settings.threshold if threshold is None else threshold
+        found = await self.search(namespace, question, settings.passages, where)
+        hits: list[dict[str, Any]] = found["hits"]
+        reply: dict[str, Any] = {"namespace": namespace, "question": question, "passages": hits}
+        best = hits[0] if hits else None
+
+        def from_passage(reason: str) -> dict[str, Any]:
+            if best is None:
+                return {
+                    **reply,
+                    "answer": None,
+                    "answered_by": "none",
+                    "route": "local",
+                    "sources": [],
+                    "reason": f"no passage matches; {reason}",
+                }
+            return {
+                **reply,
+                "answer": best["text"],
+                "answered_by": "passage",
+                "route": "local",
+                "sources": [best["source"]],
+                "reason": reason,
+            }
+
+        if best is not None and best["score"] >= threshold:
+            return from_passage(f"the best passage scores {best['score']:.3f} >= {threshold}")
+        short = f"the best passage scores {best['score']:.3f} < {threshold}" if best else "no match"
+        kept = [h for h in hits if self._private(namespace, h)]
+        if private or kept:
+            what = "the question is private" if private else f"{len(kept)} of the passages are"
+            return from_passage(
+                f"{short}, and {what}{'' if private else ' private'}: nothing was sent to the"
+                " answer model; this is the closest the device knows"
+            )
+        if self.answer is None or settings.answer_model is None:
+            return from_passage(f"{short}, and no answer model is set (knowledge.answer_model)")
+        try:
+            answer, route, why = await self.answer(question, [h["text"] for h in hits])
+        except EdgedError as exc:
+            return from_passage(f"{short}, and the answer model failed: {exc.message}")
+        return {
+            **reply,
+            "answer": answer,
+            "answered_by": settings.answer_model,
+            "route": route,
+            "sources": sorted({h["source"] for h in hits}),
+            "reason": f"{short}: asked {settings.answer_model} with {len(hits)} passages"
+            f" ({route}: {why})",
+        }
+
+    def _private(self, namespace: str, hit: dict[str, Any]) -> bool:
+        return namespace in self.ask_settings.private_namespaces or bool(
+            hit["metadata"].get("private")
+        )
 
     async def delete(self, namespace: str, doc: Any) -> dict[str, Any]:
         ids, source = doc.get("ids"), doc.get("source")

@@ -30,14 +30,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edged.errors import InvalidRequest, NotFound
+from edged.errors import InsufficientStorage, InvalidRequest, NotFound
 
 NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
 MAX_TEXT = 8192
@@ -48,34 +50,6 @@ PREFIX = "kb_"
 def content_id(text: str) -> str:
     """A chunk's id: the sha256 of its text (dedupe by content)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def chunk_text(text: str, size: int = 800, overlap: int = 120) -> list[str]:
-    """Split ``text`` into chunks of about ``size`` characters that overlap by ``overlap``,
-    cut at paragraph, then sentence, then word boundaries where one is near."""
-    if size <= overlap:
-        raise ValueError("chunk size must be larger than the overlap")
-    text = re.sub(r"[ \t]+", " ", text.replace("\r\n", "\n")).strip()
-    chunks: list[str] = []
-    start = 0
-    while start < len(text):
-        end = min(len(text), start + size)
-        if end < len(text):
-            window = text[start + size // 2 : end]
-            for boundary in ("\n\n", ". ", "\n", " "):
-                cut = window.rfind(boundary)
-                if cut >= 0:
-                    end = start + size // 2 + cut + len(boundary)
-                    break
-        piece = text[start:end].strip()
-        if piece:
-            chunks.append(piece)
-        if end >= len(text):
-            break
-        start = max(end - overlap, start + 1)
-        while start < end and not text[start - 1].isspace():  # start on a word
-            start += 1
-    return chunks
 
 
 def normalised(vectors: np.ndarray, dim: int) -> np.ndarray:
@@ -118,9 +92,16 @@ class Hit:
 class KnowledgeStore:
     """Namespaces of chunks over one Milvus client."""
 
-    def __init__(self, uri: str, dim: int, token: str = "", index: str = "FLAT") -> None:
+    def __init__(
+        self, uri: str, dim: int, token: str = "", index: str = "FLAT", min_free: int = 0
+    ) -> None:
         from pymilvus import MilvusClient  # imported here: it takes a second, most runs need none
 
+        # a Milvus Lite file: its disk is ours to watch (a server watches its own)
+        self.disk = None if "://" in uri else Path(uri).resolve().parent
+        self.min_free = min_free
+        if self.disk is not None:
+            self.disk.mkdir(parents=True, exist_ok=True)
         self.client = MilvusClient(uri=uri, token=token)
         self.dim = dim
         self.index = index
@@ -201,9 +182,26 @@ class KnowledgeStore:
             )
         if not rows:
             return 0
+        self._check_room(rows)
         result = self.client.upsert(name, rows)
         self.client.flush(name)  # sealed: searched through the index, not by brute force
         return int(result.get("upsert_count", len(rows)))
+
+    def _check_room(self, rows: list[dict[str, Any]]) -> None:
+        """Refuse a write that would leave less than ``min_free`` bytes on the disk. Milvus Lite
+        must never meet a full disk: measured with milvus-lite 3.2.2, a write or an index build
+        cut short by ENOSPC leaves a truncated index file and the collection no longer loads."""
+        if self.disk is None:
+            return
+        # a row lands in the write-ahead log, a data file and the index: three copies, about
+        size = 3 * sum(self.dim * 4 + len(r["text"]) + len(r["source"]) + 256 for r in rows)
+        free = shutil.disk_usage(self.disk).free
+        if free - size < self.min_free:
+            raise InsufficientStorage(
+                f"the knowledge store's disk ({self.disk}) has {free >> 20} MiB free; writing"
+                f" {len(rows)} chunks needs about {size >> 20} MiB and {self.min_free >> 20} MiB"
+                " must stay free (knowledge.min_free_mb): nothing was written"
+            )
 
     def search(
         self,

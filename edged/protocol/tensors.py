@@ -61,6 +61,18 @@ def encode_utf8(name: str, text: str) -> bytes:
         raise InvalidRequest(f"'{name}' holds a string that is not valid Unicode") from None
 
 
+def bytes_tensor(items: list[bytes]) -> np.ndarray:
+    """A 1-D BYTES tensor (numpy object array) of ``items``."""
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+def text_tensor(name: str, texts: list[str]) -> np.ndarray:
+    """Strings as a 1-D BYTES tensor of UTF-8; ``name`` says which input is bad, if one is."""
+    return bytes_tensor([encode_utf8(name, t) for t in texts])
+
+
 def datatype_of(array: np.ndarray) -> str:
     """The OIP datatype name of a numpy array."""
     if array.dtype == object or array.dtype.kind in "SU":

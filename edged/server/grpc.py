@@ -49,6 +49,7 @@ CODES = {
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    507: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 # Which typed field of InferTensorContents holds each datatype (FP16 and BF16: raw only).

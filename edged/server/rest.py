@@ -225,6 +225,28 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
         where = doc.get("filter", "")
         return ok(await plane.kb().search(request.match_info["ns"], doc.get("query"), k, where))
 
+    async def kb_ask(request: web.Request) -> web.Response:
+        doc = await read_json(request)
+        if not isinstance(doc, dict):
+            raise InvalidRequest('the body must be {"question": "...", "threshold": 0.6}')
+        threshold = doc.get("threshold")
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+        ):
+            raise InvalidRequest("'threshold' must be a number (a cosine score, -1 to 1)")
+        params = query_parameters(request)
+        _, route = plane.take_parameters(params)
+        reply = await plane.kb().ask(
+            request.match_info["ns"],
+            doc.get("question"),
+            threshold,
+            doc.get("filter", ""),
+            private=route.private,
+        )
+        if params.get("explain") is True:
+            reply["route_trace"] = route.decisions
+        return ok(reply)
+
     async def kb_stats(request: web.Request) -> web.Response:
         return ok(await plane.kb().stats(request.match_info["ns"]))
 
@@ -271,6 +293,7 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
             web.get("/v1/kb", kb_list),
             web.post("/v1/kb/{ns}/ingest", kb_ingest),
             web.post("/v1/kb/{ns}/search", kb_search),
+            web.post("/v1/kb/{ns}/ask", kb_ask),
             web.get("/v1/kb/{ns}/stats", kb_stats),
             web.post("/v1/kb/{ns}/delete", kb_delete),
             web.get("/metrics", metrics_handler(plane.manager.metrics)),

@@ -9,10 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from edged.errors import InvalidRequest
-from edged.protocol.tensors import encode_utf8
+from edged.protocol.tensors import bytes_tensor, text_tensor
 from edged.server.dataplane import DataPlane
 
 EMBED_MODEL = "text-embedding"
@@ -42,23 +40,13 @@ def _strings(doc: Any, single: str, plural: str) -> list[str]:
     return values
 
 
-def _text_tensor(name: str, texts: list[str]) -> np.ndarray:
-    return _bytes_tensor([encode_utf8(name, t) for t in texts])
-
-
-def _bytes_tensor(items: list[bytes]) -> np.ndarray:
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    return array
-
-
 async def embed(plane: DataPlane, doc: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     """POST /v1/embed {"texts": [...], "model": "text-embedding"} -> one embedding per text."""
     texts = _strings(doc, "text", "texts")
     model = doc.get("model", EMBED_MODEL)
     if model not in EMBED_MODELS:
         raise InvalidRequest(f"'model' must be one of {', '.join(EMBED_MODELS)}")
-    version, out, route = await plane.run(model, {"text": _text_tensor("texts", texts)}, params)
+    version, out, route = await plane.run(model, {"text": text_tensor("texts", texts)}, params)
     vectors = out["embedding"]
     return {
         "model": model,
@@ -73,7 +61,7 @@ async def intent(plane: DataPlane, doc: Any, params: Mapping[str, Any]) -> dict[
     """POST /v1/intent {"texts": [...]} -> the intent of each text and its probability."""
     texts = _strings(doc, "text", "texts")
     version, out, route = await plane.run(
-        INTENT_MODEL, {"text": _text_tensor("texts", texts)}, params
+        INTENT_MODEL, {"text": text_tensor("texts", texts)}, params
     )
     return {
         "model": INTENT_MODEL,
@@ -90,7 +78,7 @@ async def ocr(plane: DataPlane, image: bytes, params: Mapping[str, Any]) -> dict
     """POST /v1/ocr with an encoded image as the body -> lines of text with boxes."""
     if not image:
         raise InvalidRequest("the body is empty: send the image file's bytes")
-    version, out, route = await plane.run(OCR_MODEL, {"image": _bytes_tensor([image])}, params)
+    version, out, route = await plane.run(OCR_MODEL, {"image": bytes_tensor([image])}, params)
     lines = [
         {"text": t.decode(), "score": round(float(s), 6), "box": b.round(1).tolist()}
         for t, s, b in zip(out["text"], out["scores"], out["boxes"])
@@ -102,7 +90,7 @@ async def vad(plane: DataPlane, audio: bytes, params: Mapping[str, Any]) -> dict
     """POST /v1/vad with a WAV file as the body -> speech segments in seconds."""
     if not audio:
         raise InvalidRequest("the body is empty: send a WAV file's bytes")
-    version, out, route = await plane.run(VAD_MODEL, {"audio": _bytes_tensor([audio])}, params)
+    version, out, route = await plane.run(VAD_MODEL, {"audio": bytes_tensor([audio])}, params)
     segments = [
         {"start": round(float(a), 3), "end": round(float(b), 3)} for a, b in out["segments"]
     ]

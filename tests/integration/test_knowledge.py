@@ -3,12 +3,14 @@ model into Milvus Lite, find them again from paraphrased questions, survive a re
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
 
 from edged.client import Client, ClientError
-from tests.conftest import Daemon
+from tests.conftest import ANSWER_MODEL, Cloud, Daemon, wait_for
 
 FAQ = [
     {
@@ -70,3 +72,88 @@ def test_ingest_search_delete_and_restart(make_daemon: type[Daemon]) -> None:
         with pytest.raises(ClientError) as failed:
             client.call("POST", path, body)
         assert failed.value.status == status, (path, failed.value.message)
+
+
+MORE_FAQ = [
+    {
+        "source": "faq/storage.md",
+        "text": "Logs are kept for seven days in /var/log/edged and then rotated away.",
+    },
+    {
+        "source": "faq/update.md",
+        "text": "Software updates arrive over the air at night; the device restarts after one.",
+    },
+]
+UNSURE = "Which logs can I read to debug a crash?"  # its best passage scores 0.33
+SECRET = "The door code of the server room is 4417, changed every Monday."
+
+
+def test_ask_answers_on_device_escalates_and_keeps_private_passages_home(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    """Close questions are answered from their passage on the device; the others go to the
+    cloud's answer model (MLServer) with their passages, read back from its own journal; a
+    private passage, a private question or a private namespace never leave."""
+    cloud = faults_cleared
+    config = f"""
+[models]
+load = ["text-embedding"]
+[cloud]
+url = "http://{cloud.proxy.address}"
+[[cloud.models]]
+name = "{ANSWER_MODEL}"
+[knowledge]
+answer_model = "{ANSWER_MODEL}"
+private_namespaces = ["hr"]
+"""
+    daemon = make_daemon(config=config).start()
+    client = daemon.client
+    wait_for(lambda: ANSWER_MODEL in client.status()["cloud"]["catalog"], 10, "the catalog")
+    client.kb_ingest("faq", FAQ + MORE_FAQ)
+    client.kb_ingest("ops", [{"source": "ops/doors.md", "text": SECRET, "private": True}])
+    client.kb_ingest("ops", MORE_FAQ)
+    client.kb_ingest("hr", [{"source": "hr/pay.md", "text": "Salaries are paid on the 25th."}])
+    before = len(cloud.seen())
+
+    for question, source in [
+        ("How can I restart my unit?", "faq/power.md"),
+        ("How long are the log files stored before deletion?", "faq/storage.md"),
+        ("can I keep logs for longer than a week?", "faq/storage.md"),
+    ]:
+        near = client.kb_ask("faq", question)
+        assert near["answered_by"] == "passage" and near["sources"] == [source], near
+        assert near["route"] == "local" and near["passages"][0]["score"] >= 0.6
+    assert len(cloud.seen()) == before  # answered on the device: nothing asked of the cloud
+
+    far = client.kb_ask("faq", UNSURE)
+    assert far["answered_by"] == ANSWER_MODEL and far["route"] == "cloud", far
+    assert "seven days" in far["answer"] and "faq/storage.md" in far["sources"]
+    (asked,) = [s for s in cloud.seen()[before:] if s["model"] == ANSWER_MODEL]
+    assert asked["question"] == far["question"]
+    assert asked["context"] == [p["text"] for p in far["passages"]]  # what it was given
+
+    before = len(cloud.seen())
+    for ns, question, params, why in [
+        ("ops", UNSURE, "", "are private"),
+        (
+            "faq",
+            UNSURE,
+            "?private=true",
+            "the question is private",
+        ),
+        ("hr", "When do we get the yearly bonus?", "", "are private"),
+    ]:
+        kept = client.call("POST", f"/v1/kb/{ns}/ask{params}", {"question": question})
+        assert kept["route"] == "local" and why in kept["reason"], kept
+        assert kept["answered_by"] == "passage" and kept["answer"]
+    assert len(cloud.seen()) == before, "a private passage or question reached the cloud"
+    assert not [s for s in cloud.seen() if SECRET in json.dumps(s)]
+
+    cloud.proxy.reset()  # the cloud fails: the device says what it knows, in time
+    started = time.monotonic()
+    failed = client.kb_ask("faq", UNSURE)
+    assert failed["answered_by"] == "passage" and "answer model failed" in failed["reason"]
+    assert failed["sources"] == ["faq/storage.md"] and time.monotonic() - started < 10
+    with pytest.raises(ClientError) as bad:
+        client.call("POST", "/v1/kb/faq/ask", {"question": "x", "threshold": "high"})
+    assert bad.value.status == 400

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.errors import InvalidRequest, NotFound
-from edged.knowledge import Chunk, KnowledgeStore, chunk_text
+from edged.errors import InsufficientStorage, InvalidRequest, NotFound
+from edged.knowledge import Chunk, KnowledgeStore, chunk_markdown, chunk_text
 
 DIM = 8
 
@@ -28,6 +28,45 @@ def test_chunks_overlap_and_cut_at_boundaries() -> None:
     for a, b in itertools.pairwise(chunks):
         assert a[-40:].split()[-1] in b  # the overlap carries the end of one into the next
     assert chunk_text("short") == ["short"] and chunk_text("   ") == []
+
+
+MARKDOWN = (
+    """Intro line before any heading.
+
+# Install
+
+Run `make run` and see the [README](README.md) for **more**.
+
+## From source
+
+```sh
+# not a heading: inside a code block
+make test
+```
+
+# Use
+
+"""
+    + "Ask the daemon. " * 60
+)
+
+
+def test_markdown_chunks_by_section_with_heading_paths() -> None:
+    pieces = chunk_markdown(MARKDOWN, size=300, overlap=40)
+    sections = [section for _, section in pieces]
+    assert sections[:3] == ["", "Install", "Install > From source"]
+    assert set(sections[3:]) == {"Use"} and len(sections) > 4  # a long section: several chunks
+    assert pieces[1][0] == "Install\nRun make run and see the README for more."
+    assert "# not a heading" in pieces[2][0] and pieces[2][0].startswith("Install > From source")
+    assert all(len(text) <= 300 for text, _ in pieces)
+
+
+def test_a_write_that_would_fill_the_disk_is_refused(tmp_path: Path) -> None:
+    store = KnowledgeStore(str(tmp_path / "kb.db"), DIM, min_free=1 << 60)  # an exabyte free
+    with pytest.raises(InsufficientStorage, match="nothing was written"):
+        store.upsert("faq", [Chunk("a chunk", unit(1))])
+    store.min_free = 0
+    assert store.upsert("faq", [Chunk("a chunk", unit(1))]) == 1
 
 
 def test_store_search_filter_delete_and_reopen(tmp_path: Path) -> None:
