@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edged.client import Client, ClientError, default_socket
+from edged.knowledge.text import split_for_requests
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NOT_READY = range(6)
 
@@ -225,21 +227,31 @@ def cmd_vad(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return reply, _explained(reply, text or "no speech", args)
 
 
-KB_BATCH_BYTES = 1_000_000  # file contents per ingest request
+KB_REQUEST_CHARS = 200_000  # text per ingest request: about 400 chunks, 10-20 s on a CPU
 
 
 def cmd_kb(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    """The knowledge base: ingest files, search, stats, delete."""
+    """The knowledge base: ingest files, search, ask, stats, delete."""
     if args.action != "stats" and not args.namespace:
         raise UsageError(f"kb {args.action} needs a namespace")
     if args.action == "ingest":
         return _kb_ingest(client, args)
+    if args.action in ("search", "ask") and not args.items:
+        raise UsageError(f"kb {args.action} needs a question")
     if args.action == "search":
-        if not args.items:
-            raise UsageError("kb search needs a question")
         hits = client.kb_search(args.namespace, " ".join(args.items), args.k, args.filter)
         rows = [[f"{h['score']:.3f}", h["source"], h["text"][:70].replace("\n", " ")] for h in hits]
         return hits, _table(rows, ["SCORE", "SOURCE", "TEXT"])
+    if args.action == "ask":
+        reply = client.kb_ask(args.namespace, " ".join(args.items), args.threshold, args.private)
+        by = reply["answered_by"]
+        lines = [
+            reply["answer"] or "(nothing is known)",
+            "",
+            f"answered by: {by} ({reply['route']}); sources: {', '.join(reply['sources']) or '-'}",
+            f"why: {reply['reason']}",
+        ]
+        return reply, "\n".join(lines)
     if args.action == "stats":
         stats = client.kb_stats(args.namespace)
         return stats, json.dumps(stats, indent=2)
@@ -250,40 +262,49 @@ def cmd_kb(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _kb_ingest(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
-    """Each file (text or Markdown) is a document whose source is its path; files go in
-    batches of about 1 MB, with a progress line on stderr."""
+    """Each file (text, or Markdown by its .md name) is a document whose source is its path;
+    they go in requests of about 200,000 characters (a larger file in pieces cut at a heading
+    or a paragraph), with a progress bar on stderr."""
     if not args.items:
         raise UsageError("kb ingest needs files")
-    batch: list[dict[str, Any]] = []
-    size = files = chunks = 0
-
-    def send() -> None:
-        nonlocal batch, size, chunks
-        if batch:
-            chunks += client.kb_ingest(args.namespace, batch)["chunks"]
-            batch, size = [], 0
-
-    for number, path in enumerate(args.items, start=1):
+    texts: list[tuple[str, str]] = []
+    for path in args.items:
         try:
-            text = _read(path).decode("utf-8")
+            texts.append((path, _read(path).decode("utf-8")))
         except UnicodeDecodeError:
             raise UsageError(f"{path} is not UTF-8 text") from None
-        batch.append({"text": text, "source": path})
-        size += len(text)
-        files += 1
-        if size >= KB_BATCH_BYTES:
-            send()
-        done = int(30 * number / len(args.items))
+    total = sum(len(text) for _, text in texts) or 1
+    batch: list[dict[str, Any]] = []
+    size = sent = chunks = 0
+    started = time.monotonic()
+
+    def send() -> None:
+        nonlocal batch, size, sent, chunks
+        if not batch:
+            return
+        chunks += client.kb_ingest(args.namespace, batch)["chunks"]
+        sent += size
+        batch, size = [], 0
+        done = int(30 * sent / total)
+        rate = chunks / max(time.monotonic() - started, 1e-6)
         print(
-            f"\r[{'=' * done}{' ' * (30 - done)}] {number}/{len(args.items)} files",
+            f"\r[{'=' * done}{' ' * (30 - done)}] {100 * sent // total:3d}%"
+            f"  {chunks} chunks  {rate:.0f}/s",
             end="",
             file=sys.stderr,
             flush=True,
         )
+
+    for path, text in texts:
+        for piece in split_for_requests(text, KB_REQUEST_CHARS):
+            if size + len(piece) > KB_REQUEST_CHARS:
+                send()
+            batch.append({"text": piece, "source": path, "private": args.private})
+            size += len(piece)
     send()
     print(file=sys.stderr)
-    reply = {"namespace": args.namespace, "files": files, "chunks": chunks}
-    return reply, f"ingested {files} files into '{args.namespace}': {chunks} chunks"
+    reply = {"namespace": args.namespace, "files": len(texts), "chunks": chunks}
+    return reply, f"ingested {len(texts)} files into '{args.namespace}': {chunks} chunks"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,12 +354,26 @@ def build_parser() -> argparse.ArgumentParser:
         "capabilities", help="task types, and which models serve them on which tier"
     ).set_defaults(fn=cmd_capabilities)
 
-    kb = sub.add_parser("kb", help="the knowledge base: ingest files, search, stats, delete")
-    kb.add_argument("action", choices=["ingest", "search", "stats", "delete"])
+    kb = sub.add_parser(
+        "kb",
+        help="the knowledge base: ingest files, search, ask, stats, delete",
+        description="ingest: text and Markdown files (with --private, their chunks never leave"
+        " the device); search: the chunks nearest a question; ask: an answer from the best"
+        " chunk when it is close enough, else from the cloud's answer model with the top"
+        " chunks (never private ones); stats; delete: by source.",
+    )
+    kb.add_argument("action", choices=["ingest", "search", "ask", "stats", "delete"])
     kb.add_argument("namespace", nargs="?", help="the namespace (stats without one: all)")
-    kb.add_argument("items", nargs="*", help="ingest: files; search: the question; delete: sources")
+    kb.add_argument(
+        "items", nargs="*", help="ingest: files; search, ask: the question; delete: sources"
+    )
     kb.add_argument("-k", type=int, default=5, help="search: how many chunks (default 5)")
     kb.add_argument("--filter", default="", help='search: a filter, e.g. source == "faq.md"')
+    kb.add_argument(
+        "--threshold",
+        type=float,
+        help="ask: the score at which the best chunk is the answer (default: the daemon's)",
+    )
     kb.set_defaults(fn=cmd_kb)
 
     models = sub.add_parser("models", help="list, show, load or unload models")

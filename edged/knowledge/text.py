@@ -96,3 +96,23 @@ def chunk_markdown(text: str, size: int = 500, overlap: int = 80) -> list[tuple[
         for piece in chunk_text(section.text, max(size - len(head), overlap + 50), overlap):
             out.append((head + piece, section.path))
     return out
+
+
+def split_for_requests(text: str, limit: int) -> list[str]:
+    """``text`` in pieces of at most ``limit`` characters for separate ingest requests, cut
+    before a Markdown heading, else at a blank line, else at a line or word end near the limit
+    (chunks never span a cut; a Markdown section cut in two keeps its heading only in the
+    first piece)."""
+    pieces: list[str] = []
+    while len(text) > limit:
+        window = text[limit // 2 : limit]
+        for boundary in ("\n#", "\n\n", "\n", " "):
+            cut = window.rfind(boundary)
+            if cut >= 0:
+                cut += limit // 2 + 1
+                break
+        else:
+            cut = limit
+        pieces.append(text[:cut])
+        text = text[cut:]
+    return [*pieces, text] if text else pieces

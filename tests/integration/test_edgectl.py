@@ -75,7 +75,7 @@ def test_kb_ingest_search_stats_delete(daemon: Daemon, tmp_path: Path) -> None:
     files = [str(tmp_path / "reboot.md"), str(tmp_path / "wifi.txt")]
     ingest = edgectl(daemon.socket, "kb", "ingest", "cli_docs", *files)
     assert ingest.returncode == 0, ingest.stderr
-    assert b"2/2 files" in ingest.stderr and b"2 chunks" in ingest.stdout
+    assert b"100%" in ingest.stderr and b"2 chunks" in ingest.stdout
     found = edgectl(daemon.socket, "--json", "kb", "search", "cli_docs", "how", "to", "restart")
     hits = json.loads(found.stdout)
     assert hits[0]["source"] == files[0] and hits[0]["score"] > hits[1]["score"]
@@ -87,6 +87,17 @@ def test_kb_ingest_search_stats_delete(daemon: Daemon, tmp_path: Path) -> None:
         "cli_docs"
         in json.loads(edgectl(daemon.socket, "--json", "kb", "stats").stdout)["namespaces"]
     )
+    asked = edgectl(daemon.socket, "kb", "ask", "cli_docs", "how", "to", "reboot", "it?")
+    assert asked.returncode == 0 and b"Hold the power button" in asked.stdout, asked.stdout
+    assert b"answered by: passage (local); sources: " + files[0].encode() in asked.stdout
+    (tmp_path / "secret.txt").write_text("The locker code is 4417.")
+    kept = edgectl(daemon.socket, "--private", "kb", "ingest", "cli_docs", f"{tmp_path}/secret.txt")
+    assert kept.returncode == 0, kept.stderr
+    unsure = edgectl(
+        daemon.socket, "--json", "kb", "ask", "cli_docs", "locker?", "--threshold", "0.99"
+    )
+    reply = json.loads(unsure.stdout)
+    assert reply["answered_by"] == "passage" and "private" in reply["reason"], reply
     gone = edgectl(daemon.socket, "kb", "delete", "cli_docs", files[1])
     assert gone.returncode == 0 and b"deleted" in gone.stdout
     assert edgectl(daemon.socket, "kb", "search").returncode == 2  # no namespace: usage

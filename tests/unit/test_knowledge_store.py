@@ -11,6 +11,7 @@ import pytest
 
 from edged.errors import InsufficientStorage, InvalidRequest, NotFound
 from edged.knowledge import Chunk, KnowledgeStore, chunk_markdown, chunk_text
+from edged.knowledge.text import split_for_requests
 
 DIM = 8
 
@@ -59,6 +60,15 @@ def test_markdown_chunks_by_section_with_heading_paths() -> None:
     assert pieces[1][0] == "Install\nRun make run and see the README for more."
     assert "# not a heading" in pieces[2][0] and pieces[2][0].startswith("Install > From source")
     assert all(len(text) <= 300 for text, _ in pieces)
+
+
+def test_long_texts_split_into_requests_at_headings_and_paragraphs() -> None:
+    text = "\n\n".join(f"# Part {i}\n\n" + "word " * 300 for i in range(20))
+    pieces = split_for_requests(text, 4000)
+    assert "".join(pieces) == text and all(len(p) <= 4000 for p in pieces)
+    assert all(p.startswith("# Part") for p in pieces)  # cut before a heading
+    assert split_for_requests("x" * 10, 4) == ["xxxx", "xxxx", "xx"]  # no boundary: hard cut
+    assert split_for_requests("", 4) == []
 
 
 def test_a_write_that_would_fill_the_disk_is_refused(tmp_path: Path) -> None:
