@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Debian packages: to build systemd-python, to run the daemon, and to run the tests.
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
-APT_TEST := espeak-ng fonts-dejavu-core curl systemd
+APT_TEST := espeak-ng fonts-dejavu-core curl systemd bible-kjv
 
 .PHONY: run test setup models lint unit integration bench bench-load bench-routing bench-lab clean distclean help
 
@@ -35,7 +35,7 @@ $(STAMPS)/apt-run: | $(STAMPS)
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
 	@touch $@
 
-$(STAMPS)/apt-test: | $(STAMPS)
+$(STAMPS)/apt-test: Makefile | $(STAMPS)
 	@missing=$$(for p in $(APT_TEST); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then echo "installing Debian packages: $$missing"; \
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
