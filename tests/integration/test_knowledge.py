@@ -1,14 +1,19 @@
 """The knowledge base through a real daemon: ingest FAQ documents with the local embedding
-model into Milvus Lite, find them again from paraphrased questions, survive a restart."""
+model into Milvus Lite (or a Milvus server), find them again from paraphrased questions, answer
+questions on the device or with the cloud's answer model, survive a restart."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.peer import free_port
 from edged.client import Client, ClientError
 from tests.conftest import ANSWER_MODEL, Cloud, Daemon, wait_for
 
@@ -157,3 +162,31 @@ private_namespaces = ["hr"]
     with pytest.raises(ClientError) as bad:
         client.call("POST", "/v1/kb/faq/ask", {"question": "x", "threshold": "high"})
     assert bad.value.status == 400
+
+
+def test_a_milvus_server_by_uri(make_daemon: type[Daemon], tmp_path: Path) -> None:
+    """``knowledge.uri`` names a Milvus server instead of a file: the same code over gRPC. The
+    server here is milvus-lite's own (``milvus-lite server``, a separate process on loopback,
+    speaking Milvus' gRPC API); a Milvus standalone or cluster is not available on this
+    machine."""
+    port = free_port()
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "milvus-lite"), "server", "--data-dir",
+         str(tmp_path / "milvus"), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        config = f'[models]\nload = ["text-embedding"]\n[knowledge]\nuri = "{uri}"\n'
+        daemon = make_daemon(config=config).start()
+        client = daemon.client
+        wait_for(lambda: client.kb_ingest("faq", FAQ)["chunks"] == 3, 30, "the server up")
+        assert search(client, "how do I restart my unit?")[0]["source"] == "faq/power.md"
+        assert daemon.stop() == 0
+        assert not (daemon.workdir / "state" / "knowledge.db").exists()  # all in the server
+        daemon.start()
+        assert daemon.client.kb_stats("faq")["chunks"] == 3
+        assert daemon.stop() == 0
+    finally:
+        server.terminate()
+        server.wait(10)
