@@ -74,8 +74,15 @@ SEARCHES = 100  # end-to-end kb_search calls
 VERSE = re.compile(r"^\s+\d+ (.*)$")
 
 
+def cell(value: Any) -> str:
+    """Three significant figures, no exponent; integers in full, with thousands separators."""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
 def table(rows: list[list[Any]], header: list[str]) -> str:
-    cells = [header, *[[f"{c:.3g}" if isinstance(c, float) else str(c) for c in r] for r in rows]]
+    cells = [header, *[[cell(c) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
