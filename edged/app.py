@@ -21,6 +21,7 @@ from aiohttp import web
 from edged import systemd
 from edged.config import Config
 from edged.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
+from edged.knowledge.answer import ChatAnswer
 from edged.knowledge.service import AskSettings, KnowledgeService
 from edged.load import LoadMonitor
 from edged.metrics import Metrics
@@ -115,7 +116,15 @@ class Daemon:
             chunk_size=knowledge.chunk_size,
             overlap=knowledge.chunk_overlap,
             min_free_mb=knowledge.min_free_mb,
-            answer=self._answer,
+            answer=(
+                ChatAnswer(
+                    knowledge.answer_url,
+                    knowledge.answer_model or "",
+                    read_token(knowledge.answer_token_file),
+                )
+                if knowledge.answer_url
+                else self._answer
+            ),
             ask=AskSettings(
                 knowledge.answer_threshold,
                 knowledge.answer_model,
@@ -404,6 +413,8 @@ class Daemon:
         self.router.save_state(self.learner_state)
         if self.plane.knowledge is not None:
             await self.plane.knowledge.close()
+            if isinstance(self.plane.knowledge.answer, ChatAnswer):
+                await self.plane.knowledge.answer.close()
         if self.cloud is not None:
             await self.cloud.stop()
         await self.manager.close()

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from edged.errors import ConfigError
 from edged.routing import conditions
@@ -309,10 +316,33 @@ class KnowledgeConfig(Section):
         description="ask: the model (OIP: question, context -> answer) that answers what the"
         " store cannot; none: the device answers with its best passage",
     )
+    answer_url: str | None = Field(
+        None,
+        description="ask: an OpenAI-compatible endpoint (https://host/v1) where answer_model"
+        " answers, instead of an OIP model through the router",
+    )
+    answer_token_file: Path | None = Field(
+        None, description="file holding the bearer token for answer_url"
+    )
     ask_passages: int = Field(4, ge=1, le=20, description="ask: passages sent with a question")
     private_namespaces: list[str] = Field(
         default_factory=list, description="namespaces whose passages never leave the device"
     )
+
+    @field_validator("answer_url")
+    @classmethod
+    def _answer_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError("must be http(s)://host[:port][/path], e.g. https://llm/v1")
+        return value
+
+    @model_validator(mode="after")
+    def _answer_model_named(self) -> KnowledgeConfig:
+        if self.answer_url and not self.answer_model:
+            raise ValueError("answer_url needs answer_model: the model that answers there")
+        return self
 
 
 class LogConfig(Section):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -235,3 +237,32 @@ def faults_cleared(cloud: Cloud) -> Iterator[Cloud]:
     yield cloud
     cloud.proxy.restore()
     cloud.fail_every(0)
+
+
+class LoopThread:
+    """A server on its own asyncio loop in a thread of the test process: ``_serve`` starts it,
+    ``_close`` stops it."""
+
+    def start(self) -> Any:
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        threading.Thread(target=self._main, args=(started,), daemon=True).start()
+        assert started.wait(10)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def _main(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+        started.set()
+        self.loop.run_forever()
+        self.loop.close()
+
+    async def _serve(self) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        raise NotImplementedError

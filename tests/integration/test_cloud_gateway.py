@@ -9,12 +9,10 @@ checked on its side.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
 import json
 import ssl
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.conftest import CLOUD_MODEL, Cloud, Daemon, wait_for
+from tests.conftest import CLOUD_MODEL, Cloud, Daemon, LoopThread, wait_for
 from tests.integration.test_routing import ask, cloud_state
 
 TOKEN = "Bearer s3cret-fleet-token"
@@ -86,35 +84,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     other = _issue("someone else's CA", None, directory, "other-ca")
     _issue("edge-node-rogue", other, directory, "rogue")
     return directory
-
-
-class LoopThread:
-    """A server on its own asyncio loop in a thread of the test process: ``_serve`` starts it,
-    ``_close`` stops it."""
-
-    def start(self) -> Any:
-        self.loop = asyncio.new_event_loop()
-        started = threading.Event()
-        threading.Thread(target=self._main, args=(started,), daemon=True).start()
-        assert started.wait(10)
-        return self
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-    def _main(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._serve())
-        started.set()
-        self.loop.run_forever()
-        self.loop.close()
-
-    async def _serve(self) -> None:
-        raise NotImplementedError
-
-    async def _close(self) -> None:
-        raise NotImplementedError
 
 
 @dataclass

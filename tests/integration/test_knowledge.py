@@ -8,14 +8,16 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from bench.peer import free_port
 from edged.client import Client, ClientError
-from tests.conftest import ANSWER_MODEL, Cloud, Daemon, wait_for
+from tests.conftest import ANSWER_MODEL, Cloud, Daemon, LoopThread, wait_for
 
 FAQ = [
     {
@@ -190,3 +192,78 @@ def test_a_milvus_server_by_uri(make_daemon: type[Daemon], tmp_path: Path) -> No
     finally:
         server.terminate()
         server.wait(10)
+
+
+@dataclass
+class ChatServer(LoopThread):
+    """A stand-in for an OpenAI-compatible server (vLLM, llama.cpp, Ollama...): none of them
+    can run here without model weights from the network. It answers ``/v1/chat/completions``
+    in OpenAI's documented format with the first passage it was given, keeps every request,
+    and fails with ``status`` when set."""
+
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    status: int = 200
+    port: int = 0
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.complete)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+
+    async def _close(self) -> None:
+        await self.runner.cleanup()
+
+    async def complete(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.seen.append({"auth": request.headers.get("Authorization"), **body})
+        if self.status != 200:
+            error = {"error": {"message": "model overloaded", "type": "server_error"}}
+            return web.json_response(error, status=self.status)
+        user = body["messages"][-1]["content"]
+        first = user.split("[1] ", 1)[1].split("\n\n", 1)[0]
+        message = {"role": "assistant", "content": f"From the manual: {first}"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return web.json_response({"id": "chatcmpl-1", "object": "chat.completion",
+                                  "model": body["model"], "choices": [choice]})  # fmt: skip
+
+
+def test_ask_escalates_to_an_openai_compatible_endpoint(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    server = ChatServer().start()
+    try:
+        token = tmp_path / "llm.token"
+        token.write_text("sk-test-123\n")
+        config = f"""
+[models]
+load = ["text-embedding"]
+[knowledge]
+answer_model = "llama-3.1-8b-instruct"
+answer_url = "http://127.0.0.1:{server.port}/v1"
+answer_token_file = "{token}"
+"""
+        daemon = make_daemon(config=config).start()
+        client = daemon.client
+        client.kb_ingest("faq", FAQ + MORE_FAQ)
+        client.kb_ingest("faq", [{"source": "ops/doors.md", "text": SECRET, "private": True}])
+        reply = client.kb_ask("faq", UNSURE, threshold=0.9)  # no passage is that close
+        assert reply["answered_by"] == "llama-3.1-8b-instruct" and reply["route"] == "cloud"
+        assert reply["answer"].startswith("From the manual: "), reply
+        assert reply["answer"].endswith(reply["passages"][0]["text"])
+        (asked,) = server.seen
+        assert asked["auth"] == "Bearer sk-test-123" and asked["temperature"] == 0
+        assert asked["model"] == "llama-3.1-8b-instruct"
+        user = asked["messages"][-1]["content"]
+        assert UNSURE in user and all(p["text"] in user for p in reply["passages"])
+        kept = client.kb_ask("faq", "What is the door code of the server room?", threshold=0.99)
+        assert "private" in kept["reason"] and len(server.seen) == 1  # the secret stayed home
+        server.status = 503
+        failed = client.kb_ask("faq", UNSURE, threshold=0.9)
+        assert failed["answered_by"] == "passage" and "model overloaded" in failed["reason"]
+        assert daemon.stop() == 0
+    finally:
+        server.stop()
