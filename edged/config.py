@@ -339,7 +339,9 @@ class KnowledgeConfig(Section):
         return value
 
     @model_validator(mode="after")
-    def _answer_model_named(self) -> KnowledgeConfig:
+    def _consistent(self) -> KnowledgeConfig:
+        if self.chunk_overlap >= self.chunk_size:
+            raise ValueError("chunk_overlap must be smaller than chunk_size")
         if self.answer_url and not self.answer_model:
             raise ValueError("answer_url needs answer_model: the model that answers there")
         return self

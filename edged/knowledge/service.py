@@ -135,15 +135,13 @@ class KnowledgeService:
             raise InvalidRequest("'private' must be true or false")
         if private:
             metadata = {**metadata, "private": True}
+        sizes = self.chunk_size, self.overlap
         if kind == "text":
-            return [(p, source, metadata) for p in chunk_text(doc["text"], *self._sizes())]
+            return [(p, source, metadata) for p in chunk_text(doc["text"], *sizes)]
         return [
             (piece, source, {**metadata, "section": section} if section else metadata)
-            for piece, section in chunk_markdown(doc["text"], *self._sizes())
+            for piece, section in chunk_markdown(doc["text"], *sizes)
         ]
-
-    def _sizes(self) -> tuple[int, int]:
-        return self.chunk_size, self.overlap
 
     async def ingest(self, namespace: str, documents: Any) -> dict[str, Any]:
         """Chunk, embed and upsert ``[{text, source, metadata, format, private}]``, a batch at
@@ -202,38 +200,37 @@ class KnowledgeService:
         best = hits[0] if hits else None
 
         def from_passage(reason: str) -> dict[str, Any]:
-            if best is None:
-                return {
-                    **reply,
-                    "answer": None,
-                    "answered_by": "none",
-                    "route": "local",
-                    "sources": [],
-                    "reason": f"no passage matches; {reason}",
-                }
+            """The device's answer: the best passage (none when nothing matched)."""
             return {
                 **reply,
-                "answer": best["text"],
-                "answered_by": "passage",
+                "answer": best["text"] if best else None,
+                "answered_by": "passage" if best else "none",
                 "route": "local",
-                "sources": [best["source"]],
+                "sources": [best["source"]] if best else [],
                 "reason": reason,
             }
 
-        if best is not None and best["score"] >= threshold:
+        if best is None:
+            short = "no passage matches"
+        elif best["score"] >= threshold:
             return from_passage(f"the best passage scores {best['score']:.3f} >= {threshold}")
-        short = f"the best passage scores {best['score']:.3f} < {threshold}" if best else "no match"
-        kept = [h for h in hits if self._private(namespace, h)]
-        if private or kept:
-            what = "the question is private" if private else f"{len(kept)} of the passages are"
+        else:
+            short = f"the best passage scores {best['score']:.3f} < {threshold}"
+        private_hits = [h for h in hits if self._private(namespace, h)]
+        if private or private_hits:
+            why = (
+                "the question is private"
+                if private
+                else f"{len(private_hits)} of the passages are private"
+            )
             return from_passage(
-                f"{short}, and {what}{'' if private else ' private'}: nothing was sent to the"
-                " answer model; this is the closest the device knows"
+                f"{short}, and {why}: nothing was sent to the answer model; this is the closest"
+                " the device knows"
             )
         if self.answer is None or settings.answer_model is None:
             return from_passage(f"{short}, and no answer model is set (knowledge.answer_model)")
         try:
-            answer, route, why = await self.answer(question, [h["text"] for h in hits])
+            answer, route, how = await self.answer(question, [h["text"] for h in hits])
         except EdgedError as exc:
             return from_passage(f"{short}, and the answer model failed: {exc.message}")
         return {
@@ -243,7 +240,7 @@ class KnowledgeService:
             "route": route,
             "sources": sorted({h["source"] for h in hits}),
             "reason": f"{short}: asked {settings.answer_model} with {len(hits)} passages"
-            f" ({route}: {why})",
+            f" ({route}: {how})",
         }
 
     def _private(self, namespace: str, hit: dict[str, Any]) -> bool:

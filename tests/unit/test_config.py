@@ -60,3 +60,13 @@ def test_validate_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     bad.write_text("[log]\nlevel = 3\n")
     assert edged_main(["--config", str(bad), "validate-config"]) == 1
     assert "log.level" in capsys.readouterr().err
+
+
+def test_knowledge_settings_that_cannot_work_are_named() -> None:
+    for section, words in [
+        ({"chunk_size": 200, "chunk_overlap": 200}, "chunk_overlap must be smaller"),
+        ({"answer_url": "https://llm.example/v1"}, "answer_url needs answer_model"),
+        ({"answer_url": "llm.example", "answer_model": "m"}, "must be http"),
+    ]:
+        with pytest.raises(ConfigError, match=f"knowledge.*{words}"):
+            config.parse({"knowledge": section})
