@@ -116,6 +116,7 @@ class Daemon:
             chunk_size=knowledge.chunk_size,
             overlap=knowledge.chunk_overlap,
             min_free_mb=knowledge.min_free_mb,
+            embed_batch=knowledge.embed_batch,
             answer=(
                 ChatAnswer(
                     knowledge.answer_url,

@@ -39,7 +39,6 @@ T = TypeVar("T")
 Embed = Callable[[list[str]], Awaitable[np.ndarray]]
 # (question, passages) -> (the answer, where it ran, why): the daemon's answer model call
 Answer = Callable[[str, list[str]], Awaitable[tuple[str, str, str]]]
-BATCH = 64  # texts per embedding call
 WRITE_BATCH = 512  # chunks per upsert: what a crash in the middle of an ingest can lose
 MAX_DOCUMENTS = 1000  # per ingest request
 MAX_DOCUMENT_CHARS = 2_000_000
@@ -68,6 +67,7 @@ class KnowledgeService:
         chunk_size: int = 500,
         overlap: int = 80,
         min_free_mb: int = 256,
+        embed_batch: int = 8,
         answer: Answer | None = None,
         ask: AskSettings | None = None,
     ) -> None:
@@ -83,6 +83,7 @@ class KnowledgeService:
         self.chunk_size = chunk_size
         self.overlap = overlap
         self.min_free = min_free_mb << 20
+        self.embed_batch = embed_batch
         self._store: KnowledgeStore | None = None
         self._lock = threading.Lock()  # the store's calls, one at a time
 
@@ -114,7 +115,8 @@ class KnowledgeService:
             self._store = None
 
     async def _vectors(self, texts: list[str]) -> np.ndarray:
-        parts = [await self.embed(texts[i : i + BATCH]) for i in range(0, len(texts), BATCH)]
+        step = self.embed_batch
+        parts = [await self.embed(texts[i : i + step]) for i in range(0, len(texts), step)]
         return np.concatenate(parts)
 
     def _pieces(self, doc: Any) -> list[tuple[str, str, dict[str, Any]]]:
