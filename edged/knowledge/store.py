@@ -12,17 +12,19 @@ One collection per namespace (``kb_<namespace>``), each with the same schema:
 | `created_at` | INT64 | seconds since the epoch, at (re-)ingest |
 
 Index: FLAT (exact search) by default, inner product over L2-normalised vectors (the store
-normalises what it is given, so scores are cosine similarities): recall 1.0 by construction, and
-at the sizes a device holds (10^4 to 10^5 chunks) fast enough. Measured here with milvus-lite
-3.2.2 on 10k x 384: 8.5 ms a search (COSINE: 12 ms); HNSW (M 16, ef 64-256) and IVF_FLAT gave
-recall@10 of 0.47-0.87 on random vectors, so `index = "HNSW"` is for stores that outgrow FLAT
-and must be measured on their data. Every write is flushed: Milvus Lite searches rows still in a
-growing segment by brute force at about 300 ms per query on 10k rows (30x slower). The same
-code serves a Milvus server or cluster: pass its URI (and token) instead of a file path.
+normalises what it is given, so scores are cosine similarities): recall 1.0 by construction.
+Measured with milvus-lite 3.2.2 (docs/BENCHMARKS.md): 11 ms a search at 10k rows, 173 ms at
+100k; the time is milvus-lite's per-row Python work on every search (dedup by key, tombstones),
+so HNSW is no faster at 10k and gave recall@10 0.64 on random vectors; `index = "HNSW"` is for
+a Milvus server, measured on its data. Every write is flushed: Milvus Lite searches rows still
+in a growing segment by brute force at about 300 ms per query on 10k rows (30x slower). The
+same code serves a Milvus server or cluster: pass its URI (and token) instead of a file path.
 
 Milvus Lite's limits: one process per file (edged owns it; nothing else may open it while edged
-runs), and after reopening a file a collection must be loaded before it is searched (done here).
-The client is synchronous: the daemon calls it from its thread pool.
+runs); after reopening a file a collection must be loaded before it is searched (done here); a
+write cut short by a full disk leaves a collection that no longer loads (so writes that would
+come near it are refused: ``_check_room``). The client is synchronous: the daemon calls it
+from its thread pool.
 """
 
 from __future__ import annotations
