@@ -21,9 +21,9 @@ in a growing segment by brute force at about 300 ms per query on 10k rows (30x s
 same code serves a Milvus server or cluster: pass its URI (and token) instead of a file path.
 
 Milvus Lite's limits: one process per file (edged owns it; nothing else may open it while edged
-runs); after reopening a file a collection must be loaded before it is searched (done here); a
-write cut short by a full disk leaves a collection that no longer loads (so writes that would
-come near it are refused: ``_check_room``). The client is synchronous: the daemon calls it
+runs); after reopening a file a collection must be loaded before it is searched (done here);
+on a full disk a collection does not load (so writes that would come near it are refused:
+``_check_room``). The client is synchronous: the daemon calls it
 from its thread pool.
 """
 
@@ -191,8 +191,11 @@ class KnowledgeStore:
 
     def _check_room(self, rows: list[dict[str, Any]]) -> None:
         """Refuse a write that would leave less than ``min_free`` bytes on the disk. Milvus Lite
-        must never meet a full disk: measured with milvus-lite 3.2.2, a write or an index build
-        cut short by ENOSPC leaves a truncated index file and the collection no longer loads."""
+        must not meet a full disk. Measured with milvus-lite 3.2.2: a flush that meets ENOSPC
+        raises though its batch may be kept; while the disk is full the collection does not
+        load (loading rebuilds an index file and writes it), and once a reopen on a full disk
+        left a truncated index file that later loads refused; with room again, it loaded in
+        three runs out of three."""
         if self.disk is None:
             return
         # a row lands in the write-ahead log, a data file and the index: three copies, about
