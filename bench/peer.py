@@ -227,27 +227,20 @@ def start_peer(
     if faults is not None:
         extra["faults"] = str(faults)
     for model, path in {name: Path(onnx_file), **(more_models or {})}.items():
-        model_dir = workdir / model
-        model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "peer_onnx_runtime.py").write_text(RUNTIME)
-        model_settings = {
-            "name": model,
-            "implementation": "peer_onnx_runtime.OnnxPeerModel",
-            "parameters": {"uri": str(path.resolve()), "extra": extra},
-            "max_batch_size": max_batch_size,
-            "max_batch_time": max_batch_time,
-        }
-        (model_dir / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
+        write_model(
+            workdir / model,
+            RUNTIME,
+            "peer_onnx_runtime.OnnxPeerModel",
+            {"uri": str(path.resolve()), "extra": extra},
+            max_batch_size=max_batch_size,
+            max_batch_time=max_batch_time,
+        )
     if answer_model is not None:
-        model_dir = workdir / answer_model
-        model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "peer_answer_runtime.py").write_text(ANSWER_RUNTIME)
-        model_settings = {
-            "name": answer_model,
-            "implementation": "peer_answer_runtime.AnswerModel",
-            "parameters": {"extra": {"journal": str(journal)} if journal else {}},
-        }
-        (model_dir / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
+        answer_extra = {"journal": str(journal)} if journal else {}
+        write_model(
+            workdir / answer_model, ANSWER_RUNTIME, "peer_answer_runtime.AnswerModel",
+            {"extra": answer_extra},
+        )  # fmt: skip
     http_port, grpc_port = free_port(), free_port()
     settings = {
         "host": "127.0.0.1",  # REST, gRPC and metrics servers all bind to this
@@ -283,6 +276,22 @@ def start_peer(
     peer.stop()
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
     raise RuntimeError(f"MLServer not ready (rc={proc.returncode}); log tail:\n{tail}")
+
+
+def write_model(
+    model_dir: Path, runtime: str, implementation: str, parameters: dict[str, Any], **more: Any
+) -> None:
+    """An MLServer model folder: the runtime's source (module named by ``implementation``) and
+    its model-settings.json."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / f"{implementation.split('.')[0]}.py").write_text(runtime)
+    settings = {
+        "name": model_dir.name,
+        "implementation": implementation,
+        "parameters": parameters,
+        **more,
+    }
+    (model_dir / "model-settings.json").write_text(json.dumps(settings, indent=2))
 
 
 def infer_json(
