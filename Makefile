@@ -62,8 +62,8 @@ run: $(STAMPS)/models
 	$(VENV)/bin/edged --socket $(SOCKET) --state-dir $(STATE_DIR) --models $(MODELS)
 
 lint: $(STAMPS)/venv
-	$(VENV)/bin/ruff check edged tests bench models
-	$(VENV)/bin/ruff format --check edged tests bench models
+	$(VENV)/bin/ruff check edged cloudsync tests bench models
+	$(VENV)/bin/ruff format --check edged cloudsync tests bench models
 	$(VENV)/bin/mypy
 
 unit: $(STAMPS)/venv

@@ -1,0 +1,1 @@
+"""The MQTT contract: topics and the envelope (docs/PROTOCOL.md)."""

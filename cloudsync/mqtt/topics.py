@@ -1,0 +1,130 @@
+"""Every topic of the fleet contract, built and parsed here and nowhere else.
+
+    edge/v1/{fleet}/{node}/status            retained online/offline (birth, last will)
+    edge/v1/{fleet}/{node}/heartbeat         every 10 s
+    edge/v1/{fleet}/{node}/telemetry         records from the outbox
+    edge/v1/{fleet}/{node}/events            events and alerts from the outbox
+    edge/v1/{fleet}/{node}/cmd/{id}          a signed command, operator -> node
+    edge/v1/{fleet}/{node}/cmd/{id}/result   its result, node -> operator
+    edge/v1/{fleet}/{node}/desired/models    retained desired model versions, operator -> node
+
+Fleet and node names are 1 to 64 letters, digits, ``_`` or ``-``: never ``/`` or the MQTT
+wildcards ``+`` and ``#``, so that a name can never reach into another node's topics (the
+broker's ACLs grant a node ``edge/v1/+/{its name}/#`` only).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "edge/v1"
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CMD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+LEAVES = ("status", "heartbeat", "telemetry", "events")
+
+
+class TopicError(ValueError):
+    """A topic or a name that is not part of the contract."""
+
+
+def check_name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise TopicError(f"{kind} '{value}': 1 to 64 letters, digits, _ or -")
+    return value
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A parsed topic: ``kind`` is one of status, heartbeat, telemetry, events, cmd,
+    cmd-result, desired-models; ``cmd_id`` is set for cmd and cmd-result."""
+
+    fleet: str
+    node: str
+    kind: str
+    cmd_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The topics of one node."""
+
+    fleet: str
+    node: str
+
+    def __post_init__(self) -> None:
+        check_name("fleet", self.fleet)
+        check_name("node", self.node)
+
+    @property
+    def base(self) -> str:
+        return f"{PREFIX}/{self.fleet}/{self.node}"
+
+    @property
+    def status(self) -> str:
+        return f"{self.base}/status"
+
+    @property
+    def heartbeat(self) -> str:
+        return f"{self.base}/heartbeat"
+
+    @property
+    def telemetry(self) -> str:
+        return f"{self.base}/telemetry"
+
+    @property
+    def events(self) -> str:
+        return f"{self.base}/events"
+
+    @property
+    def desired_models(self) -> str:
+        return f"{self.base}/desired/models"
+
+    def cmd(self, cmd_id: str) -> str:
+        return f"{self.base}/cmd/{_cmd_id(cmd_id)}"
+
+    def cmd_result(self, cmd_id: str) -> str:
+        return f"{self.base}/cmd/{_cmd_id(cmd_id)}/result"
+
+    @property
+    def commands(self) -> str:
+        """What the node subscribes to for its commands."""
+        return f"{self.base}/cmd/+"
+
+    @property
+    def everything(self) -> str:
+        """The node's whole subtree (its ACL)."""
+        return f"{self.base}/#"
+
+
+def fleet_filter(fleet: str, kind: str) -> str:
+    """An operator's subscription to one leaf of every node of a fleet (``status``...)."""
+    if kind not in LEAVES:
+        raise TopicError(f"kind '{kind}': one of {', '.join(LEAVES)}")
+    return f"{PREFIX}/{check_name('fleet', fleet)}/+/{kind}"
+
+
+def parse(topic: str) -> Topic:
+    """A topic of the contract as a ``Topic``, or TopicError."""
+    parts = topic.split("/")
+    if len(parts) < 5 or "/".join(parts[:2]) != PREFIX:
+        raise TopicError(f"'{topic}' is not an {PREFIX} topic")
+    fleet, node, rest = parts[2], parts[3], parts[4:]
+    check_name("fleet", fleet)
+    check_name("node", node)
+    if len(rest) == 1 and rest[0] in LEAVES:
+        return Topic(fleet, node, rest[0])
+    if rest == ["desired", "models"]:
+        return Topic(fleet, node, "desired-models")
+    if len(rest) in (2, 3) and rest[0] == "cmd" and CMD_ID.match(rest[1]):
+        if len(rest) == 2:
+            return Topic(fleet, node, "cmd", rest[1])
+        if rest[2] == "result":
+            return Topic(fleet, node, "cmd-result", rest[1])
+    raise TopicError(f"'{topic}' is not a topic of the contract")
+
+
+def _cmd_id(value: str) -> str:
+    if not isinstance(value, str) or not CMD_ID.match(value):
+        raise TopicError(f"command id '{value}': 1 to 64 letters, digits, _ or -")
+    return value

@@ -1,0 +1,313 @@
+"""The outbox: every record cloudsync must deliver, on disk until the broker acknowledges it.
+
+SQLite through sqlite-utils, WAL with ``synchronous=FULL`` (a record that ``put`` returned is on
+disk, a power cut does not take it back). One process owns the file.
+
+- **Priorities**: alert (0) before event (1) before telemetry (2); within a priority, the order
+  of ``put`` (``seq``, never reused). ``peek`` gives the next records in that order.
+- **Idempotency**: each record has an ``id``; a ``put`` of an id already in the outbox is a
+  no-op (counted as ``duplicate``), and the id travels in the envelope, so a record sent twice
+  (a PUBACK lost to a crash) is recognisably the same record.
+- **Leaves only on acknowledgement**: ``ack`` deletes records, and the sender calls it from the
+  PUBACK. A record the broker refuses goes to the ``dead`` table with the reason
+  (``dead_letter``), never silently.
+- **TTL**: a record may carry an expiry; expired records are dropped before sending and counted
+  (``dropped_ttl``).
+- **Disk budget**: the records' bytes stay under ``budget_bytes``. To make room, the oldest
+  records of the least urgent priority go first, never a more urgent one for a less urgent
+  one; a record that cannot fit is not stored. Each record dropped is counted
+  (``dropped_budget``): the count is exact, every ``put`` ends in exactly one of stored,
+  duplicate or dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from cloudsync.mqtt.envelope import Envelope, canonical, new_id, now_ms
+
+PRIORITIES = {"alert": 0, "event": 1, "telemetry": 2}
+ROW_OVERHEAD = 64  # bytes a row costs beyond its body, for the budget
+COUNTERS = ("put", "duplicate", "acked", "dropped_budget", "dropped_ttl", "dead")
+
+
+class OutboxError(Exception):
+    """The outbox cannot take the record (a full disk, a body that is not JSON)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    seq: int
+    id: str
+    priority: int
+    kind: str  # the topic leaf it goes to: telemetry, events
+    body: dict[str, Any]
+    created_ms: int
+    size: int
+
+    def envelope(self, node: str) -> Envelope:
+        """The same bytes every time it is sent: id, seq and ts are the record's."""
+        return Envelope(node, self.seq, self.body, self.id, self.created_ms)
+
+
+@dataclass(frozen=True)
+class Item:
+    """What ``put_many`` takes."""
+
+    kind: str
+    body: dict[str, Any]
+    priority: str = "telemetry"
+    id: str | None = None
+    ttl_s: float | None = None
+
+
+class Outbox:
+    def __init__(self, path: str | Path, budget_bytes: int = 256 << 20) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self.db = sqlite_utils.Database(conn)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.budget = budget_bytes
+        self._lock = threading.Lock()
+        self._create()
+        self.bytes = int(self.db.execute("SELECT total(size) FROM outbox").fetchone()[0])
+        self.counters = {
+            row[0]: int(row[1]) for row in self.db.execute("SELECT name, value FROM counters")
+        }
+
+    def _create(self) -> None:
+        self.db.execute(
+            """CREATE TABLE IF NOT EXISTS outbox (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                id TEXT NOT NULL UNIQUE,
+                priority INTEGER NOT NULL,
+                kind TEXT NOT NULL,
+                body TEXT NOT NULL,
+                size INTEGER NOT NULL,
+                created_ms INTEGER NOT NULL,
+                expires_ms INTEGER
+            )"""
+        )
+        self.db.execute("CREATE INDEX IF NOT EXISTS outbox_order ON outbox (priority, seq)")
+        if "dead" not in self.db.table_names():
+            self.db.table("dead").create(
+                {
+                    "seq": int,
+                    "id": str,
+                    "priority": int,
+                    "kind": str,
+                    "body": str,
+                    "reason": str,
+                    "at_ms": int,
+                },
+                pk="seq",
+            )
+        if "counters" not in self.db.table_names():
+            self.db.table("counters").create({"name": str, "value": int}, pk="name")
+            self.db.table("counters").insert_all([{"name": n, "value": 0} for n in COUNTERS])
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    # ---- in ----------------------------------------------------------------------------------
+
+    def put(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        priority: str = "telemetry",
+        id: str | None = None,
+        ttl_s: float | None = None,
+    ) -> str | None:
+        """Store one record: its id, or None when the budget could not take it."""
+        (stored,) = self.put_many([Item(kind, body, priority, id, ttl_s)])
+        return stored
+
+    def put_many(self, items: Sequence[Item]) -> list[str | None]:
+        """Store records in one transaction (batching: one fsync for all): for each, its id
+        (a duplicate's too), or None when the budget could not take it."""
+        now = now_ms()
+        out: list[str | None] = []
+        counts = dict.fromkeys(COUNTERS, 0)
+        with self._lock:
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                for item in items:
+                    out.append(self._put(item, now, counts))
+                self._bump(counts)
+                self.db.execute("COMMIT")
+            except BaseException as exc:  # nothing of the batch is stored
+                if self.db.conn.in_transaction:
+                    self.db.execute("ROLLBACK")
+                self.bytes = int(self.db.execute("SELECT total(size) FROM outbox").fetchone()[0])
+                if isinstance(exc, sqlite3.Error):
+                    raise OutboxError(f"the outbox at {self.path} cannot store: {exc}") from exc
+                raise
+        for name, n in counts.items():
+            self.counters[name] = self.counters.get(name, 0) + n
+        return out
+
+    def _put(self, item: Item, now: int, counts: dict[str, int]) -> str | None:
+        if item.priority not in PRIORITIES:
+            raise OutboxError(f"priority '{item.priority}': one of {', '.join(PRIORITIES)}")
+        try:
+            body = canonical(item.body).decode()
+        except (TypeError, ValueError) as exc:
+            raise OutboxError(f"a body that is not JSON: {exc}") from None
+        record_id = item.id or new_id()
+        counts["put"] += 1
+        exists = self.db.execute("SELECT 1 FROM outbox WHERE id = ?", [record_id]).fetchone()
+        if exists:
+            counts["duplicate"] += 1
+            return record_id
+        priority = PRIORITIES[item.priority]
+        size = len(body) + ROW_OVERHEAD
+        if not self._make_room(size, priority, counts):
+            counts["dropped_budget"] += 1
+            return None
+        expires = None if item.ttl_s is None else now + int(1000 * item.ttl_s)
+        self.db.execute(
+            "INSERT INTO outbox (id, priority, kind, body, size, created_ms, expires_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [record_id, priority, item.kind, body, size, now, expires],
+        )
+        self.bytes += size
+        return record_id
+
+    def _make_room(self, size: int, priority: int, counts: dict[str, int]) -> bool:
+        """Drop the oldest records of the least urgent priorities (never more urgent than
+        ``priority``) until ``size`` more bytes fit; False (nothing dropped) if they cannot."""
+        if self.bytes + size <= self.budget:
+            return True
+        if size > self.budget:
+            return False
+        need = self.bytes + size - self.budget
+        victims: list[tuple[int, int]] = []
+        freed = 0
+        rows = self.db.execute(
+            "SELECT seq, size FROM outbox WHERE priority >= ? ORDER BY priority DESC, seq",
+            [priority],
+        )
+        for seq, row_size in rows:
+            victims.append((seq, row_size))
+            freed += row_size
+            if freed >= need:
+                break
+        if freed < need:
+            return False
+        self.db.conn.executemany("DELETE FROM outbox WHERE seq = ?", [(s,) for s, _ in victims])
+        self.bytes -= freed
+        counts["dropped_budget"] += len(victims)
+        return True
+
+    # ---- out ---------------------------------------------------------------------------------
+
+    def peek(self, limit: int = 100, exclude: Iterable[int] = ()) -> list[Record]:
+        """The next records to send, most urgent first, then in order; expired ones are
+        dropped (and counted) first; ``exclude``: the seqs in flight."""
+        skip = list(exclude)
+        with self._lock:
+            self._expire()
+            sql = "SELECT seq, id, priority, kind, body, created_ms, size FROM outbox"
+            if skip:
+                sql += f" WHERE seq NOT IN ({','.join('?' * len(skip))})"
+            sql += " ORDER BY priority, seq LIMIT ?"
+            rows = self.db.execute(sql, [*skip, limit]).fetchall()
+        return [Record(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
+
+    def _expire(self) -> None:
+        now = now_ms()
+        found = self.db.execute(
+            "SELECT count(*), total(size) FROM outbox WHERE expires_ms < ?", [now]
+        ).fetchone()
+        if not found[0]:
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self.db.execute("DELETE FROM outbox WHERE expires_ms < ?", [now])
+        self._bump({"dropped_ttl": int(found[0])})
+        self.db.execute("COMMIT")
+        self.bytes -= int(found[1])
+        self.counters["dropped_ttl"] = self.counters.get("dropped_ttl", 0) + int(found[0])
+
+    def ack(self, seqs: Iterable[int]) -> int:
+        """The broker has these: they leave the outbox. The number that did."""
+        done = list(seqs)
+        if not done:
+            return 0
+        marks = ",".join("?" * len(done))
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            found = self.db.execute(
+                f"SELECT count(*), total(size) FROM outbox WHERE seq IN ({marks})", done
+            ).fetchone()
+            self.db.execute(f"DELETE FROM outbox WHERE seq IN ({marks})", done)
+            self._bump({"acked": int(found[0])})
+            self.db.execute("COMMIT")
+            self.bytes -= int(found[1])
+            self.counters["acked"] = self.counters.get("acked", 0) + int(found[0])
+        return int(found[0])
+
+    def dead_letter(self, seq: int, reason: str) -> None:
+        """The broker refused this record: keep it apart, with why, and stop sending it."""
+        with self._lock:
+            row = self.db.execute(
+                "SELECT seq, id, priority, kind, body, size FROM outbox WHERE seq = ?", [seq]
+            ).fetchone()
+            if row is None:
+                return
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.table("dead").insert(
+                {
+                    "seq": row[0],
+                    "id": row[1],
+                    "priority": row[2],
+                    "kind": row[3],
+                    "body": row[4],
+                    "reason": reason,
+                    "at_ms": now_ms(),
+                },
+                replace=True,
+            )
+            self.db.execute("DELETE FROM outbox WHERE seq = ?", [seq])
+            self._bump({"dead": 1})
+            self.db.execute("COMMIT")
+            self.bytes -= int(row[5])
+            self.counters["dead"] = self.counters.get("dead", 0) + 1
+
+    def _bump(self, counts: dict[str, int]) -> None:
+        self.db.conn.executemany(
+            "UPDATE counters SET value = value + ? WHERE name = ?",
+            [(n, name) for name, n in counts.items() if n],
+        )
+
+    # ---- figures -----------------------------------------------------------------------------
+
+    def depth(self) -> dict[str, int]:
+        """Records waiting, by priority name."""
+        with self._lock:
+            rows = dict(self.db.execute("SELECT priority, count(*) FROM outbox GROUP BY priority"))
+        return {name: int(rows.get(number, 0)) for name, number in PRIORITIES.items()}
+
+    def stats(self) -> dict[str, Any]:
+        depth = self.depth()
+        with self._lock:
+            dead = int(self.db.execute("SELECT count(*) FROM dead").fetchone()[0])
+        return {
+            "depth": depth,
+            "pending": sum(depth.values()),
+            "bytes": self.bytes,
+            "budget_bytes": self.budget,
+            "dead_letters": dead,
+            "counters": dict(self.counters),
+        }

@@ -1,0 +1,122 @@
+"""The outbox on a real SQLite file: priorities, order, idempotency, TTL, the disk budget with
+an exact drop count, dead letters, and everything still there after a reopen or a SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cloudsync.outbox import Item, Outbox, OutboxError
+
+
+def test_priorities_then_order_and_only_acks_remove(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "outbox.db")
+    ids = [box.put("telemetry", {"n": i}) for i in range(5)]
+    box.put("events", {"what": "model loaded"}, priority="event")
+    alert = box.put("events", {"what": "overheating"}, priority="alert")
+    first = box.peek(3)
+    assert [r.id for r in first] == [alert, first[1].id, ids[0]]
+    assert first[1].body == {"what": "model loaded"}
+    assert [r.id for r in box.peek(10, exclude=[r.seq for r in first])] == ids[1:]
+    assert box.ack([r.seq for r in first]) == 3
+    assert [r.body["n"] for r in box.peek(10)] == [1, 2, 3, 4]
+    assert box.depth() == {"alert": 0, "event": 0, "telemetry": 4}
+    env = box.peek(1)[0].envelope("node-1")
+    assert env == box.peek(1)[0].envelope("node-1")  # a resend is the same message
+    assert env.id == ids[1] and env.seq == box.peek(1)[0].seq
+
+
+def test_a_duplicate_id_is_stored_once(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "outbox.db")
+    assert box.put("telemetry", {"n": 1}, id="rec-1") == "rec-1"
+    assert box.put("telemetry", {"n": 1}, id="rec-1") == "rec-1"
+    assert len(box.peek(10)) == 1
+    assert box.counters["put"] == 2 and box.counters["duplicate"] == 1
+
+
+def test_expired_records_are_dropped_and_counted(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "outbox.db")
+    box.put("telemetry", {"n": 1}, ttl_s=0.05)
+    keep = box.put("telemetry", {"n": 2}, ttl_s=60)
+    time.sleep(0.1)
+    assert [r.id for r in box.peek(10)] == [keep]
+    assert box.counters["dropped_ttl"] == 1 and box.bytes == box.peek(1)[0].size
+
+
+def test_the_budget_drops_the_least_urgent_oldest_first_and_counts_exactly(
+    tmp_path: Path,
+) -> None:
+    box = Outbox(tmp_path / "outbox.db", budget_bytes=10_000)
+    stored = box.put_many([Item("telemetry", {"n": i, "pad": "x" * 100}) for i in range(200)])
+    size = box.peek(1)[0].size
+    kept = 10_000 // size
+    assert sum(s is not None for s in stored) == 200  # each put made room by evicting older
+    assert len(box.peek(1000)) == kept and box.bytes <= 10_000
+    assert [r.body["n"] for r in box.peek(1000)] == list(range(200 - kept, 200))  # newest kept
+    alert = box.put("events", {"what": "fire", "pad": "x" * 100}, priority="alert")
+    assert alert is not None and box.depth()["alert"] == 1  # a telemetry record made room
+    c = box.counters
+    assert c["put"] == 201 and c["dropped_budget"] == 201 - len(box.peek(1000))
+    fill = box.put_many([Item("events", {"pad": "x" * 100}, "alert") for _ in range(kept + 5)])
+    assert box.depth()["telemetry"] == 0  # all telemetry made room for alerts
+    late = box.put("telemetry", {"pad": "x" * 100})
+    assert late is None  # it cannot push out an alert: it is the one dropped
+    c = box.counters
+    assert c["put"] == 202 + len(fill)
+    assert c["put"] == len(box.peek(1000)) + c["dropped_budget"] + c["duplicate"] + c["acked"]
+    with pytest.raises(OutboxError, match="priority"):
+        box.put("telemetry", {}, priority="urgent")
+    with pytest.raises(OutboxError, match="not JSON"):
+        box.put("telemetry", {"x": object()})
+
+
+def test_dead_letters_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.db"
+    box = Outbox(path)
+    for i in range(3):
+        box.put("telemetry", {"n": i})
+    refused = box.peek(1)[0]
+    box.dead_letter(refused.seq, "broker: payload format invalid")
+    box.close()
+    again = Outbox(path)
+    assert [r.body["n"] for r in again.peek(10)] == [1, 2]
+    assert again.stats()["dead_letters"] == 1 and again.counters["dead"] == 1
+    assert again.counters["put"] == 3 and again.bytes == sum(r.size for r in again.peek(10))
+
+
+WRITER = """
+import sys
+from cloudsync.outbox import Item, Outbox
+box = Outbox(sys.argv[1])
+n = 0
+while True:
+    box.put_many([Item("telemetry", {"n": n + i}) for i in range(50)])
+    n += 50
+    print(n, flush=True)
+"""
+
+
+def test_sigkill_while_writing_loses_no_stored_record(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.db"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert writer.stdout is not None
+    confirmed = 0
+    for line in writer.stdout:
+        confirmed = int(line)
+        if confirmed >= 2000:
+            break
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    box = Outbox(path)
+    numbers = [r.body["n"] for r in box.peek(1_000_000)]
+    assert len(numbers) >= confirmed and len(numbers) % 50 == 0  # whole batches, none lost
+    assert numbers == list(range(len(numbers)))  # in order, no gap, no duplicate
+    assert box.counters["put"] == len(numbers)
