@@ -9,8 +9,6 @@ checked on its side.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import ssl
 from collections.abc import Iterator
@@ -21,68 +19,23 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.conftest import CLOUD_MODEL, Cloud, Daemon, LoopThread, wait_for
 from tests.integration.test_routing import ask, cloud_state
+from tests.pki import issue
 
 TOKEN = "Bearer s3cret-fleet-token"
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _issue(
-    subject: str,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    directory: Path,
-    stem: str,
-    server: bool = False,
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer[0].subject if issuer else _name(subject))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    if server:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-    cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
-    (directory / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (directory / f"{stem}.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert, key
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """ca, gateway (for localhost), device (from the CA) and rogue (from another CA)."""
     directory = tmp_path_factory.mktemp("pki")
-    ca = _issue("fleet CA", None, directory, "ca")
-    _issue("localhost", ca, directory, "gateway", server=True)
-    _issue("edge-node-1", ca, directory, "device")
-    other = _issue("someone else's CA", None, directory, "other-ca")
-    _issue("edge-node-rogue", other, directory, "rogue")
+    ca = issue("fleet CA", None, directory, "ca")
+    issue("localhost", ca, directory, "gateway", server=True)
+    issue("edge-node-1", ca, directory, "device")
+    other = issue("someone else's CA", None, directory, "other-ca")
+    issue("edge-node-rogue", other, directory, "rogue")
     return directory
 
 

@@ -1,0 +1,150 @@
+"""A real Mosquitto for the tests: TLS 1.3 only, client certificates required (the certificate's
+CN is the MQTT user), ACLs that keep each node under its own topics, and persistence, on
+loopback; started, killed and restarted by PID.
+
+The same configuration is the one docs/PROTOCOL.md gives operators (``render_config``).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.pki import issue
+
+OPERATOR = "operator"  # the CN of the operators' certificate: the fleet's whole tree
+
+ACL = f"""\
+# Nodes: only their own subtree, whatever the fleet (the certificate's CN is the user, %u).
+pattern readwrite edge/v1/+/%u/#
+
+# Operators (edgefleet): every node of every fleet.
+user {OPERATOR}
+topic readwrite edge/v1/#
+"""
+
+
+def render_config(
+    port: int,
+    pki: Path,
+    acl_file: Path,
+    data: Path,
+    websockets_port: int | None = None,
+    user: str = "mosquitto",
+) -> str:
+    """mosquitto.conf: a TLS 1.3 listener with client certificates, ACLs, persistence; run as
+    ``user`` (started as root, mosquitto drops to it, and it must own ``data``)."""
+    tls = f"""\
+cafile {pki}/ca.pem
+certfile {pki}/broker.pem
+keyfile {pki}/broker.key
+require_certificate true
+use_identity_as_username true
+tls_version tlsv1.3
+"""
+    text = f"""\
+user {user}
+per_listener_settings false
+allow_anonymous false
+acl_file {acl_file}
+persistence true
+persistence_location {data}/
+autosave_interval 1
+max_queued_messages 100000
+log_dest stderr
+log_type error
+log_type warning
+log_type notice
+
+listener {port} 127.0.0.1
+{tls}"""
+    if websockets_port is not None:
+        text += f"\nlistener {websockets_port} 127.0.0.1\nprotocol websockets\n{tls}"
+    return text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_pki(directory: Path, nodes: list[str]) -> Path:
+    """ca, broker (localhost), a certificate per node and the operator's, and a rogue one from
+    another CA."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = issue("fleet CA", None, directory, "ca")
+    issue("localhost", ca, directory, "broker", server=True)
+    for node in [*nodes, OPERATOR]:
+        issue(node, ca, directory, node)
+    other = issue("someone else's CA", None, directory, "other-ca")
+    issue(nodes[0] if nodes else "rogue", other, directory, "rogue")
+    return directory
+
+
+@dataclass
+class Broker:
+    """One mosquitto process over a work directory (config, ACL, persistence, log)."""
+
+    workdir: Path
+    pki: Path
+    port: int = 0
+    websockets_port: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        acl = self.workdir / "acl"
+        acl.write_text(ACL)
+        data = self.workdir / "data"
+        data.mkdir(exist_ok=True)
+        self.config = self.workdir / "mosquitto.conf"
+        self.config.write_text(
+            render_config(self.port, self.pki, acl, data, self.websockets_port, getpass.getuser())
+        )
+        self.log = self.workdir / "mosquitto.log"
+
+    @staticmethod
+    def available() -> str | None:
+        """Why there is no broker to test with, or None."""
+        return None if shutil.which("mosquitto") else "mosquitto is not installed (make test)"
+
+    def start(self, timeout: float = 10.0) -> Broker:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                ["mosquitto", "-c", str(self.config)], stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mosquitto exited {self.proc.returncode}: {self.logs()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"mosquitto did not listen on {self.port}: {self.logs()}")
+
+    def stop(self) -> None:
+        """SIGTERM (it saves its persistence file), then wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing saved beyond the last autosave."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""

@@ -1,0 +1,101 @@
+"""A small synchronous MQTT 5 client for the tests (paho-mqtt 2.x underneath): connect with a
+certificate from the tests' PKI, publish and wait for the PUBACK's reason, subscribe and collect
+what arrives."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+
+def tls_context(pki: Path, stem: str | None, max_version: ssl.TLSVersion | None = None) -> Any:
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(pki / "ca.pem"))
+    if stem is not None:
+        context.load_cert_chain(pki / f"{stem}.pem", pki / f"{stem}.key")
+    if max_version is not None:
+        context.maximum_version = max_version
+    return context
+
+
+@dataclass
+class MqttClient:
+    port: int
+    pki: Path
+    stem: str | None
+    max_version: ssl.TLSVersion | None = None
+    received: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"test-{self.stem}-{uuid.uuid4().hex[:8]}",
+            protocol=mqtt.MQTTv5,
+        )
+        self.client.tls_set_context(tls_context(self.pki, self.stem, self.max_version))
+        self.connected = threading.Event()
+        self.acks: dict[int, Any] = {}
+        self.changed = threading.Condition()
+        self.client.on_connect = self._on_connect
+        self.client.on_publish = self._on_ack
+        self.client.on_subscribe = self._on_ack
+        self.client.on_message = self._on_message
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
+        if not rc.is_failure:
+            self.connected.set()
+
+    def _on_ack(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any) -> None:
+        with self.changed:
+            self.acks[mid] = rc
+            self.changed.notify_all()
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        with self.changed:
+            self.received.append((message.topic, message.payload))
+            self.changed.notify_all()
+
+    def connect(self, timeout: float = 5.0) -> bool:
+        """True once the broker accepted the connection; False if it did not (TLS refused,
+        no CONNACK) within ``timeout``."""
+        try:
+            self.client.connect("127.0.0.1", self.port)
+        except (OSError, ssl.SSLError):
+            return False
+        self.client.loop_start()
+        return self.connected.wait(timeout)
+
+    def _wait_ack(self, mid: int, timeout: float) -> Any:
+        with self.changed:
+            self.changed.wait_for(lambda: mid in self.acks, timeout)
+            return self.acks.get(mid)
+
+    def publish(self, topic: str, payload: bytes, timeout: float = 5.0) -> Any:
+        """The PUBACK's reason code (QoS 1)."""
+        info = self.client.publish(topic, payload, qos=1)
+        return self._wait_ack(info.mid, timeout)
+
+    def subscribe(self, topic: str, timeout: float = 5.0) -> Any:
+        """The SUBACK's reason codes."""
+        _, mid = self.client.subscribe(topic, qos=1)
+        return self._wait_ack(mid, timeout)
+
+    def wait_messages(self, count: int, timeout: float) -> list[tuple[str, bytes]]:
+        with self.changed:
+            self.changed.wait_for(lambda: len(self.received) >= count, timeout)
+            return list(self.received)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def settle(seconds: float = 0.3) -> None:
+    time.sleep(seconds)
