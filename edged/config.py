@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -388,29 +388,44 @@ def _describe(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse(data: dict[str, Any], source: str = "config") -> Config:
-    """Validate a config mapping; ConfigError names each bad key."""
+S = TypeVar("S", bound=BaseModel)
+
+
+def validate(cls: type[S], data: dict[str, Any], source: str = "config") -> S:
+    """Validate a config mapping as ``cls``; ConfigError names each bad key."""
     try:
-        return Config.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source)) from None
 
 
-def load(path: Path | None) -> Config:
-    """Read the config file, or the embedded defaults when there is none.
-
-    An explicit ``path`` must exist; the default path is used only when present.
-    """
-    if path is None:
-        if not DEFAULT_CONFIG_PATH.is_file():
-            return Config()
-        path = DEFAULT_CONFIG_PATH
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file as a mapping; ConfigError says why it cannot be read."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        return tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return parse(data, str(path))
+
+
+def parse(data: dict[str, Any], source: str = "config") -> Config:
+    """Validate a config mapping; ConfigError names each bad key."""
+    return validate(Config, data, source)
+
+
+def load_file(cls: type[S], path: Path | None, default_path: Path) -> S:
+    """The config file as ``cls``: an explicit ``path`` must exist; else ``default_path`` is
+    read when present; else the embedded defaults."""
+    if path is None:
+        if not default_path.is_file():
+            return cls()
+        path = default_path
+    return validate(cls, read_toml(path), str(path))
+
+
+def load(path: Path | None) -> Config:
+    """edged's config file (--config, else /etc/edged/edged.toml), or the embedded defaults."""
+    return load_file(Config, path, DEFAULT_CONFIG_PATH)

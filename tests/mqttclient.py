@@ -14,6 +14,8 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 
 def tls_context(pki: Path, stem: str | None, max_version: ssl.TLSVersion | None = None) -> Any:
@@ -31,12 +33,13 @@ class MqttClient:
     pki: Path
     stem: str | None
     max_version: ssl.TLSVersion | None = None
+    client_id: str = ""  # with one, a persistent session (the broker queues while it is away)
     received: list[tuple[str, bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
-            client_id=f"test-{self.stem}-{uuid.uuid4().hex[:8]}",
+            client_id=self.client_id or f"test-{self.stem}-{uuid.uuid4().hex[:8]}",
             protocol=mqtt.MQTTv5,
         )
         self.client.tls_set_context(tls_context(self.pki, self.stem, self.max_version))
@@ -65,8 +68,14 @@ class MqttClient:
     def connect(self, timeout: float = 5.0) -> bool:
         """True once the broker accepted the connection; False if it did not (TLS refused,
         no CONNACK) within ``timeout``."""
+        properties = None
+        if self.client_id:
+            properties = Properties(PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = 3600
         try:
-            self.client.connect("127.0.0.1", self.port)
+            self.client.connect(
+                "127.0.0.1", self.port, clean_start=not self.client_id, properties=properties
+            )
         except (OSError, ssl.SSLError):
             return False
         self.client.loop_start()

@@ -1,0 +1,315 @@
+"""The agent: one MQTT 5 session to the fleet's broker, kept up through bad networks.
+
+One thread owns the MQTT client (paho-mqtt 2.x, driven by ``loop()``): it connects with TLS 1.3
+and the node's certificate, ``clean_start`` false and a session expiry (the broker keeps the
+node's QoS 1 queue while it is away), sets a retained *offline* last will, publishes a retained
+*online* birth with the node's capabilities on every connect, sends a heartbeat every
+``heartbeat.interval_s``, and drains the outbox: up to ``max_inflight`` records published at
+QoS 1, each deleted from the outbox only when its PUBACK comes (a refusal moves it to the dead
+letters). When the connection drops it reconnects after 1, 2, 4 ... 64 s, each delay drawn
+between half and all of it (jitter, so a fleet does not reconnect in step). It starts and keeps
+working with no network: records wait in the outbox.
+
+A second thread asks edged (its socket API, a short timeout) for its status and capabilities
+and keeps the last answer: the MQTT thread never waits on edged, so a busy or stopped edged
+does not delay a heartbeat, and edged never waits on cloudsync.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import random
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from cloudsync import __version__
+from cloudsync.config import Config
+from cloudsync.mqtt.envelope import Envelope, now_ms
+from cloudsync.mqtt.topics import Topics, check_name
+from cloudsync.outbox import Outbox
+from edged.client import Client, ClientError
+
+log = logging.getLogger("cloudsync")
+CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
+
+
+def node_name(configured: str) -> str:
+    """The configured name, else the host name made a valid topic level."""
+    if configured:
+        return configured
+    host = "".join(c if c.isalnum() or c in "_-" else "-" for c in socket.gethostname())
+    return check_name("node", host[:64] or "node")
+
+
+def tls_context(config: Config) -> ssl.SSLContext:
+    """TLS 1.3 only, the fleet CA (or the system's), the node's certificate."""
+    mq = config.mqtt
+    context = ssl.create_default_context(
+        ssl.Purpose.SERVER_AUTH, cafile=str(mq.ca_file) if mq.ca_file else None
+    )
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    if mq.cert_file is not None:
+        context.load_cert_chain(mq.cert_file, mq.key_file)
+    return context
+
+
+def backoff(attempt: int, low: float, high: float, rng: random.Random) -> float:
+    """The delay before reconnect ``attempt`` (1, 2, ...): low * 2^(attempt-1), at most high,
+    drawn between half and all of it."""
+    full = min(high, low * 2 ** max(0, attempt - 1))
+    return rng.uniform(full / 2, full)
+
+
+@dataclass
+class EdgedView:
+    """What the agent last heard from edged (the collector thread writes, the MQTT thread reads
+    whole snapshots: a dict assignment is atomic)."""
+
+    status: dict[str, Any] | None = None
+    capabilities: list[dict[str, Any]] = field(default_factory=list)
+    error: str = "not asked yet"
+    at_ms: int = 0
+
+
+class Agent:
+    def __init__(self, config: Config, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.node = node_name(config.node.name)
+        self.topics = Topics(config.node.fleet, self.node)
+        self.outbox = Outbox(config.outbox.path, config.outbox.budget_mb << 20)
+        self.rng = rng or random.Random()
+        self.edged = EdgedView()
+        self.stopping = threading.Event()
+        self.connected = False
+        self.inflight: dict[int, int] = {}  # MQTT message id -> outbox seq
+        self.acked: list[int] = []
+        self.seq = now_ms()  # sequence of what does not go through the outbox: increasing
+        self.attempt = 0
+        self.next_connect = 0.0  # time.monotonic() of the next connection attempt
+        self.connecting_since: float | None = None  # a socket is open, no CONNACK yet
+        self.next_heartbeat = 0.0
+        self.heartbeats = 0
+        self.client = self._client()
+
+    # ---- the MQTT client -----------------------------------------------------------------
+
+    def _client(self) -> mqtt.Client:
+        mq = self.config.mqtt
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"{self.config.node.fleet}.{self.node}",
+            protocol=mqtt.MQTTv5,
+            transport=mq.transport,
+            reconnect_on_failure=False,  # reconnects are ours: backoff with jitter
+        )
+        if mq.transport == "websockets":
+            client.ws_set_options(path=mq.websockets_path)
+        client.tls_set_context(tls_context(self.config))
+        client.max_inflight_messages_set(self.config.outbox.max_inflight)
+        will = self._envelope({"state": "offline", "reason": "connection lost"})
+        client.will_set(self.topics.status, will.encode(), qos=1, retain=True)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = mq.session_expiry_s
+        client.connect_async(  # only remembers where: ``_connect`` dials
+            mq.host, mq.port, mq.keepalive_s, clean_start=False, properties=properties
+        )
+        return client
+
+    def _envelope(self, body: dict[str, Any]) -> Envelope:
+        self.seq += 1
+        return Envelope(self.node, self.seq, body)
+
+    def _connect(self) -> None:
+        mq = self.config.mqtt
+        try:
+            self.client.reconnect()  # a new socket, TLS handshake, CONNECT
+            self.connecting_since = time.monotonic()
+        except (OSError, ssl.SSLError, mqtt.WebsocketConnectionError) as exc:
+            self._schedule_reconnect(f"cannot connect to {mq.host}:{mq.port}: {exc}")
+
+    def _schedule_reconnect(self, why: str) -> None:
+        self.connecting_since = None
+        self.attempt += 1
+        delay = backoff(
+            self.attempt, self.config.mqtt.reconnect_min_s, self.config.mqtt.reconnect_max_s,
+            self.rng,
+        )  # fmt: skip
+        self.next_connect = time.monotonic() + delay
+        log.warning("%s; next attempt in %.1f s", why, delay)
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
+        if rc.is_failure:
+            self._schedule_reconnect(f"the broker refused the connection: {rc}")
+            return
+        self.connected = True
+        self.connecting_since = None
+        self.attempt = 0
+        log.info(
+            "connected to %s:%s (session %s)",
+            self.config.mqtt.host, self.config.mqtt.port,
+            "resumed" if flags.session_present else "new",
+        )  # fmt: skip
+        client.subscribe(self.topics.commands, qos=1)
+        birth = self._envelope({"state": "online", **self.capabilities()})
+        client.publish(self.topics.status, birth.encode(), qos=1, retain=True)
+        self.next_heartbeat = 0.0  # a heartbeat right after the birth
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
+        was = self.connected
+        self.connected = False
+        if not self.stopping.is_set():
+            self._schedule_reconnect(f"disconnected ({rc})" if was else f"connect failed ({rc})")
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any) -> None:
+        seq = self.inflight.pop(mid, None)
+        if seq is None:  # a status or a heartbeat
+            return
+        if rc.is_failure:
+            log.error("the broker refused record %d: %s; it goes to the dead letters", seq, rc)
+            self.outbox.dead_letter(seq, str(rc))
+        else:
+            self.acked.append(seq)
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        log.info("command on %s: commands are not handled yet", message.topic)
+
+    # ---- what the node says ----------------------------------------------------------------
+
+    def capabilities(self) -> dict[str, Any]:
+        """The birth's body: who the node is and what it can do (edged's last answer)."""
+        status = self.edged.status or {}
+        return {
+            "software": {"cloudsync": __version__, "edged": status.get("version")},
+            "hardware": {
+                "machine": platform.machine(),
+                "system": platform.system(),
+                "release": platform.release(),
+                "cpus": _cpus(),
+            },
+            "models": [
+                {"name": m.get("name"), "version": m.get("version"), "state": m.get("state")}
+                for m in status.get("models", [])
+            ],
+            "capabilities": self.edged.capabilities,
+            "edged": {"reachable": self.edged.status is not None, "error": self.edged.error},
+        }
+
+    def heartbeat_body(self) -> dict[str, Any]:
+        status = self.edged.status or {}
+        cloud = status.get("cloud") or {}
+        return {
+            "uptime_s": status.get("uptime_s"),
+            "load": status.get("load"),
+            "link": cloud.get("link"),
+            "inflight": status.get("inflight"),
+            "models": {
+                str(m.get("name")): m.get("version")
+                for m in status.get("models", [])
+                if m.get("state") == "READY"
+            },
+            "edged": {"reachable": self.edged.status is not None, "error": self.edged.error},
+            "outbox": self.outbox.stats(),
+        }
+
+    def status(self) -> dict[str, Any]:
+        """The local API's GET /v1/status."""
+        return {
+            "node": self.node,
+            "fleet": self.config.node.fleet,
+            "broker": f"{self.config.mqtt.host}:{self.config.mqtt.port}",
+            "connected": self.connected,
+            "heartbeats": self.heartbeats,
+            "inflight": len(self.inflight),
+            "edged": {"reachable": self.edged.status is not None, "error": self.edged.error},
+            "outbox": self.outbox.stats(),
+        }
+
+    # ---- the loops -------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Acknowledge what the broker has (one transaction), then publish more records."""
+        if self.acked:
+            self.outbox.ack(self.acked)
+            self.acked = []
+        room = self.config.outbox.max_inflight - len(self.inflight)
+        if not self.connected or room <= 0:
+            return
+        for record in self.outbox.peek(room, exclude=self.inflight.values()):
+            topic = self.topics.events if record.kind == "events" else self.topics.telemetry
+            info = self.client.publish(topic, record.envelope(self.node).encode(), qos=1)
+            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+                break  # the connection just went: the outbox still has it
+            self.inflight[info.mid] = record.seq
+
+    def step(self) -> None:
+        """One turn of the MQTT thread."""
+        now = time.monotonic()
+        if not self.connected:
+            if self.connecting_since is None and now >= self.next_connect:
+                self._connect()
+            elif self.connecting_since is not None and now - self.connecting_since > CONNACK_S:
+                self._schedule_reconnect(f"no CONNACK in {CONNACK_S:.0f} s")
+        if self.client.loop(timeout=0.05) == mqtt.MQTT_ERR_NO_CONN:
+            self.stopping.wait(0.05)  # no socket to wait on: do not spin
+        if self.connected and now >= self.next_heartbeat:
+            self.next_heartbeat = now + self.config.heartbeat.interval_s
+            body = self.heartbeat_body()
+            self.client.publish(self.topics.heartbeat, self._envelope(body).encode(), qos=1)
+            self.heartbeats += 1
+        self.pump()
+
+    def collect(self) -> None:
+        """The edged thread: its status and capabilities, every heartbeat interval."""
+        client = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s)
+        while not self.stopping.is_set():
+            try:
+                status = client.status()
+                capabilities = client.capabilities()
+                self.edged = EdgedView(status, capabilities, "", now_ms())
+            except ClientError as exc:
+                self.edged = EdgedView(None, [], exc.message, now_ms())
+            self.stopping.wait(self.config.heartbeat.interval_s)
+
+    def run(self) -> None:
+        """Until ``stop``: the MQTT thread here, the edged thread beside it."""
+        collector = threading.Thread(target=self.collect, name="edged", daemon=True)
+        collector.start()
+        try:
+            while not self.stopping.is_set():
+                self.step()
+        finally:
+            self._close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _close(self) -> None:
+        if self.connected:
+            bye = self._envelope({"state": "offline", "reason": "stopped"})
+            info = self.client.publish(self.topics.status, bye.encode(), qos=1, retain=True)
+            deadline = time.monotonic() + 2.0
+            while not info.is_published() and time.monotonic() < deadline:
+                self.client.loop(timeout=0.05)
+            self.pump()  # the acks that came meanwhile
+            self.client.disconnect()
+        self.outbox.close()
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

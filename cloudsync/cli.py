@@ -1,0 +1,66 @@
+"""cloudsync: keep this device in its fleet over MQTT (docs/PROTOCOL.md).
+
+Config: --config FILE, else /etc/edged/cloudsync.toml when it exists, else embedded defaults.
+It connects to the fleet's broker (MQTT 5, TLS 1.3, the node's certificate), announces the node
+(retained status, with a retained offline last will), sends a heartbeat every 10 s, and delivers
+the outbox (records that programs hand to its local API socket) without losing any. It starts
+and works without a network and catches up when the broker can be reached. SIGTERM or SIGINT:
+a retained offline status, then exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from cloudsync import __version__
+from cloudsync import config as config_module
+from cloudsync.agent import Agent
+from cloudsync.local import LocalServer
+from edged.errors import ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cloudsync", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"cloudsync {__version__}")
+    parser.add_argument("--config", type=Path, help="TOML config file")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_module.load(args.config)
+    except ConfigError as exc:
+        print(f"cloudsync: {exc}", file=sys.stderr)
+        return 1
+    logging.basicConfig(
+        level=(args.log_level or config.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    agent = Agent(config)
+    local = LocalServer(config.local.socket, config.local.socket_mode, agent)
+    local.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stop())
+    logging.getLogger("cloudsync").info(
+        "node %s of fleet %s; local API on %s; broker %s:%s",
+        agent.node, config.node.fleet, config.local.socket, config.mqtt.host, config.mqtt.port,
+    )  # fmt: skip
+    try:
+        agent.run()
+    finally:
+        local.shutdown()
+        local.server_close()
+        config.local.socket.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""cloudsync's configuration: TOML (``--config``, else /etc/edged/cloudsync.toml), strictly
+validated, every key described; unknown keys are errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from cloudsync.mqtt.topics import check_name
+from edged.config import Section, load_file
+
+DEFAULT_CONFIG_PATH = Path("/etc/edged/cloudsync.toml")
+
+
+class NodeConfig(Section):
+    """Who this device is in the fleet."""
+
+    fleet: str = Field("default", description="the fleet's name (a topic level)")
+    name: str = Field("", description="this node's name (default: the host name)")
+
+    @field_validator("fleet", "name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name("name", value) if value else value
+
+
+class MqttConfig(Section):
+    """The fleet's broker."""
+
+    host: str = Field("localhost", description="broker host name (the certificate names it)")
+    port: int = Field(8883, gt=0, lt=65536, description="8883: MQTT over TLS; 443/8884: wss")
+    transport: Literal["tcp", "websockets"] = Field(
+        "tcp", description="websockets: MQTT over wss, for networks that let only HTTPS out"
+    )
+    websockets_path: str = Field("/mqtt", description="the wss endpoint's path")
+    ca_file: Path | None = Field(None, description="the fleet CA (default: the system's)")
+    cert_file: Path | None = Field(None, description="this node's certificate (its CN: the node)")
+    key_file: Path | None = Field(None, description="its private key")
+    keepalive_s: int = Field(30, ge=5, description="MQTT keep-alive")
+    session_expiry_s: int = Field(
+        7 * 24 * 3600, ge=0, description="the broker keeps the session (QoS 1 queue) this long"
+    )
+    reconnect_min_s: float = Field(1.0, gt=0, description="first reconnect delay")
+    reconnect_max_s: float = Field(64.0, gt=0, description="reconnect delays double up to this")
+
+
+class OutboxConfig(Section):
+    """The store-and-forward outbox."""
+
+    path: Path = Field(Path("/var/lib/edged/outbox.db"), description="the SQLite file")
+    budget_mb: int = Field(256, gt=0, description="records beyond this are dropped, counted")
+    telemetry_ttl_s: float | None = Field(
+        7 * 24 * 3600.0, gt=0, description="telemetry older than this is dropped unsent"
+    )
+    max_inflight: int = Field(
+        200, ge=1, description="records published and not yet acknowledged at once"
+    )
+
+
+class HeartbeatConfig(Section):
+    """The heartbeat."""
+
+    interval_s: float = Field(10.0, ge=1.0, description="seconds between heartbeats")
+
+
+class EdgedConfig(Section):
+    """The local edged."""
+
+    socket: Path = Field(Path("/run/edged/edged.sock"), description="edged's Unix socket")
+    timeout_s: float = Field(2.0, gt=0, description="a call to edged gives up after this")
+
+
+class LocalConfig(Section):
+    """The local API: programs on the device hand records to the outbox."""
+
+    socket: Path = Field(
+        Path("/run/edged/cloudsync.sock"), description="Unix socket of the local API"
+    )
+    socket_mode: int = Field(0o660, description="permission bits of the socket file")
+
+
+class Config(Section):
+    """The whole cloudsync configuration file."""
+
+    node: NodeConfig = Field(default_factory=NodeConfig)
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    outbox: OutboxConfig = Field(default_factory=OutboxConfig)
+    heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+    edged: EdgedConfig = Field(default_factory=EdgedConfig)
+    local: LocalConfig = Field(default_factory=LocalConfig)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def load(path: Path | None) -> Config:
+    """cloudsync's config file (--config, else /etc/edged/cloudsync.toml), or the defaults."""
+    return load_file(Config, path, DEFAULT_CONFIG_PATH)

@@ -1,0 +1,212 @@
+"""cloudsync against a real Mosquitto (TLS 1.3, client certificates, ACLs): birth and last will,
+heartbeats, and an offline boot whose records all arrive once the broker is up.
+
+The operator side is a test client with a persistent session (as a fleet's consumer has one):
+the broker queues for it while it is away, so nothing depends on who connects first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudsync.mqtt import envelope
+from cloudsync.mqtt.topics import Topics, parse
+from edged.client import Client
+from tests.conftest import skip_or_fail, wait_for
+from tests.mosquitto import OPERATOR, Broker, make_pki
+from tests.mqttclient import MqttClient
+
+NODE = Topics("f1", "n1")
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    why = Broker.available()
+    if why:
+        skip_or_fail(why)
+    return make_pki(tmp_path_factory.mktemp("pki"), ["n1", "n2"])
+
+
+@pytest.fixture
+def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
+    broker = Broker(tmp_path / "mosquitto", pki)
+    yield broker
+    broker.kill()
+
+
+@dataclass
+class Agent:
+    """cloudsync as a process: its config, local API socket, log."""
+
+    workdir: Path
+    broker: Broker
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        pki = self.broker.pki
+        self.socket = self.workdir / "cloudsync.sock"
+        self.log = self.workdir / "cloudsync.log"
+        self.config = self.workdir / "cloudsync.toml"
+        self.config.write_text(
+            f"""
+log_level = "debug"
+[node]
+fleet = "f1"
+name = "n1"
+[mqtt]
+host = "127.0.0.1"
+port = {self.broker.port}
+ca_file = "{pki}/ca.pem"
+cert_file = "{pki}/n1.pem"
+key_file = "{pki}/n1.key"
+keepalive_s = 5
+reconnect_max_s = 2
+[outbox]
+path = "{self.workdir}/outbox.db"
+[heartbeat]
+interval_s = 1
+[edged]
+socket = "{self.workdir}/no-edged.sock"
+[local]
+socket = "{self.socket}"
+"""
+        )
+
+    def start(self) -> Agent:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cloudsync.cli", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(lambda: self.socket.exists(), 20, "cloudsync's local API", self.proc)
+        return self
+
+    @property
+    def local(self) -> Client:
+        return Client(str(self.socket), timeout=30)
+
+    def post(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        return dict(self.local.call("POST", "/v1/records", {"records": records}))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.local.call("GET", "/v1/status"))
+
+    def signal(self, sig: signal.Signals) -> int:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+        return self.proc.wait(20)
+
+
+@pytest.fixture
+def agent(tmp_path: Path, broker: Broker) -> Iterator[Agent]:
+    agent = Agent(tmp_path / "agent", broker)
+    yield agent
+    if agent.proc is not None and agent.proc.poll() is None:
+        agent.proc.kill()
+        agent.proc.wait()
+
+
+def operator(broker: Broker) -> MqttClient:
+    """The fleet's consumer, with a persistent session subscribed to node n1's subtree."""
+    client = MqttClient(broker.port, broker.pki, OPERATOR, client_id="fleet-consumer")
+    assert client.connect()
+    assert not client.subscribe(NODE.everything)[0].is_failure
+    return client
+
+
+def bodies(messages: list[tuple[str, bytes]], kind: str) -> list[envelope.Envelope]:
+    return [envelope.decode(p) for t, p in messages if parse(t).kind == kind and p]
+
+
+def test_offline_boot_then_everything_arrives_birth_heartbeat_and_last_will(
+    broker: Broker, agent: Agent
+) -> None:
+    broker.start()
+    consumer = operator(broker)  # its session and subscription outlive the broker's restart
+    consumer.close()
+    broker.stop()
+
+    agent.start()  # no broker: it boots and takes records
+    telemetry = [{"kind": "telemetry", "body": {"n": i}, "id": f"t{i}"} for i in range(300)]
+    alerts = [
+        {"kind": "events", "priority": "alert", "body": {"alert": i}, "id": f"a{i}"}
+        for i in range(5)
+    ]
+    assert agent.post(telemetry) == {"stored": 300, "dropped": 0}
+    assert agent.post(alerts) == {"stored": 5, "dropped": 0}
+    assert agent.post(telemetry[:10])["stored"] == 10  # a retry: the same ids, stored once
+    state = agent.status()
+    assert not state["connected"] and state["outbox"]["pending"] == 305
+
+    broker.start()
+    consumer = operator(broker)
+    try:
+        wait_for(lambda: agent.status()["outbox"]["pending"] == 0, 30, "the outbox drained")
+        got = consumer.wait_messages(305, 10)
+        records = bodies(got, "telemetry") + bodies(got, "events")
+        assert sorted(r.id for r in records) == sorted(
+            {r["id"] for r in telemetry} | {r["id"] for r in alerts}
+        )
+        tele = [r.body["n"] for r in bodies(got, "telemetry")]
+        assert tele == list(range(300))  # in order
+        events = bodies(got, "events")
+        assert [e.body["alert"] for e in events] == list(range(5))
+        kinds = [parse(t).kind for t, _ in got if parse(t).kind in ("events", "telemetry")]
+        assert kinds[:5] == ["events"] * 5  # posted last, delivered first: alerts go ahead
+
+        births = [json.loads(p) for t, p in got if t == NODE.status]
+        assert births[-1]["body"]["state"] == "online" and births[-1]["node"] == "n1"
+        assert births[-1]["body"]["edged"]["reachable"] is False  # no edged: still a birth
+        wait_for(lambda: len(bodies(consumer.received, "heartbeat")) >= 3, 10, "heartbeats")
+        beat = bodies(consumer.received, "heartbeat")[-1]
+        assert beat.body["outbox"]["counters"]["duplicate"] == 10
+
+        assert agent.signal(signal.SIGKILL) == -signal.SIGKILL
+        wait_for(lambda: _last_status(consumer) == "offline", 10, "the last will")
+        assert "connection lost" in json.dumps(consumer.received[-1][1].decode())
+    finally:
+        consumer.close()
+
+    late = MqttClient(broker.port, broker.pki, OPERATOR)  # someone who comes later
+    assert late.connect() and not late.subscribe(NODE.status)[0].is_failure
+    try:
+        (retained,) = late.wait_messages(1, 5)
+        assert envelope.decode(retained[1]).body["state"] == "offline"  # retained
+    finally:
+        late.close()
+
+
+def _last_status(client: MqttClient) -> str | None:
+    found = [envelope.decode(p).body["state"] for t, p in client.received if t == NODE.status]
+    return found[-1] if found else None
+
+
+def test_a_clean_stop_says_offline_and_bad_records_are_refused(
+    broker: Broker, agent: Agent
+) -> None:
+    broker.start()
+    agent.start()
+    consumer = operator(broker)
+    try:
+        wait_for(lambda: agent.status()["connected"], 10, "connected")
+        with pytest.raises(Exception) as bad:
+            agent.post([{"kind": "logs", "body": {}}])
+        assert "kind" in str(bad.value)
+        assert agent.signal(signal.SIGTERM) == 0
+        wait_for(lambda: _last_status(consumer) == "offline", 10, "offline status")
+        last = [envelope.decode(p) for t, p in consumer.received if t == NODE.status][-1]
+        assert last.body["reason"] == "stopped"
+    finally:
+        consumer.close()
