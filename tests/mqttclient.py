@@ -43,6 +43,7 @@ class MqttClient:
             protocol=mqtt.MQTTv5,
         )
         self.client.tls_set_context(tls_context(self.pki, self.stem, self.max_version))
+        self.client.reconnect_delay_set(1, 2)  # back soon after a broker restart
         self.connected = threading.Event()
         self.acks: dict[int, Any] = {}
         self.changed = threading.Condition()
