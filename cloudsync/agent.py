@@ -10,7 +10,9 @@ letters). When the connection drops it reconnects after 1, 2, 4 ... 64 s, each d
 between half and all of it (jitter, so a fleet does not reconnect in step). It starts and keeps
 working with no network: records wait in the outbox.
 
-A second thread asks edged (its socket API, a short timeout) for its status and capabilities
+Commands on ``.../cmd/{id}`` are verified in the MQTT thread (``cloudsync.commands``: a
+refused one is reported, never run) and run by a worker thread; results go through the outbox.
+A third thread asks edged (its socket API, a short timeout) for its status and capabilities
 and keeps the last answer: the MQTT thread never waits on edged, so a busy or stopped edged
 does not delay a heartbeat, and edged never waits on cloudsync.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import queue
 import random
 import socket
 import ssl
@@ -33,13 +36,15 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from cloudsync import __version__
+from cloudsync.commands import Command, Refused, Verifier, load_anchors
 from cloudsync.config import Config
 from cloudsync.mqtt.envelope import Envelope, now_ms
-from cloudsync.mqtt.topics import Topics, check_name
+from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
 from cloudsync.outbox import Outbox
 from edged.client import Client, ClientError
 
 log = logging.getLogger("cloudsync")
+RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
 
 
@@ -99,6 +104,13 @@ class Agent:
         self.connecting_since: float | None = None  # a socket is open, no CONNACK yet
         self.next_heartbeat = 0.0
         self.heartbeats = 0
+        self.verifier = Verifier(
+            f"{config.node.fleet}/{self.node}",
+            load_anchors(config.commands.trust_dir),
+            config.outbox.path.with_name("commands.db"),
+            config.commands.max_lifetime_s,
+        )
+        self.orders: queue.Queue[Command | None] = queue.Queue()
         self.client = self._client()
 
     # ---- the MQTT client -----------------------------------------------------------------
@@ -185,7 +197,50 @@ class Agent:
             self.acked.append(seq)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        log.info("command on %s: commands are not handled yet", message.topic)
+        """A command: checked here, run by the worker thread (it may ask edged)."""
+        try:
+            topic = parse(message.topic)
+        except TopicError:
+            return
+        if topic.kind != "cmd" or topic.cmd_id is None:
+            return
+        try:
+            command = self.verifier.check(topic.cmd_id, message.payload)
+        except Refused as exc:
+            log.warning("command %s refused: %s", topic.cmd_id, exc)
+            self.report(topic.cmd_id, {"ok": False, "error": f"refused: {exc}"})
+            self.outbox.put(
+                "events",
+                {"alert": "command refused", "command": topic.cmd_id, "why": str(exc)},
+                priority="alert",
+            )
+            return
+        log.info("command %s (%s) from %s (key %s)", command.id, command.name,
+                 command.issuer, command.kid)  # fmt: skip
+        self.orders.put(command)
+
+    def report(self, cmd_id: str, result: dict[str, Any]) -> None:
+        """A command's result, through the outbox (it reaches the operator once connected)."""
+        self.outbox.put(f"{RESULT}{cmd_id}", result, priority="event")
+
+    def work(self) -> None:
+        """The worker thread: commands, one at a time."""
+        while (command := self.orders.get()) is not None:
+            try:
+                result = {"ok": True, "result": self.run_command(command)}
+            except Exception as exc:  # a command that fails says so; the agent goes on
+                result = {"ok": False, "error": str(exc)}
+            self.report(command.id, {"name": command.name, **result})
+
+    def run_command(self, command: Command) -> Any:
+        client = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s)
+        if command.name == "ping":
+            return {"pong": True, "node": self.node, "ts": now_ms()}
+        if command.name == "status":
+            return self.status()
+        if command.name == "models":
+            return client.call("POST", "/v2/repository/index")
+        raise ValueError(f"unknown command '{command.name}' (ping, status, models)")
 
     # ---- what the node says ----------------------------------------------------------------
 
@@ -249,11 +304,16 @@ class Agent:
         if not self.connected or room <= 0:
             return
         for record in self.outbox.peek(room, exclude=self.inflight.values()):
-            topic = self.topics.events if record.kind == "events" else self.topics.telemetry
+            topic = self._topic_of(record.kind)
             info = self.client.publish(topic, record.envelope(self.node).encode(), qos=1)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 break  # the connection just went: the outbox still has it
             self.inflight[info.mid] = record.seq
+
+    def _topic_of(self, kind: str) -> str:
+        if kind.startswith(RESULT):
+            return self.topics.cmd_result(kind[len(RESULT) :])
+        return self.topics.events if kind == "events" else self.topics.telemetry
 
     def step(self) -> None:
         """One turn of the MQTT thread."""
@@ -286,12 +346,15 @@ class Agent:
 
     def run(self) -> None:
         """Until ``stop``: the MQTT thread here, the edged thread beside it."""
-        collector = threading.Thread(target=self.collect, name="edged", daemon=True)
-        collector.start()
+        threading.Thread(target=self.collect, name="edged", daemon=True).start()
+        worker = threading.Thread(target=self.work, name="commands", daemon=True)
+        worker.start()
         try:
             while not self.stopping.is_set():
                 self.step()
         finally:
+            self.orders.put(None)
+            worker.join(5)
             self._close()
 
     def stop(self) -> None:
@@ -307,6 +370,7 @@ class Agent:
             self.pump()  # the acks that came meanwhile
             self.client.disconnect()
         self.outbox.close()
+        self.verifier.close()
 
 
 def _cpus() -> int:

@@ -72,6 +72,17 @@ class EdgedConfig(Section):
     timeout_s: float = Field(2.0, gt=0, description="a call to edged gives up after this")
 
 
+class CommandsConfig(Section):
+    """Signed commands (docs/PROTOCOL.md)."""
+
+    trust_dir: Path = Field(
+        Path("/etc/edged/trust"), description="the fleet's public keys: {kid}.pub (PEM Ed25519)"
+    )
+    max_lifetime_s: float = Field(
+        3600.0, gt=0, description="commands valid for longer than this are refused"
+    )
+
+
 class LocalConfig(Section):
     """The local API: programs on the device hand records to the outbox."""
 
@@ -90,6 +101,7 @@ class Config(Section):
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     edged: EdgedConfig = Field(default_factory=EdgedConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
+    commands: CommandsConfig = Field(default_factory=CommandsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloudsync.commands import sign
 from cloudsync.mqtt import envelope
 from cloudsync.mqtt.topics import Topics, parse
 from edged.client import Client, ClientError
@@ -82,8 +85,21 @@ interval_s = 1
 socket = "{self.workdir}/no-edged.sock"
 [local]
 socket = "{self.socket}"
+[commands]
+trust_dir = "{self.workdir}/trust"
 """
         )
+
+    def trust(self) -> Ed25519PrivateKey:
+        """A fleet key whose public half this node trusts (kid "fleet-1")."""
+        key = Ed25519PrivateKey.generate()
+        (self.workdir / "trust").mkdir(exist_ok=True)
+        (self.workdir / "trust" / "fleet-1.pub").write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        return key
 
     def start(self) -> Agent:
         with self.log.open("ab") as log:
@@ -288,3 +304,45 @@ def _ids(client: MqttClient) -> set[str]:
         for t, p in list(client.received)
         if parse(t).kind in ("telemetry", "events")
     }
+
+
+def test_signed_commands_run_and_report_forged_expired_and_replayed_ones_are_refused(
+    broker: Broker, agent: Agent
+) -> None:
+    key = agent.trust()
+    broker.start()
+    agent.start()
+    consumer = operator(broker)
+    try:
+        wait_for(lambda: agent.status()["connected"], 10, "connected")
+        ping_id, ping = sign(key, "fleet-1", OPERATOR, "f1/n1", "ping")
+        _, forged = sign(Ed25519PrivateKey.generate(), "fleet-1", "mallory", "f1/n1", "status")
+        forged_id = envelope.decode(forged).id
+        expired_id, expired = sign(key, "fleet-1", OPERATOR, "f1/n1", "ping", lifetime_s=-5)
+        for cmd_id, payload in [(ping_id, ping), (forged_id, forged), (expired_id, expired)]:
+            assert not consumer.publish(NODE.cmd(cmd_id), payload).is_failure
+        results = wait_results(consumer, 3)
+        assert results[ping_id]["ok"] and results[ping_id]["result"]["pong"] is True
+        assert "does not verify" in results[forged_id]["error"]
+        assert "expired" in results[expired_id]["error"]
+
+        consumer.received.clear()
+        assert not consumer.publish(NODE.cmd(ping_id), ping).is_failure  # the same again
+        assert "replayed" in wait_results(consumer, 1)[ping_id]["error"]
+        wait_for(lambda: bodies(consumer.received, "events"), 5, "the refusal's alert")
+        alerts = bodies(consumer.received, "events")
+        assert alerts[-1].body["alert"] == "command refused"
+    finally:
+        consumer.close()
+
+
+def wait_results(client: MqttClient, count: int) -> dict[str, dict[str, Any]]:
+    def found() -> dict[str, dict[str, Any]]:
+        return {
+            str(parse(t).cmd_id): envelope.decode(p).body
+            for t, p in list(client.received)
+            if parse(t).kind == "cmd-result"
+        }
+
+    wait_for(lambda: len(found()) >= count, 10, f"{count} command results")
+    return found()
