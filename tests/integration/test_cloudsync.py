@@ -25,11 +25,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloudsync.commands import sign
 from cloudsync.mqtt import envelope
+from cloudsync.mqtt.sync import SyncClient
 from cloudsync.mqtt.topics import Topics, parse
 from edged.client import Client, ClientError
 from tests.conftest import skip_or_fail, wait_for
 from tests.mosquitto import OPERATOR, Broker, make_pki
-from tests.mqttclient import MqttClient
 
 NODE = Topics("f1", "n1")
 
@@ -136,9 +136,9 @@ def agent(tmp_path: Path, broker: Broker) -> Iterator[Agent]:
         agent.proc.wait()
 
 
-def operator(broker: Broker) -> MqttClient:
+def operator(broker: Broker) -> SyncClient:
     """The fleet's consumer, with a persistent session subscribed to node n1's subtree."""
-    client = MqttClient(broker.port, broker.pki, OPERATOR, client_id="fleet-consumer")
+    client = SyncClient(broker.port, broker.pki, OPERATOR, client_id="fleet-consumer")
     assert client.connect()
     assert not client.subscribe(NODE.everything)[0].is_failure
     return client
@@ -197,7 +197,7 @@ def test_offline_boot_then_everything_arrives_birth_heartbeat_and_last_will(
     finally:
         consumer.close()
 
-    late = MqttClient(broker.port, broker.pki, OPERATOR)  # someone who comes later
+    late = SyncClient(broker.port, broker.pki, OPERATOR)  # someone who comes later
     assert late.connect() and not late.subscribe(NODE.status)[0].is_failure
     try:
         (retained,) = late.wait_messages(1, 5)
@@ -206,7 +206,7 @@ def test_offline_boot_then_everything_arrives_birth_heartbeat_and_last_will(
         late.close()
 
 
-def _last_status(client: MqttClient) -> str | None:
+def _last_status(client: SyncClient) -> str | None:
     found = [envelope.decode(p).body["state"] for t, p in client.received if t == NODE.status]
     return found[-1] if found else None
 
@@ -298,7 +298,7 @@ def test_10000_records_through_20_broker_restarts_and_5_sigkills_lose_nothing(
     )
 
 
-def _ids(client: MqttClient) -> set[str]:
+def _ids(client: SyncClient) -> set[str]:
     return {
         envelope.decode(p).id
         for t, p in list(client.received)
@@ -336,7 +336,7 @@ def test_signed_commands_run_and_report_forged_expired_and_replayed_ones_are_ref
         consumer.close()
 
 
-def wait_results(client: MqttClient, count: int) -> dict[str, dict[str, Any]]:
+def wait_results(client: SyncClient, count: int) -> dict[str, dict[str, Any]]:
     def found() -> dict[str, dict[str, Any]]:
         return {
             str(parse(t).cmd_id): envelope.decode(p).body
@@ -346,3 +346,35 @@ def wait_results(client: MqttClient, count: int) -> dict[str, dict[str, Any]]:
 
     wait_for(lambda: len(found()) >= count, 10, f"{count} command results")
     return found()
+
+
+def edgefleet(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
+    common = ["--host", "127.0.0.1", "--port", str(broker.port), "--pki", str(broker.pki)]
+    return subprocess.run(
+        [sys.executable, "-m", "cloudsync.fleet", *common, "--fleet", "f1", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_edgefleet_keygen_cmd_and_nodes(broker: Broker, agent: Agent, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    made = edgefleet(broker, "keygen", "--kid", "fleet-1", "--dir", str(keys))
+    assert made.returncode == 0 and (keys / "fleet-1.key").stat().st_mode & 0o777 == 0o600
+    assert edgefleet(broker, "keygen", "--kid", "fleet-1", "--dir", str(keys)).returncode == 2
+    (agent.workdir / "trust").mkdir()
+    (agent.workdir / "trust" / "fleet-1.pub").write_bytes((keys / "fleet-1.pub").read_bytes())
+    broker.start()
+    agent.start()
+    wait_for(lambda: agent.status()["connected"], 10, "connected")
+    sign_with = ["--sign-key", str(keys / "fleet-1.key"), "--kid", "fleet-1"]
+    pong = edgefleet(broker, "cmd", "n1", "ping", *sign_with)
+    assert pong.returncode == 0 and '"pong": true' in pong.stdout, pong.stderr
+    unknown = edgefleet(broker, "cmd", "n1", "reboot-now", *sign_with)
+    assert unknown.returncode == 1 and "unknown command" in unknown.stderr
+    table = edgefleet(broker, "nodes", "--wait", "1.5", "--interval", "1")
+    assert table.returncode == 0
+    (row,) = [line for line in table.stdout.splitlines() if line.startswith("n1 ")]
+    assert " online " in row and "ago" in row, table.stdout
+    agent.signal(signal.SIGKILL)
+    gone = edgefleet(broker, "--json", "nodes", "--wait", "0.5")
+    assert json.loads(gone.stdout)[0]["state"] == "offline"

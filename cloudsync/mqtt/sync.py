@@ -1,12 +1,11 @@
-"""A small synchronous MQTT 5 client for the tests (paho-mqtt 2.x underneath): connect with a
-certificate from the tests' PKI, publish and wait for the PUBACK's reason, subscribe and collect
-what arrives."""
+"""A small synchronous MQTT 5 client (paho-mqtt 2.x underneath) for edgefleet and the tests:
+connect over TLS with a certificate, publish and wait for the PUBACK's reason, subscribe and
+collect what arrives. ``pki`` is a directory holding ``ca.pem`` and ``{stem}.pem/.key``."""
 
 from __future__ import annotations
 
 import ssl
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +27,11 @@ def tls_context(pki: Path, stem: str | None, max_version: ssl.TLSVersion | None 
 
 
 @dataclass
-class MqttClient:
+class SyncClient:
     port: int
     pki: Path
     stem: str | None
+    host: str = "127.0.0.1"
     max_version: ssl.TLSVersion | None = None
     client_id: str = ""  # with one, a persistent session (the broker queues while it is away)
     received: list[tuple[str, bytes]] = field(default_factory=list)
@@ -75,7 +75,7 @@ class MqttClient:
             properties.SessionExpiryInterval = 3600
         try:
             self.client.connect(
-                "127.0.0.1", self.port, clean_start=not self.client_id, properties=properties
+                self.host, self.port, clean_start=not self.client_id, properties=properties
             )
         except (OSError, ssl.SSLError):
             return False
@@ -94,7 +94,9 @@ class MqttClient:
 
     def subscribe(self, topic: str, timeout: float = 5.0) -> Any:
         """The SUBACK's reason codes."""
-        _, mid = self.client.subscribe(topic, qos=1)
+        rc, mid = self.client.subscribe(topic, qos=1)
+        if mid is None:
+            raise ConnectionError(f"cannot subscribe: {rc}")
         return self._wait_ack(mid, timeout)
 
     def wait_messages(self, count: int, timeout: float) -> list[tuple[str, bytes]]:
@@ -105,7 +107,3 @@ class MqttClient:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
-
-
-def settle(seconds: float = 0.3) -> None:
-    time.sleep(seconds)
