@@ -39,7 +39,7 @@ from cloudsync.mqtt.sync import SyncClient, tls_context  # noqa: E402
 from cloudsync.mqtt.topics import Topics  # noqa: E402
 from cloudsync.outbox import Item, Outbox  # noqa: E402
 from edged.client import Client  # noqa: E402
-from tests.mosquitto import OPERATOR, Broker, make_pki  # noqa: E402
+from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki  # noqa: E402
 
 NODE = Topics("bench", "n1")
 
@@ -96,28 +96,7 @@ def through_cloudsync(broker: Broker, work: Path, records: int) -> tuple[float, 
         )
     box.close()
     config = work / "cloudsync.toml"
-    config.write_text(
-        f"""
-log_level = "warning"
-[node]
-fleet = "bench"
-name = "n1"
-[mqtt]
-host = "127.0.0.1"
-port = {broker.port}
-ca_file = "{broker.pki}/ca.pem"
-cert_file = "{broker.pki}/n1.pem"
-key_file = "{broker.pki}/n1.key"
-[outbox]
-path = "{work}/outbox.db"
-[edged]
-socket = "{work}/no-edged.sock"
-[local]
-socket = "{work}/cloudsync.sock"
-[commands]
-trust_dir = "{work}/trust"
-"""
-    )
+    config.write_text('log_level = "warning"\n' + cloudsync_config(broker, work, "bench"))
     consumer = SyncClient(broker.port, broker.pki, OPERATOR, client_id="bench-consumer")
     assert consumer.connect()
     consumer.subscribe(NODE.telemetry)

@@ -178,7 +178,7 @@ class Agent:
         client.subscribe(self.topics.commands, qos=1)
         birth = self._envelope({"state": "online", **self.capabilities()})
         client.publish(self.topics.status, birth.encode(), qos=1, retain=True)
-        self.next_heartbeat = 0.0  # a heartbeat right after the birth
+        self.next_heartbeat = time.monotonic()  # a heartbeat right after the birth
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
         was = self.connected
@@ -326,7 +326,9 @@ class Agent:
         if self.client.loop(timeout=0.05) == mqtt.MQTT_ERR_NO_CONN:
             self.stopping.wait(0.05)  # no socket to wait on: do not spin
         if self.connected and now >= self.next_heartbeat:
-            self.next_heartbeat = now + self.config.heartbeat.interval_s
+            interval = self.config.heartbeat.interval_s
+            # at a fixed rate (no drift from the loop's turns), unless it fell behind
+            self.next_heartbeat = max(self.next_heartbeat + interval, now + interval / 2)
             body = self.heartbeat_body()
             self.client.publish(self.topics.heartbeat, self._envelope(body).encode(), qos=1)
             self.heartbeats += 1

@@ -148,3 +148,38 @@ class Broker:
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def cloudsync_config(
+    broker: Broker,
+    workdir: Path,
+    fleet: str,
+    node: str = "n1",
+    edged_socket: Path | None = None,
+    more: str = "",
+    mqtt: str = "",
+) -> str:
+    """A cloudsync config for ``node`` against ``broker``, everything under ``workdir``;
+    ``mqtt``: more lines of the [mqtt] section, ``more``: more sections."""
+    pki = broker.pki
+    return f"""
+[node]
+fleet = "{fleet}"
+name = "{node}"
+[mqtt]
+host = "127.0.0.1"
+port = {broker.port}
+ca_file = "{pki}/ca.pem"
+cert_file = "{pki}/{node}.pem"
+key_file = "{pki}/{node}.key"
+{mqtt}
+[outbox]
+path = "{workdir}/outbox.db"
+[edged]
+socket = "{edged_socket or workdir / "no-edged.sock"}"
+[local]
+socket = "{workdir}/cloudsync.sock"
+[commands]
+trust_dir = "{workdir}/trust"
+{more}
+"""

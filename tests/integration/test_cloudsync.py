@@ -29,7 +29,7 @@ from cloudsync.mqtt.sync import SyncClient
 from cloudsync.mqtt.topics import Topics, parse
 from edged.client import Client, ClientError
 from tests.conftest import skip_or_fail, wait_for
-from tests.mosquitto import OPERATOR, Broker, make_pki
+from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki
 
 NODE = Topics("f1", "n1")
 
@@ -59,36 +59,16 @@ class Agent:
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        pki = self.broker.pki
         self.socket = self.workdir / "cloudsync.sock"
         self.log = self.workdir / "cloudsync.log"
         self.config = self.workdir / "cloudsync.toml"
         self.config.write_text(
-            f"""
-log_level = "debug"
-[node]
-fleet = "f1"
-name = "n1"
-[mqtt]
-host = "127.0.0.1"
-port = {self.broker.port}
-ca_file = "{pki}/ca.pem"
-cert_file = "{pki}/n1.pem"
-key_file = "{pki}/n1.key"
-keepalive_s = 5
-reconnect_max_s = 2
-[outbox]
-path = "{self.workdir}/outbox.db"
-[heartbeat]
-interval_s = 1
-[edged]
-socket = "{self.workdir}/no-edged.sock"
-[local]
-socket = "{self.socket}"
-[commands]
-trust_dir = "{self.workdir}/trust"
-"""
-        )
+            'log_level = "debug"\n'
+            + cloudsync_config(
+                self.broker, self.workdir, "f1",
+                more="[heartbeat]\ninterval_s = 1", mqtt="keepalive_s = 5\nreconnect_max_s = 2",
+            )
+        )  # fmt: skip
 
     def trust(self) -> Ed25519PrivateKey:
         """A fleet key whose public half this node trusts (kid "fleet-1")."""
