@@ -29,7 +29,7 @@ from cloudsync.mqtt.sync import SyncClient
 from cloudsync.mqtt.topics import Topics, parse
 from edged.client import Client, ClientError
 from tests.conftest import skip_or_fail, wait_for
-from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki
+from tests.mosquitto import OPERATOR, Broker, cloudsync_config, free_port, make_pki
 
 NODE = Topics("f1", "n1")
 
@@ -358,3 +358,43 @@ def test_edgefleet_keygen_cmd_and_nodes(broker: Broker, agent: Agent, tmp_path: 
     agent.signal(signal.SIGKILL)
     gone = edgefleet(broker, "--json", "nodes", "--wait", "0.5")
     assert json.loads(gone.stdout)[0]["state"] == "offline"
+
+
+def test_records_the_broker_refuses_go_to_the_dead_letters(
+    broker: Broker, agent: Agent, tmp_path: Path
+) -> None:
+    """A node configured under another node's name (its certificate says n2): the broker's ACL
+    refuses every record (PUBACK Not authorized); each goes to the dead letters with the reason,
+    counted, and the outbox does not send it again."""
+    agent.config.write_text(agent.config.read_text().replace("n1.pem", "n2.pem").replace(
+        "n1.key", "n2.key"))  # fmt: skip
+    broker.start()
+    agent.start()
+    wait_for(lambda: agent.status()["connected"], 10, "connected")
+    agent.post([{"kind": "telemetry", "body": {"n": i}} for i in range(5)])
+    wait_for(lambda: agent.status()["outbox"]["dead_letters"] == 5, 10, "5 dead letters")
+    state = agent.status()["outbox"]
+    assert state["pending"] == 0 and state["counters"]["dead"] == 5
+    assert "Not authorized" in agent.log.read_text()
+
+
+def test_mqtt_over_websockets(tmp_path: Path, pki: Path) -> None:
+    """transport = "websockets": the same session over wss (TLS 1.3) on the broker's websockets
+    listener, for networks that let only HTTPS out."""
+    broker = Broker(tmp_path / "mosquitto", pki, websockets_port=free_port()).start()
+    agent = Agent(tmp_path / "agent", broker)
+    try:
+        agent.config.write_text(agent.config.read_text().replace(
+            f"port = {broker.port}",
+            f'port = {broker.websockets_port}\ntransport = "websockets"',
+        ))  # fmt: skip
+        consumer = operator(broker)
+        agent.start()
+        wait_for(lambda: agent.status()["connected"], 10, "connected over wss")
+        agent.post([{"kind": "telemetry", "body": {"over": "wss"}, "id": "ws-1"}])
+        wait_for(lambda: "ws-1" in _ids(consumer), 10, "the record over wss")
+        consumer.close()
+    finally:
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.signal(signal.SIGTERM)
+        broker.kill()
