@@ -15,7 +15,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
 APT_TEST := espeak-ng fonts-dejavu-core curl systemd bible-kjv mosquitto
 
-.PHONY: run test setup models lint unit integration bench bench-load bench-routing bench-lab bench-knowledge bench-outbox clean distclean help
+.PHONY: run test setup models lint unit integration bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
@@ -25,6 +25,7 @@ help:
 	@echo "make bench-routing - decide() cost and hedging on an erratic link (bench/routing.py)"
 	@echo "make bench-lab  - the routing lab: policies over traces, tables and plots (bench/lab/run.py)"
 	@echo "make bench-outbox - cloudsync: outbox disk per 100k records, outbox-to-broker records/s (bench/outbox.py)"
+	@echo "make bench-heartbeat - cloudsync: heartbeat gaps while edged is saturated (bench/heartbeat.py)"
 	@echo "make bench-knowledge - knowledge store: search at 10k/100k vs numpy, RSS, ingest (bench/knowledge.py)"
 	@echo "make models - (re)build the default model repository in models/"
 
@@ -91,6 +92,9 @@ bench-knowledge: $(STAMPS)/models $(STAMPS)/apt-test
 
 bench-outbox: $(STAMPS)/venv $(STAMPS)/apt-test
 	$(PY) bench/outbox.py
+
+bench-heartbeat: $(STAMPS)/models $(STAMPS)/apt-test
+	$(PY) bench/heartbeat.py
 
 bench-lab: $(STAMPS)/venv
 	$(PY) -m pip install -q -e '.[bench]'
