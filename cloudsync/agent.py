@@ -46,6 +46,7 @@ from edged.client import Client, ClientError
 log = logging.getLogger("cloudsync")
 RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
+ACK_TIMEOUT_S = 120.0  # a record published this long ago with no PUBACK is published again
 
 
 def node_name(configured: str) -> str:
@@ -97,6 +98,7 @@ class Agent:
         self.stopping = threading.Event()
         self.connected = False
         self.inflight: dict[int, int] = {}  # MQTT message id -> outbox seq
+        self.sent_at: dict[int, float] = {}  # MQTT message id -> when it went (monotonic)
         self.acked: list[int] = []
         self.seq = now_ms()  # sequence of what does not go through the outbox: increasing
         self.attempt = 0
@@ -179,6 +181,8 @@ class Agent:
         birth = self._envelope({"state": "online", **self.capabilities()})
         client.publish(self.topics.status, birth.encode(), qos=1, retain=True)
         self.next_heartbeat = time.monotonic()  # a heartbeat right after the birth
+        # paho sends again what was in flight: its PUBACK clock starts now
+        self.sent_at = dict.fromkeys(self.sent_at, time.monotonic())
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
         was = self.connected
@@ -188,6 +192,7 @@ class Agent:
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any) -> None:
         seq = self.inflight.pop(mid, None)
+        self.sent_at.pop(mid, None)
         if seq is None:  # a status or a heartbeat
             return
         if rc.is_failure:
@@ -300,6 +305,14 @@ class Agent:
         if self.acked:
             self.outbox.ack(self.acked)
             self.acked = []
+        now = time.monotonic()
+        late = [m for m, t in self.sent_at.items() if now - t > ACK_TIMEOUT_S]
+        for mid in late if self.connected else []:
+            # no PUBACK in all that time: sent again from the outbox (the same id); paho's own
+            # resend after a reconnect normally answers long before
+            log.warning("record %d: no PUBACK in %.0f s; it will be sent again",
+                        self.inflight.pop(mid), ACK_TIMEOUT_S)  # fmt: skip
+            del self.sent_at[mid]
         room = self.config.outbox.max_inflight - len(self.inflight)
         if not self.connected or room <= 0:
             return
@@ -309,6 +322,7 @@ class Agent:
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 break  # the connection just went: the outbox still has it
             self.inflight[info.mid] = record.seq
+            self.sent_at[info.mid] = now
 
     def _topic_of(self, kind: str) -> str:
         if kind.startswith(RESULT):
