@@ -40,10 +40,11 @@ from cloudsync.commands import Command, Refused, Verifier, load_anchors
 from cloudsync.config import Config
 from cloudsync.mqtt.envelope import Envelope, now_ms
 from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
-from cloudsync.outbox import Outbox
+from cloudsync.outbox import Item, Outbox
 from edged.client import Client, ClientError
 
 log = logging.getLogger("cloudsync")
+EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"
 RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
 ACK_TIMEOUT_S = 120.0  # a record published this long ago with no PUBACK is published again
@@ -349,16 +350,40 @@ class Agent:
         self.pump()
 
     def collect(self) -> None:
-        """The edged thread: its status and capabilities, every heartbeat interval."""
+        """The edged thread: its status and capabilities, and its events into the outbox,
+        every heartbeat interval."""
         client = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s)
         while not self.stopping.is_set():
             try:
                 status = client.status()
                 capabilities = client.capabilities()
                 self.edged = EdgedView(status, capabilities, "", now_ms())
+                self.read_events(client)
             except ClientError as exc:
                 self.edged = EdgedView(None, [], exc.message, now_ms())
             self.stopping.wait(self.config.heartbeat.interval_s)
+
+    def read_events(self, client: Client) -> None:
+        """edged's events after the cursor kept in the outbox, stored with the cursor's advance
+        in one transaction: none lost, none twice (a new edged epoch starts from 0)."""
+        epoch, _, last = (self.outbox.get_state(EDGED_CURSOR) or ":0").partition(":")
+        cursor = int(last or 0)
+        while True:
+            reply = client.events(cursor)
+            if reply["epoch"] != epoch:  # a new edged, or the first read: from its start
+                if cursor:
+                    reply = client.events(0)
+                epoch, cursor = reply["epoch"], 0
+            items = [event_item(epoch, e) for e in reply["events"]]
+            if reply["missed"]:
+                items.insert(0, Item("events", {"alert": "edged events missed",
+                                                "missed": reply["missed"]}, "alert"))  # fmt: skip
+            if not reply["events"]:
+                return
+            cursor = reply["events"][-1]["id"]
+            self.outbox.put_many(items, state={EDGED_CURSOR: f"{epoch}:{cursor}"})
+            if cursor >= reply["last"]:
+                return
 
     def run(self) -> None:
         """Until ``stop``: the MQTT thread here, the edged thread beside it."""
@@ -387,6 +412,14 @@ class Agent:
             self.client.disconnect()
         self.outbox.close()
         self.verifier.close()
+
+
+def event_item(epoch: str, event: dict[str, Any]) -> Item:
+    """An edged event as an outbox record: errors are alerts; its id is stable across
+    retries (the epoch and the event's id)."""
+    level = event.get("level", "info")
+    priority = "alert" if level in ("error", "critical") else "event"
+    return Item("events", {"from": "edged", **event}, priority, f"edged-{epoch[:16]}-{event['id']}")
 
 
 def _cpus() -> int:

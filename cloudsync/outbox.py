@@ -112,6 +112,7 @@ class Outbox:
                 },
                 pk="seq",
             )
+        self.db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
         if "counters" not in self.db.table_names():
             self.db.table("counters").create({"name": str, "value": int}, pk="name")
             self.db.table("counters").insert_all([{"name": n, "value": 0} for n in COUNTERS])
@@ -134,9 +135,12 @@ class Outbox:
         (stored,) = self.put_many([Item(kind, body, priority, id, ttl_s)])
         return stored
 
-    def put_many(self, items: Sequence[Item]) -> list[str | None]:
+    def put_many(
+        self, items: Sequence[Item], state: dict[str, str] | None = None
+    ) -> list[str | None]:
         """Store records in one transaction (batching: one fsync for all): for each, its id
-        (a duplicate's too), or None when the budget could not take it."""
+        (a duplicate's too), or None when the budget could not take it. ``state``: keys set in
+        the same transaction (a reader's cursor advances exactly when its records are stored)."""
         now = now_ms()
         out: list[str | None] = []
         counts = dict.fromkeys(COUNTERS, 0)
@@ -145,6 +149,8 @@ class Outbox:
                 self.db.execute("BEGIN IMMEDIATE")
                 for item in items:
                     out.append(self._put(item, now, counts))
+                for key, value in (state or {}).items():
+                    self.db.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [key, value])
                 self._bump(counts)
                 self.db.execute("COMMIT")
             except BaseException as exc:  # nothing of the batch is stored
@@ -210,6 +216,11 @@ class Outbox:
         self.bytes -= freed
         counts["dropped_budget"] += len(victims)
         return True
+
+    def get_state(self, key: str) -> str | None:
+        with self._lock:
+            row = self.db.execute("SELECT value FROM state WHERE key = ?", [key]).fetchone()
+        return None if row is None else str(row[0])
 
     # ---- out ---------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from aiohttp import web
 from edged import systemd
 from edged.config import Config
 from edged.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
+from edged.events import EventLog
 from edged.knowledge.answer import ChatAnswer
 from edged.knowledge.service import AskSettings, KnowledgeService
 from edged.load import LoadMonitor
@@ -87,6 +88,8 @@ class Daemon:
         """``reread`` gives the config afresh on SIGHUP: the file and the command-line flags."""
         self.config = config
         self.reread = reread
+        self.events = EventLog()
+        log.addHandler(self.events)  # edged's loggers' records, for GET /v1/events
         threads = max(4, 2 * (os.cpu_count() or 1))
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="infer")
         self.metrics = Metrics()
@@ -104,6 +107,7 @@ class Daemon:
         )
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load)
+        self.plane.events = self.events
         knowledge = config.knowledge
         token = read_token(knowledge.token_file) or ""
         self.plane.knowledge = KnowledgeService(
@@ -419,6 +423,7 @@ class Daemon:
         if self.cloud is not None:
             await self.cloud.stop()
         await self.manager.close()
+        log.removeHandler(self.events)
         self.executor.shutdown(wait=True, cancel_futures=True)
         if self.owned_socket is not None:
             with contextlib.suppress(FileNotFoundError):

@@ -117,6 +117,11 @@ class Client:
         """GET /v1/status: readiness, in-flight requests, every model's state."""
         return dict(self.call("GET", "/v1/status"))
 
+    def events(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        """GET /v1/events: the daemon's events after id ``after`` (``epoch``, ``events``,
+        ``last``, ``missed``)."""
+        return dict(self.call("GET", f"/v1/events?after={after}&limit={limit}"))
+
     def capabilities(self) -> list[dict[str, Any]]:
         """Task types, the models that serve each, and on which tier (local, cloud)."""
         return list(self.call("GET", "/v1/capabilities"))

@@ -283,6 +283,7 @@ class ModelManager:
                 raise NotFound(f"model '{name}' is not loaded")
             await self._retire(entry, list(entry.versions))
             entry.error = "unloaded"
+        log.info("model %s: unloaded", name)
 
     async def sync(self, names: Iterable[str] | None = None) -> None:
         """Poll the repository (SIGHUP): load new or changed models (of ``names``, default all),

@@ -15,6 +15,7 @@ import numpy as np
 
 from edged import __version__
 from edged.errors import InvalidRequest, NotFound, Unavailable
+from edged.events import EventLog
 from edged.knowledge.service import KnowledgeService
 from edged.load import LoadMonitor
 from edged.models.config import ModelConfig
@@ -78,6 +79,7 @@ class DataPlane:
         self.router = router
         self.monitor = monitor
         self.knowledge: KnowledgeService | None = None  # /v1/kb, set by the daemon
+        self.events: EventLog | None = None  # /v1/events, set by the daemon
         self.ready = False
         self.stopping = False
         self.inflight = 0
@@ -162,6 +164,16 @@ class DataPlane:
             "cloud": self.router.cloud.state() if self.router.cloud else None,
             "models": self.manager.index(),
         }
+
+    def events_after(self, cursor: Any, limit: Any) -> dict[str, Any]:
+        """GET /v1/events?after=N&limit=M."""
+        if not is_count(str(cursor)) and str(cursor) != "0":
+            raise InvalidRequest("'after' must be an event id (0 for the first)")
+        if not is_count(str(limit)) or int(limit) > 10_000:
+            raise InvalidRequest("'limit' must be 1 to 10000")
+        if self.events is None:
+            raise Unavailable("this edged keeps no events")
+        return self.events.after(int(cursor), int(limit))
 
     def kb(self) -> KnowledgeService:
         """The knowledge service, once edged is ready (its embeddings need the models)."""

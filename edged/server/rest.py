@@ -207,6 +207,10 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return ok(plane.status())
 
+    async def events(request: web.Request) -> web.Response:
+        query = request.query
+        return ok(plane.events_after(query.get("after", "0"), query.get("limit", "1000")))
+
     async def kb_list(request: web.Request) -> web.Response:
         return ok({"namespaces": await plane.kb().namespaces()})
 
@@ -289,6 +293,7 @@ def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
             web.post("/v2/repository/models/{model}/load", repository_load),
             web.post("/v2/repository/models/{model}/unload", repository_unload),
             web.get("/v1/status", status),
+            web.get("/v1/events", events),
             web.get("/v1/capabilities", capabilities),
             web.get("/v1/kb", kb_list),
             web.post("/v1/kb/{ns}/ingest", kb_ingest),

@@ -28,7 +28,7 @@ from cloudsync.mqtt import envelope
 from cloudsync.mqtt.sync import SyncClient
 from cloudsync.mqtt.topics import Topics, parse
 from edged.client import Client, ClientError
-from tests.conftest import skip_or_fail, wait_for
+from tests.conftest import Daemon, skip_or_fail, wait_for
 from tests.mosquitto import OPERATOR, Broker, cloudsync_config, free_port, make_pki
 
 NODE = Topics("f1", "n1")
@@ -398,3 +398,38 @@ def test_mqtt_over_websockets(tmp_path: Path, pki: Path) -> None:
         if agent.proc is not None and agent.proc.poll() is None:
             agent.signal(signal.SIGTERM)
         broker.kill()
+
+
+def test_edgeds_events_reach_the_fleet_once_across_restarts(
+    broker: Broker, agent: Agent, make_daemon: type[Daemon]
+) -> None:
+    """A real edged's events (its log at INFO and above: models ready...) are read after a
+    cursor kept in the outbox with the records, so a restarted cloudsync sends none twice."""
+    edged = make_daemon(config='[models]\nload = ["intent-classifier"]\n').start()
+    assert edged.client.events()["events"], "edged has events to send"
+    agent.config.write_text(agent.config.read_text().replace(
+        str(agent.workdir / "no-edged.sock"), str(edged.socket)))  # fmt: skip
+    broker.start()
+    consumer = operator(broker)
+    agent.start()
+    try:
+        wait_for(lambda: _edged_events(consumer), 15, "edged's events at the fleet")
+        ready = [e for e in _edged_events(consumer) if "ready" in e.body["message"]]
+        assert ready and ready[0].body["source"].startswith("edged")
+        assert agent.status()["edged"]["reachable"]
+        agent.signal(signal.SIGTERM)
+        before = len(_edged_events(consumer))
+        edged.client.call("POST", "/v2/repository/models/intent-classifier/unload")
+        agent.start()
+        wait_for(lambda: len(_edged_events(consumer)) > before, 15, "the new event")
+        ids = [e.id for e in _edged_events(consumer)]
+        assert len(ids) == len(set(ids)), "an event was sent twice"
+    finally:
+        consumer.close()
+    with pytest.raises(ClientError):
+        edged.client.call("GET", "/v1/events?after=x")
+    assert edged.stop() == 0
+
+
+def _edged_events(client: SyncClient) -> list[envelope.Envelope]:
+    return [e for e in bodies(list(client.received), "events") if e.body.get("from") == "edged"]

@@ -1,0 +1,60 @@
+"""The daemon's events: what its log says at INFO and above, kept in a ring with increasing ids,
+read after a cursor (``GET /v1/events?after=N``) by cloudsync, which forwards them to the fleet.
+
+Events are log records of the ``edged`` loggers (a model ready or unavailable, the cloud link up
+or down, a config reload, an error): one source of truth, nothing to keep in step. Ids start at
+1 for each run of the daemon, which has its own ``epoch`` (a random id): a reader that sees a new
+epoch starts again from 0. A reader whose cursor fell out of the ring (``capacity`` events) is
+told how many it missed.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+CAPACITY = 10_000
+
+
+class EventLog(logging.Handler):
+    def __init__(self, capacity: int = CAPACITY, level: int = logging.INFO) -> None:
+        super().__init__(level)
+        self.epoch = uuid.uuid4().hex
+        self.ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
+        self.last = 0
+        self._ring_lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string must not break the daemon's logging
+            message = str(record.msg)
+        with self._ring_lock:
+            self.last += 1
+            self.ring.append(
+                {
+                    "id": self.last,
+                    "ts": int(record.created * 1000),
+                    "level": record.levelname.lower(),
+                    "source": record.name,
+                    "message": message,
+                }
+            )
+
+    def after(self, cursor: int, limit: int = 1000) -> dict[str, Any]:
+        """Events with an id above ``cursor``, oldest first, at most ``limit``."""
+        with self._ring_lock:
+            first = self.ring[0]["id"] if self.ring else self.last + 1
+            found = [e for e in self.ring if e["id"] > cursor][:limit]
+            last = self.last
+        return {
+            "epoch": self.epoch,
+            "events": found,
+            "last": last,
+            "missed": max(0, first - cursor - 1) if cursor < first else 0,
+            "at": int(time.time() * 1000),
+        }
