@@ -12,9 +12,10 @@ working with no network: records wait in the outbox.
 
 Commands on ``.../cmd/{id}`` are verified in the MQTT thread (``cloudsync.commands``: a
 refused one is reported, never run) and run by a worker thread; results go through the outbox.
-A third thread asks edged (its socket API, a short timeout) for its status and capabilities
-and keeps the last answer: the MQTT thread never waits on edged, so a busy or stopped edged
-does not delay a heartbeat, and edged never waits on cloudsync.
+A third thread asks edged (its socket API, a short timeout) for its status and capabilities,
+keeps the last answer, and moves edged's new events into the outbox (``read_events``): the MQTT
+thread never waits on edged, so a busy or stopped edged does not delay a heartbeat, and edged
+never waits on cloudsync.
 """
 
 from __future__ import annotations
