@@ -34,22 +34,11 @@ from cloudsync.mqtt import envelope  # noqa: E402
 from cloudsync.mqtt.sync import SyncClient  # noqa: E402
 from cloudsync.mqtt.topics import Topics  # noqa: E402
 from edged.client import Client  # noqa: E402
+from tests.conftest import wait_for  # noqa: E402
 from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki  # noqa: E402
 
 NODE = Topics("bench", "n1")
 TEXTS = [f"sentence number {i} about the weather and the device's state" for i in range(32)]
-
-
-def wait(check: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except Exception:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("timed out")
 
 
 def gaps(stamps: list[float]) -> tuple[float, float, float]:
@@ -90,7 +79,7 @@ def main() -> None:
              str(edged_sock), "--state-dir", str(work / "state"), "--models", str(ROOT / "models")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))  # fmt: skip
-        wait(lambda: Client(str(edged_sock)).ready(), 120)
+        wait_for(lambda: edged_sock.exists() and Client(str(edged_sock)).ready(), 120, "edged")
         (work / "cloudsync.toml").write_text(
             'log_level = "warning"\n'
             + cloudsync_config(
