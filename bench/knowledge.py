@@ -58,6 +58,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.serving import rss_mib  # noqa: E402
 from edged.client import Client, ClientError  # noqa: E402
 from edged.knowledge.store import Chunk, KnowledgeStore  # noqa: E402
 from edged.knowledge.text import chunk_text  # noqa: E402
@@ -93,13 +94,6 @@ def ms(samples: list[float]) -> tuple[float, float]:
     """p50 and p99 of samples in seconds, in milliseconds."""
     ordered = sorted(samples)
     return statistics.median(ordered) * 1000, (percentile(ordered, 0.99) or 0.0) * 1000
-
-
-def rss_mib(pid: int | str = "self") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def cpu_seconds(pid: int | str = "self") -> float:

@@ -69,7 +69,8 @@ def disk_per_100k(work: Path) -> tuple[float, float, float]:
 def baseline(broker: Broker, records: int) -> float:
     """Records/s of bare paho QoS 1 publishes, 200 in flight, until the last PUBACK."""
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-raw", protocol=mqtt.MQTTv5)
-    client.tls_set_context(tls_context(broker.pki, "n1"))
+    pki = broker.pki
+    client.tls_set_context(tls_context(pki / "ca.pem", pki / "n1.pem", pki / "n1.key"))
     client.max_inflight_messages_set(200)
     acked = threading.Semaphore(0)
     client.on_publish = lambda *_: acked.release()

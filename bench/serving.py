@@ -75,7 +75,8 @@ def start_daemon(workdir: Path) -> tuple[subprocess.Popen[bytes], Client, float]
         time.sleep(0.01)
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int | str = "self") -> float:
+    """A process's resident memory (VmRSS) in MiB; ``self`` is this one."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024

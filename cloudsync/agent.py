@@ -40,9 +40,11 @@ from cloudsync import __version__
 from cloudsync.commands import Command, Refused, Verifier, load_anchors
 from cloudsync.config import Config
 from cloudsync.mqtt.envelope import Envelope, now_ms
+from cloudsync.mqtt.sync import tls_context
 from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
 from cloudsync.outbox import Item, Outbox
 from edged.client import Client, ClientError
+from edged.link import backoff_delay
 
 log = logging.getLogger("cloudsync")
 EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"
@@ -59,34 +61,18 @@ def node_name(configured: str) -> str:
     return check_name("node", host[:64] or "node")
 
 
-def tls_context(config: Config) -> ssl.SSLContext:
-    """TLS 1.3 only, the fleet CA (or the system's), the node's certificate."""
-    mq = config.mqtt
-    context = ssl.create_default_context(
-        ssl.Purpose.SERVER_AUTH, cafile=str(mq.ca_file) if mq.ca_file else None
-    )
-    context.minimum_version = ssl.TLSVersion.TLSv1_3
-    if mq.cert_file is not None:
-        context.load_cert_chain(mq.cert_file, mq.key_file)
-    return context
-
-
-def backoff(attempt: int, low: float, high: float, rng: random.Random) -> float:
-    """The delay before reconnect ``attempt`` (1, 2, ...): low * 2^(attempt-1), at most high,
-    drawn between half and all of it."""
-    full = min(high, low * 2 ** max(0, attempt - 1))
-    return rng.uniform(full / 2, full)
-
-
 @dataclass
 class EdgedView:
-    """What the agent last heard from edged (the collector thread writes, the MQTT thread reads
-    whole snapshots: a dict assignment is atomic)."""
+    """What the agent last heard from edged (the collector thread replaces the whole view, the
+    MQTT thread reads it: an attribute assignment is atomic)."""
 
     status: dict[str, Any] | None = None
     capabilities: list[dict[str, Any]] = field(default_factory=list)
     error: str = "not asked yet"
     at_ms: int = 0
+
+    def reachability(self) -> dict[str, Any]:
+        return {"reachable": self.status is not None, "error": self.error}
 
 
 class Agent:
@@ -130,7 +116,7 @@ class Agent:
         )
         if mq.transport == "websockets":
             client.ws_set_options(path=mq.websockets_path)
-        client.tls_set_context(tls_context(self.config))
+        client.tls_set_context(tls_context(mq.ca_file, mq.cert_file, mq.key_file))
         client.max_inflight_messages_set(self.config.outbox.max_inflight)
         will = self._envelope({"state": "offline", "reason": "connection lost"})
         client.will_set(self.topics.status, will.encode(), qos=1, retain=True)
@@ -160,10 +146,8 @@ class Agent:
     def _schedule_reconnect(self, why: str) -> None:
         self.connecting_since = None
         self.attempt += 1
-        delay = backoff(
-            self.attempt, self.config.mqtt.reconnect_min_s, self.config.mqtt.reconnect_max_s,
-            self.rng,
-        )  # fmt: skip
+        mq = self.config.mqtt
+        delay = backoff_delay(self.attempt - 1, mq.reconnect_min_s, mq.reconnect_max_s, self.rng)
         self.next_connect = time.monotonic() + delay
         log.warning("%s; next attempt in %.1f s", why, delay)
 
@@ -267,7 +251,7 @@ class Agent:
                 for m in status.get("models", [])
             ],
             "capabilities": self.edged.capabilities,
-            "edged": {"reachable": self.edged.status is not None, "error": self.edged.error},
+            "edged": self.edged.reachability(),
         }
 
     def heartbeat_body(self) -> dict[str, Any]:
@@ -283,7 +267,7 @@ class Agent:
                 for m in status.get("models", [])
                 if m.get("state") == "READY"
             },
-            "edged": {"reachable": self.edged.status is not None, "error": self.edged.error},
+            "edged": self.edged.reachability(),
             "outbox": self.outbox.stats(),
         }
 
@@ -296,7 +280,7 @@ class Agent:
             "connected": self.connected,
             "heartbeats": self.heartbeats,
             "inflight": len(self.inflight),
-            "edged": {"reachable": self.edged.status is not None, "error": self.edged.error},
+            "edged": self.edged.reachability(),
             "outbox": self.outbox.stats(),
         }
 
@@ -375,12 +359,12 @@ class Agent:
                 if cursor:
                     reply = client.events(0)
                 epoch, cursor = reply["epoch"], 0
+            if not reply["events"]:
+                return
             items = [event_item(epoch, e) for e in reply["events"]]
             if reply["missed"]:
                 items.insert(0, Item("events", {"alert": "edged events missed",
                                                 "missed": reply["missed"]}, "alert"))  # fmt: skip
-            if not reply["events"]:
-                return
             cursor = reply["events"][-1]["id"]
             self.outbox.put_many(items, state={EDGED_CURSOR: f"{epoch}:{cursor}"})
             if cursor >= reply["last"]:

@@ -99,6 +99,11 @@ class Outbox:
             )"""
         )
         self.db.execute("CREATE INDEX IF NOT EXISTS outbox_order ON outbox (priority, seq)")
+        # ``peek`` drops what expired on every call: an index, not a scan of the whole outbox
+        self.db.execute(
+            "CREATE INDEX IF NOT EXISTS outbox_expiry ON outbox (expires_ms)"
+            " WHERE expires_ms IS NOT NULL"
+        )
         if "dead" not in self.db.table_names():
             self.db.table("dead").create(
                 {

@@ -110,6 +110,15 @@ class Daemon:
         self.plane.events = self.events
         knowledge = config.knowledge
         token = read_token(knowledge.token_file) or ""
+        self.chat = (  # an OpenAI-compatible answer model, when one is configured
+            ChatAnswer(
+                knowledge.answer_url,
+                knowledge.answer_model or "",
+                read_token(knowledge.answer_token_file),
+            )
+            if knowledge.answer_url
+            else None
+        )
         self.plane.knowledge = KnowledgeService(
             knowledge.uri or config.state_dir / "knowledge.db",
             self._embed,
@@ -121,15 +130,7 @@ class Daemon:
             overlap=knowledge.chunk_overlap,
             min_free_mb=knowledge.min_free_mb,
             embed_batch=knowledge.embed_batch,
-            answer=(
-                ChatAnswer(
-                    knowledge.answer_url,
-                    knowledge.answer_model or "",
-                    read_token(knowledge.answer_token_file),
-                )
-                if knowledge.answer_url
-                else self._answer
-            ),
+            answer=self.chat or self._answer,
             ask=AskSettings(
                 knowledge.answer_threshold,
                 knowledge.answer_model,
@@ -418,8 +419,8 @@ class Daemon:
         self.router.save_state(self.learner_state)
         if self.plane.knowledge is not None:
             await self.plane.knowledge.close()
-            if isinstance(self.plane.knowledge.answer, ChatAnswer):
-                await self.plane.knowledge.answer.close()
+        if self.chat is not None:
+            await self.chat.close()
         if self.cloud is not None:
             await self.cloud.stop()
         await self.manager.close()

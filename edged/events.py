@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -55,6 +54,5 @@ class EventLog(logging.Handler):
             "epoch": self.epoch,
             "events": found,
             "last": last,
-            "missed": max(0, first - cursor - 1) if cursor < first else 0,
-            "at": int(time.time() * 1000),
+            "missed": max(0, first - cursor - 1),
         }

@@ -34,6 +34,13 @@ Probe = Callable[[], Awaitable[None]]  # one round trip; raises when the endpoin
 MIN_BANDWIDTH_BYTES = 64 * 1024  # smaller payloads are all latency
 
 
+def backoff_delay(step: int, low: float, high: float, rng: random.Random | None = None) -> float:
+    """Exponential backoff with jitter: ``low * 2**step`` capped at ``high``, then half to all
+    of it (so that many waiting clients do not retry in step)."""
+    delay = min(high, low * 2 ** min(step, 30))
+    return delay / 2 + (rng.uniform if rng else random.uniform)(0, delay / 2)
+
+
 @dataclass(frozen=True)
 class LinkState:
     """What routing needs to know about a link, at one moment."""
@@ -160,8 +167,7 @@ class LinkMonitor(Background):
     def backoff(self, attempt: int) -> float:
         """The pause before probe ``attempt`` (0, 1, ...) of a link that is down: exponential,
         with jitter (half to all of it)."""
-        delay = min(self.backoff_max, self.backoff_min * 2 ** min(attempt, 30))
-        return delay / 2 + self.rng.uniform(0, delay / 2)
+        return backoff_delay(attempt, self.backoff_min, self.backoff_max, self.rng)
 
     async def probe_once(self) -> None:
         """Send one probe and record what became of it (a timeout is a failure)."""

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.peer import free_port
 from tests.pki import issue
 
 OPERATOR = "operator"  # the CN of the operators' certificate: the fleet's whole tree
@@ -68,12 +69,6 @@ listener {port} 127.0.0.1
     if websockets_port is not None:
         text += f"\nlistener {websockets_port} 127.0.0.1\nprotocol websockets\n{tls}"
     return text
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_pki(directory: Path, nodes: list[str]) -> Path:

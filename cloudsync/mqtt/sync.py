@@ -17,12 +17,24 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 
-def tls_context(pki: Path, stem: str | None, max_version: ssl.TLSVersion | None = None) -> Any:
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(pki / "ca.pem"))
-    if stem is not None:
-        context.load_cert_chain(pki / f"{stem}.pem", pki / f"{stem}.key")
-    if max_version is not None:
+def tls_context(
+    ca_file: Path | None,
+    cert_file: Path | None = None,
+    key_file: Path | None = None,
+    max_version: ssl.TLSVersion | None = None,
+) -> ssl.SSLContext:
+    """A client context for the fleet's broker: TLS 1.3 only (``max_version`` lowers the ceiling
+    instead: a test that the broker refuses older versions), the fleet CA (or the system's),
+    and the client's certificate."""
+    context = ssl.create_default_context(
+        ssl.Purpose.SERVER_AUTH, cafile=str(ca_file) if ca_file else None
+    )
+    if max_version is None:
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+    else:
         context.maximum_version = max_version
+    if cert_file is not None:
+        context.load_cert_chain(cert_file, key_file)
     return context
 
 
@@ -42,7 +54,14 @@ class SyncClient:
             client_id=self.client_id or f"test-{self.stem}-{uuid.uuid4().hex[:8]}",
             protocol=mqtt.MQTTv5,
         )
-        self.client.tls_set_context(tls_context(self.pki, self.stem, self.max_version))
+        cert, key = (self.pki / f"{self.stem}.pem", self.pki / f"{self.stem}.key")
+        context = tls_context(
+            self.pki / "ca.pem",
+            cert if self.stem else None,
+            key if self.stem else None,
+            self.max_version,
+        )
+        self.client.tls_set_context(context)
         self.client.reconnect_delay_set(1, 2)  # back soon after a broker restart
         self.connected = threading.Event()
         self.acks: dict[int, Any] = {}

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import ssl
 import time
 from collections.abc import Callable, Iterable
@@ -40,7 +39,7 @@ from edged.background import Background
 from edged.breaker import CircuitBreaker
 from edged.config import CloudConfig
 from edged.errors import ConfigError
-from edged.link import LinkMonitor
+from edged.link import LinkMonitor, backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -401,8 +400,7 @@ class CloudEndpoint(Background):
     def backoff(self, attempt: int) -> float:
         """Pause before retry ``attempt`` (1, 2, ...) of one request: 50 ms doubling, with
         jitter (the caller stops when the deadline would pass)."""
-        delay = min(self.config.reconnect_max_s, 0.05 * 2 ** (attempt - 1))
-        return delay / 2 + random.uniform(0, delay / 2)
+        return backoff_delay(attempt - 1, 0.05, self.config.reconnect_max_s)
 
     def state(self) -> dict[str, Any]:
         return {

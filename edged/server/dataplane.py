@@ -165,11 +165,11 @@ class DataPlane:
             "models": self.manager.index(),
         }
 
-    def events_after(self, cursor: Any, limit: Any) -> dict[str, Any]:
+    def events_after(self, cursor: str, limit: str) -> dict[str, Any]:
         """GET /v1/events?after=N&limit=M."""
-        if not is_count(str(cursor)) and str(cursor) != "0":
+        if not is_count(cursor):
             raise InvalidRequest("'after' must be an event id (0 for the first)")
-        if not is_count(str(limit)) or int(limit) > 10_000:
+        if not is_count(limit) or not 1 <= int(limit) <= 10_000:
             raise InvalidRequest("'limit' must be 1 to 10000")
         if self.events is None:
             raise Unavailable("this edged keeps no events")

@@ -23,13 +23,14 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from bench.peer import free_port
 from cloudsync.commands import sign
 from cloudsync.mqtt import envelope
 from cloudsync.mqtt.sync import SyncClient
 from cloudsync.mqtt.topics import Topics, parse
 from edged.client import Client, ClientError
 from tests.conftest import Daemon, skip_or_fail, wait_for
-from tests.mosquitto import OPERATOR, Broker, cloudsync_config, free_port, make_pki
+from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki
 
 NODE = Topics("f1", "n1")
 
