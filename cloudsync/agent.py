@@ -12,10 +12,11 @@ working with no network: records wait in the outbox.
 
 Commands on ``.../cmd/{id}`` are verified in the MQTT thread (``cloudsync.commands``: a
 refused one is reported, never run) and run by a worker thread; results go through the outbox.
-A third thread asks edged (its socket API, a short timeout) for its status and capabilities,
-keeps the last answer, and moves edged's new events into the outbox (``read_events``): the MQTT
-thread never waits on edged, so a busy or stopped edged does not delay a heartbeat, and edged
-never waits on cloudsync.
+A third thread asks edged (its socket API, a short timeout) for its status, capabilities and
+metrics, keeps the last answer, moves edged's new events into the outbox (``read_events``) and
+turns its metrics into telemetry records (``cloudsync.metrics``): the MQTT thread never waits on
+edged, so a busy or stopped edged does not delay a heartbeat, and edged never waits on
+cloudsync.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +38,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from cloudsync import __version__
+from cloudsync import __version__, metrics
 from cloudsync.commands import Command, Refused, Verifier, load_anchors
 from cloudsync.config import Config
 from cloudsync.mqtt.envelope import Envelope, now_ms
@@ -44,10 +46,17 @@ from cloudsync.mqtt.sync import tls_context
 from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
 from cloudsync.outbox import Item, Outbox
 from edged.client import Client, ClientError
+from edged.events import CAPACITY, EventLog
 from edged.link import backoff_delay
 
 log = logging.getLogger("cloudsync")
 EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"
+EDGED_METRICS = "edged_metrics"  # the outbox's state key: the read behind the last record
+LEVELS = ("debug", "info", "warning", "error", "critical")
+MAX_LOG_LINES = 1000
+MAX_LOG_MESSAGE = 500  # characters of one line in a ``logs`` result
+MAX_DRAIN_WAIT_S = 600.0  # the command worker waits no longer for a drain
+COMMANDS = "ping, status, models, routing, set-routing, reset-routing, reload, drain, resume, logs"
 RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
 ACK_TIMEOUT_S = 120.0  # a record published this long ago with no PUBACK is published again
@@ -70,6 +79,7 @@ class EdgedView:
     capabilities: list[dict[str, Any]] = field(default_factory=list)
     error: str = "not asked yet"
     at_ms: int = 0
+    routes: dict[str, int] = field(default_factory=dict)  # decisions since edged started
 
     def reachability(self) -> dict[str, Any]:
         return {"reachable": self.status is not None, "error": self.error}
@@ -101,6 +111,9 @@ class Agent:
             config.commands.max_lifetime_s,
         )
         self.orders: queue.Queue[Command | None] = queue.Queue()
+        self.next_telemetry = 0.0
+        self.events = EventLog()  # cloudsync's own log, for the ``logs`` command
+        log.addHandler(self.events)
         self.client = self._client()
 
     # ---- the MQTT client -----------------------------------------------------------------
@@ -224,14 +237,66 @@ class Agent:
             self.report(command.id, {"name": command.name, **result})
 
     def run_command(self, command: Command) -> Any:
-        client = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s)
-        if command.name == "ping":
-            return {"pong": True, "node": self.node, "ts": now_ms()}
-        if command.name == "status":
-            return self.status()
-        if command.name == "models":
-            return client.call("POST", "/v2/repository/index")
-        raise ValueError(f"unknown command '{command.name}' (ping, status, models)")
+        """One verified command (docs/PROTOCOL.md lists them); raising fails it."""
+        name, args = command.name, command.args
+        edged = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s)
+        calls: dict[str, Callable[[], Any]] = {
+            "ping": lambda: {"pong": True, "node": self.node, "ts": now_ms()},
+            "status": self.status,
+            "models": lambda: edged.call("POST", "/v2/repository/index"),
+            "routing": edged.routing,
+            "set-routing": lambda: edged.set_routing(args),
+            "reset-routing": edged.reset_routing,
+            "reload": lambda: _reloaded(edged.reload()),
+            "drain": lambda: self.drain(args),
+            "resume": edged.resume,
+            "logs": lambda: self.logs(args),
+        }
+        if name not in calls:
+            raise ValueError(f"unknown command '{name}' ({COMMANDS})")
+        try:
+            return calls[name]()
+        except ClientError as exc:
+            raise RuntimeError(f"edged: {exc}") from None
+
+    def drain(self, args: dict[str, Any]) -> Any:
+        """edged checks the arguments; the call waits as long as the drain may."""
+        wait = args.get("timeout_s", 30.0)
+        if isinstance(wait, (int, float)) and not isinstance(wait, bool):
+            args = {**args, "timeout_s": min(float(wait), MAX_DRAIN_WAIT_S)}
+            wait = args["timeout_s"]
+        else:
+            wait = 0.0
+        edged = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s + wait)
+        return edged.call("POST", "/v1/admin/drain", args)
+
+    def logs(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The last ``lines`` of edged's (or cloudsync's) log at ``level`` and above, with
+        ``contains`` in them when given."""
+        source = args.get("source", "edged")
+        lines, level = args.get("lines", 100), args.get("level", "info")
+        contains = args.get("contains", "")
+        if source not in ("edged", "cloudsync"):
+            raise ValueError("'source' must be edged or cloudsync")
+        if isinstance(lines, bool) or not isinstance(lines, int) or not 1 <= lines <= MAX_LOG_LINES:
+            raise ValueError(f"'lines' must be 1 to {MAX_LOG_LINES}")
+        if level not in LEVELS:
+            raise ValueError(f"'level' must be one of {', '.join(LEVELS)}")
+        if not isinstance(contains, str):
+            raise ValueError("'contains' must be text")
+        if source == "edged":
+            edged = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s)
+            last = edged.events(0, 1)["last"]
+            reply = edged.events(max(0, last - CAPACITY), CAPACITY)
+        else:
+            reply = self.events.after(0, CAPACITY)
+        floor = LEVELS.index(level)
+        found = [
+            {**e, "message": e["message"][:MAX_LOG_MESSAGE]}
+            for e in reply["events"]
+            if LEVELS.index(e["level"]) >= floor and contains in e["message"]
+        ]
+        return {"source": source, "epoch": reply["epoch"], "lines": found[-lines:]}
 
     # ---- what the node says ----------------------------------------------------------------
 
@@ -262,6 +327,8 @@ class Agent:
             "load": status.get("load"),
             "link": cloud.get("link"),
             "inflight": status.get("inflight"),
+            "drained": status.get("drained"),
+            "routing": self.edged.routes,
             "models": {
                 str(m.get("name")): m.get("version")
                 for m in status.get("models", [])
@@ -342,8 +409,12 @@ class Agent:
             try:
                 status = client.status()
                 capabilities = client.capabilities()
-                self.edged = EdgedView(status, capabilities, "", now_ms())
+                snap = metrics.parse(client.metrics(), time.time(), status.get("epoch") or "")
+                self.edged = EdgedView(status, capabilities, "", now_ms(), snap.route_totals())
                 self.read_events(client)
+                self.report_metrics(snap)
+            except ValueError as exc:  # not edged's metrics: say so, keep going
+                log.error("edged's /metrics cannot be read: %s", exc)
             except ClientError as exc:
                 self.edged = EdgedView(None, [], exc.message, now_ms())
             self.stopping.wait(self.config.heartbeat.interval_s)
@@ -369,6 +440,19 @@ class Agent:
             self.outbox.put_many(items, state={EDGED_CURSOR: f"{epoch}:{cursor}"})
             if cursor >= reply["last"]:
                 return
+
+    def report_metrics(self, snap: metrics.Snapshot) -> None:
+        """Every ``telemetry.interval_s``: what edged served since the read behind the last
+        record (kept in the outbox with the record, in one transaction)."""
+        interval = self.config.telemetry.interval_s
+        if not interval or time.monotonic() < self.next_telemetry:
+            return
+        self.next_telemetry = time.monotonic() + interval
+        before = metrics.Snapshot.from_state(self.outbox.get_state(EDGED_METRICS))
+        body = metrics.telemetry(snap, before)
+        record = f"metrics-{snap.epoch[:16]}-{int(snap.at * 1000)}"
+        items = [Item("telemetry", body, "telemetry", record)] if body else []
+        self.outbox.put_many(items, state={EDGED_METRICS: snap.to_state()})
 
     def run(self) -> None:
         """Until ``stop``: the MQTT thread here, the edged thread beside it."""
@@ -397,6 +481,12 @@ class Agent:
             self.client.disconnect()
         self.outbox.close()
         self.verifier.close()
+
+
+def _reloaded(reply: dict[str, Any]) -> dict[str, Any]:
+    if not reply["reloaded"]:
+        raise RuntimeError(f"edged's reload failed: {reply['error']}")
+    return reply
 
 
 def event_item(epoch: str, event: dict[str, Any]) -> Item:

@@ -65,6 +65,17 @@ class HeartbeatConfig(Section):
     interval_s: float = Field(10.0, ge=1.0, description="seconds between heartbeats")
 
 
+class TelemetryConfig(Section):
+    """edged's metrics as telemetry records (cloudsync.metrics)."""
+
+    interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="seconds between records of what edged served (requests, errors, latency"
+        " percentiles, routes per model version); 0: none",
+    )
+
+
 class EdgedConfig(Section):
     """The local edged."""
 
@@ -99,6 +110,7 @@ class Config(Section):
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     edged: EdgedConfig = Field(default_factory=EdgedConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
     commands: CommandsConfig = Field(default_factory=CommandsConfig)

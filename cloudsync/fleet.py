@@ -7,6 +7,8 @@
                                                 last heartbeat, outbox depth, models
     edgefleet watch                             every message of the fleet as it arrives
     edgefleet cmd NODE ping [--arg k=v ...]     a signed command; prints the node's result
+                                                (ping, status, models, routing, set-routing,
+                                                reset-routing, reload, drain, resume, logs)
 
 The broker: --host, --port, and a directory (--pki) holding ca.pem and the operator's
 certificate {--cert-name}.pem/.key (its CN has the operators' ACL). Exit codes: 0 ok, 1 the
@@ -26,11 +28,13 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloudsync.agent import COMMANDS
 from cloudsync.commands import sign
 from cloudsync.mqtt import envelope
 from cloudsync.mqtt.envelope import EnvelopeError
 from cloudsync.mqtt.sync import SyncClient
 from cloudsync.mqtt.topics import LEAVES, TopicError, Topics, fleet_filter, parse
+from edged.edgectl import UsageError, key_values
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_TIMEOUT = range(5)
 OFFLINE_AFTER = 3  # heartbeat intervals without one: offline
@@ -143,13 +147,10 @@ def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
     key = serialization.load_pem_private_key(Path(args.sign_key).read_bytes(), None)
     if not isinstance(key, Ed25519PrivateKey):
         raise Failure(f"{args.sign_key} is not an Ed25519 private key", EXIT_USAGE)
-    cmd_args: dict[str, Any] = {}
-    for item in args.arg:
-        name, _, value = item.partition("=")
-        try:
-            cmd_args[name] = json.loads(value)
-        except ValueError:
-            cmd_args[name] = value  # a plain string
+    try:
+        cmd_args = key_values(args.arg)
+    except UsageError as exc:
+        raise Failure(str(exc), EXIT_USAGE) from None
     topics = Topics(args.fleet, args.node)
     cmd_id, payload = sign(
         key, args.kid, args.cert_name, f"{args.fleet}/{args.node}", args.name, cmd_args,
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.set_defaults(fn=cmd_watch)
     cmd = sub.add_parser("cmd", help="a signed command to a node")
     cmd.add_argument("node")
-    cmd.add_argument("name", help="ping, status, models")
+    cmd.add_argument("name", help=COMMANDS)
     cmd.add_argument("--arg", action="append", default=[], help="name=value (JSON values too)")
     cmd.add_argument("--sign-key", required=True, help="the fleet key (PEM Ed25519)")
     cmd.add_argument("--kid", required=True, help="its name on the nodes")

@@ -19,6 +19,7 @@ import grpc
 from aiohttp import web
 
 from edged import systemd
+from edged.admin import ADMIN_FILE, Admin
 from edged.config import Config
 from edged.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
 from edged.events import EventLog
@@ -107,6 +108,7 @@ class Daemon:
         )
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load)
+        self.admin = Admin(config.state_dir / ADMIN_FILE, self.router, self.manager, self.reload)
         self.plane.events = self.events
         knowledge = config.knowledge
         token = read_token(knowledge.token_file) or ""
@@ -141,7 +143,7 @@ class Daemon:
         self.grpc: grpc.aio.Server | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
-        self.reloads: set[asyncio.Task[None]] = set()
+        self.reloads: set[asyncio.Task[str | None]] = set()
         self.owned_socket: Path | None = None
 
     async def _embed(self, texts: list[str]) -> Any:
@@ -231,22 +233,25 @@ class Daemon:
         self.config.scheduler = fresh.scheduler
         self.manager.max_queue_size = fresh.scheduler.max_queue_size  # for later loads
         self.config.routing = fresh.routing
-        self.router.configure(fresh.routing)
+        self.admin.configure(fresh.routing)  # with the operator's overrides over it
 
-    async def reload(self) -> None:
-        """SIGHUP: re-read the config and poll the repository; never stops serving.
+    async def reload(self) -> str | None:
+        """SIGHUP (and POST /v1/admin/reload): re-read the config and poll the repository; never
+        stops serving. Returns what went wrong, or None.
 
         A config that no longer validates keeps the previous settings; the repository is polled
         either way.
         """
         if self.plane.ready:
             systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        error: str | None = None
         try:
             if self.reread is not None:
                 try:
                     self.apply(self.reread())
                 except EdgedError as exc:
-                    log.error("reload: keeping the previous configuration: %s", exc.message)
+                    error = f"keeping the previous configuration: {exc.message}"
+                    log.error("reload: %s", error)
                 else:
                     log.info(
                         "reloaded the configuration; server.socket, server.socket_mode,"
@@ -255,12 +260,15 @@ class Daemon:
                     )
             await self.manager.sync(self.config.models.load)
         except EdgedError as exc:
+            error = exc.message
             log.error("reload failed, still serving the previous state: %s", exc.message)
-        except Exception:
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc} (the daemon's log has the details)"
             log.exception("reload failed, still serving the previous state")
         finally:
             if self.plane.ready:
                 systemd.notify("READY=1", f"STATUS={self.status_line()}")
+        return error
 
     async def _keep_learner(self, every: float = 60.0) -> None:
         """Save what the learned routing policy learned now and then (and at stop), so that a
@@ -292,7 +300,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         runner = web.AppRunner(
-            create_app(self.plane, self.config.server),
+            create_app(self.plane, self.config.server, self.admin),
             handle_signals=False,
             access_log=None,
             # A client that hangs up cancels its request instead of leaving the work running.

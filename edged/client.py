@@ -126,6 +126,39 @@ class Client:
         """Task types, the models that serve each, and on which tier (local, cloud)."""
         return list(self.call("GET", "/v1/capabilities"))
 
+    def metrics(self) -> str:
+        """GET /metrics: Prometheus' text format."""
+        status, headers, payload = self.request("GET", "/metrics")
+        _raise_for_status(status, payload, headers)
+        return payload.decode()
+
+    # ---- operator controls (/v1/admin) -----------------------------------------------------
+
+    def routing(self) -> dict[str, Any]:
+        """The routing settings in force and the operator's overrides."""
+        return dict(self.call("GET", "/v1/admin/routing"))
+
+    def set_routing(self, patch: dict[str, Any]) -> dict[str, Any]:
+        """Override [routing] settings (a merge patch: None removes an override)."""
+        return dict(self.call("PATCH", "/v1/admin/routing", patch))
+
+    def reset_routing(self) -> dict[str, Any]:
+        """Remove every override: the config file's settings again."""
+        return dict(self.call("DELETE", "/v1/admin/routing"))
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config and poll the repository (as SIGHUP), answered when done."""
+        return dict(self.call("POST", "/v1/admin/reload"))
+
+    def drain(self, reason: str = "", timeout_s: float = 30.0) -> dict[str, Any]:
+        """No new local work; waits up to ``timeout_s`` for the local work in flight."""
+        doc = {"reason": reason, "timeout_s": timeout_s}
+        return dict(self.call("POST", "/v1/admin/drain", doc))
+
+    def resume(self) -> dict[str, Any]:
+        """The local tier takes work again."""
+        return dict(self.call("POST", "/v1/admin/resume"))
+
     # ---- knowledge base --------------------------------------------------------------------
 
     def kb_ingest(self, namespace: str, documents: list[dict[str, Any]]) -> dict[str, Any]:

@@ -54,6 +54,14 @@ class ServerConfig(Section):
     allowed_gids: list[int] = Field(
         default_factory=list, description="gids allowed to call (empty: anyone who can connect)"
     )
+    admin_uids: list[int] = Field(
+        default_factory=list,
+        description="besides root, the uids allowed /v1/admin (routing, reload, drain); empty"
+        " and admin_gids empty: anyone allowed to call",
+    )
+    admin_gids: list[int] = Field(
+        default_factory=list, description="besides root, the gids allowed /v1/admin"
+    )
     drain_timeout_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long in-flight requests may take to finish"
     )

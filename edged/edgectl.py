@@ -63,7 +63,9 @@ def cmd_status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     text = (
         f"edged {status['version']} on {client.socket_path}: "
         f"{'ready' if status['ready'] else 'NOT READY'}, up {status['uptime_s']:.0f} s, "
-        f"{status['inflight']} in flight\n{_load_line(status.get('load') or {})}"
+        f"{status['inflight']} in flight\n"
+        + (f"LOCAL TIER {status['drained'].upper()}\n" if status.get("drained") else "")
+        + f"{_load_line(status.get('load') or {})}"
         f"{_cloud_line(status.get('cloud'))}"
         + _table(rows, ["MODEL", "VERSION", "STATE", "REASON"])
     )
@@ -97,6 +99,58 @@ def _cloud_line(cloud: dict[str, Any] | None) -> str:
         f"cloud: {cloud['url']} link {'up' if link['up'] else 'DOWN'}{rtt},"
         f" circuit {cloud['breaker']}, serves {', '.join(cloud['catalog']) or 'nothing'}\n"
     )
+
+
+def key_values(items: list[str]) -> dict[str, Any]:
+    """``name=value`` arguments as a mapping: JSON values (50, true, null, [...]) as such, any
+    other value as text."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not name or not equals:
+            raise UsageError(f"'{item}' is not name=value")
+        try:
+            out[name] = json.loads(value)
+        except ValueError:
+            out[name] = value
+    return out
+
+
+def cmd_routing(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "set":
+        if not args.settings:
+            raise UsageError("routing set needs name=value settings, e.g. local_threshold_ms=50")
+        reply = client.set_routing(key_values(args.settings))
+    elif args.settings:
+        raise UsageError(f"routing {args.action} takes no settings")
+    else:
+        reply = client.reset_routing() if args.action == "reset" else client.routing()
+    overrides = reply["overrides"]
+    lines = [
+        f"{key} = {json.dumps(value)}{'   (override)' if key in overrides else ''}"
+        for key, value in reply["routing"].items()
+    ]
+    return reply, "\n".join(lines)
+
+
+def cmd_drain(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    reply = client.drain(args.reason, args.wait)
+    left = reply["local_inflight"]
+    return reply, (
+        f"local tier {reply['reason']}; "
+        + (f"{left} local requests still running" if left else "no local work in flight")
+    )
+
+
+def cmd_resume(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    return client.resume(), "local tier resumed"
+
+
+def cmd_reload(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    reply = client.reload()
+    if not reply["reloaded"]:
+        raise ClientError(500, f"reload failed: {reply['error']}")
+    return reply, "reloaded"
 
 
 def cmd_capabilities(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
@@ -375,6 +429,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask: the score at which the best chunk is the answer (default: the daemon's)",
     )
     kb.set_defaults(fn=cmd_kb)
+
+    routing = sub.add_parser(
+        "routing",
+        help="show, set or reset the routing settings (kept across restarts)",
+        description="set overrides [routing] settings of the config file (name=value, JSON"
+        " values; name=null removes one override); reset removes them all. They are kept in the"
+        " state directory and outlive restarts and reloads.",
+    )
+    routing.add_argument("action", choices=["show", "set", "reset"], nargs="?", default="show")
+    routing.add_argument("settings", nargs="*", help="set: name=value, e.g. local_threshold_ms=50")
+    routing.set_defaults(fn=cmd_routing)
+
+    drain = sub.add_parser(
+        "drain",
+        help="take the local tier out of service (the cloud serves what it can; kept across"
+        " restarts until resume)",
+    )
+    drain.add_argument("--reason", default="", help="said in answers and in status")
+    drain.add_argument(
+        "--wait", type=float, default=30.0, help="seconds to wait for local work in flight"
+    )
+    drain.set_defaults(fn=cmd_drain)
+    sub.add_parser("resume", help="the local tier takes work again").set_defaults(fn=cmd_resume)
+    sub.add_parser(
+        "reload", help="re-read the config and the model repository (as SIGHUP), and wait"
+    ).set_defaults(fn=cmd_reload)
 
     models = sub.add_parser("models", help="list, show, load or unload models")
     models.add_argument("action", choices=["list", "show", "load", "unload"])

@@ -147,6 +147,7 @@ class Router:
         self.metrics = metrics
         self.estimates = Estimates()
         self.learner: Learner | None = Learner() if config.policy == "learned" else None
+        self.drained: str | None = None  # why the local tier takes no new work (edged.admin)
 
     def configure(self, config: RoutingConfig) -> None:
         """New rules and settings (SIGHUP); a learner keeps what it learned."""
@@ -224,6 +225,9 @@ class Router:
     def _local_path(
         self, name: str, version: int | None, payload: int
     ) -> tuple[Path, ModelConfig | None, Exception | None]:
+        if self.drained is not None:
+            why = f"the local tier is {self.drained}"
+            return Path(False, why), None, Unavailable(f"model '{name}': {why}")
         try:
             _, mv = self.manager.resolve(name, version)
         except (NotFound, Unavailable) as exc:

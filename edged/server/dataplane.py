@@ -159,7 +159,9 @@ class DataPlane:
             "version": __version__,
             "ready": self.ready,
             "uptime_s": round(time.monotonic() - self.started, 3),
+            "epoch": self.events.epoch if self.events else None,  # this run of the daemon
             "inflight": self.inflight,
+            "drained": self.router.drained,  # why the local tier takes no new work, or None
             "load": self.monitor.latest.as_dict() if self.monitor else None,
             "cloud": self.router.cloud.state() if self.router.cloud else None,
             "models": self.manager.index(),

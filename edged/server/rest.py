@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from edged.admin import Admin
 from edged.config import ServerConfig
 from edged.errors import EdgedError, Forbidden, InvalidRequest, PayloadTooLarge, retry_after
 from edged.metrics import Metrics
@@ -144,11 +145,69 @@ def metrics_handler(metrics: Metrics) -> Handler:
     return handler
 
 
-def create_app(plane: DataPlane, settings: ServerConfig) -> web.Application:
-    """The aiohttp application with every route."""
+def check_admin(request: web.Request, settings: ServerConfig) -> None:
+    """/v1/admin is for root and server.admin_uids/admin_gids (when either is set)."""
+    if not (settings.admin_uids or settings.admin_gids):
+        return
+    creds = peer_credentials(request)
+    if creds is not None and (
+        creds[1] == 0 or creds[1] in settings.admin_uids or creds[2] in settings.admin_gids
+    ):
+        return
+    who = f"uid {creds[1]} gid {creds[2]}" if creds else "an unknown peer"
+    raise Forbidden(f"{who} is not allowed /v1/admin by server.admin_uids/admin_gids")
+
+
+def admin_routes(admin: Admin, settings: ServerConfig) -> list[web.RouteDef]:
+    """/v1/admin: the routing policy, reload and drain (edged.admin)."""
+
+    def handler(act: Callable[[web.Request], Awaitable[Any]]) -> Handler:
+        async def answer(request: web.Request) -> web.Response:
+            check_admin(request, settings)
+            return web.json_response(await act(request))
+
+        return answer
+
+    async def body(request: web.Request) -> Any:
+        return await read_json(request) if request.can_read_body else None
+
+    async def routing(request: web.Request) -> Any:
+        return admin.routing()
+
+    async def patch(request: web.Request) -> Any:
+        return admin.patch_routing(await read_json(request))
+
+    async def reset(request: web.Request) -> Any:
+        return admin.reset_routing()
+
+    async def reload(request: web.Request) -> Any:
+        return await admin.reload()
+
+    async def drain(request: web.Request) -> Any:
+        return await admin.drain(await body(request))
+
+    async def resume(request: web.Request) -> Any:
+        return admin.resume()
+
+    return [
+        web.get("/v1/admin/routing", handler(routing)),
+        web.patch("/v1/admin/routing", handler(patch)),
+        web.delete("/v1/admin/routing", handler(reset)),
+        web.post("/v1/admin/reload", handler(reload)),
+        web.post("/v1/admin/drain", handler(drain)),
+        web.post("/v1/admin/resume", handler(resume)),
+    ]
+
+
+def create_app(
+    plane: DataPlane, settings: ServerConfig, admin: Admin | None = None
+) -> web.Application:
+    """The aiohttp application with every route (/v1/admin with ``admin``)."""
     app = web.Application(middlewares=[guard], client_max_size=settings.max_request_bytes)
     app[PLANE] = plane
     app[SETTINGS] = settings
+    if admin is not None:
+        app.add_routes(admin_routes(admin, settings))
 
     def ok(doc: Any) -> web.Response:
         return web.json_response(doc)

@@ -29,7 +29,9 @@ from cloudsync.mqtt import envelope
 from cloudsync.mqtt.sync import SyncClient
 from cloudsync.mqtt.topics import Topics, parse
 from edged.client import Client, ClientError
-from tests.conftest import Daemon, skip_or_fail, wait_for
+from tests.conftest import CLOUD_MODEL as MODEL
+from tests.conftest import Cloud, Daemon, skip_or_fail, wait_for
+from tests.integration.test_routing import ask, edged_with_cloud
 from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki
 
 NODE = Topics("f1", "n1")
@@ -434,3 +436,107 @@ def test_edgeds_events_reach_the_fleet_once_across_restarts(
 
 def _edged_events(client: SyncClient) -> list[envelope.Envelope]:
     return [e for e in bodies(list(client.received), "events") if e.body.get("from") == "edged"]
+
+
+def _results(client: SyncClient) -> dict[str, dict[str, Any]]:
+    return {
+        str(parse(t).cmd_id): envelope.decode(p).body
+        for t, p in list(client.received)
+        if parse(t).kind == "cmd-result"
+    }
+
+
+def _served(client: SyncClient, model: str) -> int:
+    """Local calls of ``model`` counted by the telemetry records (each record once)."""
+    records = {e.id: e.body for e in bodies(list(client.received), "telemetry")}
+    return sum(
+        row["requests"]
+        for body in records.values()
+        for row in body.get("metrics", {}).get("models", [])
+        if row["model"] == model
+    )
+
+
+def test_fleet_commands_operate_edged_and_its_metrics_arrive_as_telemetry(
+    broker: Broker, agent: Agent, make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    """A real edged with the real cloud tier (MLServer): heartbeats carry the link's RTT and the
+    routing figures; telemetry counts every local call exactly once across a SIGKILL of
+    cloudsync; signed commands set the routing policy, drain and resume the local tier, reload,
+    and tail edged's and cloudsync's logs."""
+    edged = edged_with_cloud(make_daemon, faults_cleared)
+    config = agent.config.read_text()
+    config = config.replace(str(agent.workdir / "no-edged.sock"), str(edged.socket))
+    agent.config.write_text(config + "[telemetry]\ninterval_s = 1\n")
+    key = agent.trust()
+    broker.start()
+    consumer = operator(broker)
+    agent.start()
+
+    def command(name: str, **args: Any) -> dict[str, Any]:
+        cmd_id, payload = sign(key, "fleet-1", OPERATOR, "f1/n1", name, args)
+        assert not consumer.publish(NODE.cmd(cmd_id), payload).is_failure
+        wait_for(lambda: cmd_id in _results(consumer), 30, f"the result of {name}")
+        return _results(consumer)[cmd_id]
+
+    try:
+        wait_for(lambda: agent.status()["connected"], 10, "connected")
+        for i in range(20):
+            assert ask(edged.client, i, route="local")["route"] == "local"
+
+        def heartbeat_with_figures() -> dict[str, Any] | None:
+            for beat in reversed(bodies(list(consumer.received), "heartbeat")):
+                link, routing = beat.body["link"] or {}, beat.body["routing"]
+                if routing.get("local", 0) >= 20 and link.get("rtt_s"):
+                    return beat.body
+            return None
+
+        wait_for(heartbeat_with_figures, 15, "a heartbeat with the link's RTT and the routes")
+        beat = heartbeat_with_figures()
+        assert beat is not None and beat["link"]["up"] and 0 < beat["link"]["rtt_s"] < 1
+        wait_for(lambda: _served(consumer, MODEL) == 20, 15, "telemetry counting 20 calls")
+        agent.signal(signal.SIGKILL)
+        for i in range(10):
+            ask(edged.client, 100 + i, route="local")
+        agent.start()
+        wait_for(lambda: _served(consumer, MODEL) == 30, 15, "telemetry counting 30 calls")
+        time.sleep(2.5)  # more intervals: nothing counted twice
+        assert _served(consumer, MODEL) == 30
+        (row, *_) = [
+            r for e in bodies(list(consumer.received), "telemetry")
+            for r in e.body["metrics"]["models"] if r["model"] == MODEL
+        ]  # fmt: skip
+        assert row["errors"] == 0 and row["p95_ms"] > 0 and row["version"] == "1"
+
+        done = command("set-routing", local_threshold_ms=42)
+        assert done["ok"] and done["result"]["overrides"] == {"local_threshold_ms": 42}, done
+        assert edged.client.routing()["routing"]["local_threshold_ms"] == 42
+        bad = command("set-routing", bogus=1)
+        assert not bad["ok"] and "unknown key" in bad["error"], bad
+        assert command("routing")["result"]["routing"]["local_threshold_ms"] == 42
+
+        drained = command("drain", reason="fleet maintenance", timeout_s=5)
+        assert drained["ok"] and drained["result"]["local_inflight"] == 0, drained
+        answer = ask(edged.client, 200)
+        assert answer["route"] == "cloud" and "fleet maintenance" in answer["reason"]
+        wait_for(
+            lambda: any("fleet maintenance" in str(b.body.get("drained"))
+                        for b in bodies(list(consumer.received), "heartbeat")),
+            10, "a heartbeat saying the node is drained",
+        )  # fmt: skip
+        logs = command("logs", lines=5, contains="drained")
+        lines = logs["result"]["lines"]
+        assert 1 <= len(lines) <= 5 and all("drained" in line["message"] for line in lines)
+        assert lines[-1]["level"] == "warning" and lines[-1]["source"].startswith("edged")
+        own = command("logs", source="cloudsync", contains="command", level="info")
+        assert any("(drain)" in line["message"] for line in own["result"]["lines"]), own
+        refused = command("logs", lines=0)
+        assert not refused["ok"] and "'lines' must be 1 to 1000" in refused["error"]
+
+        assert command("resume")["ok"] and edged.client.status()["drained"] is None
+        assert ask(edged.client, 201, route="auto")["route"] == "local"
+        assert command("reload")["result"] == {"reloaded": True, "error": None}
+        assert command("reset-routing")["result"]["overrides"] == {}
+    finally:
+        consumer.close()
+    assert edged.stop() == 0

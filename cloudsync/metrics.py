@@ -1,0 +1,177 @@
+"""edged's Prometheus metrics (``GET /metrics`` on its socket) as fleet telemetry.
+
+The agent reads them every heartbeat interval. The heartbeat carries the routing decisions
+counted since edged started (by route); every ``telemetry.interval_s`` a ``telemetry`` record
+says what happened since the previous one, per model version: requests, outcomes, errors,
+latency percentiles (estimated from the histogram's buckets as Prometheus' histogram_quantile
+does), and per model the routes taken. These are what a rollout's health gates read (error rate,
+p95 latency, fallback rate). The last read behind a record is kept in the outbox in the same
+transaction as the record, so across restarts of cloudsync nothing is counted twice or lost;
+a new edged (another epoch, or a counter lower than before) counts from zero, as Prometheus'
+rate() does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REQUESTS = "edged_inference_requests"
+LATENCY = "edged_inference_request_duration_seconds"
+ROUTES = "edged_route_decisions"
+ERROR_OUTCOMES = ("error", "timeout", "unavailable")  # the caller got no answer, not its fault
+
+Key = tuple[str, ...]
+
+
+@dataclass
+class Snapshot:
+    """Cumulative counters of one read of /metrics."""
+
+    at: float  # time.time() of the read
+    epoch: str = ""  # edged's run
+    requests: dict[Key, float] = field(default_factory=dict)  # (model, version, outcome)
+    buckets: dict[Key, dict[float, float]] = field(default_factory=dict)  # (model, version)
+    latency_sum: dict[Key, float] = field(default_factory=dict)
+    routes: dict[Key, float] = field(default_factory=dict)  # (model, route, reason)
+
+    def route_totals(self) -> dict[str, int]:
+        """Routing decisions since edged started, by route (the heartbeat's)."""
+        totals: dict[str, int] = defaultdict(int)
+        for (_, route, _), value in self.routes.items():
+            totals[route] += int(value)
+        return dict(sorted(totals.items()))
+
+    def to_state(self) -> str:
+        """As text for the outbox's state (tuple keys as lists, +Inf as text)."""
+        return json.dumps(
+            {
+                "at": self.at,
+                "epoch": self.epoch,
+                "requests": [[*k, v] for k, v in self.requests.items()],
+                "buckets": [
+                    [*k, [[str(le), n] for le, n in b.items()]] for k, b in self.buckets.items()
+                ],
+                "latency_sum": [[*k, v] for k, v in self.latency_sum.items()],
+                "routes": [[*k, v] for k, v in self.routes.items()],
+            }
+        )
+
+    @classmethod
+    def from_state(cls, text: str | None) -> Snapshot | None:
+        if not text:
+            return None
+        doc = json.loads(text)
+        return cls(
+            doc["at"],
+            doc["epoch"],
+            {tuple(r[:-1]): r[-1] for r in doc["requests"]},
+            {tuple(r[:-1]): {float(le): n for le, n in r[-1]} for r in doc["buckets"]},
+            {tuple(r[:-1]): r[-1] for r in doc["latency_sum"]},
+            {tuple(r[:-1]): r[-1] for r in doc["routes"]},
+        )
+
+
+def parse(text: str, at: float, epoch: str = "") -> Snapshot:
+    """The metrics edged's telemetry uses, from Prometheus' text format."""
+    snap = Snapshot(at, epoch)
+    for family in text_string_to_metric_families(text):
+        if family.name not in (REQUESTS, LATENCY, ROUTES):
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == f"{REQUESTS}_total":
+                key = (labels["model"], labels["version"], labels["outcome"])
+                snap.requests[key] = sample.value
+            elif sample.name == f"{LATENCY}_bucket":
+                version = (labels["model"], labels["version"])
+                snap.buckets.setdefault(version, {})[float(labels["le"])] = sample.value
+            elif sample.name == f"{LATENCY}_sum":
+                snap.latency_sum[(labels["model"], labels["version"])] = sample.value
+            elif sample.name == f"{ROUTES}_total":
+                key = (labels["model"], labels["route"], labels["reason"])
+                snap.routes[key] = sample.value
+    return snap
+
+
+def _delta(now: dict[Any, float], before: dict[Any, float]) -> dict[Any, float]:
+    """What each counter counted since ``before``; a counter that went down restarted."""
+    out = {}
+    for key, value in now.items():
+        previous = before.get(key, 0.0)
+        out[key] = value - previous if value >= previous else value
+    return out
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """The q-quantile from cumulative histogram buckets (upper bound -> count), interpolated
+    linearly within its bucket; the highest finite bound when it falls in +Inf; None if empty."""
+    bounds = sorted(buckets)
+    total = buckets.get(math.inf, 0.0)
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower
+
+
+def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
+    """What happened between two reads, as a telemetry record's body (None: nothing did)."""
+    restarted = before is not None and (
+        before.epoch != now.epoch
+        or any(v < before.requests.get(k, 0.0) for k, v in now.requests.items())
+        or any(v < before.routes.get(k, 0.0) for k, v in now.routes.items())
+    )
+    base = before if before is not None and not restarted else Snapshot(now.at)
+    requests = _delta(now.requests, base.requests)
+    per_version: dict[Key, dict[str, int]] = defaultdict(dict)
+    for (model, version, outcome), value in requests.items():
+        if value:
+            per_version[(model, version)][outcome] = int(value)
+    seconds_by_version = _delta(now.latency_sum, base.latency_sum)
+    models = []
+    for (model, version), outcomes in sorted(per_version.items()):
+        count = sum(outcomes.values())
+        buckets = _delta(now.buckets.get((model, version), {}),
+                         base.buckets.get((model, version), {}))  # fmt: skip
+        seconds = seconds_by_version.get((model, version), 0.0)
+        row: dict[str, Any] = {
+            "model": model,
+            "version": version,
+            "requests": count,
+            "errors": sum(outcomes.get(o, 0) for o in ERROR_OUTCOMES),
+            "outcomes": outcomes,
+            "mean_ms": round(1000 * seconds / count, 3),
+        }
+        for q in (0.5, 0.95, 0.99):
+            found = quantile(q, buckets)
+            row[f"p{round(q * 100)}_ms"] = None if found is None else round(1000 * found, 3)
+        models.append(row)
+    routes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for (model, route, _), value in _delta(now.routes, base.routes).items():
+        if value:
+            routes[model][route] += int(value)
+    if not models and not routes:
+        return None
+    return {
+        "metrics": {
+            # None: since edged started (a new edged, or the first read)
+            "interval_s": round(now.at - base.at, 3) if base is before else None,
+            "edged_epoch": now.epoch,
+            "models": models,
+            "routes": {m: dict(r) for m, r in sorted(routes.items())},
+        }
+    }

@@ -1,0 +1,198 @@
+"""Operator controls while serving: the routing policy, reload and drain.
+
+``edgectl`` calls them on the socket (``/v1/admin/...``), and so does cloudsync when a signed
+fleet command asks. What they change outlives a restart: it is kept in
+``{state_dir}/admin.json`` (written atomically), beside the config file rather than in it, so
+that the operator's file stays theirs and a package upgrade never sees it changed.
+
+- **Routing overrides**: a JSON merge patch (RFC 7396) over the config file's ``[routing]``
+  keys: a key set replaces the file's value (``rules`` as a whole list), ``null`` takes the
+  override away. The merged settings are validated whole before anything changes, so a bad patch
+  is refused with the key it names and the policy in force stays. A reload re-reads the file and
+  lays the overrides over it again.
+- **Drain**: the local tier takes no new work (the path decision sees it as unavailable, with the
+  operator's reason); what can go to the cloud goes there, the rest is answered 503. Drain waits
+  for the local work in flight to finish (up to a timeout) and says how much is left; ``resume``
+  ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from edged.config import RoutingConfig, validate
+from edged.errors import ConfigError, InvalidRequest
+from edged.models.repository import ModelManager, ModelVersion
+from edged.router import Router
+
+log = logging.getLogger(__name__)
+
+ADMIN_FILE = "admin.json"
+MAX_DRAIN_S = 3600.0
+
+
+class Admin:
+    def __init__(
+        self,
+        path: Path,
+        router: Router,
+        manager: ModelManager,
+        reload: Callable[[], Awaitable[str | None]],
+    ) -> None:
+        """``router`` gets the settings; ``reload`` re-reads the config (the error, or None)."""
+        self.path = path
+        self.router = router
+        self.manager = manager
+        self._reload = reload
+        self.base = router.config  # the config file's [routing]
+        self.overrides: dict[str, Any] = {}
+        self.drained: dict[str, Any] | None = None
+        self._restore()
+
+    # ---- what is kept --------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        try:
+            kept = json.loads(self.path.read_text())
+            overrides, drained = kept.get("routing_overrides", {}), kept.get("drained")
+            if not isinstance(overrides, dict) or not isinstance(drained, (dict, type(None))):
+                raise ValueError("not the shape edged writes")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, AttributeError) as exc:
+            log.error("admin: cannot read %s (%s); starting without its overrides", self.path, exc)
+            return
+        self.overrides = overrides
+        self.configure(self.base)
+        if drained is not None:
+            self.drained = drained
+            self.router.drained = str(drained.get("reason") or "drained by the operator")
+            log.warning("the local tier stays drained (since a previous run): %s",
+                        self.router.drained)  # fmt: skip
+
+    def _save(self) -> None:
+        state = {"routing_overrides": self.overrides, "drained": self.drained}
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(temporary, "w") as f:
+                json.dump(state, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, self.path)
+        except OSError as exc:  # in force now, but not after a restart: say so
+            raise ConfigError(
+                f"applied, but cannot keep it in {self.path} for after a restart: {exc.strerror}"
+            ) from None
+
+    # ---- routing ---------------------------------------------------------------------------
+
+    def merged(self, base: RoutingConfig, overrides: dict[str, Any]) -> RoutingConfig:
+        doc = base.model_dump(exclude_unset=False)
+        doc.update(overrides)
+        return validate(RoutingConfig, doc, "routing")
+
+    def configure(self, base: RoutingConfig) -> None:
+        """The file's settings (at start and on reload) with the overrides laid over them."""
+        self.base = base
+        try:
+            self.router.configure(self.merged(base, self.overrides))
+        except ConfigError as exc:
+            log.error(
+                "admin: the routing overrides no longer fit the config file, so the file's"
+                " settings apply alone until they are changed or reset: %s", exc.message,
+            )  # fmt: skip
+            self.router.configure(base)
+
+    def routing(self) -> dict[str, Any]:
+        """GET /v1/admin/routing: the settings in force, and which of them are overrides."""
+        return {
+            "routing": self.router.config.model_dump(mode="json"),
+            "overrides": self.overrides,
+            "kept_in": str(self.path),
+        }
+
+    def patch_routing(self, patch: Any) -> dict[str, Any]:
+        """PATCH /v1/admin/routing: a merge patch of the overrides (null removes one)."""
+        if not isinstance(patch, dict) or not patch:
+            raise InvalidRequest(
+                'the body must be a JSON object of [routing] settings, e.g. {"local_threshold_ms":'
+                " 50}; null removes an override"
+            )
+        overrides = {k: v for k, v in {**self.overrides, **patch}.items() if v is not None}
+        try:
+            settings = self.merged(self.base, overrides)
+        except ConfigError as exc:
+            raise InvalidRequest(exc.message) from None
+        self.overrides = overrides
+        self.router.configure(settings)
+        log.info("routing overrides now %s", json.dumps(overrides, sort_keys=True))
+        self._save()
+        return self.routing()
+
+    def reset_routing(self) -> dict[str, Any]:
+        """DELETE /v1/admin/routing: the config file's settings again."""
+        self.overrides = {}
+        self.router.configure(self.base)
+        log.info("routing overrides removed: the config file's settings apply")
+        self._save()
+        return self.routing()
+
+    # ---- reload and drain --------------------------------------------------------------------
+
+    async def reload(self) -> dict[str, Any]:
+        """POST /v1/admin/reload: as SIGHUP, answered when done."""
+        error = await self._reload()
+        return {"reloaded": error is None, "error": error}
+
+    def _versions(self) -> list[ModelVersion]:
+        return [mv for e in self.manager.entries.values() for mv in e.versions.values()]
+
+    async def drain(self, doc: Any) -> dict[str, Any]:
+        """POST /v1/admin/drain {"reason": "...", "timeout_s": 30}: no new local work; waits for
+        the local work in flight, up to the timeout."""
+        doc = {} if doc is None else doc
+        if not isinstance(doc, dict) or set(doc) - {"reason", "timeout_s"}:
+            raise InvalidRequest('the body must be {"reason": "...", "timeout_s": 30}')
+        reason, timeout = doc.get("reason", ""), doc.get("timeout_s", 30.0)
+        if not isinstance(reason, str) or len(reason) > 200:
+            raise InvalidRequest("'reason' must be text of at most 200 characters")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise InvalidRequest("'timeout_s' must be a number of seconds")
+        if not 0 <= timeout <= MAX_DRAIN_S:
+            raise InvalidRequest(f"'timeout_s' must be 0 to {MAX_DRAIN_S:.0f}")
+        why = f"drained by the operator{': ' + reason if reason else ''}"
+        if self.drained is None:
+            self.drained = {"reason": why, "since": time.time()}
+            self.router.drained = why
+            log.warning("local tier %s", why)
+            self._save()
+        started = time.monotonic()
+        busy = [asyncio.ensure_future(mv.idle.wait()) for mv in self._versions() if mv.inflight]
+        if busy:
+            _, pending = await asyncio.wait(busy, timeout=timeout)
+            for waiter in pending:
+                waiter.cancel()
+        left = sum(mv.inflight for mv in self._versions())
+        return {
+            **self.drained,
+            "drained": True,
+            "local_inflight": left,
+            "waited_s": round(time.monotonic() - started, 3),
+        }
+
+    def resume(self) -> dict[str, Any]:
+        """POST /v1/admin/resume: the local tier takes work again."""
+        if self.drained is not None:
+            self.drained = None
+            self.router.drained = None
+            log.warning("local tier resumed")
+            self._save()
+        return {"drained": False}

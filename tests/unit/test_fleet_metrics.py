@@ -1,0 +1,94 @@
+"""edged's metrics as fleet telemetry (cloudsync.metrics), read from the text that edged's own
+Prometheus registry (edged.metrics.Metrics) renders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cloudsync.metrics import LATENCY, Snapshot, parse, quantile, telemetry
+from edged.errors import DeadlineExceeded, Unavailable
+from edged.metrics import Metrics
+
+
+def served(
+    metrics: Metrics, model: str, seconds: list[float], error: Exception | None = None
+) -> None:
+    for s in seconds:
+        metrics.finished(model, 1, s, error)
+
+
+def snapshot(metrics: Metrics, at: float, epoch: str = "e1") -> Snapshot:
+    return parse(metrics.render().decode(), at, epoch)
+
+
+def test_an_interval_counts_what_happened_in_it_per_model_version() -> None:
+    metrics = Metrics()
+    served(metrics, "intent", [0.004] * 10)
+    metrics.route("intent", "local", "estimate")
+    first = snapshot(metrics, 100.0)
+    rng = np.random.default_rng(1)
+    latencies = list(rng.uniform(0.011, 0.024, 95)) + [0.3] * 5  # 5 slow ones
+    served(metrics, "intent", latencies)
+    served(metrics, "intent", [0.5] * 3, DeadlineExceeded("late"))
+    served(metrics, "intent", [0.001] * 2, Unavailable("no"))
+    for route in ["local"] * 90 + ["cloud"] * 8 + ["fallback"] * 2:
+        metrics.route("intent", route, "estimate")
+    second = snapshot(metrics, 160.0)
+
+    body = telemetry(second, first)
+    assert body is not None
+    doc = body["metrics"]
+    assert doc["interval_s"] == 60.0 and doc["edged_epoch"] == "e1"
+    (row,) = doc["models"]
+    assert row["model"] == "intent" and row["version"] == "1"
+    assert row["requests"] == 105 and row["errors"] == 5
+    assert row["outcomes"] == {"success": 100, "timeout": 3, "unavailable": 2}
+    # 95 of 105 within (10, 25] ms: the median is inside that bucket; p99 among the slow ones
+    assert 10 < row["p50_ms"] <= 25
+    assert 250 <= row["p99_ms"] <= 500
+    assert row["mean_ms"] == pytest.approx(1000 * (sum(latencies) + 1.5 + 0.002) / 105, abs=1e-3)
+    assert doc["routes"] == {"intent": {"local": 90, "cloud": 8, "fallback": 2}}
+    assert second.route_totals() == {"cloud": 8, "fallback": 2, "local": 91}
+
+
+def test_nothing_new_gives_no_record_and_the_first_read_counts_from_edgeds_start() -> None:
+    metrics = Metrics()
+    served(metrics, "ocr", [0.2] * 4)
+    first = snapshot(metrics, 10.0)
+    assert telemetry(snapshot(metrics, 20.0), first) is None
+    since_start = telemetry(first, None)
+    assert since_start is not None and since_start["metrics"]["interval_s"] is None
+    assert since_start["metrics"]["models"][0]["requests"] == 4
+
+
+def test_a_new_edged_counts_from_zero_even_when_its_counters_passed_the_old_ones() -> None:
+    old, new = Metrics(), Metrics()
+    served(old, "ocr", [0.2] * 4)
+    served(new, "ocr", [0.2] * 9)  # the new run already served more than the old one had
+    body = telemetry(snapshot(new, 50.0, "e2"), snapshot(old, 40.0, "e1"))
+    assert body is not None and body["metrics"]["models"][0]["requests"] == 9
+    assert body["metrics"]["interval_s"] is None
+    # a counter lower than before within the same epoch: a reset too
+    lower = telemetry(snapshot(old, 60.0, "e1"), snapshot(new, 50.0, "e1"))
+    assert lower is not None and lower["metrics"]["models"][0]["requests"] == 4
+
+
+def test_the_read_behind_a_record_survives_a_round_trip_through_the_outbox_state() -> None:
+    metrics = Metrics()
+    served(metrics, "intent", [0.003, 0.02, 7.0])
+    metrics.route("intent", "hedged", "estimate")
+    snap = snapshot(metrics, 1234.5, "epoch-x")
+    again = Snapshot.from_state(snap.to_state())
+    assert again == snap
+    assert Snapshot.from_state(None) is None
+    assert telemetry(snapshot(metrics, 1300.0, "epoch-x"), again) is None
+
+
+def test_quantiles_interpolate_within_buckets_like_histogram_quantile() -> None:
+    buckets = {0.1: 50.0, 0.2: 100.0, float("inf"): 100.0}
+    assert quantile(0.5, buckets) == pytest.approx(0.1)
+    assert quantile(0.75, buckets) == pytest.approx(0.15)
+    assert quantile(0.5, {0.1: 0.0, float("inf"): 0.0}) is None
+    assert quantile(0.99, {0.1: 1.0, float("inf"): 10.0}) == 0.1  # in +Inf: the top bound
+    assert LATENCY == "edged_inference_request_duration_seconds"
