@@ -10,6 +10,10 @@ that the operator's file stays theirs and a package upgrade never sees it change
   override away. The merged settings are validated whole before anything changes, so a bad patch
   is refused with the key it names and the policy in force stays. A reload re-reads the file and
   lays the overrides over it again.
+- **Model versions**: install a staged version (checked, moved in, smoke-tested, then serving:
+  ``edged.models.install``), activate one on disk, roll back to the one before. The active
+  version of each model is kept, so a restart serves it (never a version that was staged and not
+  yet activated), with the versions activated before it.
 - **Drain**: the local tier takes no new work (the path decision sees it as unavailable, with the
   operator's reason); what can go to the cloud goes there, the rest is answered 503. Drain waits
   for the local work in flight to finish (up to a timeout) and says how much is left; ``resume``
@@ -22,20 +26,23 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from edged.config import RoutingConfig, validate
-from edged.errors import ConfigError, InvalidRequest
-from edged.models.repository import ModelManager, ModelVersion
+from edged.errors import ConfigError, InvalidRequest, NotFound
+from edged.models import install
+from edged.models.repository import VERSION, ModelManager, ModelVersion
 from edged.router import Router
 
 log = logging.getLogger(__name__)
 
 ADMIN_FILE = "admin.json"
 MAX_DRAIN_S = 3600.0
+HISTORY = 10  # activations remembered per model
 
 
 class Admin:
@@ -45,15 +52,19 @@ class Admin:
         router: Router,
         manager: ModelManager,
         reload: Callable[[], Awaitable[str | None]],
+        keep_versions: int = 3,
     ) -> None:
-        """``router`` gets the settings; ``reload`` re-reads the config (the error, or None)."""
+        """``router`` gets the settings; ``reload`` re-reads the config (the error, or None);
+        ``keep_versions``: version directories kept on disk per model."""
         self.path = path
+        self.keep_versions = keep_versions
         self.router = router
         self.manager = manager
         self._reload = reload
         self.base = router.config  # the config file's [routing]
         self.overrides: dict[str, Any] = {}
         self.drained: dict[str, Any] | None = None
+        self.history: dict[str, list[int]] = {}  # per model, the versions activated, oldest first
         self._restore()
 
     # ---- what is kept --------------------------------------------------------------------
@@ -62,7 +73,16 @@ class Admin:
         try:
             kept = json.loads(self.path.read_text())
             overrides, drained = kept.get("routing_overrides", {}), kept.get("drained")
-            if not isinstance(overrides, dict) or not isinstance(drained, (dict, type(None))):
+            history = kept.get("models", {})
+            if (
+                not isinstance(overrides, dict)
+                or not isinstance(drained, (dict, type(None)))
+                or not isinstance(history, dict)
+                or not all(
+                    isinstance(v, list) and v and all(isinstance(i, int) for i in v)
+                    for v in history.values()
+                )
+            ):
                 raise ValueError("not the shape edged writes")
         except FileNotFoundError:
             return
@@ -71,6 +91,8 @@ class Admin:
             return
         self.overrides = overrides
         self.configure(self.base)
+        self.history = history
+        self.manager.pinned.update({name: versions[-1] for name, versions in history.items()})
         if drained is not None:
             self.drained = drained
             self.router.drained = str(drained.get("reason") or "drained by the operator")
@@ -78,7 +100,11 @@ class Admin:
                         self.router.drained)  # fmt: skip
 
     def _save(self) -> None:
-        state = {"routing_overrides": self.overrides, "drained": self.drained}
+        state = {
+            "routing_overrides": self.overrides,
+            "drained": self.drained,
+            "models": self.history,
+        }
         temporary = self.path.with_name(self.path.name + ".tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +170,116 @@ class Admin:
         log.info("routing overrides removed: the config file's settings apply")
         self._save()
         return self.routing()
+
+    # ---- model versions ------------------------------------------------------------------
+
+    def versions(self, name: str) -> dict[str, Any]:
+        """GET /v1/admin/models/{m}: the active version, those activated before, those on disk."""
+        entry = self.manager.entry(name)
+        on_disk = sorted(
+            int(d.name) for d in entry.directory.iterdir() if d.is_dir() and VERSION.match(d.name)
+        )
+        return {
+            "model": name,
+            "active": self.manager.pinned.get(name),
+            "history": self.history.get(name, []),
+            "on_disk": on_disk,
+            "serving": entry.ready_versions,
+        }
+
+    def _activated(self, name: str, version: int, before: int | None) -> None:
+        history = [v for v in self.history.get(name, []) if v != version]
+        if before is not None and not history:
+            history = [before]  # what served by version policy until now
+        self.history[name] = [*history, version][-HISTORY:]
+        self._save()
+
+    def _pin_current(self, name: str) -> int | None:
+        """Keep the version serving now as the active one before anything changes, so that a
+        crash in the middle restarts on it (not on a version staged and not yet checked)."""
+        entry = self.manager.entry(name)
+        current = self.manager.pinned.get(name)
+        if current is None and entry.ready_versions:
+            current = entry.ready_versions[-1]
+        if current is not None and self.history.get(name, [None])[-1] != current:
+            self._activated(name, current, None)
+        return current
+
+    @staticmethod
+    def _version(doc: Any, required: bool = True) -> int | None:
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if version is None and not required:
+            return None
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise InvalidRequest("'version' must be a positive integer")
+        return version
+
+    async def install(self, name: str, doc: Any) -> dict[str, Any]:
+        """POST /v1/admin/models/{m}/install {"version", "source", "files", "smoke"}."""
+        version = self._version(doc)
+        assert version is not None and isinstance(doc, dict)
+        source = doc.get("source")
+        if not isinstance(source, str):
+            raise InvalidRequest("'source' must be the staged version's directory")
+        entry = self.manager.entry(name)
+        started = time.monotonic()
+        current = self._pin_current(name)
+        if version == current:
+            raise InvalidRequest(f"version {version} of '{name}' is the active one")
+        target = entry.directory / str(version)
+        # reading and hashing gigabytes: in a thread, the loop goes on serving
+        await asyncio.to_thread(install.stage, Path(source), doc.get("files"), target)
+        cases = doc.get("smoke", [])
+
+        async def check(v: int) -> None:
+            await install.smoke_test(self.manager, name, v, cases)
+
+        try:
+            before = await self.manager.activate(name, version, check)
+        except Exception:
+            # a bad version leaves nothing behind
+            await asyncio.to_thread(shutil.rmtree, target, ignore_errors=True)
+            raise
+        self._activated(name, version, before)
+        return {
+            **self._pruned(name),
+            "previous": before,
+            "smoke_cases": len(cases) if isinstance(cases, list) else 0,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+
+    async def activate(self, name: str, doc: Any) -> dict[str, Any]:
+        """POST /v1/admin/models/{m}/activate {"version"}: a version on disk serves (no
+        version: the one active before, a rollback)."""
+        version = self._version(doc, required=False)
+        current = self._pin_current(name)
+        if version is None:
+            earlier = [v for v in self.history.get(name, []) if v != current]
+            on_disk = set(self.versions(name)["on_disk"])
+            earlier = [v for v in earlier if v in on_disk]
+            if not earlier:
+                raise NotFound(f"model '{name}' has no earlier version on disk to roll back to")
+            version = earlier[-1]
+        if version == current:
+            return {**self.versions(name), "previous": current}
+        if not (self.manager.entry(name).directory / str(version)).is_dir():
+            raise NotFound(f"model '{name}' has no version {version} on disk")
+
+        async def check(v: int) -> None:
+            return None
+
+        before = await self.manager.activate(name, version, check)
+        self._activated(name, version, before)
+        log.warning("model %s: version %d active again (was %s)", name, version, before)
+        return {**self.versions(name), "previous": before}
+
+    def _pruned(self, name: str) -> dict[str, Any]:
+        entry = self.manager.entry(name)
+        keep = set(self.history.get(name, [])[-2:])
+        removed = install.prune(entry.directory, self.keep_versions, keep)
+        if removed:
+            log.info("model %s: removed versions %s from disk", name, removed)
+        return {**self.versions(name), "removed": removed}
 
     # ---- reload and drain --------------------------------------------------------------------
 

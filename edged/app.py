@@ -108,7 +108,13 @@ class Daemon:
         )
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load)
-        self.admin = Admin(config.state_dir / ADMIN_FILE, self.router, self.manager, self.reload)
+        self.admin = Admin(
+            config.state_dir / ADMIN_FILE,
+            self.router,
+            self.manager,
+            self.reload,
+            config.models.keep_versions,
+        )
         self.plane.events = self.events
         knowledge = config.knowledge
         token = read_token(knowledge.token_file) or ""

@@ -159,6 +159,27 @@ class Client:
         """The local tier takes work again."""
         return dict(self.call("POST", "/v1/admin/resume"))
 
+    def model_versions(self, model: str) -> dict[str, Any]:
+        """The active version of a model, those activated before, those on disk."""
+        return dict(self.call("GET", f"/v1/admin/models/{model}"))
+
+    def install(
+        self,
+        model: str,
+        version: int,
+        source: str,
+        files: list[dict[str, Any]],
+        smoke: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Install a staged version directory: checked, moved in, smoke-tested, then active."""
+        doc = {"version": version, "source": source, "files": files, "smoke": smoke or []}
+        return dict(self.call("POST", f"/v1/admin/models/{model}/install", doc))
+
+    def activate(self, model: str, version: int | None = None) -> dict[str, Any]:
+        """Make a version on disk the active one (None: the one before: a rollback)."""
+        doc = {} if version is None else {"version": version}
+        return dict(self.call("POST", f"/v1/admin/models/{model}/activate", doc))
+
     # ---- knowledge base --------------------------------------------------------------------
 
     def kb_ingest(self, namespace: str, documents: list[dict[str, Any]]) -> dict[str, Any]:

@@ -113,6 +113,12 @@ class ModelsConfig(Section):
     """The model repository."""
 
     repository: Path = Field(Path("/var/lib/edged/models"), description="Triton-layout repository")
+    keep_versions: int = Field(
+        3,
+        ge=2,
+        description="version directories kept on disk per model when a new one is installed"
+        " (the newest, and always the active one and the one before it)",
+    )
     load: list[str] = Field(
         default_factory=list, description="models to load at start (empty: every model found)"
     )

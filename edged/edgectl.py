@@ -183,6 +183,19 @@ def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "show":
         meta = client.model_metadata(args.name)
         return meta, json.dumps(meta, indent=2)
+    if args.action in ("versions", "activate", "rollback"):
+        if args.action == "versions":
+            reply = client.model_versions(args.name)
+        elif args.action == "activate" and args.version is None:
+            raise UsageError("models activate needs a version (rollback: the one before)")
+        else:
+            reply = client.activate(args.name, args.version)
+        return reply, (
+            f"{args.name}: version {reply['active']} active; activated before:"
+            f" {reply['history'][:-1] or '-'}; on disk: {reply['on_disk']}"
+        )
+    if args.version is not None:
+        raise UsageError(f"models {args.action} takes no version")
     if args.action == "load":
         client.load(args.name)
     else:
@@ -456,9 +469,18 @@ def build_parser() -> argparse.ArgumentParser:
         "reload", help="re-read the config and the model repository (as SIGHUP), and wait"
     ).set_defaults(fn=cmd_reload)
 
-    models = sub.add_parser("models", help="list, show, load or unload models")
-    models.add_argument("action", choices=["list", "show", "load", "unload"])
-    models.add_argument("name", nargs="?", help="model name (show, load, unload)")
+    models = sub.add_parser(
+        "models",
+        help="list, show, load or unload models; their versions, activate one, roll back",
+        description="versions: the active version, those activated before, those on disk;"
+        " activate NAME VERSION: a version on disk serves (loaded, then switched to at once);"
+        " rollback NAME: the version active before serves again.",
+    )
+    models.add_argument(
+        "action", choices=["list", "show", "load", "unload", "versions", "activate", "rollback"]
+    )
+    models.add_argument("name", nargs="?", help="model name (all but list)")
+    models.add_argument("version", nargs="?", type=int, help="activate: the version")
     models.set_defaults(fn=cmd_models)
 
     infer = sub.add_parser("infer", help="send an Open Inference Protocol request document")

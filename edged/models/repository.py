@@ -12,7 +12,7 @@ import enum
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,9 @@ class ModelManager:
         self.metrics = metrics or Metrics()
         self.max_queue_size = max_queue_size
         self.entries: dict[str, ModelEntry] = {}
+        # the version that serves a model's requests, whatever its version policy says (set by
+        # an activation, edged.admin): a staged version never serves before it is activated
+        self.pinned: dict[str, int] = {}
         self._lock = asyncio.Lock()
 
     # ---- discovery -------------------------------------------------------------------------
@@ -196,6 +199,12 @@ class ModelManager:
             int(d.name) for d in entry.directory.iterdir() if d.is_dir() and VERSION.match(d.name)
         )
         wanted = config.version_policy(on_disk)
+        pin = self.pinned.get(entry.name)
+        if pin is not None and pin in on_disk:
+            wanted = [pin]
+        elif pin is not None:
+            log.error("model %s: its active version %d is not on disk; serving by its version"
+                      " policy", entry.name, pin)  # fmt: skip
         if not wanted:
             entry.error = f"no version directory in {entry.directory} matches the version policy"
             log.error("model %s: unavailable: %s", entry.name, entry.error)
@@ -263,6 +272,41 @@ class ModelManager:
             mv = entry.versions.pop(v, None)
             if mv is not None and mv.runtime is not None:
                 await self._drain_and_unload(mv)
+
+    async def activate(
+        self, name: str, version: int, check: Callable[[int], Awaitable[None]]
+    ) -> int | None:
+        """Load ``version`` beside the one serving, ``check`` it (a smoke test: raising fails
+        it), then make it the one that serves in one assignment, and unload the others after
+        their requests finish. Returns the version that served before (None: none did). On a
+        failure the version is unloaded and the one serving goes on."""
+        async with self._lock:
+            entry = self.entry(name)
+            if entry.config is None:
+                raise Unavailable(f"model '{name}' cannot take a new version: {entry.error}")
+            before = self.pinned.get(name)
+            if before is None or before not in entry.ready_versions:
+                before = entry.ready_versions[-1] if entry.ready_versions else None
+            if before is not None:
+                self.pinned[name] = before  # requests stay there while the new one loads
+            await self._load_version(entry, entry.config, version)
+            fresh = entry.versions.get(version)
+            try:
+                if fresh is None or fresh.state is not State.READY:
+                    raise ModelLoadError(
+                        f"model '{name}' version {version} failed to load: "
+                        f"{fresh.reason if fresh else 'not found'}"
+                    )
+                await check(version)
+            except BaseException:
+                if version != before:
+                    await self._retire(entry, [version])
+                raise
+            self.pinned[name] = version  # the switch: requests from now on get this version
+            entry.error = ""
+            log.info("model %s: version %d active (was %s)", name, version, before)
+            await self._retire(entry, [v for v in entry.versions if v != version])
+            return before
 
     async def load(self, name: str) -> None:
         """Load or reload one model (Triton's repository load); raises if it does not serve."""
@@ -334,6 +378,9 @@ class ModelManager:
             return entry, mv
         if missing and entry.ready_versions:
             raise Unavailable(f"model '{name}' cannot run: {missing}")
+        pinned = entry.versions.get(self.pinned.get(name, -1))
+        if pinned is not None and pinned.state is State.READY:
+            return entry, pinned
         ready = entry.ready_versions
         if not ready:
             raise Unavailable(f"model '{name}' is not ready: {self.reason(name)}")

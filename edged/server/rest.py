@@ -189,6 +189,18 @@ def admin_routes(admin: Admin, settings: ServerConfig) -> list[web.RouteDef]:
     async def resume(request: web.Request) -> Any:
         return admin.resume()
 
+    async def versions(request: web.Request) -> Any:
+        return admin.versions(request.match_info["model"])
+
+    async def install(request: web.Request) -> Any:
+        return await admin.install(request.match_info["model"], await read_json(request))
+
+    async def activate(request: web.Request) -> Any:
+        return await admin.activate(request.match_info["model"], await body(request))
+
+    async def rollback(request: web.Request) -> Any:
+        return await admin.activate(request.match_info["model"], None)
+
     return [
         web.get("/v1/admin/routing", handler(routing)),
         web.patch("/v1/admin/routing", handler(patch)),
@@ -196,6 +208,10 @@ def admin_routes(admin: Admin, settings: ServerConfig) -> list[web.RouteDef]:
         web.post("/v1/admin/reload", handler(reload)),
         web.post("/v1/admin/drain", handler(drain)),
         web.post("/v1/admin/resume", handler(resume)),
+        web.get("/v1/admin/models/{model}", handler(versions)),
+        web.post("/v1/admin/models/{model}/install", handler(install)),
+        web.post("/v1/admin/models/{model}/activate", handler(activate)),
+        web.post("/v1/admin/models/{model}/rollback", handler(rollback)),
     ]
 
 

@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from edged.config import OnnxRuntimeConfig
 from edged.errors import NotFound, Unavailable
@@ -19,35 +17,7 @@ from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager, State
 from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
-
-CONFIG = """platform: "onnxruntime_onnx"
-max_batch_size: 4
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
-%s
-"""
-
-
-def scale_model(path: Path, factor: float) -> None:
-    """y = x * factor, with a dynamic batch dimension."""
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "k"], ["y"])],
-        "scale",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
-        [helper.make_tensor("k", TensorProto.FLOAT, [1], [factor])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-
-
-def add_model(repo: Path, name: str, versions: dict[int, float], policy: str = "") -> None:
-    (repo / name).mkdir(parents=True, exist_ok=True)
-    (repo / name / "config.pbtxt").write_text(CONFIG % policy)
-    for version, factor in versions.items():
-        scale_model(repo / name / str(version) / "model.onnx", factor)
+from tests.modelfiles import add_model
 
 
 def manager_for(repo: Path) -> ModelManager:
