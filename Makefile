@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Debian packages: to build systemd-python, to run the daemon, and to run the tests.
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
-APT_TEST := espeak-ng fonts-dejavu-core curl systemd bible-kjv mosquitto
+APT_TEST := espeak-ng fonts-dejavu-core curl systemd bible-kjv mosquitto nginx-light
 
 .PHONY: run test setup models lint unit integration bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat clean distclean help
 

@@ -41,7 +41,8 @@ from paho.mqtt.properties import Properties
 from cloudsync import __version__, metrics
 from cloudsync.commands import Command, Refused, Verifier, load_anchors
 from cloudsync.config import Config
-from cloudsync.mqtt.envelope import Envelope, now_ms
+from cloudsync.delivery import Delivery
+from cloudsync.mqtt.envelope import Envelope, EnvelopeError, decode, now_ms
 from cloudsync.mqtt.sync import tls_context
 from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
 from cloudsync.outbox import Item, Outbox
@@ -56,7 +57,10 @@ LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_LOG_LINES = 1000
 MAX_LOG_MESSAGE = 500  # characters of one line in a ``logs`` result
 MAX_DRAIN_WAIT_S = 600.0  # the command worker waits no longer for a drain
-COMMANDS = "ping, status, models, routing, set-routing, reset-routing, reload, drain, resume, logs"
+COMMANDS = (
+    "ping, status, models, versions, activate, rollback, routing, set-routing, reset-routing,"
+    " reload, drain, resume, logs"
+)
 RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
 ACK_TIMEOUT_S = 120.0  # a record published this long ago with no PUBACK is published again
@@ -111,6 +115,15 @@ class Agent:
             config.commands.max_lifetime_s,
         )
         self.orders: queue.Queue[Command | None] = queue.Queue()
+        self.delivery = Delivery(
+            config.delivery,
+            config.node.fleet,
+            self.node,
+            lambda: self.verifier.anchors,
+            self.outbox,
+            self.edged_client,
+            config.edged.timeout_s,
+        )
         self.next_telemetry = 0.0
         self.events = EventLog()  # cloudsync's own log, for the ``logs`` command
         log.addHandler(self.events)
@@ -144,6 +157,9 @@ class Agent:
         )
         return client
 
+    def edged_client(self, timeout: float | None = None) -> Client:
+        return Client(str(self.config.edged.socket), timeout=timeout or self.config.edged.timeout_s)
+
     def _envelope(self, body: dict[str, Any]) -> Envelope:
         self.seq += 1
         return Envelope(self.node, self.seq, body)
@@ -176,7 +192,7 @@ class Agent:
             self.config.mqtt.host, self.config.mqtt.port,
             "resumed" if flags.session_present else "new",
         )  # fmt: skip
-        client.subscribe(self.topics.commands, qos=1)
+        client.subscribe([(self.topics.commands, 1), (self.topics.desired_models, 1)])
         birth = self._envelope({"state": "online", **self.capabilities()})
         client.publish(self.topics.status, birth.encode(), qos=1, retain=True)
         self.next_heartbeat = time.monotonic()  # a heartbeat right after the birth
@@ -205,6 +221,13 @@ class Agent:
         try:
             topic = parse(message.topic)
         except TopicError:
+            return
+        if topic.kind == "desired-models":
+            if message.payload:  # an empty retained message clears it: nothing to do
+                try:
+                    self.delivery.desired(decode(message.payload).body)
+                except EnvelopeError as exc:
+                    self.delivery.report("refused", why=f"the desired state: {exc}")
             return
         if topic.kind != "cmd" or topic.cmd_id is None:
             return
@@ -239,7 +262,7 @@ class Agent:
     def run_command(self, command: Command) -> Any:
         """One verified command (docs/PROTOCOL.md lists them); raising fails it."""
         name, args = command.name, command.args
-        edged = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s)
+        edged = self.edged_client()
         calls: dict[str, Callable[[], Any]] = {
             "ping": lambda: {"pong": True, "node": self.node, "ts": now_ms()},
             "status": self.status,
@@ -250,6 +273,9 @@ class Agent:
             "reload": lambda: _reloaded(edged.reload()),
             "drain": lambda: self.drain(args),
             "resume": edged.resume,
+            "rollback": lambda: edged.activate(_text(args, "model")),
+            "activate": lambda: edged.activate(_text(args, "model"), _version(args)),
+            "versions": lambda: edged.model_versions(_text(args, "model")),
             "logs": lambda: self.logs(args),
         }
         if name not in calls:
@@ -267,7 +293,7 @@ class Agent:
             wait = args["timeout_s"]
         else:
             wait = 0.0
-        edged = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s + wait)
+        edged = self.edged_client(self.config.edged.timeout_s + wait)
         return edged.call("POST", "/v1/admin/drain", args)
 
     def logs(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -285,7 +311,7 @@ class Agent:
         if not isinstance(contains, str):
             raise ValueError("'contains' must be text")
         if source == "edged":
-            edged = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s)
+            edged = self.edged_client()
             last = edged.events(0, 1)["last"]
             reply = edged.events(max(0, last - CAPACITY), CAPACITY)
         else:
@@ -404,7 +430,7 @@ class Agent:
     def collect(self) -> None:
         """The edged thread: its status and capabilities, and its events into the outbox,
         every heartbeat interval."""
-        client = Client(str(self.config.edged.socket), timeout=self.config.edged.timeout_s)
+        client = self.edged_client()
         while not self.stopping.is_set():
             try:
                 status = client.status()
@@ -457,6 +483,7 @@ class Agent:
     def run(self) -> None:
         """Until ``stop``: the MQTT thread here, the edged thread beside it."""
         threading.Thread(target=self.collect, name="edged", daemon=True).start()
+        threading.Thread(target=self.delivery.run, name="delivery", daemon=True).start()
         worker = threading.Thread(target=self.work, name="commands", daemon=True)
         worker.start()
         try:
@@ -464,6 +491,7 @@ class Agent:
                 self.step()
         finally:
             self.orders.put(None)
+            self.delivery.stop()
             worker.join(5)
             self._close()
 
@@ -481,6 +509,20 @@ class Agent:
             self.client.disconnect()
         self.outbox.close()
         self.verifier.close()
+
+
+def _text(args: dict[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"'{key}' must be given (text)")
+    return value
+
+
+def _version(args: dict[str, Any]) -> int:
+    value = args.get("version")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("'version' must be given (an integer)")
+    return value
 
 
 def _reloaded(reply: dict[str, Any]) -> dict[str, Any]:

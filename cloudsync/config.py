@@ -76,6 +76,32 @@ class TelemetryConfig(Section):
     )
 
 
+class DeliveryConfig(Section):
+    """Model delivery (cloudsync.delivery): manifests, downloads, installs, health."""
+
+    staging_dir: Path = Field(
+        Path("/var/lib/edged/staging"),
+        description="downloads land here (best on the model repository's file system: then a"
+        " version moves in by a rename)",
+    )
+    ca_file: Path | None = Field(None, description="CA of the download server (default: system)")
+    threshold: int = Field(1, ge=1, description="fleet keys that must have signed a manifest")
+    timeout_s: float = Field(30.0, gt=0, description="a download stalled this long is retried")
+    attempts: int = Field(5, ge=1, description="tries of a file before the step fails")
+    retry_s: float = Field(300.0, gt=0, description="a failed delivery is tried again after this")
+    min_free_mb: int = Field(64, ge=0, description="free space a download must leave")
+    install_timeout_s: float = Field(
+        600.0, gt=0, description="how long edged may take to install (load, smoke test)"
+    )
+    health_window_s: float = Field(
+        60.0, ge=0, description="after a switch, how long the new version's errors are watched"
+    )
+    health_min_requests: int = Field(20, ge=1, description="calls before its error rate counts")
+    max_error_rate: float = Field(
+        0.05, ge=0, le=1, description="above this error rate the version before comes back"
+    )
+
+
 class EdgedConfig(Section):
     """The local edged."""
 
@@ -111,6 +137,7 @@ class Config(Section):
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     edged: EdgedConfig = Field(default_factory=EdgedConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
     commands: CommandsConfig = Field(default_factory=CommandsConfig)

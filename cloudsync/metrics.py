@@ -25,6 +25,7 @@ REQUESTS = "edged_inference_requests"
 LATENCY = "edged_inference_request_duration_seconds"
 ROUTES = "edged_route_decisions"
 ERROR_OUTCOMES = ("error", "timeout", "unavailable")  # the caller got no answer, not its fault
+FAILED_OUTCOMES = (*ERROR_OUTCOMES, "invalid")  # and the input refused: a version's health
 
 Key = tuple[str, ...]
 
@@ -175,3 +176,17 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
             "routes": {m: dict(r) for m, r in sorted(routes.items())},
         }
     }
+
+
+def row_of(body: dict[str, Any] | None, model: str, version: int) -> dict[str, Any] | None:
+    """One model version's figures in a telemetry body (None: it served nothing)."""
+    for row in (body or {}).get("metrics", {}).get("models", []):
+        if row["model"] == model and row["version"] == str(version):
+            return dict(row)
+    return None
+
+
+def failure_rate(row: dict[str, Any]) -> float:
+    """The share of a version's calls that failed or whose input it refused."""
+    failed = sum(row["outcomes"].get(o, 0) for o in FAILED_OUTCOMES)
+    return failed / row["requests"] if row["requests"] else 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -16,14 +17,25 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 """
 
 
-def scale_model(path: Path, factor: float) -> None:
-    """y = x * factor, with a dynamic batch dimension."""
+def scale_model(path: Path, factor: float, pad_bytes: int = 0, single_row: bool = False) -> None:
+    """y = x * factor, with a dynamic batch dimension. ``pad_bytes``: an unused weight that
+    makes the file that much larger (a download that takes a while); ``single_row``: a faulty
+    version whose graph fails at run time on batches of more than one row."""
+    nodes = [helper.make_node("Mul", ["x", "k"], ["y" if not single_row else "scaled"])]
+    weights = [helper.make_tensor("k", TensorProto.FLOAT, [1], [factor])]
+    if single_row:
+        nodes.append(helper.make_node("Reshape", ["scaled", "one_row"], ["y"]))
+        weights.append(helper.make_tensor("one_row", TensorProto.INT64, [2], [1, 2]))
+    if pad_bytes:
+        rows = np.random.default_rng(int(factor * 1000)).integers(0, 255, pad_bytes, np.uint8)
+        weights.append(helper.make_tensor("pad", TensorProto.UINT8, [pad_bytes], rows.tobytes(),
+                                          raw=True))  # fmt: skip
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "k"], ["y"])],
+        nodes,
         "scale",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
-        [helper.make_tensor("k", TensorProto.FLOAT, [1], [factor])],
+        weights,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

@@ -106,9 +106,11 @@ class SyncClient:
             self.changed.wait_for(lambda: mid in self.acks, timeout)
             return self.acks.get(mid)
 
-    def publish(self, topic: str, payload: bytes, timeout: float = 5.0) -> Any:
+    def publish(
+        self, topic: str, payload: bytes, timeout: float = 5.0, retain: bool = False
+    ) -> Any:
         """The PUBACK's reason code (QoS 1)."""
-        info = self.client.publish(topic, payload, qos=1)
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
         return self._wait_ack(info.mid, timeout)
 
     def subscribe(self, topic: str, timeout: float = 5.0) -> Any:

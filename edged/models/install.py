@@ -11,6 +11,7 @@ and always the active one and the one before it (the rollback target).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -59,9 +60,14 @@ def check_files(directory: Path, files: Any) -> None:
 
 
 def stage(source: Path, files: Any, target: Path) -> None:
-    """Check the staged files, then move them in as ``target`` (blocking: run in a thread)."""
+    """Check the staged files, then move them in as ``target`` (blocking: run in a thread).
+    With no ``source`` left, a ``target`` moved in before (an install cut short) is checked
+    where it is."""
     if not source.is_dir():
-        raise InvalidRequest(f"'source' {source} is not a directory")
+        if not target.is_dir():
+            raise InvalidRequest(f"'source' {source} is not a directory")
+        check_files(target, files)
+        return
     check_files(source, files)
     move_in(source, target)
 
@@ -73,10 +79,24 @@ def move_in(source: Path, target: Path) -> None:
     try:
         os.rename(source, target)
     except OSError as exc:
-        raise InvalidRequest(
-            f"cannot move {source} to {target}: {exc.strerror} (the staging directory must be"
-            " on the repository's file system)"
-        ) from None
+        if exc.errno != errno.EXDEV:
+            raise InvalidRequest(f"cannot move {source} to {target}: {exc.strerror}") from None
+        # another file system: copied beside the target first, then renamed in
+        incoming = target.with_name(f".{target.name}.incoming")
+        shutil.rmtree(incoming, ignore_errors=True)
+        try:
+            shutil.copytree(source, incoming)
+            for path in incoming.rglob("*"):
+                if path.is_file():
+                    with path.open("rb") as f:
+                        os.fsync(f.fileno())
+            os.rename(incoming, target)
+        except OSError as copy_exc:
+            shutil.rmtree(incoming, ignore_errors=True)
+            raise InvalidRequest(
+                f"cannot copy {source} to {target}: {copy_exc.strerror}"
+            ) from None
+        shutil.rmtree(source, ignore_errors=True)
     fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(fd)  # the rename itself is durable before the version is used

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import struct
@@ -193,7 +194,9 @@ def admin_routes(admin: Admin, settings: ServerConfig) -> list[web.RouteDef]:
         return admin.versions(request.match_info["model"])
 
     async def install(request: web.Request) -> Any:
-        return await admin.install(request.match_info["model"], await read_json(request))
+        # finished even when the caller hangs up: a version half switched helps no one
+        doc = await read_json(request)
+        return await asyncio.shield(admin.install(request.match_info["model"], doc))
 
     async def activate(request: web.Request) -> Any:
         return await admin.activate(request.match_info["model"], await body(request))

@@ -1,0 +1,275 @@
+"""Model delivery end to end with real parts: the desired state on a real Mosquitto (TLS, ACLs),
+the files on nginx behind signed expiring URLs (its secure_link module checks them), cloudsync
+downloading, resuming and verifying them, and a real edged installing, smoke-testing and
+switching. The model is a real ONNX graph whose answers say which version gave them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from cloudsync.fleet import secure_link_url
+from cloudsync.manifest import file_entry, make, sign
+from cloudsync.mqtt import envelope
+from cloudsync.mqtt.sync import SyncClient
+from tests.conftest import Daemon, skip_or_fail, wait_for
+from tests.integration.test_cloudsync import NODE, Agent, bodies, operator
+from tests.integration.test_model_install import answer, smoke
+from tests.modelfiles import add_model, scale_model
+from tests.mosquitto import OPERATOR, Broker, make_pki
+from tests.nginx import SECRET, Cdn
+
+MODEL = "scale"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    for why in (Broker.available(), Cdn.available()):
+        if why:
+            skip_or_fail(why)
+    return make_pki(tmp_path_factory.mktemp("pki"), ["n1"])
+
+
+@dataclass
+class Fleet:
+    """One node (edged + cloudsync), the broker, the CDN, the operator's key and consumer."""
+
+    broker: Broker
+    cdn: Cdn
+    edged: Daemon
+    agent: Agent
+    consumer: SyncClient
+    key: Ed25519PrivateKey
+    files: Path  # where the test builds versions before they go to the CDN
+
+    def version(
+        self, version: int, factor: float, lifetime_s: float = 3600.0, **model: Any
+    ) -> tuple[dict[str, Any], dict[str, str], Path]:
+        """A version on the CDN: (the signed manifest, its signed URLs, the file)."""
+        path = self.files / f"{version}" / "model.onnx"
+        scale_model(path, factor, **model)
+        uri = self.cdn.put(f"{MODEL}/{version}/model.onnx", path.read_bytes())
+        signed = make(MODEL, version, [file_entry(path)], lifetime_s, {"fleet": "f1"},
+                      smoke(factor))  # fmt: skip
+        urls = {"model.onnx": secure_link_url(self.cdn.base, uri, SECRET, 600)}
+        return sign(signed, {"fleet-1": self.key}), urls, path
+
+    def deliver(self, manifest: dict[str, Any], urls: dict[str, str]) -> None:
+        body = {"models": [{"manifest": manifest, "urls": urls}]}
+        payload = envelope.Envelope(OPERATOR, int(time.time() * 1000), body).encode()
+        assert not self.consumer.publish(NODE.desired_models, payload, retain=True).is_failure
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [
+            e.body["delivery"]
+            for e in bodies(list(self.consumer.received), "events")
+            if "delivery" in e.body
+        ]
+
+    def wait_step(self, step: str, version: int | None, timeout: float = 30) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            for row in self.steps():
+                if row["step"] == step and row.get("version") == version:
+                    return row
+            return None
+
+        wait_for(found, timeout, f"delivery step {step} of version {version}: {self.steps()}")
+        row = found()
+        assert row is not None
+        return row
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, pki: Path, make_daemon: type[Daemon]) -> Iterator[Fleet]:
+    repository = tmp_path / "models"
+    add_model(repository, MODEL, {1: 1.0})
+    edged = make_daemon(repository).start()
+    broker = Broker(tmp_path / "mosquitto", pki).start()
+    cdn = Cdn(tmp_path / "cdn", pki).start()
+    agent = Agent(tmp_path / "agent", broker)
+    staging = tmp_path / "staging"
+    config = agent.config.read_text().replace(str(agent.workdir / "no-edged.sock"),
+                                              str(edged.socket))  # fmt: skip
+    agent.config.write_text(
+        config + f'[delivery]\nstaging_dir = "{staging}"\nca_file = "{pki}/ca.pem"\n'
+        "retry_s = 2\nattempts = 2\nhealth_window_s = 4\nhealth_min_requests = 10\n"
+    )
+    key = agent.trust()
+    consumer = operator(broker)
+    files = tmp_path / "versions"
+    try:
+        yield Fleet(broker, cdn, edged, agent.start(), consumer, key, files)
+    finally:
+        consumer.close()
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait()
+        cdn.stop()
+        broker.kill()
+
+
+def test_a_signed_version_is_downloaded_installed_and_serves(fleet: Fleet) -> None:
+    manifest, urls, path = fleet.version(2, 2.0)
+    fleet.deliver(manifest, urls)
+    active = fleet.wait_step("active", 2)
+    assert active["previous"] == 1
+    assert answer(fleet.edged.client) == ("2", 2.0)
+    accepted = fleet.wait_step("accepted", 2)
+    assert accepted["signed_by"] == ["fleet-1"] and accepted["bytes"] == path.stat().st_size
+    served = [row for row in fleet.cdn.served() if row[0].endswith("/2/model.onnx")]
+    assert served == [(f"/models/{MODEL}/2/model.onnx", 200, path.stat().st_size, "-")]
+    # the staging directory was moved in, nothing is left behind
+    assert not any((fleet.agent.workdir.parent / "staging").iterdir())
+
+
+def test_every_bad_manifest_and_file_is_refused_and_the_old_version_keeps_serving(
+    fleet: Fleet,
+) -> None:
+    manifest, urls, _ = fleet.version(2, 2.0)
+    fleet.deliver(manifest, urls)
+    fleet.wait_step("active", 2)
+    client = fleet.edged.client
+
+    def refused(manifest: dict[str, Any], urls: dict[str, str], says: str, step: str) -> None:
+        before = len(fleet.steps())
+        fleet.deliver(manifest, urls)
+        wait_for(lambda: any(says in str(r.get("why")) and r["step"] == step
+                             for r in fleet.steps()[before:]),
+                 30, f"'{says}' in {fleet.steps()[before:]}")  # fmt: skip
+        assert answer(client) == ("2", 2.0)
+
+    stranger = Ed25519PrivateKey.generate()
+    forged, urls3, _ = fleet.version(3, 3.0)
+    forged = sign(forged["signed"], {"fleet-1": stranger})  # claims fleet-1, is not
+    refused(forged, urls3, "fleet-1's signature does not verify", "refused")
+    expired, urls4, _ = fleet.version(4, 4.0, lifetime_s=-1)
+    refused(expired, urls4, "(freeze)", "refused")
+    old, urls1, _ = fleet.version(1, 1.0)
+    refused(old, urls1, "version 1 is below 2", "refused")
+
+    corrupt, urls5, path5 = fleet.version(5, 5.0)
+    data = bytearray(path5.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same length, other bytes: on the CDN, not what was signed
+    fleet.cdn.put(f"{MODEL}/5/model.onnx", bytes(data))
+    refused(corrupt, urls5, "SHA-256 is not the manifest's", "failed")
+    endless, urls6, path6 = fleet.version(6, 6.0)
+    fleet.cdn.put(f"{MODEL}/6/model.onnx", path6.read_bytes() + b"\0" * (1 << 20))
+    refused(endless, urls6, "endless data", "failed")
+    unsigned_url, urls7, _ = fleet.version(7, 7.0)
+    tampered = {"model.onnx": urls7["model.onnx"].replace("md5=", "md5=x")}
+    refused(unsigned_url, tampered, "answered 403", "failed")
+    late, urls8, _ = fleet.version(8, 8.0)
+    uri = urls8["model.onnx"].split("localhost:")[1].split("?")[0].split("/", 1)[1]
+    gone = {"model.onnx": secure_link_url(fleet.cdn.base, "/" + uri, SECRET, -10)}
+    refused(late, gone, "answered 410: the signed URL expired", "failed")
+
+    wrong, urls9, _ = fleet.version(9, 9.0)
+    wrong["signed"]["smoke"] = smoke(10.0)  # expects what version 9 does not answer
+    refused(sign(wrong["signed"], {"fleet-1": fleet.key}), urls9, "smoke case 1", "failed")
+    assert client.model_versions(MODEL)["on_disk"] == [1, 2]
+
+
+def test_a_version_failing_in_service_is_rolled_back(fleet: Fleet) -> None:
+    """Version 3 passes its smoke test (one row) but fails on batches of two: live failures 5%
+    above version 2's within the health window bring version 2 back, reported."""
+    manifest, urls, _ = fleet.version(2, 2.0)
+    fleet.deliver(manifest, urls)
+    fleet.wait_step("active", 2)
+    manifest, urls, _ = fleet.version(3, 3.0, single_row=True)
+    fleet.deliver(manifest, urls)
+    fleet.wait_step("active", 3)
+    client = fleet.edged.client
+    pair = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1, 1, 1, 1]}]}
+    for _ in range(30):
+        with contextlib.suppress(Exception):
+            client.infer_json(MODEL, pair)
+    back = fleet.wait_step("rolled-back", 3)
+    # 30 calls refused, and the smoke test's one that passed
+    assert back["why"].startswith("96.8% of 31 calls failed (version 2: 0.0%)"), back
+    assert back["active"] == 2
+    assert answer(client) == ("2", 2.0)
+    assert fleet.agent.status()["connected"]
+
+
+def test_twenty_sigkills_while_downloading_and_installing_never_leave_a_partial_version(
+    fleet: Fleet,
+) -> None:
+    """A 6 MiB version at 1 MiB/s; cloudsync is SIGKILLed 20 times at random points. After
+    each kill version 1 or 2 serves and the repository holds only whole versions; the download
+    resumes with Range requests, so nginx sends not much more than the file once."""
+    fleet.cdn.stop()
+    fleet.cdn.rate = "1m"
+    fleet.cdn.write_config()
+    fleet.cdn.start()
+    manifest, urls, path = fleet.version(2, 2.0, pad_bytes=6 << 20)
+    size = path.stat().st_size
+    fleet.deliver(manifest, urls)
+    rng = random.Random(7)
+    client = fleet.edged.client
+    repository = fleet.edged.models / MODEL
+    for _ in range(20):
+        time.sleep(rng.uniform(0.4, 1.4))
+        fleet.agent.signal(signal.SIGKILL)
+        version, y = answer(client)
+        assert (version, y) in (("1", 1.0), ("2", 2.0))
+        assert client.model_versions(MODEL)["active"] in (None, 1, 2)
+        for directory in [d for d in repository.iterdir() if d.is_dir()]:
+            assert [p.name for p in directory.iterdir()] == ["model.onnx"], directory
+        fleet.agent.start()
+    fleet.wait_step("active", 2, timeout=60)
+    assert answer(client) == ("2", 2.0)
+    sent = [row for row in fleet.cdn.served() if row[0].endswith("/2/model.onnx")]
+    ranges = [row for row in sent if row[3].startswith("bytes=")]
+    total = sum(row[2] for row in sent)
+    assert len(ranges) >= 5, f"the download resumed {len(ranges)} times with Range requests"
+    assert size <= total < 1.5 * size, f"{total} bytes sent for a file of {size}"
+    resumed = [r.get("resumed_bytes", 0) for r in fleet.steps() if r["step"] == "downloaded"]
+    assert resumed and resumed[-1] > 0  # what was on disk was not fetched again
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_during_the_download_is_reported_and_the_old_version_serves(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)], check=True)
+    try:
+        staging = small / "staging"
+        text = fleet.agent.config.read_text()
+        fleet.agent.signal(signal.SIGTERM)
+        fleet.agent.config.write_text(
+            text.replace(f'staging_dir = "{tmp_path / "staging"}"', f'staging_dir = "{staging}"')
+            .replace("retry_s = 2", "retry_s = 2\nmin_free_mb = 0")
+        )  # fmt: skip
+        fleet.cdn.stop()
+        fleet.cdn.rate = "2m"
+        fleet.cdn.write_config()
+        fleet.cdn.start()
+        fleet.agent.start()
+        manifest, urls, _ = fleet.version(2, 2.0, pad_bytes=8 << 20)
+        fleet.deliver(manifest, urls)
+        fleet.wait_step("accepted", 2)
+        filler = small / "filler"
+        # another writer takes the space meanwhile
+        with filler.open("wb") as f, contextlib.suppress(OSError):
+            f.write(b"\0" * (12 << 20))
+        failed = fleet.wait_step("failed", 2)
+        assert "no space left" in failed["why"]
+        assert answer(fleet.edged.client) == ("1", 1.0)
+        filler.unlink()  # room again: the next try resumes and completes (another file system
+        fleet.wait_step("active", 2, timeout=60)  # than the repository: copied in)
+        assert answer(fleet.edged.client) == ("2", 2.0)
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
