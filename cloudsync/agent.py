@@ -273,7 +273,7 @@ class Agent:
             "reload": lambda: _reloaded(edged.reload()),
             "drain": lambda: self.drain(args),
             "resume": edged.resume,
-            "rollback": lambda: edged.activate(_text(args, "model")),
+            "rollback": lambda: self.rollback(edged, command, args),
             "activate": lambda: edged.activate(_text(args, "model"), _version(args)),
             "versions": lambda: edged.model_versions(_text(args, "model")),
             "logs": lambda: self.logs(args),
@@ -284,6 +284,19 @@ class Agent:
             return calls[name]()
         except ClientError as exc:
             raise RuntimeError(f"edged: {exc}") from None
+
+    def rollback(self, edged: Client, command: Command, args: dict[str, Any]) -> Any:
+        """The version before of ``model`` serves again; with ``from``, only when that version
+        is the active one (a rollout's rollback must not take a node that never got it back
+        further)."""
+        model, wrong = _text(args, "model"), args.get("from")
+        active = edged.model_versions(model).get("active")
+        if wrong is not None and active != wrong:
+            return {"rolled_back": False, "active": active, "why": f"{wrong} is not active"}
+        reply = edged.activate(model)
+        if isinstance(active, int):
+            self.delivery.rolled_back(model, active, f"command {command.id} by {command.issuer}")
+        return {"rolled_back": True, **reply}
 
     def drain(self, args: dict[str, Any]) -> Any:
         """edged checks the arguments; the call waits as long as the drain may."""

@@ -240,8 +240,8 @@ class Delivery:
         log.log(logging.WARNING if bad else logging.INFO, "delivery: %s", json.dumps(doc))
         item = Item("events", {"delivery": doc}, "alert" if bad else "event")
         extra = None
-        if manifest is not None and state is not None:
-            extra = {STATE + manifest.model: json.dumps(state)}
+        if state is not None:
+            extra = {STATE + str(doc["model"]): json.dumps(state)}
         self.outbox.put_many([item], state=extra)
 
     def apply(self, entry: Any) -> bool:
@@ -260,10 +260,6 @@ class Delivery:
             return True
         state = self.state(manifest.model)
         floor = int(state.get("floor", 0))
-        if manifest.version < floor:
-            why = f"version {manifest.version} is below {floor}, already accepted here (rollback)"
-            self.report("refused", manifest, why=why)
-            return True
         if state.get("failed") == manifest.version:
             return True  # reported when it failed; a new version is needed
         try:
@@ -277,6 +273,10 @@ class Delivery:
         ):
             if floor < manifest.version:
                 self.report("active", manifest, {**state, "floor": manifest.version})
+            return True  # (a desired version below the floor that is active: a rollback's)
+        if manifest.version < floor:
+            why = f"version {manifest.version} is below {floor}, already accepted here (rollback)"
+            self.report("refused", manifest, why=why)
             return True
         if floor < manifest.version:  # accepted: nothing older is taken from now on
             state = {**state, "floor": manifest.version}
@@ -289,7 +289,15 @@ class Delivery:
         self.report(
             "downloaded", manifest, bytes=counters.downloaded, resumed_bytes=counters.resumed
         )
+        if self.pending is not None:  # a newer desired state came meanwhile: it decides
+            self.report("superseded", manifest)
+            return True
         return self.install(manifest, staged)
+
+    def rolled_back(self, model: str, version: int, by: str) -> None:
+        """An operator's rollback: this version is not installed again from the same state."""
+        state = {**self.state(model), "failed": version}
+        self.report("rolled-back", None, state, model=model, version=version, why=by)
 
     def download(self, manifest: Manifest, urls: dict[str, Any]) -> tuple[Path, Counters]:
         staged = self.config.staging_dir / f"{manifest.model}-{manifest.version}"

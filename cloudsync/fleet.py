@@ -24,12 +24,14 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloudsync import manifest, rollout
 from cloudsync.agent import COMMANDS
 from cloudsync.commands import sign
 from cloudsync.mqtt import envelope
@@ -154,10 +156,105 @@ def cmd_watch(args: argparse.Namespace) -> tuple[Any, str]:
     return None, ""
 
 
-def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
-    key = serialization.load_pem_private_key(Path(args.sign_key).read_bytes(), None)
+def load_key(path: str) -> Ed25519PrivateKey:
+    key = serialization.load_pem_private_key(Path(path).read_bytes(), None)
     if not isinstance(key, Ed25519PrivateKey):
-        raise Failure(f"{args.sign_key} is not an Ed25519 private key", EXIT_USAGE)
+        raise Failure(f"{path} is not an Ed25519 private key", EXIT_USAGE)
+    return key
+
+
+def cmd_manifest(args: argparse.Namespace) -> tuple[Any, str]:
+    """A signed manifest for a version's files (printed, or written to --out)."""
+    files = [manifest.file_entry(Path(p)) for p in args.file]
+    targets: dict[str, Any] = {}
+    if args.target_fleet:
+        targets["fleet"] = args.target_fleet
+    if args.hardware:
+        targets["hardware"] = args.hardware
+    if args.nodes:
+        targets["nodes"] = args.nodes
+    smoke = json.loads(Path(args.smoke).read_text()) if args.smoke else []
+    signed = manifest.make(args.model, args.version, files, args.lifetime, targets, smoke)
+    keys = {}
+    for item in args.sign:
+        kid, _, path = item.partition("=")
+        keys[kid] = load_key(path)
+    doc = manifest.sign(signed, keys)
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+        return doc, f"{args.out}: {args.model} version {args.version}, {len(files)} files"
+    return doc, text
+
+
+def desired_urls(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, str]:
+    """The signed URLs of a manifest's files: given (--url path=URL), or made for a CDN that
+    checks nginx-style secure links (--cdn, --cdn-prefix, --secure-link-secret-file)."""
+    urls = dict(item.partition("=")[::2] for item in args.url)
+    if args.cdn:
+        secret = Path(args.secure_link_secret_file).read_text().strip()
+        for row in doc["signed"]["files"]:
+            uri = f"{args.cdn_prefix.rstrip('/')}/{row['path']}"
+            urls.setdefault(row["path"], secure_link_url(args.cdn, uri, secret, args.url_lifetime))
+    missing = [r["path"] for r in doc["signed"]["files"] if r["path"] not in urls]
+    if missing:
+        raise Failure(f"no URL for {', '.join(missing)} (--url or --cdn)", EXIT_USAGE)
+    return urls
+
+
+def cmd_rollout(args: argparse.Namespace) -> tuple[Any, str]:
+    client = connect(args)
+    try:
+        if args.action == "create":
+            return rollout_create(args, client)
+        view = rollout.FleetView(args.fleet, "")
+        client.subscribe(rollout.record_topic(args.fleet, args.id))
+        got = client.wait_messages(1, args.timeout)
+        if not got or not got[0][1]:
+            raise Failure(f"no rollout '{args.id}' in fleet {args.fleet}", EXIT_FAILED)
+        view.take(*got[0])
+        record = rollout.Rollout.from_json(got[0][1])
+        if args.action == "promote":
+            payload = json.dumps({"action": "promote"}).encode()
+            client.publish(rollout.control_topic(args.fleet, args.id), payload)
+        elif args.action == "abort" and record.state == "running":
+            controller = rollout.Controller(client, args.cert_name, load_key(args.sign_key),
+                                            args.kid)  # fmt: skip
+            controller.view = view
+            record = controller.abort(record, args.why or "aborted by the operator")
+    finally:
+        client.close()
+    return asdict(record), _rollout_text(record)
+
+
+def rollout_create(args: argparse.Namespace, client: SyncClient) -> tuple[Any, str]:
+    doc = json.loads(Path(args.manifest).read_text())
+    controller = rollout.Controller(client, args.cert_name, load_key(args.sign_key), args.kid)
+    stages = [float(s) / 100 for s in args.stages.split(",")]
+    gates = rollout.Gates(args.max_failure, args.max_p95_increase, args.max_fallback,
+                          args.min_requests)  # fmt: skip
+    record = controller.create(
+        args.id, args.fleet, doc, desired_urls(args, doc), stages, args.soak, gates
+    )
+    record = controller.run(record, args.activation_timeout)
+    if record.state != "done":
+        print(_rollout_text(record))
+        raise Failure(f"rollout {record.id} {record.state}: {record.why}", EXIT_FAILED)
+    return asdict(record), _rollout_text(record)
+
+
+def _rollout_text(record: rollout.Rollout) -> str:
+    why = f": {record.why}" if record.why else ""
+    head = (
+        f"rollout {record.id}: {record.model} version {record.version}, {record.state}{why};"
+        f" stage {min(record.stage + 1, len(record.stages))} of {len(record.stages)};"
+        f" {len(record.touched)} of {len(record.nodes)} nodes"
+    )
+    return "\n".join([head, *record.log])
+
+
+def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
+    key = load_key(args.sign_key)
     try:
         cmd_args = key_values(args.arg)
     except UsageError as exc:
@@ -214,6 +311,49 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--kid", required=True, help="its name on the nodes")
     cmd.add_argument("--lifetime", type=float, default=300.0, help="seconds it stays valid")
     cmd.set_defaults(fn=cmd_cmd)
+
+    made = sub.add_parser("manifest", help="a signed manifest of a model version's files")
+    made.add_argument("--model", required=True)
+    made.add_argument("--version", type=int, required=True, help="above every earlier one")
+    made.add_argument("--file", action="append", required=True, help="a file of the version")
+    made.add_argument("--sign", action="append", required=True, help="KID=KEYFILE (repeat"
+                      " for a threshold of keys)")  # fmt: skip
+    made.add_argument("--lifetime", type=float, default=7 * 24 * 3600.0, help="seconds valid")
+    made.add_argument("--target-fleet", help="only this fleet's nodes")
+    made.add_argument("--hardware", action="append", help="only these machines (aarch64...)")
+    made.add_argument("--nodes", action="append", help="only these nodes")
+    made.add_argument("--smoke", help="a JSON file of smoke cases [{inputs, outputs}]")
+    made.add_argument("--out", help="write it here instead of printing it")
+    made.set_defaults(fn=cmd_manifest)
+
+    roll = sub.add_parser(
+        "rollout",
+        help="canary rollouts: create (and run), status, promote, abort",
+        description=rollout.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    roll.add_argument("action", choices=["create", "status", "promote", "abort"])
+    roll.add_argument("id", help="the rollout's id (a name)")
+    roll.add_argument("--manifest", help="create: the signed manifest (edgefleet manifest)")
+    roll.add_argument("--url", action="append", default=[], help="create: PATH=signed URL")
+    roll.add_argument("--cdn", help="create: base URL of a CDN checking secure links")
+    roll.add_argument("--cdn-prefix", default="/models", help="create: the files' URI prefix")
+    roll.add_argument("--secure-link-secret-file", help="create: the CDN's secret")
+    roll.add_argument("--url-lifetime", type=float, default=24 * 3600.0, help="seconds")
+    roll.add_argument("--stages", default="10,100", help="create: percent of nodes per stage")
+    roll.add_argument("--soak", type=float, default=600.0, help="create: seconds per stage")
+    roll.add_argument("--max-failure", type=float, default=0.05, help="gate: failure rate over"
+                      " the other nodes'")  # fmt: skip
+    roll.add_argument("--max-p95-increase", type=float, default=1.0, help="gate: p95 latency"
+                      " growth (1.0: twice the other nodes')")  # fmt: skip
+    roll.add_argument("--max-fallback", type=float, default=0.1, help="gate: fallback rate"
+                      " over the other nodes'")  # fmt: skip
+    roll.add_argument("--min-requests", type=int, default=20, help="gate: calls before judging")
+    roll.add_argument("--activation-timeout", type=float, default=300.0, help="seconds")
+    roll.add_argument("--sign-key", help="create, abort: the fleet key (signs rollbacks)")
+    roll.add_argument("--kid", default="", help="its name on the nodes")
+    roll.add_argument("--why", default="", help="abort: the reason recorded")
+    roll.set_defaults(fn=cmd_rollout)
     return parser
 
 

@@ -8,9 +8,12 @@
     edge/v1/{fleet}/{node}/cmd/{id}/result   its result, node -> operator
     edge/v1/{fleet}/{node}/desired/models    retained desired model versions, operator -> node
 
-Fleet and node names are 1 to 64 letters, digits, ``_`` or ``-``: never ``/`` or the MQTT
-wildcards ``+`` and ``#``, so that a name can never reach into another node's topics (the
-broker's ACLs grant a node ``edge/v1/+/{its name}/#`` only).
+    edge/v1/{fleet}/_fleet/rollouts/{id}     retained record of a canary rollout (operators)
+
+Fleet and node names are 1 to 64 letters, digits, ``_`` or ``-``, not starting with ``_`` (those
+are the fleet's own levels, such as ``_fleet``): never ``/`` or the MQTT wildcards ``+`` and
+``#``, so that a name can never reach into another node's topics (the broker's ACLs grant a
+node ``edge/v1/+/{its name}/#`` only).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "edge/v1"
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME = re.compile(r"^[A-Za-z0-9-][A-Za-z0-9_-]{0,63}$")  # a leading _ is the fleet's (_fleet)
 CMD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 LEAVES = ("status", "heartbeat", "telemetry", "events")
 
@@ -30,7 +33,7 @@ class TopicError(ValueError):
 
 def check_name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not NAME.match(value):
-        raise TopicError(f"{kind} '{value}': 1 to 64 letters, digits, _ or -")
+        raise TopicError(f"{kind} '{value}': 1 to 64 letters, digits, _ or -, not first _")
     return value
 
 

@@ -93,9 +93,7 @@ def move_in(source: Path, target: Path) -> None:
             os.rename(incoming, target)
         except OSError as copy_exc:
             shutil.rmtree(incoming, ignore_errors=True)
-            raise InvalidRequest(
-                f"cannot copy {source} to {target}: {copy_exc.strerror}"
-            ) from None
+            raise InvalidRequest(f"cannot copy {source} to {target}: {copy_exc.strerror}") from None
         shutil.rmtree(source, ignore_errors=True)
     fd = os.open(target.parent, os.O_RDONLY)
     try:
