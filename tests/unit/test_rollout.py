@@ -1,0 +1,57 @@
+"""Canary rollouts: which nodes a stage takes, and the gates on live figures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cloudsync.mqtt import envelope
+from cloudsync.rollout import FleetView, Gates, Rollout, breached, pick
+
+NODES = [f"n{i}" for i in range(1, 21)]
+
+
+def test_stages_take_a_stable_share_and_grow_without_reshuffling() -> None:
+    first = pick(NODES, "r1", 0.1)
+    assert len(first) == 2 and first == pick(list(reversed(NODES)), "r1", 0.1)
+    assert pick(NODES, "r1", 0.5)[:2] == first  # a later stage keeps the earlier nodes
+    assert len(pick(NODES, "r1", 1.0)) == 20
+    assert pick(NODES, "r2", 0.1) != first or pick(NODES, "r3", 0.1) != first  # per rollout
+    assert len(pick(NODES[:3], "r1", 0.1)) == 1  # at least one
+
+
+def figures(requests: int, failure: float, p95: float | None, fallback: float) -> dict[str, Any]:
+    return {"requests": requests, "failure_rate": failure, "p95_ms": p95,
+            "fallback_rate": fallback}  # fmt: skip
+
+
+def test_each_gate_compares_with_the_other_nodes() -> None:
+    gates = Gates(max_failure=0.05, max_p95_increase=1.0, max_fallback=0.1, min_requests=20)
+    calm = figures(1000, 0.01, 10.0, 0.0)
+    assert breached(gates, figures(100, 0.05, 12.0, 0.05), calm) == ""
+    assert "failure rate 7.0%" in breached(gates, figures(100, 0.07, 12.0, 0.0), calm)
+    assert "p95 25.0 ms against 10.0 ms" in breached(gates, figures(100, 0.0, 25.0, 0.0), calm)
+    assert "fallback rate 20.0%" in breached(gates, figures(100, 0.0, 10.0, 0.2), calm)
+    assert breached(gates, figures(10, 1.0, 99.0, 1.0), calm) == ""  # too few calls yet
+
+
+def test_the_view_reads_steps_and_telemetry_of_one_model() -> None:
+    view = FleetView("f1", "scale")
+
+    def message(node: str, leaf: str, body: dict, ts: int) -> None:
+        env = envelope.Envelope(node, 1, body, ts=ts)
+        view.take(f"edge/v1/f1/{node}/{leaf}", env.encode())
+
+    message("n1", "status", {"state": "online", "hardware": {"machine": "aarch64"}}, 1)
+    message("n1", "events", {"delivery": {"model": "scale", "version": 2, "step": "active"}}, 2)
+    message("n1", "events", {"delivery": {"model": "other", "version": 2, "step": "failed"}}, 3)
+    row = {"model": "scale", "version": "2", "requests": 10, "p95_ms": 4.0,
+           "outcomes": {"success": 8, "invalid": 1, "error": 1}}  # fmt: skip
+    message("n1", "telemetry", {"metrics": {"models": [row], "routes": {"scale": {
+        "local": 9, "fallback": 1}}}}, 100)  # fmt: skip
+    node = view.nodes["n1"]
+    assert node.online and node.machine == "aarch64" and node.steps == {2: "active"}
+    got = view.figures(["n1"], since=50, version=2)
+    assert got == {"requests": 10, "failure_rate": 0.2, "p95_ms": 4.0, "fallback_rate": 0.1}
+    assert view.figures(["n1"], since=200, version=2)["requests"] == 0
+    record = Rollout("r1", "f1", "scale", 2, {}, {}, [0.1, 1.0], 60.0, Gates(), ["n1"])
+    assert Rollout.from_json(record.as_json()) == record
