@@ -58,8 +58,8 @@ MAX_LOG_LINES = 1000
 MAX_LOG_MESSAGE = 500  # characters of one line in a ``logs`` result
 MAX_DRAIN_WAIT_S = 600.0  # the command worker waits no longer for a drain
 COMMANDS = (
-    "ping, status, models, versions, activate, rollback, routing, set-routing, reset-routing,"
-    " reload, drain, resume, logs"
+    "ping, status, models, versions, activate, rollback, cloud-ab, routing, set-routing,"
+    " reset-routing, reload, drain, resume, logs"
 )
 RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
@@ -276,6 +276,11 @@ class Agent:
             "rollback": lambda: self.rollback(edged, command, args),
             "activate": lambda: edged.activate(_text(args, "model"), _version(args)),
             "versions": lambda: edged.model_versions(_text(args, "model")),
+            "cloud-ab": lambda: edged.call(
+                "PUT",
+                f"/v1/admin/cloud/{_text(args, 'model')}/ab",
+                {k: v for k, v in args.items() if k != "model"},
+            ),
             "logs": lambda: self.logs(args),
         }
         if name not in calls:

@@ -24,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 REQUESTS = "edged_inference_requests"
 LATENCY = "edged_inference_request_duration_seconds"
 ROUTES = "edged_route_decisions"
+CLOUD = "edged_cloud_requests"
+CLOUD_LATENCY = "edged_cloud_request_duration_seconds"
 ERROR_OUTCOMES = ("error", "timeout", "unavailable")  # the caller got no answer, not its fault
 FAILED_OUTCOMES = (*ERROR_OUTCOMES, "invalid")  # and the input refused: a version's health
 
@@ -40,6 +42,8 @@ class Snapshot:
     buckets: dict[Key, dict[float, float]] = field(default_factory=dict)  # (model, version)
     latency_sum: dict[Key, float] = field(default_factory=dict)
     routes: dict[Key, float] = field(default_factory=dict)  # (model, route, reason)
+    cloud: dict[Key, float] = field(default_factory=dict)  # (model, cloud_model, outcome)
+    cloud_sum: dict[Key, float] = field(default_factory=dict)  # (model, cloud_model): seconds
 
     def route_totals(self) -> dict[str, int]:
         """Routing decisions since edged started, by route (the heartbeat's)."""
@@ -60,6 +64,8 @@ class Snapshot:
                 ],
                 "latency_sum": [[*k, v] for k, v in self.latency_sum.items()],
                 "routes": [[*k, v] for k, v in self.routes.items()],
+                "cloud": [[*k, v] for k, v in self.cloud.items()],
+                "cloud_sum": [[*k, v] for k, v in self.cloud_sum.items()],
             }
         )
 
@@ -75,6 +81,8 @@ class Snapshot:
             {tuple(r[:-1]): {float(le): n for le, n in r[-1]} for r in doc["buckets"]},
             {tuple(r[:-1]): r[-1] for r in doc["latency_sum"]},
             {tuple(r[:-1]): r[-1] for r in doc["routes"]},
+            {tuple(r[:-1]): r[-1] for r in doc.get("cloud", [])},
+            {tuple(r[:-1]): r[-1] for r in doc.get("cloud_sum", [])},
         )
 
 
@@ -82,7 +90,7 @@ def parse(text: str, at: float, epoch: str = "") -> Snapshot:
     """The metrics edged's telemetry uses, from Prometheus' text format."""
     snap = Snapshot(at, epoch)
     for family in text_string_to_metric_families(text):
-        if family.name not in (REQUESTS, LATENCY, ROUTES):
+        if family.name not in (REQUESTS, LATENCY, ROUTES, CLOUD, CLOUD_LATENCY):
             continue
         for sample in family.samples:
             labels = sample.labels
@@ -97,6 +105,11 @@ def parse(text: str, at: float, epoch: str = "") -> Snapshot:
             elif sample.name == f"{ROUTES}_total":
                 key = (labels["model"], labels["route"], labels["reason"])
                 snap.routes[key] = sample.value
+            elif sample.name == f"{CLOUD}_total":
+                key = (labels["model"], labels["cloud_model"], labels["outcome"])
+                snap.cloud[key] = sample.value
+            elif sample.name == f"{CLOUD_LATENCY}_sum":
+                snap.cloud_sum[(labels["model"], labels["cloud_model"])] = sample.value
     return snap
 
 
@@ -165,7 +178,17 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
     for (model, route, _), value in _delta(now.routes, base.routes).items():
         if value:
             routes[model][route] += int(value)
-    if not models and not routes:
+    cloud: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    cloud_seconds = _delta(now.cloud_sum, base.cloud_sum)
+    for (model, arm, outcome), value in _delta(now.cloud, base.cloud).items():
+        if value:
+            row = cloud[model].setdefault(arm, {"requests": 0, "errors": 0})
+            row["requests"] += int(value)
+            row["errors"] += int(value) if outcome == "error" else 0
+    for model, arms in cloud.items():
+        for arm, row in arms.items():
+            row["mean_ms"] = round(1000 * cloud_seconds.get((model, arm), 0.0) / row["requests"], 3)
+    if not models and not routes and not cloud:
         return None
     return {
         "metrics": {
@@ -174,6 +197,7 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
             "edged_epoch": now.epoch,
             "models": models,
             "routes": {m: dict(r) for m, r in sorted(routes.items())},
+            "cloud": dict(sorted(cloud.items())),  # per model, per version called (A/B arms)
         }
     }
 

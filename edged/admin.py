@@ -14,6 +14,8 @@ that the operator's file stays theirs and a package upgrade never sees it change
   ``edged.models.install``), activate one on disk, roll back to the one before. The active
   version of each model is kept, so a restart serves it (never a version that was staged and not
   yet activated), with the versions activated before it.
+- **Cloud A/B**: a share of a model's cloud calls go to a second version on the cloud server
+  (over the config's ``b_cloud_name``/``b_share``); the metrics say how each arm does.
 - **Drain**: the local tier takes no new work (the path decision sees it as unavailable, with the
   operator's reason); what can go to the cloud goes there, the rest is answered 503. Drain waits
   for the local work in flight to finish (up to a timeout) and says how much is left; ``resume``
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.config import RoutingConfig, validate
-from edged.errors import ConfigError, InvalidRequest, NotFound
+from edged.errors import ConfigError, EdgedError, InvalidRequest, NotFound
 from edged.models import install
 from edged.models.repository import VERSION, ModelManager, ModelVersion
 from edged.router import Router
@@ -65,6 +67,7 @@ class Admin:
         self.overrides: dict[str, Any] = {}
         self.drained: dict[str, Any] | None = None
         self.history: dict[str, list[int]] = {}  # per model, the versions activated, oldest first
+        self.splits: dict[str, dict[str, Any]] = {}  # cloud A/B set here: model -> b and share
         self._restore()
 
     # ---- what is kept --------------------------------------------------------------------
@@ -74,10 +77,12 @@ class Admin:
             kept = json.loads(self.path.read_text())
             overrides, drained = kept.get("routing_overrides", {}), kept.get("drained")
             history = kept.get("models", {})
+            splits = kept.get("cloud_ab", {})
             if (
                 not isinstance(overrides, dict)
                 or not isinstance(drained, (dict, type(None)))
                 or not isinstance(history, dict)
+                or not isinstance(splits, dict)
                 or not all(
                     isinstance(v, list) and v and all(isinstance(i, int) for i in v)
                     for v in history.values()
@@ -93,6 +98,11 @@ class Admin:
         self.configure(self.base)
         self.history = history
         self.manager.pinned.update({name: versions[-1] for name, versions in history.items()})
+        for model, split in splits.items():
+            try:
+                self._split(model, split)
+            except EdgedError as exc:
+                log.error("admin: the cloud A/B of %s is not applied: %s", model, exc.message)
         if drained is not None:
             self.drained = drained
             self.router.drained = str(drained.get("reason") or "drained by the operator")
@@ -104,6 +114,7 @@ class Admin:
             "routing_overrides": self.overrides,
             "drained": self.drained,
             "models": self.history,
+            "cloud_ab": self.splits,
         }
         temporary = self.path.with_name(self.path.name + ".tmp")
         try:
@@ -280,6 +291,32 @@ class Admin:
         if removed:
             log.info("model %s: removed versions %s from disk", name, removed)
         return {**self.versions(name), "removed": removed}
+
+    # ---- cloud A/B -------------------------------------------------------------------------
+
+    def _split(self, model: str, doc: Any) -> dict[str, Any]:
+        cloud = self.router.cloud
+        if cloud is None:
+            raise NotFound("this edged has no cloud tier ([cloud] url)")
+        b_name = doc.get("b_cloud_name") if isinstance(doc, dict) else None
+        share = doc.get("b_share", 0) if isinstance(doc, dict) else None
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise InvalidRequest("'b_share' must be a share of calls, 0 to 1")
+        if share and (not isinstance(b_name, str) or not 0 < len(b_name) <= 128):
+            raise InvalidRequest("'b_cloud_name' must name the cloud model of arm b")
+        cloud.set_split(model, b_name, float(share))
+        if share:
+            self.splits[model] = {"b_cloud_name": b_name, "b_share": float(share)}
+        else:
+            self.splits.pop(model, None)
+        return {"model": model, "ab": cloud.state()["ab"].get(model)}
+
+    def set_split(self, model: str, doc: Any) -> dict[str, Any]:
+        """PUT /v1/admin/cloud/{m}/ab {"b_cloud_name", "b_share"} (share 0: arm a only)."""
+        reply = self._split(model, doc)
+        log.info("cloud A/B of %s: %s", model, reply["ab"] or "off")
+        self._save()
+        return reply
 
     # ---- reload and drain --------------------------------------------------------------------
 

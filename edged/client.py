@@ -180,6 +180,11 @@ class Client:
         doc = {} if version is None else {"version": version}
         return dict(self.call("POST", f"/v1/admin/models/{model}/activate", doc))
 
+    def set_ab(self, model: str, b_cloud_name: str | None, b_share: float) -> dict[str, Any]:
+        """Cloud A/B: ``b_share`` of the model's cloud calls to ``b_cloud_name`` (0: none)."""
+        doc = {"b_cloud_name": b_cloud_name, "b_share": b_share}
+        return dict(self.call("PUT", f"/v1/admin/cloud/{model}/ab", doc))
+
     # ---- knowledge base --------------------------------------------------------------------
 
     def kb_ingest(self, namespace: str, documents: list[dict[str, Any]]) -> dict[str, Any]:

@@ -232,6 +232,16 @@ class CloudModelConfig(Section):
     cloud_name: str | None = Field(None, description="its name on the cloud server (default: name)")
     task_type: str | None = Field(None, description="its task type (default: the local model's)")
     cost: float = Field(0.0, ge=0, description="cost of one call, in the operator's unit")
+    b_cloud_name: str | None = Field(
+        None, description="A/B: a second version on the cloud server (arm b; cloud_name is a)"
+    )
+    b_share: float = Field(0.0, ge=0, le=1, description="A/B: the share of calls that go to b")
+
+    @model_validator(mode="after")
+    def _ab(self) -> CloudModelConfig:
+        if self.b_share > 0 and not self.b_cloud_name:
+            raise ValueError("b_share needs b_cloud_name")
+        return self
 
 
 class CloudConfig(Section):

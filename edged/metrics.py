@@ -92,6 +92,20 @@ class Metrics:
             registry=r,
         )
         self._route_children: dict[tuple[str, str, str], Any] = {}
+        self.cloud_requests = Counter(
+            "edged_cloud_requests",
+            "Calls to the cloud tier by model, the version called on the server (cloud_model:"
+            " an A/B arm) and outcome (success, error)",
+            ["model", "cloud_model", "outcome"],
+            registry=r,
+        )
+        self.cloud_seconds = Histogram(
+            "edged_cloud_request_duration_seconds",
+            "Time of a call to the cloud tier, by model and the version called on the server",
+            ["model", "cloud_model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
 
     def route(self, model: str, route: str, reason: str) -> None:
         """Count one routing decision (``reason``: the rule's label or what decided)."""
@@ -100,6 +114,11 @@ class Metrics:
         if child is None:  # labels() costs a lock and a lookup: once per combination
             child = self._route_children[key] = self.routes.labels(*key)
         child.inc()
+
+    def cloud_call(self, model: str, cloud_model: str, seconds: float, ok: bool) -> None:
+        """One call to the cloud tier ended (labels: names from the catalog and the config)."""
+        self.cloud_requests.labels(model, cloud_model, "success" if ok else "error").inc()
+        self.cloud_seconds.labels(model, cloud_model).observe(seconds)
 
     def attach(self, scheduler: Scheduler, model: str, version: int) -> None:
         """Observe one model version's scheduler: its hooks, and its queue depth read when

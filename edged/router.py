@@ -410,6 +410,10 @@ class Router:
         wanted = [o.name for o in call.config.outputs] if call.config else []
         deadline = call.ctx.deadline
         attempt = 0
+        arm, target = self.cloud.arm(call.name)
+        call.record["cloud_model"] = target
+        if arm == "b":
+            call.record["reason"] += f"; A/B: arm b ({target})"
         while True:
             rtt = self.cloud.link.rtt
             started = time.perf_counter()
@@ -417,9 +421,16 @@ class Router:
             call.ran["cloud"] = None
             try:
                 out = await self.cloud.infer(
-                    call.name, call.inputs, wanted, budget, call.ctx.request_id, call.payload
+                    call.name,
+                    call.inputs,
+                    wanted,
+                    budget,
+                    call.ctx.request_id,
+                    call.payload,
+                    target,
                 )
             except CloudError as exc:
+                self.metrics.cloud_call(call.name, target, time.perf_counter() - started, False)
                 attempt += 1
                 pause = self.cloud.backoff(attempt)
                 if (
@@ -433,6 +444,7 @@ class Router:
                 continue
             seconds = time.perf_counter() - started
             call.ran["cloud"] = seconds
+            self.metrics.cloud_call(call.name, target, seconds, True)
             self.estimates.observe(call.name, "cloud", seconds, None, call.payload, rtt)
             return CLOUD_VERSION, out
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import ssl
 import time
 from collections.abc import Callable, Iterable
@@ -168,6 +169,11 @@ class CloudEndpoint(Background):
         self.module: Any = triton
         self.binary = True if self.grpc else config.binary_data
         self.catalog: dict[str, CatalogEntry] = {}
+        # A/B: local name -> (the b version's cloud name, the share of calls it gets)
+        self.splits: dict[str, tuple[str, float]] = {
+            m.name: (m.b_cloud_name, m.b_share) for m in config.models if m.b_cloud_name
+        }
+        self.rng = random.Random()
         self.breaker = CircuitBreaker(
             error_rate=config.breaker_error_rate,
             window=config.breaker_window_s,
@@ -298,6 +304,21 @@ class CloudEndpoint(Background):
 
     # ---- calls -----------------------------------------------------------------------------
 
+    def set_split(self, model: str, b_cloud_name: str | None, share: float) -> None:
+        """A/B: ``share`` of ``model``'s cloud calls go to ``b_cloud_name`` (0 or None: none)."""
+        if b_cloud_name and share > 0:
+            self.splits[model] = (b_cloud_name, share)
+        else:
+            self.splits.pop(model, None)
+
+    def arm(self, model: str) -> tuple[str, str]:
+        """Which version a call of ``model`` goes to: ("a" or "b", its name on the server)."""
+        entry = self.catalog.get(model)
+        split = self.splits.get(model)
+        if split is not None and self.rng.random() < split[1]:
+            return "b", split[0]
+        return "a", entry.cloud_name if entry else model
+
     def unavailable(self, model: str) -> str:
         """Why ``model`` cannot go to the cloud now ("" when it can). Takes no breaker slot."""
         if not self.link.up:
@@ -316,9 +337,11 @@ class CloudEndpoint(Background):
         timeout: float,
         request_id: str = "",
         payload: int = 0,
+        cloud_name: str | None = None,
     ) -> Tensors:
         """One call; CloudError says why it failed. ``timeout`` (s) bounds it, here and on the
-        server (as the OIP ``timeout`` parameter)."""
+        server (as the OIP ``timeout`` parameter). ``cloud_name``: the version to call (an A/B
+        arm; default the catalog's)."""
         if self.client is None:
             raise CloudError("the cloud client is not started", link_fault=False)
         if timeout <= 0:
@@ -349,7 +372,7 @@ class CloudEndpoint(Background):
         try:
             result = await asyncio.wait_for(
                 self.client.infer(
-                    entry.cloud_name if entry else model,
+                    cloud_name or (entry.cloud_name if entry else model),
                     request,
                     outputs=wanted or None,
                     request_id=request_id,
@@ -412,4 +435,5 @@ class CloudEndpoint(Background):
             "breaker_trials": self.breaker.trials,
             "error_rate": round(self.breaker.failure_rate(), 4),
             "catalog": sorted(self.catalog),
+            "ab": {m: {"b_cloud_name": b, "b_share": s} for m, (b, s) in self.splits.items()},
         }

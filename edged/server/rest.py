@@ -201,6 +201,9 @@ def admin_routes(admin: Admin, settings: ServerConfig) -> list[web.RouteDef]:
     async def activate(request: web.Request) -> Any:
         return await admin.activate(request.match_info["model"], await body(request))
 
+    async def split(request: web.Request) -> Any:
+        return admin.set_split(request.match_info["model"], await read_json(request))
+
     async def rollback(request: web.Request) -> Any:
         return await admin.activate(request.match_info["model"], None)
 
@@ -215,6 +218,7 @@ def admin_routes(admin: Admin, settings: ServerConfig) -> list[web.RouteDef]:
         web.post("/v1/admin/models/{model}/install", handler(install)),
         web.post("/v1/admin/models/{model}/activate", handler(activate)),
         web.post("/v1/admin/models/{model}/rollback", handler(rollback)),
+        web.put("/v1/admin/cloud/{model}/ab", handler(split)),
     ]
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from edged.client import Client, ClientError
 from tests.conftest import CLOUD_MODEL as MODEL
+from tests.conftest import CLOUD_MODEL_B as MODEL_B
 from tests.conftest import MODELS, Cloud, Daemon, copy_model, linked_repository, wait_for
 from tests.integration.test_scheduling import metric
 
@@ -376,3 +377,45 @@ def test_cloud_5xx_opens_the_breaker_then_it_closes_after_recovery(
         assert ask(client, 200 + i)["route"] == "cloud"
     state = cloud_state(client)
     assert state["breaker"] == "closed" and state["breaker_trials"] >= 3, state
+
+
+# ---- cloud A/B -----------------------------------------------------------------------------
+
+
+def test_a_cloud_ab_split_sends_a_share_to_arm_b_with_metrics_per_arm(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    cloud = faults_cleared
+    split = f'[[cloud.models]]\nname = "{MODEL}"\nb_cloud_name = "{MODEL_B}"\nb_share = 0.3\n'
+    daemon = edged_with_cloud(make_daemon, cloud, extra=split)
+    client = daemon.client
+
+    def served(first: int, count: int) -> dict[str, int]:
+        answers = [ask(client, first + i, route="cloud") for i in range(count)]
+        assert all(a["route"] == "cloud" for a in answers)
+        ids = {f"req-{first + i}" for i in range(count)}
+        seen = [s["model"] for s in cloud.seen() if s["id"] in ids]
+        assert len(seen) == count
+        return {arm: seen.count(arm) for arm in (MODEL, MODEL_B)}
+
+    arms = served(5000, 200)
+    assert 35 <= arms[MODEL_B] <= 90, arms  # 30% of 200: 60, binomial sd 6.5
+    for arm, count in arms.items():  # the metrics per arm agree with the server's own journal
+        assert metric(client, "edged_cloud_requests_total", cloud_model=arm) == count
+    assert metric(client, "edged_cloud_request_duration_seconds_count", cloud_model=MODEL_B) > 0
+    explained = client.infer_answer(MODEL, {"embedding": embedding(1)}, parameters={
+        "route": "cloud", "explain": True})[1]  # fmt: skip
+    assert json.loads(explained["route_trace"])[0]["cloud_model"] in (MODEL, MODEL_B)
+
+    assert client.set_ab(MODEL, MODEL_B, 1.0)["ab"] == {"b_cloud_name": MODEL_B, "b_share": 1.0}
+    assert served(6000, 20) == {MODEL: 0, MODEL_B: 20}
+    assert daemon.stop() == 0
+    daemon.start()  # the split set by command is kept
+    wait_for(lambda: MODEL in cloud_state(daemon.client)["catalog"], 10, "the catalog")
+    assert cloud_state(daemon.client)["ab"][MODEL]["b_share"] == 1.0
+    assert served(7000, 10) == {MODEL: 0, MODEL_B: 10}
+    assert client.set_ab(MODEL, None, 0)["ab"] is None
+    assert served(8000, 10) == {MODEL: 10, MODEL_B: 0}
+    with pytest.raises(ClientError) as refused:
+        client.set_ab(MODEL, MODEL_B, 2)
+    assert refused.value.status == 400 and "b_share" in refused.value.message

@@ -92,3 +92,20 @@ def test_quantiles_interpolate_within_buckets_like_histogram_quantile() -> None:
     assert quantile(0.5, {0.1: 0.0, float("inf"): 0.0}) is None
     assert quantile(0.99, {0.1: 1.0, float("inf"): 10.0}) == 0.1  # in +Inf: the top bound
     assert LATENCY == "edged_inference_request_duration_seconds"
+
+
+def test_cloud_calls_are_counted_per_arm_of_an_ab_split() -> None:
+    metrics = Metrics()
+    first = snapshot(metrics, 0.0)
+    for _ in range(7):
+        metrics.cloud_call("intent", "intent-v1", 0.010, True)
+    for _ in range(3):
+        metrics.cloud_call("intent", "intent-v2", 0.020, True)
+    metrics.cloud_call("intent", "intent-v2", 0.5, False)
+    body = telemetry(snapshot(metrics, 10.0), first)
+    assert body is not None
+    arms = body["metrics"]["cloud"]["intent"]
+    assert arms["intent-v1"] == {"requests": 7, "errors": 0, "mean_ms": 10.0}
+    assert arms["intent-v2"]["requests"] == 4 and arms["intent-v2"]["errors"] == 1
+    assert arms["intent-v2"]["mean_ms"] == pytest.approx(1000 * (0.06 + 0.5) / 4, abs=1e-3)
+    assert Snapshot.from_state(snapshot(metrics, 10.0).to_state()) == snapshot(metrics, 10.0)
