@@ -232,7 +232,7 @@ def rollout_create(args: argparse.Namespace, client: SyncClient) -> tuple[Any, s
     controller = rollout.Controller(client, args.cert_name, load_key(args.sign_key), args.kid)
     stages = [float(s) / 100 for s in args.stages.split(",")]
     gates = rollout.Gates(args.max_failure, args.max_p95_increase, args.max_fallback,
-                          args.min_requests)  # fmt: skip
+                          args.min_requests, args.max_confidence_drop)  # fmt: skip
     record = controller.create(
         args.id, args.fleet, doc, desired_urls(args, doc), stages, args.soak, gates
     )
@@ -348,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
                       " growth (1.0: twice the other nodes')")  # fmt: skip
     roll.add_argument("--max-fallback", type=float, default=0.1, help="gate: fallback rate"
                       " over the other nodes'")  # fmt: skip
+    roll.add_argument("--max-confidence-drop", type=float, default=0.1, help="gate: mean"
+                      " confidence below the other nodes' (classifiers)")  # fmt: skip
     roll.add_argument("--min-requests", type=int, default=20, help="gate: calls before judging")
     roll.add_argument("--activation-timeout", type=float, default=300.0, help="seconds")
     roll.add_argument("--sign-key", help="create, abort: the fleet key (signs rollbacks)")

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 REQUESTS = "edged_inference_requests"
 LATENCY = "edged_inference_request_duration_seconds"
 ROUTES = "edged_route_decisions"
+CONFIDENCE = "edged_inference_confidence"
 CLOUD = "edged_cloud_requests"
 CLOUD_LATENCY = "edged_cloud_request_duration_seconds"
 ERROR_OUTCOMES = ("error", "timeout", "unavailable")  # the caller got no answer, not its fault
@@ -42,6 +43,7 @@ class Snapshot:
     buckets: dict[Key, dict[float, float]] = field(default_factory=dict)  # (model, version)
     latency_sum: dict[Key, float] = field(default_factory=dict)
     routes: dict[Key, float] = field(default_factory=dict)  # (model, route, reason)
+    confidence: dict[Key, tuple[float, float]] = field(default_factory=dict)  # version: sum, n
     cloud: dict[Key, float] = field(default_factory=dict)  # (model, cloud_model, outcome)
     cloud_sum: dict[Key, float] = field(default_factory=dict)  # (model, cloud_model): seconds
 
@@ -64,6 +66,7 @@ class Snapshot:
                 ],
                 "latency_sum": [[*k, v] for k, v in self.latency_sum.items()],
                 "routes": [[*k, v] for k, v in self.routes.items()],
+                "confidence": [[*k, *v] for k, v in self.confidence.items()],
                 "cloud": [[*k, v] for k, v in self.cloud.items()],
                 "cloud_sum": [[*k, v] for k, v in self.cloud_sum.items()],
             }
@@ -81,6 +84,7 @@ class Snapshot:
             {tuple(r[:-1]): {float(le): n for le, n in r[-1]} for r in doc["buckets"]},
             {tuple(r[:-1]): r[-1] for r in doc["latency_sum"]},
             {tuple(r[:-1]): r[-1] for r in doc["routes"]},
+            {tuple(r[:-2]): (r[-2], r[-1]) for r in doc.get("confidence", [])},
             {tuple(r[:-1]): r[-1] for r in doc.get("cloud", [])},
             {tuple(r[:-1]): r[-1] for r in doc.get("cloud_sum", [])},
         )
@@ -90,7 +94,7 @@ def parse(text: str, at: float, epoch: str = "") -> Snapshot:
     """The metrics edged's telemetry uses, from Prometheus' text format."""
     snap = Snapshot(at, epoch)
     for family in text_string_to_metric_families(text):
-        if family.name not in (REQUESTS, LATENCY, ROUTES, CLOUD, CLOUD_LATENCY):
+        if family.name not in (REQUESTS, LATENCY, ROUTES, CONFIDENCE, CLOUD, CLOUD_LATENCY):
             continue
         for sample in family.samples:
             labels = sample.labels
@@ -105,6 +109,13 @@ def parse(text: str, at: float, epoch: str = "") -> Snapshot:
             elif sample.name == f"{ROUTES}_total":
                 key = (labels["model"], labels["route"], labels["reason"])
                 snap.routes[key] = sample.value
+            elif sample.name in (f"{CONFIDENCE}_sum", f"{CONFIDENCE}_count"):
+                version = (labels["model"], labels["version"])
+                total, count = snap.confidence.get(version, (0.0, 0.0))
+                if sample.name.endswith("_sum"):
+                    snap.confidence[version] = (sample.value, count)
+                else:
+                    snap.confidence[version] = (total, sample.value)
             elif sample.name == f"{CLOUD}_total":
                 key = (labels["model"], labels["cloud_model"], labels["outcome"])
                 snap.cloud[key] = sample.value
@@ -170,6 +181,11 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
             "outcomes": outcomes,
             "mean_ms": round(1000 * seconds / count, 3),
         }
+        total, scored = now.confidence.get((model, version), (0.0, 0.0))
+        was_total, was_scored = base.confidence.get((model, version), (0.0, 0.0))
+        if scored > was_scored:  # a classifier: its mean confidence in the interval
+            row["confidence_mean"] = round((total - was_total) / (scored - was_scored), 4)
+            row["confidence_n"] = int(scored - was_scored)
         for q in (0.5, 0.95, 0.99):
             found = quantile(q, buckets)
             row[f"p{round(q * 100)}_ms"] = None if found is None else round(1000 * found, 3)

@@ -20,6 +20,8 @@ The gates, as differences from the nodes not in the stage (the baseline):
 - p95 latency above the baseline's by the factor ``1 + max_p95_increase``;
 - fallback rate (local calls that the cloud had to finish) above the baseline's by
   ``max_fallback``;
+- mean confidence (a classifier's best score, edged's ``edged_inference_confidence``) below the
+  baseline's by ``max_confidence_drop``: the new version is less sure of the same traffic;
 
 each only once the canary nodes served ``min_requests`` calls. The rollout's record is kept
 retained on ``edge/v1/{fleet}/_fleet/rollouts/{id}``: ``status`` reads it, ``abort`` acts on
@@ -70,6 +72,7 @@ class Gates:
     max_p95_increase: float = 1.0
     max_fallback: float = 0.1
     min_requests: int = 20
+    max_confidence_drop: float = 0.1
 
 
 @dataclass
@@ -166,8 +169,8 @@ class FleetView:
     def figures(self, nodes: list[str], since: int, version: int | None) -> dict[str, Any]:
         """Calls, failures, the worst p95 and fallbacks of ``nodes`` since ``since`` (ms), for
         ``version`` (None: any)."""
-        requests = failed = fallbacks = routed = 0
-        p95 = 0.0
+        requests = failed = fallbacks = routed = scored = 0
+        p95 = confidence = 0.0
         for name in nodes:
             node = self.nodes.get(name, NodeFigures())
             for ts, row in node.rows:
@@ -177,6 +180,9 @@ class FleetView:
                 failed += sum(row["outcomes"].get(o, 0) for o in FAILED_OUTCOMES)
                 if row["requests"] >= 5 and row.get("p95_ms") is not None:
                     p95 = max(p95, float(row["p95_ms"]))
+                if row.get("confidence_n"):
+                    scored += row["confidence_n"]
+                    confidence += row["confidence_mean"] * row["confidence_n"]
             for ts, routes in node.routes:
                 if ts >= since:
                     routed += sum(routes.values())
@@ -186,6 +192,7 @@ class FleetView:
             "failure_rate": failed / requests if requests else 0.0,
             "p95_ms": p95 or None,
             "fallback_rate": fallbacks / routed if routed else 0.0,
+            "confidence": confidence / scored if scored else None,
         }
 
 
@@ -199,6 +206,9 @@ def breached(gates: Gates, canary: dict[str, Any], baseline: dict[str, Any]) -> 
     slow, usual = canary["p95_ms"], baseline["p95_ms"]
     if slow and usual and slow > usual * (1 + gates.max_p95_increase):
         return f"p95 {slow:.1f} ms against {usual:.1f} ms on the other nodes"
+    sure, usually = canary["confidence"], baseline["confidence"]
+    if sure is not None and usually is not None and sure < usually - gates.max_confidence_drop:
+        return f"mean confidence {sure:.3f} against {usually:.3f} on the other nodes"
     if canary["fallback_rate"] > baseline["fallback_rate"] + gates.max_fallback:
         return (f"fallback rate {canary['fallback_rate']:.1%} against"
                 f" {baseline['fallback_rate']:.1%}")  # fmt: skip

@@ -19,6 +19,7 @@ LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
 def outcome_of(error: BaseException | None) -> str:
@@ -92,6 +93,14 @@ class Metrics:
             registry=r,
         )
         self._route_children: dict[tuple[str, str, str], Any] = {}
+        self.confidences = Histogram(
+            "edged_inference_confidence",
+            "Each local call's best score (the mean over its rows), for classifiers (an output"
+            " with labels, or the model's confidence_output): a new version's drift shows here",
+            model,
+            buckets=CONFIDENCE_BUCKETS,
+            registry=r,
+        )
         self.cloud_requests = Counter(
             "edged_cloud_requests",
             "Calls to the cloud tier by model, the version called on the server (cloud_model:"
@@ -114,6 +123,9 @@ class Metrics:
         if child is None:  # labels() costs a lock and a lookup: once per combination
             child = self._route_children[key] = self.routes.labels(*key)
         child.inc()
+
+    def confidence(self, model: str, version: int, value: float) -> None:
+        self.confidences.labels(model, str(version)).observe(value)
 
     def cloud_call(self, model: str, cloud_model: str, seconds: float, ok: bool) -> None:
         """One call to the cloud tier ended (labels: names from the catalog and the config)."""

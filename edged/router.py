@@ -397,6 +397,12 @@ class Router:
         seconds = time.perf_counter() - started
         call.ran["local"] = seconds
         self.estimates.observe(call.name, "local", seconds, load, call.payload)
+        output = call.config.confidence_output if call.config is not None else None
+        if output is not None and output in out and out[output].size:
+            scores = np.asarray(out[output], dtype=np.float64)
+            best = scores.max(axis=-1) if scores.ndim > 1 else scores
+            # the call's mean best score: a new version's drift shows in its distribution
+            self.metrics.confidence(call.name, served, float(best.mean()))
         return str(served), out
 
     async def _cloud(self, call: Call, reserve: float) -> tuple[str, Tensors]:
@@ -454,7 +460,7 @@ class Router:
         threshold = call.config.parameters.get("escalate_below")
         if threshold is None:
             return served, outputs
-        output = call.config.parameters.get("confidence_output") or call.config.outputs[0].name
+        output = call.config.confidence_output or call.config.outputs[0].name
         if output not in outputs:
             return served, outputs
         sure = confidence(outputs[output])

@@ -103,6 +103,15 @@ class ModelConfig:
         return str(self.proto.backend)
 
     @property
+    def confidence_output(self) -> str | None:
+        """The output whose best score is the model's confidence: ``confidence_output`` in
+        its parameters, else its first classification output (one with labels)."""
+        named = self.parameters.get("confidence_output")
+        if named:
+            return named
+        return next((o.name for o in self.outputs if o.label_filename), None)
+
+    @property
     def is_pipeline(self) -> bool:
         """True for edged's pipeline backend (pre/post-processing around other models)."""
         return bool(self.proto.backend == PIPELINE_BACKEND)

@@ -507,6 +507,8 @@ def test_fleet_commands_operate_edged_and_its_metrics_arrive_as_telemetry(
             for r in e.body["metrics"]["models"] if r["model"] == MODEL
         ]  # fmt: skip
         assert row["errors"] == 0 and row["p95_ms"] > 0 and row["version"] == "1"
+        # a classifier (an output with labels): its mean best score, for drift gates
+        assert 0 < row["confidence_mean"] <= 1 and row["confidence_n"] == row["requests"]
 
         done = command("set-routing", local_threshold_ms=42)
         assert done["ok"] and done["result"]["overrides"] == {"local_threshold_ms": 42}, done

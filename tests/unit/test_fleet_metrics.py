@@ -109,3 +109,15 @@ def test_cloud_calls_are_counted_per_arm_of_an_ab_split() -> None:
     assert arms["intent-v2"]["requests"] == 4 and arms["intent-v2"]["errors"] == 1
     assert arms["intent-v2"]["mean_ms"] == pytest.approx(1000 * (0.06 + 0.5) / 4, abs=1e-3)
     assert Snapshot.from_state(snapshot(metrics, 10.0).to_state()) == snapshot(metrics, 10.0)
+
+
+def test_a_classifiers_mean_confidence_per_interval() -> None:
+    metrics = Metrics()
+    first = snapshot(metrics, 0.0)
+    for value in (0.9, 0.8, 0.7):
+        metrics.finished("intent", 1, 0.01, None)
+        metrics.confidence("intent", 1, value)
+    body = telemetry(snapshot(metrics, 5.0), first)
+    assert body is not None
+    (row,) = body["metrics"]["models"]
+    assert row["confidence_mean"] == pytest.approx(0.8) and row["confidence_n"] == 3

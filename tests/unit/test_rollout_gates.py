@@ -19,19 +19,25 @@ def test_stages_take_a_stable_share_and_grow_without_reshuffling() -> None:
     assert len(pick(NODES[:3], "r1", 0.1)) == 1  # at least one
 
 
-def figures(requests: int, failure: float, p95: float | None, fallback: float) -> dict[str, Any]:
+def figures(
+    requests: int, failure: float, p95: float | None, fallback: float, sure: float | None = None
+) -> dict[str, Any]:
     return {"requests": requests, "failure_rate": failure, "p95_ms": p95,
-            "fallback_rate": fallback}  # fmt: skip
+            "fallback_rate": fallback, "confidence": sure}  # fmt: skip
 
 
 def test_each_gate_compares_with_the_other_nodes() -> None:
     gates = Gates(max_failure=0.05, max_p95_increase=1.0, max_fallback=0.1, min_requests=20)
-    calm = figures(1000, 0.01, 10.0, 0.0)
+    calm = figures(1000, 0.01, 10.0, 0.0, 0.9)
     assert breached(gates, figures(100, 0.05, 12.0, 0.05), calm) == ""
     assert "failure rate 7.0%" in breached(gates, figures(100, 0.07, 12.0, 0.0), calm)
     assert "p95 25.0 ms against 10.0 ms" in breached(gates, figures(100, 0.0, 25.0, 0.0), calm)
     assert "fallback rate 20.0%" in breached(gates, figures(100, 0.0, 10.0, 0.2), calm)
     assert breached(gates, figures(10, 1.0, 99.0, 1.0), calm) == ""  # too few calls yet
+    assert "mean confidence 0.700 against 0.900" in breached(
+        gates, figures(100, 0.0, 10.0, 0.0, 0.7), calm
+    )
+    assert breached(gates, figures(100, 0.0, 10.0, 0.0, 0.85), calm) == ""
 
 
 def test_the_view_reads_steps_and_telemetry_of_one_model() -> None:
@@ -45,13 +51,15 @@ def test_the_view_reads_steps_and_telemetry_of_one_model() -> None:
     message("n1", "events", {"delivery": {"model": "scale", "version": 2, "step": "active"}}, 2)
     message("n1", "events", {"delivery": {"model": "other", "version": 2, "step": "failed"}}, 3)
     row = {"model": "scale", "version": "2", "requests": 10, "p95_ms": 4.0,
-           "outcomes": {"success": 8, "invalid": 1, "error": 1}}  # fmt: skip
+           "outcomes": {"success": 8, "invalid": 1, "error": 1}, "confidence_mean": 0.8,
+           "confidence_n": 8}  # fmt: skip
     message("n1", "telemetry", {"metrics": {"models": [row], "routes": {"scale": {
         "local": 9, "fallback": 1}}}}, 100)  # fmt: skip
     node = view.nodes["n1"]
     assert node.online and node.machine == "aarch64" and node.steps == {2: "active"}
     got = view.figures(["n1"], since=50, version=2)
-    assert got == {"requests": 10, "failure_rate": 0.2, "p95_ms": 4.0, "fallback_rate": 0.1}
+    assert got == {"requests": 10, "failure_rate": 0.2, "p95_ms": 4.0, "fallback_rate": 0.1,
+                   "confidence": 0.8}  # fmt: skip
     assert view.figures(["n1"], since=200, version=2)["requests"] == 0
     record = Rollout("r1", "f1", "scale", 2, {}, {}, [0.1, 1.0], 60.0, Gates(), ["n1"])
     assert Rollout.from_json(record.as_json()) == record
