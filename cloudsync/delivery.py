@@ -281,6 +281,10 @@ class Delivery:
         if floor < manifest.version:  # accepted: nothing older is taken from now on
             state = {**state, "floor": manifest.version}
             self.report("accepted", manifest, state, bytes=manifest.size, signed_by=manifest.kids)
+        if manifest.version in versions.get("on_disk", []):
+            # moved in before an install was cut short (edged stopped): edged checks it there
+            self.report("downloaded", manifest, bytes=0, resumed_bytes=manifest.size)
+            return self.install(manifest, self.staged(manifest))
         try:
             staged, counters = self.download(manifest, entry["urls"])
         except DeliveryError as exc:
@@ -299,8 +303,11 @@ class Delivery:
         state = {**self.state(model), "failed": version}
         self.report("rolled-back", None, state, model=model, version=version, why=by)
 
+    def staged(self, manifest: Manifest) -> Path:
+        return self.config.staging_dir / f"{manifest.model}-{manifest.version}"
+
     def download(self, manifest: Manifest, urls: dict[str, Any]) -> tuple[Path, Counters]:
-        staged = self.config.staging_dir / f"{manifest.model}-{manifest.version}"
+        staged = self.staged(manifest)
         missing = [f.path for f in manifest.files if not isinstance(urls.get(f.path), str)]
         if missing:
             raise DeliveryError(f"no URL for {', '.join(missing)}")

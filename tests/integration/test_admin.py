@@ -85,7 +85,7 @@ def test_routing_overrides_and_drain_outlive_restarts_and_the_cloud_takes_draine
     reset = edgectl(daemon, "routing", "reset")
     assert reset.returncode == 0 and client.routing()["overrides"] == {}
     kept = json.loads((daemon.workdir / "state" / "admin.json").read_text())
-    assert kept == {"routing_overrides": {}, "drained": None}
+    assert kept == {"routing_overrides": {}, "drained": None, "models": {}, "cloud_ab": {}}
     assert daemon.stop() == 0
 
 

@@ -273,3 +273,39 @@ def test_a_full_disk_during_the_download_is_reported_and_the_old_version_serves(
         assert answer(fleet.edged.client) == ("2", 2.0)
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_edged_killed_while_installing_restarts_on_a_whole_version_and_the_install_completes(
+    fleet: Fleet,
+) -> None:
+    """edged is SIGKILLed the moment a version's file is complete in staging (edged is about to
+    check it) or the moment its directory appears in the repository (edged is loading and
+    smoke-testing it): after each restart the version before or the new one serves, whole, and
+    the install then completes (from the directory already moved in), nothing fetched again."""
+    edged = fleet.edged
+    repository = edged.models / MODEL
+    staging = fleet.agent.workdir.parent / "staging"
+    for version in range(2, 6):
+        manifest, urls, path = fleet.version(version, float(version), pad_bytes=24 << 20)
+        staged_file = staging / f"{MODEL}-{version}" / "model.onnx"
+        moved_in = repository / str(version)
+        trigger = staged_file if version % 2 == 0 else moved_in
+        fleet.deliver(manifest, urls)
+        deadline = time.monotonic() + 60
+        while not trigger.exists():
+            assert time.monotonic() < deadline, f"{trigger} never appeared"
+            time.sleep(0.001)
+        assert edged.proc is not None
+        edged.proc.kill()
+        edged.proc.wait()
+        edged.start()
+        served = answer(edged.client)
+        assert served in ((str(version - 1), version - 1.0), (str(version), float(version)))
+        for directory in [d for d in repository.iterdir() if d.is_dir()]:
+            assert sorted(p.name for p in directory.iterdir()) == ["model.onnx"], directory
+        fleet.wait_step("active", version, timeout=60)
+        assert answer(edged.client) == (str(version), float(version))
+        fetched = [r for r in fleet.cdn.served() if r[0].endswith(f"/{version}/model.onnx")]
+        assert [r[2] for r in fetched] == [path.stat().st_size], "fetched once"
+    cut = [r for r in fleet.steps() if r["step"] == "failed" and r.get("stage") == "install"]
+    assert cut, "at least one install was cut short by the kill"
