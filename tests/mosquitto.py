@@ -13,7 +13,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +86,34 @@ def make_pki(directory: Path, nodes: list[str]) -> Path:
     return directory
 
 
+def wait_listening(
+    proc: subprocess.Popen[bytes], port: int, what: str, logs: Callable[[], str], timeout: float
+) -> None:
+    """Until ``proc`` accepts connections on ``port``; RuntimeError with its logs if it exits
+    or does not listen in time (the caller stops it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited {proc.returncode}: {logs()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {port}: {logs()}")
+
+
+def edgefleet(
+    broker: Broker, *args: str, fleet: str = "f1", timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """The real ``edgefleet`` command against ``broker`` as the operator."""
+    common = ["--host", "127.0.0.1", "--port", str(broker.port), "--pki", str(broker.pki)]
+    return subprocess.run(
+        [sys.executable, "-m", "cloudsync.fleet", *common, "--fleet", fleet, *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
 @dataclass
 class Broker:
     """One mosquitto process over a work directory (config, ACL, persistence, log)."""
@@ -117,17 +147,12 @@ class Broker:
             self.proc = subprocess.Popen(
                 ["mosquitto", "-c", str(self.config)], stdout=log, stderr=subprocess.STDOUT
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited {self.proc.returncode}: {self.logs()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"mosquitto did not listen on {self.port}: {self.logs()}")
+        try:
+            wait_listening(self.proc, self.port, "mosquitto", self.logs, timeout)
+        except RuntimeError:
+            self.kill()
+            raise
+        return self
 
     def stop(self) -> None:
         """SIGTERM (it saves its persistence file), then wait."""

@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peer import free_port
+from tests.mosquitto import wait_listening
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 SECRET = "test-cdn-secret"
@@ -99,17 +98,12 @@ class Cdn:
             [NGINX, "-c", str(self.config), "-p", str(self.workdir), "-e", "stderr"],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"nginx exited {self.proc.returncode}: {self.logs()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"nginx did not listen on {self.port}: {self.logs()}")
+        try:
+            wait_listening(self.proc, self.port, "nginx", self.logs, timeout)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -32,7 +32,7 @@ from edged.client import Client, ClientError
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, skip_or_fail, wait_for
 from tests.integration.test_routing import ask, edged_with_cloud
-from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki
+from tests.mosquitto import OPERATOR, Broker, cloudsync_config, edgefleet, make_pki
 
 NODE = Topics("f1", "n1")
 
@@ -320,23 +320,8 @@ def test_signed_commands_run_and_report_forged_expired_and_replayed_ones_are_ref
 
 
 def wait_results(client: SyncClient, count: int) -> dict[str, dict[str, Any]]:
-    def found() -> dict[str, dict[str, Any]]:
-        return {
-            str(parse(t).cmd_id): envelope.decode(p).body
-            for t, p in list(client.received)
-            if parse(t).kind == "cmd-result"
-        }
-
-    wait_for(lambda: len(found()) >= count, 10, f"{count} command results")
-    return found()
-
-
-def edgefleet(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
-    common = ["--host", "127.0.0.1", "--port", str(broker.port), "--pki", str(broker.pki)]
-    return subprocess.run(
-        [sys.executable, "-m", "cloudsync.fleet", *common, "--fleet", "f1", *args],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    wait_for(lambda: len(_results(client)) >= count, 10, f"{count} command results")
+    return _results(client)
 
 
 def test_edgefleet_keygen_cmd_and_nodes(broker: Broker, agent: Agent, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from edged.client import Client
 from tests.conftest import Daemon, skip_or_fail, wait_for
 from tests.integration.test_model_install import answer, smoke
 from tests.modelfiles import add_model, scale_model
-from tests.mosquitto import Broker, cloudsync_config, make_pki
+from tests.mosquitto import Broker, cloudsync_config, edgefleet, make_pki
 from tests.nginx import SECRET, Cdn
 
 MODEL = "scale"
@@ -47,14 +47,6 @@ def agents() -> Iterator[list[subprocess.Popen[bytes]]]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def edgefleet(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
-    common = ["--host", "127.0.0.1", "--port", str(broker.port), "--pki", str(broker.pki)]
-    return subprocess.run(
-        [sys.executable, "-m", "cloudsync.fleet", *common, "--fleet", "f1", *args],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
 
 
 def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
@@ -134,6 +126,7 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
             "--stages", "10,100", "--soak", "8", "--min-requests", "10",
             # the shared two-core test machine runs 40 processes: latency is not the gate here
             "--max-p95-increase", "10", "--sign-key", str(keyfile), "--kid", "fleet-1",
+            timeout=300,
         )  # fmt: skip
 
     sender = threading.Thread(target=traffic)
