@@ -294,8 +294,11 @@ class Controller:
             self.save(rollout)
             why = self.wait_active(rollout, activation_timeout_s)
             last = rollout.stage == len(rollout.stages) - 1
-            if not why and not last:
+            if not why and not last and rollout.state == "running":
                 why = self.soak(rollout)
+            if rollout.state != "running":  # aborted from another shell, which rolled back
+                rollout.note(f"aborted elsewhere: {rollout.why}")
+                return rollout
             if why:
                 return self.abort(rollout, why)
             rollout.stage += 1
@@ -367,6 +370,7 @@ class Controller:
         others = [n for n in rollout.nodes if n not in stage]
         deadline = time.monotonic() + rollout.soak_s
         rollout.note(f"soaking {rollout.soak_s:.0f} s")
+        self.save(rollout)
         while time.monotonic() < deadline:
             action = self._control(rollout)
             if action == "aborted":

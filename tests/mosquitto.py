@@ -107,11 +107,15 @@ def edgefleet(
     broker: Broker, *args: str, fleet: str = "f1", timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """The real ``edgefleet`` command against ``broker`` as the operator."""
-    common = ["--host", "127.0.0.1", "--port", str(broker.port), "--pki", str(broker.pki)]
     return subprocess.run(
-        [sys.executable, "-m", "cloudsync.fleet", *common, "--fleet", fleet, *args],
-        capture_output=True, text=True, timeout=timeout,
+        edgefleet_command(broker, *args, fleet=fleet), capture_output=True, text=True,
+        timeout=timeout,
     )  # fmt: skip
+
+
+def edgefleet_command(broker: Broker, *args: str, fleet: str = "f1") -> list[str]:
+    common = ["--host", "127.0.0.1", "--port", str(broker.port), "--pki", str(broker.pki)]
+    return [sys.executable, "-m", "cloudsync.fleet", *common, "--fleet", fleet, *args]
 
 
 @dataclass

@@ -23,7 +23,7 @@ from edged.client import Client
 from tests.conftest import Daemon, skip_or_fail, wait_for
 from tests.integration.test_model_install import answer, smoke
 from tests.modelfiles import add_model, scale_model
-from tests.mosquitto import Broker, cloudsync_config, edgefleet, make_pki
+from tests.mosquitto import Broker, cloudsync_config, edgefleet, edgefleet_command, make_pki
 from tests.nginx import SECRET, Cdn
 
 MODEL = "scale"
@@ -40,8 +40,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def agents() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
+def agents() -> Iterator[list[subprocess.Popen[Any]]]:
+    started: list[subprocess.Popen[Any]] = []
     yield started
     for proc in started:
         if proc.poll() is None:
@@ -53,7 +53,7 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
     tmp_path: Path,
     pki: Path,
     make_daemon: type[Daemon],
-    agents: list[subprocess.Popen[bytes]],
+    agents: list[subprocess.Popen[Any]],
 ) -> None:
     broker = Broker(tmp_path / "mosquitto", pki).start()
     cdn = Cdn(tmp_path / "cdn", pki).start()
@@ -118,16 +118,28 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
         assert made.returncode == 0, made.stderr
         return out
 
-    def rollout(name: str, version: int) -> subprocess.CompletedProcess[str]:
-        return edgefleet(
-            broker, "rollout", "create", name, "--manifest", str(tmp_path / "versions" /
+    def create(name: str, version: int, soak: float) -> list[str]:
+        return [
+            "rollout", "create", name, "--manifest", str(tmp_path / "versions" /
             str(version) / "manifest.json"), "--cdn", cdn.base, "--cdn-prefix",
             f"/models/{MODEL}/{version}", "--secure-link-secret-file", str(secret),
-            "--stages", "10,100", "--soak", "8", "--min-requests", "10",
+            "--stages", "10,100", "--soak", str(soak), "--min-requests", "10",
             # the shared two-core test machine runs 40 processes: latency is not the gate here
             "--max-p95-increase", "10", "--sign-key", str(keyfile), "--kid", "fleet-1",
-            timeout=300,
-        )  # fmt: skip
+        ]  # fmt: skip
+
+    def in_background(name: str, version: int) -> subprocess.Popen[str]:
+        """A rollout with a long soak, its controller running beside the test."""
+        command = edgefleet_command(broker, *create(name, version, 600))
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        agents.append(proc)  # stopped by PID at the end, whatever happens
+
+        def soaking() -> bool:
+            shown = edgefleet(broker, "--json", "rollout", "status", name)
+            return shown.returncode == 0 and "soaking" in str(json.loads(shown.stdout)["log"])
+
+        wait_for(soaking, 60, f"rollout {name} soaking")
+        return proc
 
     sender = threading.Thread(target=traffic)
     sender.start()
@@ -140,7 +152,7 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
 
         wait_for(online, 60, "20 nodes online")
         manifest(2, 2.0, single_row=True)  # passes its smoke test, fails on two rows
-        bad = rollout("r-bad", 2)
+        bad = edgefleet(broker, *create("r-bad", 2, 8), timeout=300)
         print(bad.stdout, bad.stderr)  # the rollout's log, shown with -s or on a failure
         assert bad.returncode == 1 and "aborted: failure rate" in bad.stderr, bad.stderr
         status = json.loads(edgefleet(broker, "--json", "rollout", "status", "r-bad").stdout)
@@ -153,13 +165,26 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
                 assert client.model_versions(MODEL)["on_disk"] == [1], node
 
         manifest(3, 3.0)
-        good = rollout("r-good", 3)
-        print(good.stdout, good.stderr)
-        assert good.returncode == 0, good.stderr
-        assert "stage 1 (10%): 2 more nodes" in good.stdout
-        assert "done: version 3 on 20 nodes" in good.stdout
+        running = in_background("r-good", 3)  # an operator promotes it: no 600 s soak
+        assert edgefleet(broker, "rollout", "promote", "r-good").returncode == 0
+        out, err = running.communicate(timeout=120)
+        print(out, err)
+        assert running.returncode == 0, err
+        assert "stage 1 (10%): 2 more nodes" in out and "promoted by the operator" in out
+        assert "done: version 3 on 20 nodes" in out
         for node in NODES:
             assert answer(edgeds[node].client) == ("3", 3.0), node
+
+        manifest(4, 4.0)
+        running = in_background("r-stop", 4)  # an operator aborts it from another shell
+        stopped = edgefleet(broker, "rollout", "abort", "r-stop", "--why", "wrong build",
+                            "--sign-key", str(keyfile), "--kid", "fleet-1")  # fmt: skip
+        assert stopped.returncode == 0 and "aborted: wrong build" in stopped.stdout
+        running.communicate(timeout=60)
+        assert running.returncode == 1
+        for node in NODES:
+            client = edgeds[node].client
+            wait_for(lambda c=client: answer(c) == ("3", 3.0), 20, f"{node} back on version 3")
     finally:
         stop.set()
         sender.join()
