@@ -205,9 +205,10 @@ def test_a_version_failing_in_service_is_rolled_back(fleet: Fleet) -> None:
 def test_twenty_sigkills_while_downloading_and_installing_never_leave_a_partial_version(
     fleet: Fleet,
 ) -> None:
-    """A 6 MiB version at 1 MiB/s; cloudsync is SIGKILLed 20 times at random points. After
-    each kill version 1 or 2 serves and the repository holds only whole versions; the download
-    resumes with Range requests, so nginx sends not much more than the file once."""
+    """A 6 MiB version at 1 MiB/s; cloudsync is SIGKILLed 20 times, each at a random moment
+    (0-0.3 s) after its download made progress again. After each kill version 1 or 2 serves and
+    the repository holds only whole versions; the download resumes with Range requests, so
+    nginx sends not much more than the file once. (edged killed while installing: below.)"""
     fleet.cdn.stop()
     fleet.cdn.rate = "1m"
     fleet.cdn.write_config()
@@ -218,8 +219,18 @@ def test_twenty_sigkills_while_downloading_and_installing_never_leave_a_partial_
     rng = random.Random(7)
     client = fleet.edged.client
     repository = fleet.edged.models / MODEL
+    part = fleet.agent.workdir.parent / "staging" / f"{MODEL}-2" / "model.onnx.part"
+
+    def on_disk() -> int:
+        return part.stat().st_size if part.exists() else 0
+
     for _ in range(20):
-        time.sleep(rng.uniform(0.4, 1.4))
+        # while it downloads: a kill once it has made progress since the restart; after that,
+        # kills during the install or once active
+        before, deadline = on_disk(), time.monotonic() + 5
+        while on_disk() <= before and part.exists() == (before > 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.3))
         fleet.agent.signal(signal.SIGKILL)
         version, y = answer(client)
         assert (version, y) in (("1", 1.0), ("2", 2.0))
@@ -233,6 +244,8 @@ def test_twenty_sigkills_while_downloading_and_installing_never_leave_a_partial_
     ranges = [row for row in sent if row[3].startswith("bytes=")]
     total = sum(row[2] for row in sent)
     assert len(ranges) >= 5, f"the download resumed {len(ranges)} times with Range requests"
+    print(f"{len(sent)} requests ({len(ranges)} with Range), {total} bytes sent for a file of"
+          f" {size}")  # fmt: skip
     assert size <= total < 1.5 * size, f"{total} bytes sent for a file of {size}"
     resumed = [r.get("resumed_bytes", 0) for r in fleet.steps() if r["step"] == "downloaded"]
     assert resumed and resumed[-1] > 0  # what was on disk was not fetched again

@@ -88,6 +88,10 @@ def test_a_new_version_takes_over_at_one_point_under_200_requests_a_second(
     assert set(versions[:switch]) == {"1"} and set(versions[switch:]) == {"2"}, "one switch"
     assert all(y == float(v) for _, v, y in seen)  # each version answers with its own factor
     span = seen[-1][0] - seen[0][0]
+    print(
+        f"{len(seen)} requests in {span:.2f} s ({len(seen) / span:.0f}/s), {len(failures)}"
+        f" failed, version 2 from request {switch + 1}; install {installed['seconds']} s"
+    )
     assert len(seen) / span > 150, f"{len(seen) / span:.0f} requests/s"
     assert installed["active"] == 2 and installed["previous"] == 1
     assert installed["smoke_cases"] == 1 and installed["on_disk"] == [1, 2]
