@@ -305,6 +305,12 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+        if os.environ.get("EDGED_TEST_HOOKS") == "1":
+            # a test hook (never set by the units): SIGUSR2 wedges the event loop for
+            # EDGED_TEST_HANG_S seconds, as a stuck model would; the watchdog pings stop
+            hang = float(os.environ.get("EDGED_TEST_HANG_S", "5"))
+            loop.add_signal_handler(signal.SIGUSR2, time.sleep, hang)
+            log.warning("test hooks on: SIGUSR2 hangs the event loop for %.1f s", hang)
         runner = web.AppRunner(
             create_app(self.plane, self.config.server, self.admin),
             handle_signals=False,

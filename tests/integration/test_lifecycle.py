@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -359,4 +360,38 @@ def test_a_pipeline_naming_an_unknown_class_fails_alone(
     assert rows["intent-classifier"]["state"] == "READY"
     assert "pipeline='nope' is not one of" in rows["odd"]["reason"]
     assert "not UTF-8" in rows["latin1"]["reason"]
+    assert daemon.stop() == 0
+
+
+def test_a_hung_daemon_stops_its_watchdog_pings(make_daemon: type[Daemon], tmp_path: Path) -> None:
+    """The test acts as systemd's manager with WatchdogSec=1: edged pings every 0.5 s; a hang of
+    its event loop (the test hook: SIGUSR2 wedges it for 3 s) leaves the manager more than
+    WatchdogSec without a ping, which is when systemd kills and restarts the service."""
+    sock = notify_socket(tmp_path / "notify.sock")
+    daemon = make_daemon(linked_repository(tmp_path / "repo", SMALL))
+    env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000",
+           "EDGED_TEST_HOOKS": "1", "EDGED_TEST_HANG_S": "3"}  # fmt: skip
+    daemon.start(env=env, wait=False)
+    receive_until(sock, "READY=1")
+    pings: list[float] = []
+
+    def watch(seconds: float) -> None:
+        sock.settimeout(0.1)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                if b"WATCHDOG=1" in sock.recv(4096):
+                    pings.append(time.monotonic())
+            except TimeoutError:
+                pass
+
+    watch(2.0)
+    steady = max(b - a for a, b in itertools.pairwise(pings))
+    assert steady < 1.0, f"pings every {steady:.2f} s at most while healthy"
+    daemon.proc.send_signal(signal.SIGUSR2)  # type: ignore[union-attr]
+    hung_at = time.monotonic()
+    watch(5.0)
+    after = [t for t in pings if t > hung_at]
+    assert after and after[0] - hung_at > 2.5, "no ping while hung: the manager's watchdog fires"
+    assert len(after) >= 3, "and they come back once it is not"
     assert daemon.stop() == 0
