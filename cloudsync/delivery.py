@@ -32,6 +32,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import shutil
@@ -56,6 +57,7 @@ from edged.link import backoff_delay
 
 log = logging.getLogger("cloudsync.delivery")
 CHUNK = 1 << 16
+EDGED_RETRY_S = 5.0  # edged not up yet (it starts beside cloudsync): asked again this soon
 STATE = "delivery/"  # outbox state key per model: {"floor": V, "failed": V}
 
 
@@ -216,8 +218,10 @@ class Delivery:
                     continue
             retry_at = None
             for entry in current:
-                if not self.apply(entry):
-                    retry_at = time.monotonic() + self.config.retry_s
+                outcome = self.apply(entry)
+                if outcome is not True:
+                    delay = self.config.retry_s if outcome is False else outcome
+                    retry_at = min(retry_at or math.inf, time.monotonic() + delay)
 
     # ---- one model -------------------------------------------------------------------------
 
@@ -244,8 +248,9 @@ class Delivery:
             extra = {STATE + str(doc["model"]): json.dumps(state)}
         self.outbox.put_many([item], state=extra)
 
-    def apply(self, entry: Any) -> bool:
-        """One desired model: False when it should be tried again later."""
+    def apply(self, entry: Any) -> bool | float:
+        """One desired model: True when done with it, False to try again after ``retry_s``, or
+        the seconds after which to try again."""
         try:
             if not isinstance(entry, dict) or not isinstance(entry.get("urls"), dict):
                 raise ManifestError('each entry is {"manifest": {...}, "urls": {...}}')
@@ -265,8 +270,12 @@ class Delivery:
         try:
             versions = self.edged(self.quick).model_versions(manifest.model)
         except ClientError as exc:
-            log.warning("delivery: edged cannot say %s's versions: %s", manifest.model, exc)
-            return False
+            if exc.status == 404:  # edged serves and has no such model
+                why = f"edged has no model '{manifest.model}' (a new model needs its directory"
+                self.report("refused", manifest, why=why + " and config.pbtxt first)")
+                return True
+            log.warning("delivery: edged cannot say %s's versions yet: %s", manifest.model, exc)
+            return min(EDGED_RETRY_S, self.config.retry_s)
         active = versions.get("active")
         if active == manifest.version or (
             active is None and [manifest.version] == versions.get("serving")

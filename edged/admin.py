@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.config import RoutingConfig, validate
-from edged.errors import ConfigError, EdgedError, InvalidRequest, NotFound
+from edged.errors import ConfigError, EdgedError, InvalidRequest, NotFound, Unavailable
 from edged.models import install
 from edged.models.repository import VERSION, ModelManager, ModelVersion
 from edged.router import Router
@@ -55,11 +55,13 @@ class Admin:
         manager: ModelManager,
         reload: Callable[[], Awaitable[str | None]],
         keep_versions: int = 3,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         """``router`` gets the settings; ``reload`` re-reads the config (the error, or None);
         ``keep_versions``: version directories kept on disk per model."""
         self.path = path
         self.keep_versions = keep_versions
+        self.ready = ready  # the models endpoints wait for the first load to finish
         self.router = router
         self.manager = manager
         self._reload = reload
@@ -184,9 +186,14 @@ class Admin:
 
     # ---- model versions ------------------------------------------------------------------
 
+    def _entry(self, name: str) -> Any:
+        if not self.ready():
+            raise Unavailable("edged is still loading its models")
+        return self.manager.entry(name)
+
     def versions(self, name: str) -> dict[str, Any]:
         """GET /v1/admin/models/{m}: the active version, those activated before, those on disk."""
-        entry = self.manager.entry(name)
+        entry = self._entry(name)
         on_disk = sorted(
             int(d.name) for d in entry.directory.iterdir() if d.is_dir() and VERSION.match(d.name)
         )
@@ -208,7 +215,7 @@ class Admin:
     def _pin_current(self, name: str) -> int | None:
         """Keep the version serving now as the active one before anything changes, so that a
         crash in the middle restarts on it (not on a version staged and not yet checked)."""
-        entry = self.manager.entry(name)
+        entry = self._entry(name)
         current = self.manager.pinned.get(name)
         if current is None and entry.ready_versions:
             current = entry.ready_versions[-1]
@@ -232,7 +239,7 @@ class Admin:
         source = doc.get("source")
         if not isinstance(source, str):
             raise InvalidRequest("'source' must be the staged version's directory")
-        entry = self.manager.entry(name)
+        entry = self._entry(name)
         started = time.monotonic()
         current = self._pin_current(name)
         if version == current:
@@ -273,7 +280,7 @@ class Admin:
             version = earlier[-1]
         if version == current:
             return {**self.versions(name), "previous": current}
-        if not (self.manager.entry(name).directory / str(version)).is_dir():
+        if not (self._entry(name).directory / str(version)).is_dir():
             raise NotFound(f"model '{name}' has no version {version} on disk")
 
         async def check(v: int) -> None:
@@ -285,7 +292,7 @@ class Admin:
         return {**self.versions(name), "previous": before}
 
     def _pruned(self, name: str) -> dict[str, Any]:
-        entry = self.manager.entry(name)
+        entry = self._entry(name)
         keep = set(self.history.get(name, [])[-2:])
         removed = install.prune(entry.directory, self.keep_versions, keep)
         if removed:

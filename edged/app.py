@@ -114,6 +114,7 @@ class Daemon:
             self.manager,
             self.reload,
             config.models.keep_versions,
+            lambda: self.plane.ready,
         )
         self.plane.events = self.events
         knowledge = config.knowledge

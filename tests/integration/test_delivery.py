@@ -322,3 +322,24 @@ def test_edged_killed_while_installing_restarts_on_a_whole_version_and_the_insta
         assert [r[2] for r in fetched] == [path.stat().st_size], "fetched once"
     cut = [r for r in fleet.steps() if r["step"] == "failed" and r.get("stage") == "install"]
     assert cut, "at least one install was cut short by the kill"
+
+
+def test_a_delivery_waits_for_edged_to_start_and_refuses_a_model_edged_lacks(
+    fleet: Fleet,
+) -> None:
+    assert fleet.edged.stop() == 0  # edged is down (or still loading) when the state comes
+    manifest, urls, _ = fleet.version(2, 2.0)
+    fleet.deliver(manifest, urls)
+    time.sleep(2)
+    assert not [s for s in fleet.steps() if s.get("version") == 2 and s["step"] != "accepted"]
+    fleet.edged.start()
+    fleet.wait_step("active", 2, timeout=30)  # asked again within seconds, not retry_s
+    assert answer(fleet.edged.client) == ("2", 2.0)
+
+    path = fleet.files / "other" / "model.onnx"
+    scale_model(path, 5.0)
+    uri = fleet.cdn.put("other/1/model.onnx", path.read_bytes())
+    other = sign(make("other", 1, [file_entry(path)]), {"fleet-1": fleet.key})
+    fleet.deliver(other, {"model.onnx": secure_link_url(fleet.cdn.base, uri, SECRET, 600)})
+    refused = fleet.wait_step("refused", 1)
+    assert "edged has no model 'other'" in refused["why"]
