@@ -218,7 +218,12 @@ class Delivery:
                     continue
             retry_at = None
             for entry in current:
-                outcome = self.apply(entry)
+                try:
+                    outcome = self.apply(entry)
+                except Exception as exc:  # a bug or the disk (permissions): said, tried again
+                    log.exception("delivery: an entry failed")
+                    self.report("failed", why=f"{type(exc).__name__}: {exc}")
+                    outcome = False
                 if outcome is not True:
                     delay = self.config.retry_s if outcome is False else outcome
                     retry_at = min(retry_at or math.inf, time.monotonic() + delay)

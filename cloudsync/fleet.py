@@ -203,6 +203,10 @@ def desired_urls(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, str
 
 
 def cmd_rollout(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action in ("create", "abort") and not (args.sign_key and args.kid):
+        raise Failure(f"rollout {args.action} signs rollbacks: --sign-key and --kid", EXIT_USAGE)
+    if args.action == "create" and not args.manifest:
+        raise Failure("rollout create needs --manifest (edgefleet manifest makes one)", EXIT_USAGE)
     client = connect(args)
     try:
         if args.action == "create":

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from cloudsync.fleet import main
 from cloudsync.mqtt import envelope
 from cloudsync.rollout import FleetView, Gates, Rollout, breached, pick
 
@@ -63,3 +66,12 @@ def test_the_view_reads_steps_and_telemetry_of_one_model() -> None:
     assert view.figures(["n1"], since=200, version=2)["requests"] == 0
     record = Rollout("r1", "f1", "scale", 2, {}, {}, [0.1, 1.0], 60.0, Gates(), ["n1"])
     assert Rollout.from_json(record.as_json()) == record
+
+
+def test_edgefleet_says_what_a_rollout_needs_before_it_connects(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["rollout", "create", "r1"]) == 2
+    assert "--sign-key and --kid" in capsys.readouterr().err
+    assert main(["rollout", "create", "r1", "--sign-key", "k.key", "--kid", "fleet-1"]) == 2
+    assert "needs --manifest" in capsys.readouterr().err
