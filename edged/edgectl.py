@@ -190,9 +190,11 @@ def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
             raise UsageError("models activate needs a version (rollback: the one before)")
         else:
             reply = client.activate(args.name, args.version)
+        active = reply["active"]
+        serving = f"version {active} active" if active else f"serving {reply['serving']} by policy"
         return reply, (
-            f"{args.name}: version {reply['active']} active; activated before:"
-            f" {reply['history'][:-1] or '-'}; on disk: {reply['on_disk']}"
+            f"{args.name}: {serving}; activated before: {reply['history'][:-1] or '-'};"
+            f" on disk: {reply['on_disk']}"
         )
     if args.version is not None:
         raise UsageError(f"models {args.action} takes no version")

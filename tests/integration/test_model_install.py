@@ -7,6 +7,7 @@ each answer says which version gave it."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from cloudsync.manifest import file_entry
 from edged.client import Client, ClientError
 from tests.conftest import Daemon
+from tests.integration.test_admin import edgectl
 from tests.modelfiles import add_model, scale_model
 
 MODEL = "scale"
@@ -150,9 +152,14 @@ def test_ten_updates_keep_three_versions_roll_back_and_survive_a_restart(
     state = client.model_versions(MODEL)
     assert state["on_disk"] == [9, 10, 11] and state["active"] == 11
     assert answer(client) == ("11", 11.0)
+    shown = edgectl(edged, "models", "versions", MODEL).stdout
+    # the last ten activations are remembered
+    assert "scale: version 11 active; activated before: [2, 3, 4, 5, 6, 7, 8, 9, 10]" in shown
+    assert "on disk: [9, 10, 11]" in shown
 
-    rolled = client.activate(MODEL)  # the one before
-    assert rolled["active"] == 10 and rolled["previous"] == 11
+    rolled = edgectl(edged, "--json", "models", "rollback", MODEL)  # the one before
+    assert rolled.returncode == 0, rolled.stderr
+    assert json.loads(rolled.stdout)["active"] == 10 and json.loads(rolled.stdout)["previous"] == 11
     assert answer(client) == ("10", 10.0)
     # a version staged and never activated (a crash before its smoke test) must not serve
     scale_model(edged.models / MODEL / "12" / "model.onnx", 12.0)
