@@ -54,6 +54,7 @@ from cloudsync.manifest import FileEntry, Manifest, ManifestError, verify
 from cloudsync.outbox import Item, Outbox
 from edged.client import Client, ClientError
 from edged.link import backoff_delay
+from edged.models.install import sha256_of
 
 log = logging.getLogger("cloudsync.delivery")
 CHUNK = 1 << 16
@@ -76,27 +77,13 @@ class Counters:
     resumed: int = 0  # bytes already on disk, not fetched again
 
 
-def _sha256_of(path: Path, limit: int | None = None) -> Any:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        left = limit
-        while left is None or left > 0:
-            chunk = f.read(CHUNK if left is None else min(CHUNK, left))
-            if not chunk:
-                break
-            digest.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return digest
-
-
 def fetch(
     url: str, dest: Path, entry: FileEntry, context: ssl.SSLContext | None, timeout: float
 ) -> Counters:
     """One file to ``dest``, resumed from ``dest.part``; checked before it takes its name."""
     counters = Counters()
     if dest.exists():
-        if dest.stat().st_size == entry.length and _sha256_of(dest).hexdigest() == entry.sha256:
+        if dest.stat().st_size == entry.length and sha256_of(dest).hexdigest() == entry.sha256:
             counters.resumed = entry.length
             return counters
         dest.unlink()
@@ -105,7 +92,7 @@ def fetch(
     offset = part.stat().st_size if part.exists() else 0
     if offset > entry.length:
         offset = 0
-    digest = _sha256_of(part, offset) if offset else hashlib.sha256()
+    digest = sha256_of(part, offset) if offset else hashlib.sha256()
     counters.resumed = offset
     if offset < entry.length:
         headers = {"Range": f"bytes={offset}-"} if offset else {}

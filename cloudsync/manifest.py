@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -34,6 +33,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from cloudsync.mqtt.envelope import canonical, now_ms
+from edged.models.install import sha256_of
 
 SPEC = 1
 MAX_FILES = 64
@@ -82,11 +82,8 @@ class Manifest:
 
 def file_entry(path: Path, name: str | None = None) -> dict[str, Any]:
     """A ``files`` row for a local file (read once, streamed)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return {"path": name or path.name, "sha256": digest.hexdigest(), "length": path.stat().st_size}
+    digest = sha256_of(path).hexdigest()
+    return {"path": name or path.name, "sha256": digest, "length": path.stat().st_size}
 
 
 def make(

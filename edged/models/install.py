@@ -26,6 +26,23 @@ from edged.models.repository import VERSION, ModelManager
 from edged.protocol.tensors import decode_request
 
 SMOKE_ATOL = 1e-4
+CHUNK = 1 << 20
+
+
+def sha256_of(path: Path, limit: int | None = None) -> Any:
+    """The SHA-256 of a file (its first ``limit`` bytes), read in chunks: the hash object, so
+    a download can go on feeding it."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        left = limit
+        while left is None or left > 0:
+            chunk = f.read(CHUNK if left is None else min(CHUNK, left))
+            if not chunk:
+                break
+            digest.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return digest
 
 
 def check_files(directory: Path, files: Any) -> None:
@@ -48,11 +65,7 @@ def check_files(directory: Path, files: Any) -> None:
         if size != row.get("length"):
             listed_length = row.get("length")
             raise InvalidRequest(f"file '{row['path']}' has {size} bytes, {listed_length} listed")
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-        if digest.hexdigest() != row.get("sha256"):
+        if sha256_of(path).hexdigest() != row.get("sha256"):
             raise InvalidRequest(f"file '{row['path']}': its SHA-256 is not the one listed")
     extra = [p for p in directory.rglob("*") if p.is_file() and p.resolve() not in listed]
     if extra:
