@@ -62,6 +62,9 @@ class RouteContext:
     override: str | None = None  # "local" | "cloud" | "hedged"
     request_id: str = ""
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    # edged's own calls (a pipeline's warm-up when it loads): a drain does not stop them, or a
+    # pipeline loaded while drained would stay unavailable after the resume
+    internal: bool = False
 
     def summary(self) -> dict[str, Any]:
         """The decision that tells most about where the work ran: the first that left the
@@ -223,9 +226,9 @@ class Router:
         }
 
     def _local_path(
-        self, name: str, version: int | None, payload: int
+        self, name: str, version: int | None, payload: int, internal: bool = False
     ) -> tuple[Path, ModelConfig | None, Exception | None]:
-        if self.drained is not None:
+        if self.drained is not None and not internal:
             why = f"the local tier is {self.drained}"
             return Path(False, why), None, Unavailable(f"model '{name}': {why}")
         try:
@@ -308,10 +311,11 @@ class Router:
         """Run one model call where the decision says: (the version that served, outputs)."""
         ctx = ROUTE.get()
         if ctx is None:  # a call from outside a request: default deadline, no private label
-            ctx = RouteContext(deadline=time.monotonic() + self.policy.default_deadline_s)
+            deadline = time.monotonic() + self.policy.default_deadline_s
+            ctx = RouteContext(deadline=deadline, internal=True)
             ROUTE.set(ctx)
         payload = payload_bytes(inputs)
-        local, config, local_error = self._local_path(name, version, payload)
+        local, config, local_error = self._local_path(name, version, payload, ctx.internal)
         cloud = self._cloud_path(name, version, payload)
         if not cloud.available and local_error is not None:
             raise local_error  # nothing to route: the local error (404, 503) stands

@@ -89,6 +89,28 @@ def test_routing_overrides_and_drain_outlive_restarts_and_the_cloud_takes_draine
     assert daemon.stop() == 0
 
 
+def test_a_pipeline_loaded_while_drained_serves_after_the_resume(
+    make_daemon: type[Daemon],
+) -> None:
+    """A pipeline warms up through its step models when it loads; edged started drained (from
+    admin.json) must still load it, so it serves once resumed (found installing the package:
+    the intent pipeline stayed unavailable after an upgrade of a drained device)."""
+    config = '[models]\nload = ["intent", "text-embedding", "text-encoder"]\n'
+    daemon = make_daemon(config=config)
+    state = daemon.workdir / "state"
+    state.mkdir()
+    drained = {"reason": "drained by the operator: swap", "since": 0}
+    (state / "admin.json").write_text(json.dumps({"drained": drained}))
+    client = daemon.start().client
+    assert client.status()["drained"] == "drained by the operator: swap"
+    with pytest.raises(ClientError) as refused:  # no cloud: drained work is refused
+        client.intent(["turn the lights off"])
+    assert refused.value.status == 503 and "drained" in refused.value.message
+    client.resume()
+    answer = client.task("intent", {"texts": ["turn the lights off"]})
+    assert answer["route"] == "local" and answer["intents"][0]["intent"]
+
+
 def test_reload_answers_with_its_outcome_and_overrides_stay_over_the_new_file(
     make_daemon: type[Daemon],
 ) -> None:
