@@ -101,6 +101,11 @@ class OnnxRuntimeConfig(Section):
         False,
         description="let idle ORT threads spin; faster alone, but on a few cores sessions starve",
     )
+    tensorrt_cache_dir: Path = Field(
+        Path("/var/cache/edged/tensorrt"),
+        description="TensorRT engines and timing caches, per model version (built once, minutes"
+        " on a Jetson; rebuilt when TensorRT or the device changes)",
+    )
     inline_max_us: int = Field(
         200,
         ge=0,

@@ -44,6 +44,18 @@ def choose_providers(wanted: Sequence[str], available: Sequence[str]) -> list[st
     return chosen
 
 
+def provider_options(providers: Sequence[str], engine_cache: Path) -> list[dict[str, str]]:
+    """Options per provider: TensorRT keeps its engines and timing cache in ``engine_cache``
+    (building an engine takes minutes on a Jetson; the cache makes it once per model version)."""
+    tensorrt = {
+        "trt_engine_cache_enable": "True",
+        "trt_engine_cache_path": str(engine_cache),
+        "trt_timing_cache_enable": "True",
+        "trt_timing_cache_path": str(engine_cache),
+    }
+    return [tensorrt if p == "TensorrtExecutionProvider" else {} for p in providers]
+
+
 class OnnxRuntime:
     """One version of an ONNX model in an ``InferenceSession``."""
 
@@ -78,7 +90,20 @@ class OnnxRuntime:
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)
         providers = choose_providers(self.settings.providers, ort.get_available_providers())
-        return ort.InferenceSession(str(self.path), sess_options=options, providers=providers)
+        cache = self.settings.tensorrt_cache_dir / self.config.name / self.path.parent.name
+        if "TensorrtExecutionProvider" in providers:
+            try:
+                cache.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # TensorRT then builds its engine at every load
+                log.warning(
+                    "model %s: no TensorRT engine cache at %s: %s", self.config.name, cache, exc
+                )
+        return ort.InferenceSession(
+            str(self.path),
+            sess_options=options,
+            providers=providers,
+            provider_options=provider_options(providers, cache),
+        )
 
     async def load(self) -> None:
         """Create the session, check it against config.pbtxt and warm it up."""
