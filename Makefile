@@ -14,8 +14,18 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages: to build systemd-python, to run the daemon, and to run the tests.
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
 APT_TEST := espeak-ng fonts-dejavu-core curl systemd bible-kjv mosquitto nginx-light
+# To build the .deb, check it (lintian) and install it into a clean Debian tree (mmdebstrap).
+APT_DEB := debhelper dh-virtualenv help2man dpkg-dev lintian mmdebstrap python3-venv cpio
 
-.PHONY: run test setup models lint unit integration bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat clean distclean help
+# The package: built from the checkout's files, the built models and a wheelhouse of the Python
+# dependencies (so dpkg-buildpackage itself needs no network); then a Debian tree to install it
+# into, with what the package depends on (the packaging tests run dpkg there, offline).
+DEB_VERSION := $(shell sed -n '1s/^edged (\(.*\)).*/\1/p' debian/changelog)
+DEB := build/deb/edged_$(DEB_VERSION)_$(shell dpkg --print-architecture).deb
+DEB_BASE := build/debian-base.tar
+WHEELHOUSE := .wheelhouse
+
+.PHONY: run test setup models deb lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
@@ -28,6 +38,7 @@ help:
 	@echo "make bench-heartbeat - cloudsync: heartbeat gaps while edged is saturated (bench/heartbeat.py)"
 	@echo "make bench-knowledge - knowledge store: search at 10k/100k vs numpy, RSS, ingest (bench/knowledge.py)"
 	@echo "make models - (re)build the default model repository in models/"
+	@echo "make deb    - build the Debian package into build/deb/ and lint it"
 
 $(STAMPS):
 	@mkdir -p $(STAMPS)
@@ -40,6 +51,12 @@ $(STAMPS)/apt-run: | $(STAMPS)
 
 $(STAMPS)/apt-test: Makefile | $(STAMPS)
 	@missing=$$(for p in $(APT_TEST); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then echo "installing Debian packages: $$missing"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
+	@touch $@
+
+$(STAMPS)/apt-deb: Makefile | $(STAMPS)
+	@missing=$$(for p in $(APT_DEB); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then echo "installing Debian packages: $$missing"; \
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
 	@touch $@
@@ -63,6 +80,32 @@ run: $(STAMPS)/models
 	@mkdir -p $(dir $(SOCKET)) $(STATE_DIR)
 	$(VENV)/bin/edged --socket $(SOCKET) --state-dir $(STATE_DIR) --models $(MODELS)
 
+# Wheels for the system's python3 (the package's interpreter), from a throwaway venv of it.
+$(STAMPS)/wheelhouse: pyproject.toml | $(STAMPS)/apt-deb
+	rm -rf $(WHEELHOUSE) build/wheel-venv
+	/usr/bin/python3 -m venv build/wheel-venv
+	build/wheel-venv/bin/pip wheel -q --disable-pip-version-check --wheel-dir $(WHEELHOUSE) . setuptools wheel
+	rm -rf build/wheel-venv $(WHEELHOUSE)/edged-*.whl
+	@touch $@
+
+$(DEB): $(STAMPS)/models $(STAMPS)/wheelhouse $(shell find debian systemd edged cloudsync -type f -not -path '*/__pycache__/*') pyproject.toml README.md
+	rm -rf build/deb && mkdir -p build/deb/src
+	git ls-files -co --exclude-standard -z | tar --null -T - -c | tar -x -C build/deb/src
+	cd build/deb/src && WHEELHOUSE=$(CURDIR)/$(WHEELHOUSE) MODELS=$(CURDIR)/models dpkg-buildpackage -b -us -uc
+	rm -rf build/deb/src
+
+deb: $(DEB)
+	lintian --fail-on error --info $(DEB)
+
+# A fresh Debian 12 tree with what the package depends on, from Debian's mirror; made again only
+# when the package's Depends change. tests/packaging/ installs the package into it, offline.
+$(DEB_BASE): $(DEB) | $(STAMPS)/apt-deb
+	@deps=$$(dpkg-deb -f $(DEB) Depends | tr ',' '\n' | sed 's/|.*//; s/(.*)//; s/ //g' | sort -u | paste -sd,); \
+	if [ ! -f $@ ] || [ "$$deps" != "$$(cat $@.deps 2>/dev/null)" ]; then \
+	  echo "mmdebstrap: bookworm with $$deps"; \
+	  mmdebstrap --quiet --format=tar --variant=apt --include="$$deps,python3-systemd" bookworm $@.tmp \
+	    http://deb.debian.org/debian && mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
+
 lint: $(STAMPS)/venv
 	$(VENV)/bin/ruff check edged cloudsync tests bench models
 	$(VENV)/bin/ruff format --check edged cloudsync tests bench models
@@ -74,8 +117,11 @@ unit: $(STAMPS)/venv
 integration: $(STAMPS)/models $(STAMPS)/apt-test
 	$(VENV)/bin/pytest tests/integration
 
+packaging: $(STAMPS)/venv $(DEB_BASE)
+	$(VENV)/bin/pytest tests/packaging
+
 # pytest exits 5 when it collected nothing: that fails here like any other non-zero code.
-test: $(STAMPS)/models $(STAMPS)/apt-test lint
+test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE)
 	$(VENV)/bin/pytest tests
 
 bench: $(STAMPS)/models
@@ -105,5 +151,5 @@ clean:
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) $(STAMPS) models/.build
+	rm -rf $(VENV) $(STAMPS) models/.build build $(WHEELHOUSE)
 	find models -mindepth 2 -maxdepth 2 -type d -regex '.*/[0-9]+' -exec rm -rf {} +
