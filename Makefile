@@ -43,23 +43,22 @@ help:
 $(STAMPS):
 	@mkdir -p $(STAMPS)
 
-$(STAMPS)/apt-run: | $(STAMPS)
-	@missing=$$(for p in $(APT_RUN); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+# $(call apt_install,PACKAGES,APT-GET FLAGS): install those of the packages that are missing.
+define apt_install
+	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then echo "installing Debian packages: $$missing"; \
-	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(2) $$missing; fi
 	@touch $@
+endef
+
+$(STAMPS)/apt-run: | $(STAMPS)
+	$(call apt_install,$(APT_RUN),)
 
 $(STAMPS)/apt-test: Makefile | $(STAMPS)
-	@missing=$$(for p in $(APT_TEST); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	if [ -n "$$missing" ]; then echo "installing Debian packages: $$missing"; \
-	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
-	@touch $@
+	$(call apt_install,$(APT_TEST),--no-install-recommends)
 
 $(STAMPS)/apt-deb: Makefile | $(STAMPS)
-	@missing=$$(for p in $(APT_DEB); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	if [ -n "$$missing" ]; then echo "installing Debian packages: $$missing"; \
-	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
-	@touch $@
+	$(call apt_install,$(APT_DEB),--no-install-recommends)
 
 $(STAMPS)/venv: pyproject.toml $(STAMPS)/apt-run
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
