@@ -38,6 +38,7 @@ from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.server.dataplane import DataPlane
 from edged.server.grpc import start_server as start_grpc
 from edged.server.rest import create_app, metrics_handler
+from edged.tasks.run import TaskRunner
 
 log = logging.getLogger("edged")
 
@@ -147,6 +148,7 @@ class Daemon:
                 knowledge.private_namespaces,
             ),
         )
+        self.plane.tasks = self.task_runner(config)
         self.grpc: grpc.aio.Server | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
@@ -229,6 +231,7 @@ class Daemon:
 
     def apply(self, fresh: Config) -> None:
         """Take the settings that can change while serving from a re-read config file."""
+        tasks = self.task_runner(fresh)  # first: a bad template refuses the whole file
         logging.getLogger().setLevel(fresh.log.level.upper())
         self.config.log = fresh.log
         self.config.onnxruntime = fresh.onnxruntime  # for the models loaded from now on
@@ -241,6 +244,14 @@ class Daemon:
         self.manager.max_queue_size = fresh.scheduler.max_queue_size  # for later loads
         self.config.routing = fresh.routing
         self.admin.configure(fresh.routing)  # with the operator's overrides over it
+        self.plane.tasks = tasks
+        self.config.tasks = fresh.tasks
+
+    def task_runner(self, config: Config) -> TaskRunner:
+        """/v1/tasks with the config's templates and the knowledge store's answer model."""
+        answer_model = config.knowledge.answer_model
+        answer = (self.chat or self._answer) if answer_model else None
+        return TaskRunner(self.plane, config.tasks, answer, answer_model)
 
     async def reload(self) -> str | None:
         """SIGHUP (and POST /v1/admin/reload): re-read the config and poll the repository; never

@@ -294,6 +294,11 @@ class Client:
         """The whole answer of ``POST /v1/{name}``, with ``route`` and ``reason``."""
         return dict(self.call("POST", f"/v1/{name}" + _query(params), doc, raw))
 
+    def run_task(self, doc: dict[str, Any], **params: Any) -> dict[str, Any]:
+        """``POST /v1/tasks``: a template, free text or a graph, with its inputs (text, or
+        ``{"base64": ...}`` for bytes); ``"run": False`` gives the plan only."""
+        return dict(self.call("POST", "/v1/tasks" + _query(params), doc))
+
     def embed(self, texts: list[str], model: str = "text-embedding", **params: Any) -> np.ndarray:
         """Sentence embeddings, one row per text (``model``: text-embedding or its -int8)."""
         reply = self.task("embed", {"texts": texts, "model": model}, **params)

@@ -383,6 +383,31 @@ class KnowledgeConfig(Section):
         return self
 
 
+class TasksConfig(Section):
+    """Task graphs (/v1/tasks): templates, free text mapped to them, the time budget."""
+
+    deadline_ms: int = Field(
+        30_000, gt=0, description="a task's time budget unless the request sets deadline_ms"
+    )
+    templates: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="templates added to (or replacing) the shipped ones: description, inputs,"
+        " nodes (docs/API.md)",
+    )
+    intents: dict[str, str] = Field(
+        default_factory=lambda: {
+            "image-report": "image-report",
+            "voice-command": "voice-command",
+            "ask": "ask",
+            "search": "search",
+        },
+        description="free text: the intent model's label -> the template it asks for",
+    )
+    min_intent_score: float = Field(
+        0.0, ge=0, le=1, description="free text whose intent scores less is refused (400)"
+    )
+
+
 class LogConfig(Section):
     """Logging."""
 
@@ -405,6 +430,7 @@ class Config(Section):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     cloud: CloudConfig = Field(default_factory=CloudConfig)
     knowledge: KnowledgeConfig = Field(default_factory=KnowledgeConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
 

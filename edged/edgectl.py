@@ -8,6 +8,7 @@ model); 5 edged or the model is not ready (503, and `status` while edged is not 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 import time
@@ -296,6 +297,85 @@ def cmd_vad(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return reply, _explained(reply, text or "no speech", args)
 
 
+def _task_inputs(items: list[str]) -> dict[str, Any]:
+    """-i name=text, or name=@file for a file's bytes."""
+    inputs: dict[str, Any] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise UsageError(f"an input is name=text or name=@file, not '{item}'")
+        if value.startswith("@"):
+            inputs[name] = {"base64": base64.b64encode(_read(value[1:])).decode()}
+        else:
+            inputs[name] = value
+    return inputs
+
+
+def cmd_task(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "list":
+        reply = client.call("GET", "/v1/tasks")
+        rows = [
+            [t["template"], " -> ".join(n["task"] for n in t["nodes"]),
+             ", ".join(t["inputs"]), ", ".join(t["private_inputs"])]
+            for t in reply["templates"]
+        ]  # fmt: skip
+        return reply, _table(rows, ["TEMPLATE", "NODES", "INPUTS", "PRIVATE"])
+    if args.graph:
+        try:
+            doc: dict[str, Any] = {"graph": json.loads(_read(args.graph))}
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{args.graph} is not valid JSON: {exc}") from None
+    elif args.text:
+        doc = {"text": args.text}
+    elif args.what is not None:
+        doc = {"template": args.what}
+    else:
+        raise UsageError("give a template name, --text or --graph")
+    doc["inputs"] = _task_inputs(args.input)
+    if args.private_input:
+        doc["private"] = args.private_input
+    if args.deadline_ms:
+        doc["deadline_ms"] = args.deadline_ms
+    if args.action == "explain":
+        doc["run"] = False
+    reply = client.run_task(doc, **_params(args))
+    if args.action == "explain":
+        plan = reply["planned"]
+        rows = [
+            [n["id"], n["task"], ", ".join(n["after"]) or "-", "yes" if n["private"] else "no",
+             str(n["deadline_ms"]), _tiers(n["estimate"])]
+            for n in plan["nodes"]
+        ]  # fmt: skip
+        head = f"task {plan['task']}" + (
+            f" (read as {plan['intent']['label']}, {plan['intent']['score']:.2f})"
+            if plan.get("intent")
+            else ""
+        )
+        table = _table(rows, ["NODE", "TASK", "AFTER", "PRIVATE", "DEADLINE_MS", "CAN RUN"])
+        return reply, f"{head}\norder: {' -> '.join(plan['order'])}\n{table}"
+    rows = [
+        [n["id"], n["task"], n["status"], n.get("route", "-"),
+         f"{n['ended_ms'] - n['started_ms']:.0f}" if n.get("started_ms") is not None
+         and n.get("ended_ms") is not None else "-", n.get("reason") or n.get("error", "")]
+        for n in reply["nodes"]
+    ]  # fmt: skip
+    table = _table(rows, ["NODE", "TASK", "STATUS", "ROUTE", "MS", "WHY"])
+    result = json.dumps(reply["result"], indent=2)
+    return reply, f"task {reply['task']}: {reply['status']}\n{table}\n{result}"
+
+
+def _tiers(estimate: list[dict[str, Any]]) -> str:
+    """Where a node's models can run now: local, cloud, or why not."""
+    if not estimate:
+        return "local (no model)"
+    tiers = []
+    for row in estimate:
+        for tier in ("local", "cloud"):
+            if (row.get(tier) or {}).get("available"):
+                tiers.append(tier)
+    return ", ".join(dict.fromkeys(tiers)) or "nowhere now"
+
+
 KB_REQUEST_CHARS = 200_000  # text per ingest request: about 400 chunks, 10-20 s on a CPU
 
 
@@ -503,6 +583,23 @@ def build_parser() -> argparse.ArgumentParser:
     ocr = sub.add_parser("ocr", help="read the text in an image file")
     ocr.add_argument("image", help="image file (PNG, JPEG, ...), or - for stdin")
     ocr.set_defaults(fn=cmd_ocr)
+
+    task = sub.add_parser(
+        "task",
+        help="run a task graph: a template, free text or a graph file (list, run, explain)",
+        description="run: the nodes run where they fit, each routed on its own, and the answer"
+        " says where and why; explain: the plan only (nodes, order, privacy, where each can"
+        " run); list: the templates. Inputs: -i name=text or -i name=@file (bytes).",
+    )
+    task.add_argument("action", choices=["list", "run", "explain"])
+    task.add_argument("what", nargs="?", help="the template's name")
+    task.add_argument("--text", help="free text: the intent model picks the template")
+    task.add_argument("--graph", help='a JSON file with the graph ({"nodes": [...]})')
+    task.add_argument("-i", "--input", action="append", default=[], help="name=text or name=@file")
+    task.add_argument("--private-input", action="append", default=[],
+                      help="an input that never leaves the device")  # fmt: skip
+    task.add_argument("--deadline-ms", type=int, help="the task's time budget")
+    task.set_defaults(fn=cmd_task)
 
     vad = sub.add_parser("vad", help="find speech in a WAV file")
     vad.add_argument("wav", help="WAV file, or - for stdin")

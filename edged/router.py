@@ -257,11 +257,11 @@ class Router:
 
     # ---- the capability registry -----------------------------------------------------------
 
-    def capabilities(self) -> list[dict[str, Any]]:
-        """For each task type: which models serve it on which tier, now, with their measured
-        latency (mean over the calls seen) and the cloud's cost per call."""
+    def tiers(self, name: str) -> tuple[dict[str, Any], str | None]:
+        """Where a model can run now, with its measured latency (mean over the calls seen) and
+        the cloud's cost per call; and its task type."""
 
-        def measured(name: str, path: str) -> dict[str, Any]:
+        def measured(path: str) -> dict[str, Any]:
             found = self.estimates.summary(name, path)
             if found is None:
                 return {"latency_ms": None, "calls": 0}
@@ -270,32 +270,36 @@ class Router:
                 seconds += self.cloud.link.rtt or 0.0
             return {"latency_ms": round(seconds * 1000, 3), "calls": calls}
 
-        catalog = self.cloud.catalog if self.cloud is not None else {}
+        local, config, _ = self._local_path(name, None, 0)
+        task = config.parameters.get("task_type") if config else None
+        row: dict[str, Any] = {
+            "model": name,
+            "local": {"available": local.available, "why_not": local.why_not, **measured("local")},
+            "cloud": None,
+        }
+        entry = self._catalog().get(name)
+        if entry is not None:
+            assert self.cloud is not None
+            why = self.cloud.unavailable(name)
+            row["cloud"] = {
+                "available": not why,
+                "why_not": why,
+                "cloud_name": entry.cloud_name,
+                "cost": entry.cost,
+                **measured("cloud"),
+            }
+            task = task or entry.task_type
+        return row, task
+
+    def _catalog(self) -> Mapping[str, Any]:
+        return self.cloud.catalog if self.cloud is not None else {}
+
+    def capabilities(self) -> list[dict[str, Any]]:
+        """For each task type: which models serve it on which tier, now (``tiers``)."""
+        catalog = self._catalog()
         by_task: dict[str, list[dict[str, Any]]] = {}
         for name in sorted(set(self.manager.entries) | set(catalog)):
-            local, config, _ = self._local_path(name, None, 0)
-            task = config.parameters.get("task_type") if config else None
-            row: dict[str, Any] = {
-                "model": name,
-                "local": {
-                    "available": local.available,
-                    "why_not": local.why_not,
-                    **measured(name, "local"),
-                },
-                "cloud": None,
-            }
-            entry = catalog.get(name)
-            if entry is not None:
-                assert self.cloud is not None
-                why = self.cloud.unavailable(name)
-                row["cloud"] = {
-                    "available": not why,
-                    "why_not": why,
-                    "cloud_name": entry.cloud_name,
-                    "cost": entry.cost,
-                    **measured(name, "cloud"),
-                }
-                task = task or entry.task_type
+            row, task = self.tiers(name)
             by_task.setdefault(task or "unknown", []).append(row)
         return [{"task_type": t, "models": rows} for t, rows in sorted(by_task.items())]
 
@@ -318,6 +322,11 @@ class Router:
         local, config, local_error = self._local_path(name, version, payload, ctx.internal)
         cloud = self._cloud_path(name, version, payload)
         if not cloud.available and local_error is not None:
+            if isinstance(local_error, NotFound) and name in self._catalog():
+                raise Unavailable(  # a cloud-only model while the cloud is down: not a 404
+                    f"model '{name}' runs only in the cloud, which cannot serve it now:"
+                    f" {cloud.why_not}"
+                )
             raise local_error  # nothing to route: the local error (404, 503) stands
         private = ctx.private or name in self.config.private_models
         if config is not None and config.parameters.get("privacy") == "private":

@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from edged.models.repository import ModelManager
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
 from edged.router import ROUTE, ROUTE_PARAMETERS, RouteContext, Router, route_context
 from edged.scheduler import REQUEST, RequestQos, qos_from_parameters
+
+if TYPE_CHECKING:
+    from edged.tasks.run import TaskRunner
 
 # Request parameters that the scheduler (Triton's names) and the router take; the model never
 # sees them.
@@ -80,6 +83,7 @@ class DataPlane:
         self.monitor = monitor
         self.knowledge: KnowledgeService | None = None  # /v1/kb, set by the daemon
         self.events: EventLog | None = None  # /v1/events, set by the daemon
+        self.tasks: TaskRunner | None = None  # /v1/tasks, set by the daemon
         self.ready = False
         self.stopping = False
         self.inflight = 0
@@ -183,6 +187,13 @@ class DataPlane:
         if self.knowledge is None:
             raise Unavailable("this edged has no knowledge store")
         return self.knowledge
+
+    def task_runner(self) -> TaskRunner:
+        """The task graphs' runner, once edged is ready."""
+        self.check_ready()
+        if self.tasks is None:
+            raise Unavailable("this edged runs no task graphs")
+        return self.tasks
 
     def capabilities(self) -> list[dict[str, Any]]:
         """GET /v1/capabilities: task types, the models serving them and on which tier."""

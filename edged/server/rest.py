@@ -345,6 +345,13 @@ def create_app(
     async def capabilities(request: web.Request) -> web.Response:
         return ok(plane.capabilities())
 
+    async def tasks_catalog(request: web.Request) -> web.Response:
+        return ok({"templates": plane.task_runner().catalog()})
+
+    async def tasks_run(request: web.Request) -> web.Response:
+        runner = plane.task_runner()
+        return ok(await runner.run(await read_json(request), query_parameters(request)))
+
     async def embed(request: web.Request) -> web.Response:
         return ok(await tasks.embed(plane, await read_json(request), query_parameters(request)))
 
@@ -377,6 +384,8 @@ def create_app(
             web.get("/v1/status", status),
             web.get("/v1/events", events),
             web.get("/v1/capabilities", capabilities),
+            web.get("/v1/tasks", tasks_catalog),
+            web.post("/v1/tasks", tasks_run),
             web.get("/v1/kb", kb_list),
             web.post("/v1/kb/{ns}/ingest", kb_ingest),
             web.post("/v1/kb/{ns}/search", kb_search),

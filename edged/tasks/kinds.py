@@ -1,0 +1,240 @@
+"""The task types a graph node may have: what each takes, what it gives, how it runs.
+
+Each runs through the same data plane as the task API (/v1/ocr, /v1/intent...), so each node is
+routed by the path decision on its own: the router sees the node's privacy, priority, deadline
+and route override as request parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from edged.errors import InvalidRequest, Unavailable
+from edged.server import tasks as task_api
+
+if TYPE_CHECKING:
+    from edged.server.dataplane import DataPlane
+    from edged.tasks.graph import Node
+
+# question, passages -> (answer, route, reason): the daemon's answer model (knowledge.answer_model)
+Answer = Callable[[str, list[str]], Awaitable[tuple[str, str, str]]]
+LOCAL_RULES = {"route": "local", "reason": "rules on the device (no model)"}
+
+
+@dataclass
+class Context:
+    """What a node runs with: the data plane, the answer model, its routing parameters."""
+
+    plane: DataPlane
+    answer: Answer | None
+    params: dict[str, Any]  # private, route, priority, timeout (microseconds)
+
+
+Outputs = dict[str, Any]
+Run = Callable[[Context, "Node", dict[str, Any]], Awaitable[tuple[Outputs, dict[str, Any]]]]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A task type: required and optional inputs, outputs, parameters it accepts, its runner."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    run: Run
+    optional: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()  # the models it calls (for the estimate); "answer": the answerer
+
+    def check(self, node: Node) -> None:
+        missing = [i for i in self.inputs if i not in node.inputs]
+        if missing:
+            raise InvalidRequest(
+                f"node '{node.id}' ({node.task}) needs input(s) {', '.join(missing)}"
+            )
+        extra = set(node.inputs) - set(self.inputs) - set(self.optional)
+        if extra:
+            raise InvalidRequest(
+                f"node '{node.id}' ({node.task}) takes no input(s) {', '.join(sorted(extra))};"
+                f" it takes {', '.join(self.inputs + self.optional)}"
+            )
+        unknown = set(node.params) - set(self.params)
+        if unknown:
+            raise InvalidRequest(
+                f"node '{node.id}' ({node.task}) has unknown params {', '.join(sorted(unknown))}"
+                + (f"; it takes {', '.join(self.params)}" if self.params else "")
+            )
+
+
+def _bytes(node: Node, name: str, value: Any) -> bytes:
+    if not isinstance(value, bytes):
+        raise InvalidRequest(
+            f"node '{node.id}' input '{name}' must be bytes: send it as {{\"base64\": ...}}"
+        )
+    return value
+
+
+def _text(node: Node, name: str, value: Any) -> str:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = "\n".join(value)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(f"node '{node.id}' input '{name}' must be non-empty text")
+    return value
+
+
+def _route(reply: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: reply[k] for k in ("route", "reason", "predicted_ms", "actual_ms") if k in reply}
+
+
+async def _ocr(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Outputs, dict[str, Any]]:
+    image = _bytes(node, "image", values["image"])
+    reply = await task_api.ocr(ctx.plane, image, ctx.params)
+    lines = reply["lines"]
+    return {"lines": lines, "text": "\n".join(line["text"] for line in lines)}, _route(reply)
+
+
+async def _vad(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Outputs, dict[str, Any]]:
+    audio = _bytes(node, "audio", values["audio"])
+    reply = await task_api.vad(ctx.plane, audio, ctx.params)
+    segments = reply["segments"]
+    return {"segments": segments, "speech": bool(segments)}, _route(reply)
+
+
+async def _intent(
+    ctx: Context, node: Node, values: dict[str, Any]
+) -> tuple[Outputs, dict[str, Any]]:
+    text = _text(node, "text", values["text"])
+    reply = await task_api.intent(ctx.plane, {"texts": [text]}, ctx.params)
+    (first,) = reply["intents"]
+    return {"intent": first["intent"], "score": first["score"]}, _route(reply)
+
+
+async def _embed(
+    ctx: Context, node: Node, values: dict[str, Any]
+) -> tuple[Outputs, dict[str, Any]]:
+    text = _text(node, "text", values["text"])
+    reply = await task_api.embed(ctx.plane, {"texts": [text]}, ctx.params)
+    return {"embedding": reply["embeddings"][0]}, _route(reply)
+
+
+# Field extraction on the device: amounts, dates, e-mail addresses and "key: value" lines.
+AMOUNT = re.compile(r"(?:[$€£]\s?\d[\d,]*(?:\.\d{2})?|\b\d[\d,]*\.\d{2}\b)")
+DATE = re.compile(
+    r"\b(?:\d{4}-\d{2}-\d{2}|\d{1,2}[/.]\d{1,2}[/.]\d{2,4}|"
+    r"\d{1,2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* \d{4})\b"
+)
+EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b")
+TOTAL = re.compile(r"\b(?:total|amount due|balance due)\b")  # not "subtotal"
+KEY_VALUE = re.compile(r"^\s*([A-Za-z][A-Za-z /]{1,30}?)\s*[:=]\s*(.+?)\s*$")
+
+
+def extract_fields(text: str) -> dict[str, Any]:
+    """What a document's text states plainly: amounts, dates, e-mails, labelled values, and
+    the total (a labelled value whose key says total, else the largest amount)."""
+    labelled = {}
+    for line in text.splitlines():
+        found = KEY_VALUE.match(line)
+        if found:
+            labelled[found.group(1).strip().lower()] = found.group(2)
+    amounts = AMOUNT.findall(text)
+    total = next((v for k, v in labelled.items() if TOTAL.search(k)), None)
+    if total is None and amounts:
+        total = max(amounts, key=lambda a: float(re.sub(r"[^\d.]", "", a) or 0))
+    return {
+        "total": total,
+        "amounts": amounts,
+        "dates": DATE.findall(text),
+        "emails": EMAIL.findall(text),
+        "labelled": labelled,
+    }
+
+
+async def _extract(
+    ctx: Context, node: Node, values: dict[str, Any]
+) -> tuple[Outputs, dict[str, Any]]:
+    return {"fields": extract_fields(_text(node, "text", values["text"]))}, dict(LOCAL_RULES)
+
+
+def _namespace(node: Node) -> str:
+    namespace = node.params.get("namespace", "default")
+    if not isinstance(namespace, str):
+        raise InvalidRequest(f"node '{node.id}': param 'namespace' must be a string")
+    return namespace
+
+
+async def _search(
+    ctx: Context, node: Node, values: dict[str, Any]
+) -> tuple[Outputs, dict[str, Any]]:
+    k = node.params.get("k", 5)
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 100:
+        raise InvalidRequest(f"node '{node.id}': param 'k' must be 1 to 100")
+    query = _text(node, "query", values["query"])
+    reply = await ctx.plane.kb().search(_namespace(node), query, k)
+    hits = reply["hits"]
+    outputs = {"hits": hits, "context": [h["text"] for h in hits]}
+    return outputs, {"route": "local", "reason": "the knowledge store is on the device"}
+
+
+async def _ask(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Outputs, dict[str, Any]]:
+    question = _text(node, "question", values["question"])
+    reply = await ctx.plane.kb().ask(
+        _namespace(node), question, private=bool(ctx.params.get("private"))
+    )
+    outputs = {k: reply[k] for k in ("answer", "sources", "answered_by")}
+    return outputs, _route(reply)
+
+
+async def _answer_with(
+    ctx: Context, node: Node, question: str, context: list[str]
+) -> tuple[str, dict[str, Any]]:
+    if ctx.answer is None:
+        raise Unavailable("it needs an answer model: none is set (knowledge.answer_model)")
+    answer, route, reason = await ctx.answer(question, context)
+    return answer, {"route": route, "reason": reason}
+
+
+async def _answer(
+    ctx: Context, node: Node, values: dict[str, Any]
+) -> tuple[Outputs, dict[str, Any]]:
+    question = _text(node, "question", values["question"])
+    context = values.get("context", [])
+    passages = [context] if isinstance(context, str) else context
+    if not isinstance(passages, list) or not all(isinstance(p, str) for p in passages):
+        raise InvalidRequest(f"node '{node.id}' input 'context' must be text or a list of texts")
+    answer, route = await _answer_with(ctx, node, question, passages)
+    return {"answer": answer}, route
+
+
+async def _report(
+    ctx: Context, node: Node, values: dict[str, Any]
+) -> tuple[Outputs, dict[str, Any]]:
+    text = _text(node, "text", values["text"])
+    fields = values.get("fields") or {}
+    question = node.params.get("question", "What is this document about, and what does it ask?")
+    if not isinstance(question, str) or not question.strip():
+        raise InvalidRequest(f"node '{node.id}': param 'question' must be text")
+    context = [line for line in text.splitlines() if line.strip()]
+    if isinstance(fields, dict):
+        context += [f"{k}: {v}" for k, v in fields.get("labelled", {}).items()]
+    summary, route = await _answer_with(ctx, node, question, context)
+    return {"report": {"summary": summary, "fields": fields, "lines": len(context)}}, route
+
+
+KINDS: dict[str, Kind] = {
+    "ocr": Kind(("image",), ("lines", "text"), _ocr, models=(task_api.OCR_MODEL,)),
+    "vad": Kind(("audio",), ("segments", "speech"), _vad, models=(task_api.VAD_MODEL,)),
+    "intent": Kind(("text",), ("intent", "score"), _intent, models=(task_api.INTENT_MODEL,)),
+    "embed": Kind(("text",), ("embedding",), _embed, models=(task_api.EMBED_MODEL,)),
+    "extract": Kind(("text",), ("fields",), _extract),
+    "search": Kind(("query",), ("hits", "context"), _search, params=("namespace", "k")),
+    "ask": Kind(
+        ("question",), ("answer", "sources", "answered_by"), _ask, params=("namespace",)
+    ),
+    "answer": Kind(("question",), ("answer",), _answer, optional=("context",), models=("answer",)),
+    "report": Kind(
+        ("text",), ("report",), _report, optional=("fields",), params=("question",),
+        models=("answer",),
+    ),
+}  # fmt: skip

@@ -1,0 +1,122 @@
+"""Task graphs read and checked before anything runs (edged.tasks.graph), the privacy labels a
+plan carries from inputs to outputs, the shipped templates, and field extraction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from edged.errors import ConfigError, InvalidRequest
+from edged.tasks.graph import parse_graph
+from edged.tasks.kinds import extract_fields
+from edged.tasks.run import Plan, decode_inputs
+from edged.tasks.templates import DEFAULTS, load_templates
+
+
+def node(node_id: str, task: str, **inputs: str) -> dict[str, Any]:
+    return {"id": node_id, "task": task, "inputs": inputs}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "says"),
+    [
+        ([node("a", "extract", text="b.fields"), node("b", "extract", text="a.fields")],
+         "the graph has a cycle: a -> b -> a"),
+        ([node("a", "extract", text="c.fields"), node("b", "extract", text="a.fields"),
+          node("c", "extract", text="b.fields")],
+         "the graph has a cycle: a -> b -> c -> a"),
+        ([node("a", "translate", text="$text")], "unknown task type 'translate'"),
+        ([node("a", "extract", text="ocr.text")],
+         "node 'a' input 'text' refers to 'ocr.text': there is no node 'ocr'"),
+        ([node("a", "ocr", image="$image"), node("b", "extract", text="a.words")],
+         "a ocr node has no output 'words' (its outputs: lines, text)"),
+        ([node("a", "report")], "node 'a' (report) needs input(s) text"),
+        ([node("a", "intent", text="$t", image="$i")], "takes no input(s) image"),
+        ([node("a", "extract", text="text")], "use '$input' for a request input"),
+        ([node("a", "extract", text="$t"), node("a", "extract", text="$t")],
+         "two nodes have the id 'a'"),
+        ([], "the graph has no nodes"),
+        ([{**node("a", "search", query="$q"), "params": {"limit": 3}}],
+         "unknown params limit; it takes namespace, k"),
+        ([{**node("a", "extract", text="$t"), "constraints": {"deadline_share": 2}}],
+         "'deadline_share' must be a number in (0, 1]"),
+        ([{**node("a", "extract", text="$t"), "constraints": {"route": "edge"}}],
+         "'route' must be one of auto, local, cloud, hedged"),
+    ],
+)  # fmt: skip
+def test_a_bad_graph_is_refused_naming_the_problem(nodes: list[Any], says: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse_graph({"nodes": nodes})
+    assert says in refused.value.message
+
+
+def test_nodes_start_by_level_then_priority() -> None:
+    graph = parse_graph(
+        {
+            "nodes": [
+                {**node("late", "report", text="read.text"), "constraints": {"priority": 1}},
+                node("read", "ocr", image="$image"),
+                {**node("urgent", "intent", text="$t"), "constraints": {"priority": 1}},
+                node("fields", "extract", text="read.text"),
+            ]
+        }
+    )
+    assert graph.order() == ["urgent", "read", "late", "fields"]
+    assert graph.inputs == {"image", "t"}
+    assert list(graph.nodes)[-1] in ("late", "fields")  # after what it takes from
+
+
+def test_private_inputs_make_their_nodes_private_unless_a_node_releases_its_outputs() -> None:
+    template = load_templates({})["image-report"]
+    plan = Plan("image-report", template.graph, {"image": b"..."}, {"image"}, 5.0)
+    assert plan.labels() == {"text": True, "fields": False, "report": False}
+    # without the release, what is read from a private image stays private downstream
+    nodes = [dict(n) for n in DEFAULTS["image-report"]["nodes"]]
+    nodes[0] = {k: v for k, v in nodes[0].items() if k != "releases"}
+    kept = Plan("g", parse_graph({"nodes": nodes}), {"image": b"..."}, {"image"}, 5.0)
+    assert kept.labels() == {"text": True, "fields": True, "report": True}
+    forced = [*nodes[:2], {**nodes[2], "constraints": {"private": True}}]
+    graph = parse_graph({"nodes": forced})
+    assert Plan("g", graph, {"image": b""}, set(), 5.0).labels()["report"] is True
+
+
+def test_templates_from_the_config_are_checked_at_start() -> None:
+    assert set(load_templates({})) == {"image-report", "voice-command", "ask", "search"}
+    mine = {"nodes": [node("a", "intent", text="$text")], "inputs": {"text": {}}}
+    assert load_templates({"mine": mine})["mine"].graph.order() == ["a"]
+    with pytest.raises(ConfigError) as bad:
+        load_templates({"mine": {"nodes": [node("a", "intent", text="$text")]}})
+    assert "template 'mine' uses inputs it does not declare: text" in bad.value.message
+    with pytest.raises(ConfigError) as bad:
+        load_templates({"mine": {"nodes": [node("a", "intent", text="b.x")]}})
+    assert "template 'mine': node 'a' input 'text' refers to 'b.x'" in bad.value.message
+
+
+def test_inputs_are_text_or_base64_bytes_and_may_be_marked_private() -> None:
+    values, private = decode_inputs(
+        {"q": "hello", "img": {"base64": "aGk=", "private": True}, "t": {"text": "x"}}
+    )
+    assert values == {"q": "hello", "img": b"hi", "t": "x"} and private == {"img"}
+    for bad, says in [
+        ({"img": {"base64": "%%%"}}, "not base64"),
+        ({"img": {"text": "a", "base64": "aGk="}}, "'text' or 'base64'"),
+        ({"n": 3}, "must be text"),
+        ({"img": {"base64": "aGk=", "private": "yes"}}, "'private' must be true or false"),
+    ]:
+        with pytest.raises(InvalidRequest) as refused:
+            decode_inputs(bad)
+        assert says in refused.value.message
+
+
+def test_fields_are_extracted_from_a_documents_text() -> None:
+    fields = extract_fields(
+        "INVOICE 2041\nDate: 2026-11-30\nSubtotal: $1,100.00\nTotal: $1,234.50\n"
+        "Pay to billing@acme.example by 15/12/2026"
+    )
+    assert fields["total"] == "$1,234.50"
+    assert fields["amounts"] == ["$1,100.00", "$1,234.50"]
+    assert fields["dates"] == ["2026-11-30", "15/12/2026"]
+    assert fields["emails"] == ["billing@acme.example"]
+    assert fields["labelled"]["date"] == "2026-11-30"
+    assert extract_fields("no numbers here")["total"] is None
