@@ -11,7 +11,7 @@ import http.client
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -298,6 +298,27 @@ class Client:
         """``POST /v1/tasks``: a template, free text or a graph, with its inputs (text, or
         ``{"base64": ...}`` for bytes); ``"run": False`` gives the plan only."""
         return dict(self.call("POST", "/v1/tasks" + _query(params), doc))
+
+    def stream_task(self, doc: dict[str, Any], **params: Any) -> Iterator[dict[str, Any]]:
+        """``POST /v1/tasks?stream=true``: each node's ``started`` and ``finished`` event as it
+        happens, then the ``answer`` (or ``error``) event."""
+        conn = UnixHTTPConnection(self.socket_path, self.timeout)
+        try:
+            body = json.dumps(doc).encode()
+            query = _query({**params, "stream": True})
+            try:
+                conn.request(
+                    "POST", "/v1/tasks" + query, body, {"Content-Type": "application/json"}
+                )
+                response = conn.getresponse()
+            except OSError as exc:
+                raise ClientError(0, f"cannot reach edged at {self.socket_path}: {exc}") from None
+            if response.status != 200:
+                _raise_for_status(response.status, response.read(), dict(response.getheaders()))
+            for line in iter(response.readline, b""):
+                yield json.loads(line)
+        finally:
+            conn.close()
 
     def embed(self, texts: list[str], model: str = "text-embedding", **params: Any) -> np.ndarray:
         """Sentence embeddings, one row per text (``model``: text-embedding or its -int8)."""

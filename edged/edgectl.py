@@ -338,7 +338,10 @@ def cmd_task(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         doc["deadline_ms"] = args.deadline_ms
     if args.action == "explain":
         doc["run"] = False
-    reply = client.run_task(doc, **_params(args))
+    if args.progress and args.action == "run":
+        reply = _follow(client.stream_task(doc, **_params(args)), args.json)
+    else:
+        reply = client.run_task(doc, **_params(args))
     if args.action == "explain":
         plan = reply["planned"]
         rows = [
@@ -362,6 +365,25 @@ def cmd_task(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     table = _table(rows, ["NODE", "TASK", "STATUS", "ROUTE", "MS", "WHY"])
     result = json.dumps(reply["result"], indent=2)
     return reply, f"task {reply['task']}: {reply['status']}\n{table}\n{result}"
+
+
+def _follow(events: Any, as_json: bool) -> dict[str, Any]:
+    """Print each node as it starts and finishes; the answer, or the error as ClientError."""
+    for event in events:
+        kind = event["event"]
+        if kind == "answer":
+            return {k: v for k, v in event.items() if k != "event"}
+        if kind == "error":
+            raise ClientError(event["status"], event["error"])
+        if as_json:
+            line = json.dumps(event)
+        elif kind == "started":
+            line = f"{event['at_ms']:8.0f} ms  {event['node']} ({event['task']}) started"
+        else:
+            where = event.get("route") or event.get("error", "")
+            line = f"{event['ended_ms']:8.0f} ms  {event['id']} {event['status']}: {where}"
+        print(line, flush=True)
+    raise ClientError(0, "the stream ended without an answer")
 
 
 def _tiers(estimate: list[dict[str, Any]]) -> str:
@@ -599,6 +621,9 @@ def build_parser() -> argparse.ArgumentParser:
     task.add_argument("--private-input", action="append", default=[],
                       help="an input that never leaves the device")  # fmt: skip
     task.add_argument("--deadline-ms", type=int, help="the task's time budget")
+    task.add_argument(
+        "--progress", action="store_true", help="run: print each node as it starts and finishes"
+    )
     task.set_defaults(fn=cmd_task)
 
     vad = sub.add_parser("vad", help="find speech in a WAV file")

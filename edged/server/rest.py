@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import struct
@@ -118,14 +119,14 @@ async def read_json(request: web.Request) -> Any:
 
 
 def query_parameters(request: web.Request) -> dict[str, Any]:
-    """Query parameters as request parameters: ``route`` as text, ``private`` and ``explain``
-    as true/false, the others as numbers (?threshold=0.6)."""
+    """Query parameters as request parameters: ``route`` as text, ``private``, ``explain`` and
+    ``stream`` as true/false, the others as numbers (?threshold=0.6)."""
     params: dict[str, Any] = {}
     for key, value in request.query.items():
         if key == "route":
             params[key] = value
             continue
-        if key in ("private", "explain"):
+        if key in ("private", "explain", "stream"):
             if value not in ("true", "false", "1", "0"):
                 raise InvalidRequest(f"query parameter '{key}' must be true or false")
             params[key] = value in ("true", "1")
@@ -348,9 +349,28 @@ def create_app(
     async def tasks_catalog(request: web.Request) -> web.Response:
         return ok({"templates": plane.task_runner().catalog()})
 
-    async def tasks_run(request: web.Request) -> web.Response:
+    async def tasks_run(request: web.Request) -> web.StreamResponse:
         runner = plane.task_runner()
-        return ok(await runner.run(await read_json(request), query_parameters(request)))
+        doc, params = await read_json(request), query_parameters(request)
+        if not params.pop("stream", False):
+            return ok(await runner.run(doc, params))
+        # JSON lines as the nodes start and finish, then the answer (or the error): a request
+        # that does not check out is still a plain 400, before the stream starts
+        plan = await runner.plan(doc, params)
+        stream = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await stream.prepare(request)
+        lock = asyncio.Lock()
+
+        async def emit(event: dict[str, Any]) -> None:
+            async with lock:
+                await stream.write(json.dumps(event).encode() + b"\n")
+
+        try:
+            await emit({"event": "answer", **await runner.execute(plan, params, emit)})
+        except EdgedError as exc:
+            await emit({"event": "error", "status": exc.status, "error": exc.message})
+        await stream.write_eof()
+        return stream
 
     async def embed(request: web.Request) -> web.Response:
         return ok(await tasks.embed(plane, await read_json(request), query_parameters(request)))

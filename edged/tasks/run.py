@@ -11,7 +11,7 @@ import base64
 import binascii
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,9 @@ from edged.tasks.kinds import KINDS, Answer, Context
 from edged.tasks.templates import Template, load_templates
 
 log = logging.getLogger(__name__)
+# Where progress goes while a task runs (a JSON-lines stream): one event per node started and
+# finished.
+Progress = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 @dataclass
@@ -149,6 +152,7 @@ class TaskRunner:
         ]
 
     async def plan(self, doc: Any, params: Mapping[str, Any]) -> Plan:
+        """Read a request into a plan, checked whole (InvalidRequest naming the problem)."""
         if not isinstance(doc, Mapping):
             raise InvalidRequest("the body must be a JSON object")
         unknown = set(doc) - {
@@ -255,13 +259,15 @@ class TaskRunner:
 
     async def run(self, doc: Any, params: Mapping[str, Any]) -> dict[str, Any]:
         """POST /v1/tasks: plan, then run unless ``"run": false``."""
-        self.plane.check_ready()
         plan = await self.plan(doc, params)
         if isinstance(doc, Mapping) and doc.get("run", True) is False:
             return {"planned": self.explain(plan)}
         return await self.execute(plan, params)
 
-    async def execute(self, plan: Plan, params: Mapping[str, Any]) -> dict[str, Any]:
+    async def execute(
+        self, plan: Plan, params: Mapping[str, Any], progress: Progress | None = None
+    ) -> dict[str, Any]:
+        """Run a plan; ``progress`` hears of each node as it starts and finishes."""
         started = time.monotonic()
         deadline = started + plan.deadline_s
         private = plan.labels()
@@ -275,6 +281,11 @@ class TaskRunner:
 
         async def run_node(node: Node) -> Outcome:
             outcome = Outcome(node.id, "ok", started_ms=ms())
+            if progress is not None:
+                started_at = {"at_ms": outcome.started_ms, "private": private[node.id]}
+                await progress(
+                    {"event": "started", "node": node.id, "task": node.task, **started_at}
+                )
             values = {
                 name: plan.values[ref.name]
                 if ref.node is None
@@ -313,6 +324,8 @@ class TaskRunner:
                 log.exception("task node %s (%s) failed", node.id, node.task)
                 outcome.status, outcome.error = "failed", f"{type(exc).__name__}: {exc}"
             outcome.ended_ms = ms()
+            if progress is not None:
+                await progress({"event": "finished", **outcome.as_dict(node, private[node.id])})
             return outcome
 
         def start_ready() -> None:

@@ -213,6 +213,15 @@ def test_the_deadline_cancels_unfinished_nodes(
     assert error.status == 504, error
     says = "task 'graph' passed its deadline of 1000 ms: cancelled kind, report (finished: fields)"
     assert says in error.message, error
+    # the same as a stream: the nodes as they go, then the error
+    events = list(client.stream_task(doc))
+    seen = sorted((e["event"], e.get("node") or e.get("id")) for e in events[:-1])
+    assert seen == [("finished", "fields"), ("started", "fields"), ("started", "report")], events
+    assert events[-1]["event"] == "error" and events[-1]["status"] == 504
+    assert says in events[-1]["error"]
+    with pytest.raises(ClientError) as bad:  # a request that does not check out: a plain 400
+        list(client.stream_task({"graph": {"nodes": []}}))
+    assert bad.value.status == 400
     cloud.proxy.restore()
     doc["graph"]["nodes"].pop()  # type: ignore[attr-defined]
     assert tasks(client, {**doc, "deadline_ms": 20_000})["status"] == "ok"
@@ -238,5 +247,12 @@ def test_edgectl_task_lists_explains_and_runs(edged_with_cloud: Daemon, tmp_path
     ran = edgectl("task", "run", "image-report", "-i", f"image=@{image}")
     assert ran.returncode == 0, ran.stderr
     assert "task image-report: ok" in ran.stdout and '"total": "$1,234.50"' in ran.stdout
+    followed = edgectl("task", "run", "image-report", "--progress", "-i", f"image=@{image}")
+    assert followed.returncode == 0, followed.stderr
+    lines = followed.stdout.splitlines()
+    order = [re.sub(r"^ *[\d.]+ ms  ", "", line) for line in lines[:6]]
+    assert order[0] == "text (ocr) started" and order[1] == "text ok: local", lines
+    assert order[-2:] == ["report (report) started", "report ok: cloud"], lines
+    assert "task image-report: ok" in lines[6]
     missing = edgectl("task", "run", "image-report")
     assert missing.returncode == 4 and "needs input(s): image" in missing.stderr
