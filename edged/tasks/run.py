@@ -118,6 +118,7 @@ def decode_inputs(doc: Any) -> tuple[dict[str, Any], set[str]]:
     return values, private
 
 
+REQUEST_KEYS = {"template", "text", "graph", "inputs", "private", "deadline_ms", "run"}
 # Free text: the template inputs it fills when the request does not give them.
 FREE_TEXT_INPUTS = ("text", "question", "query")
 
@@ -155,15 +156,7 @@ class TaskRunner:
         """Read a request into a plan, checked whole (InvalidRequest naming the problem)."""
         if not isinstance(doc, Mapping):
             raise InvalidRequest("the body must be a JSON object")
-        unknown = set(doc) - {
-            "template",
-            "text",
-            "graph",
-            "inputs",
-            "private",
-            "deadline_ms",
-            "run",
-        }
+        unknown = set(doc) - REQUEST_KEYS
         if unknown:
             raise InvalidRequest(f"unknown keys: {', '.join(sorted(unknown))}")
         ways = [k for k in ("template", "text", "graph") if k in doc]
@@ -359,33 +352,37 @@ class TaskRunner:
             error.status = status
             raise error
 
-        while pending or running:
-            before = len(results)
-            start_ready()
-            if not running:
-                if len(results) == before and pending:  # cannot happen in a checked graph
-                    raise InvalidRequest(f"nodes never became ready: {', '.join(pending)}")
-                continue
-            left = deadline - time.monotonic()
-            done, _ = await asyncio.wait(
-                running, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
-                unfinished = sorted([*running.values(), *pending])
-                finished = sorted(n for n, o in results.items() if o.status == "ok")
-                stop("cancelled")
-                raise DeadlineExceeded(
-                    f"task '{plan.task}' passed its deadline of {plan.deadline_s * 1000:.0f} ms:"
-                    f" cancelled {', '.join(unfinished)}"
-                    + (f" (finished: {', '.join(finished)})" if finished else "")
+        try:
+            while pending or running:
+                before = len(results)
+                start_ready()
+                if not running:
+                    if len(results) == before and pending:  # cannot happen in a checked graph
+                        raise InvalidRequest(f"nodes never became ready: {', '.join(pending)}")
+                    continue
+                left = deadline - time.monotonic()
+                done, _ = await asyncio.wait(
+                    running, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED
                 )
-            for task in done:
-                outcome = task.result()
-                results[running.pop(task)] = outcome
-                node = nodes[outcome.node]
-                if outcome.status == "failed" and not node.optional:
+                if not done:
+                    unfinished = sorted([*running.values(), *pending])
+                    finished = sorted(n for n, o in results.items() if o.status == "ok")
                     stop("cancelled")
-                    fail(node, f"failed: {outcome.error}", outcome.error_status)
+                    raise DeadlineExceeded(
+                        f"task '{plan.task}' passed its deadline of"
+                        f" {plan.deadline_s * 1000:.0f} ms: cancelled {', '.join(unfinished)}"
+                        + (f" (finished: {', '.join(finished)})" if finished else "")
+                    )
+                for task in done:
+                    outcome = task.result()
+                    results[running.pop(task)] = outcome
+                    node = nodes[outcome.node]
+                    if outcome.status == "failed" and not node.optional:
+                        stop("cancelled")
+                        fail(node, f"failed: {outcome.error}", outcome.error_status)
+        finally:  # the caller went away (or a node failed): nothing keeps running for nobody
+            for task in running:
+                task.cancel()
         return self._answer(plan, results, private, ms())
 
     def _answer(

@@ -120,3 +120,14 @@ def test_fields_are_extracted_from_a_documents_text() -> None:
     assert fields["emails"] == ["billing@acme.example"]
     assert fields["labelled"]["date"] == "2026-11-30"
     assert extract_fields("no numbers here")["total"] is None
+
+
+def test_a_graph_has_at_most_64_nodes_and_a_body_must_be_an_object() -> None:
+    nodes = [node(f"n{i}", "extract", text="$t") for i in range(65)]
+    with pytest.raises(InvalidRequest) as refused:
+        parse_graph({"nodes": nodes})
+    assert "the graph has 65 nodes; at most 64" in refused.value.message
+    assert len(parse_graph({"nodes": nodes[:64]}).nodes) == 64
+    for bad in (None, [], {"nodes": "a"}, {"nodes": [3]}):
+        with pytest.raises(InvalidRequest):
+            parse_graph(bad)
