@@ -87,7 +87,7 @@ $(STAMPS)/wheelhouse: pyproject.toml | $(STAMPS)/apt-deb
 	rm -rf build/wheel-venv $(WHEELHOUSE)/edged-*.whl
 	@touch $@
 
-$(DEB): $(STAMPS)/models $(STAMPS)/wheelhouse $(shell find debian systemd edged cloudsync -type f -not -path '*/__pycache__/*') pyproject.toml README.md
+$(DEB): $(STAMPS)/models $(STAMPS)/wheelhouse $(shell find debian systemd edged cloudsync -type f -not -path '*/__pycache__/*') pyproject.toml README.md $(wildcard docs/*.md)
 	rm -rf build/deb && mkdir -p build/deb/src
 	git ls-files -co --exclude-standard -z | tar --null -T - -c | tar -x -C build/deb/src
 	cd build/deb/src && WHEELHOUSE=$(CURDIR)/$(WHEELHOUSE) MODELS=$(CURDIR)/models dpkg-buildpackage -b -us -uc
