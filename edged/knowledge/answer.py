@@ -4,8 +4,9 @@ vLLM, llama.cpp's server, Ollama, TGI, LiteLLM and the hosted APIs all serve
 ``POST {base}/chat/completions``. The question and its passages go as one user message after a
 system message that asks for an answer from the passages only; ``temperature`` 0. The call has
 the request's deadline; any failure is ``Unavailable`` with the endpoint's own words, and the
-knowledge service then answers with its best passage. Privacy is decided before this is called:
-a private question or passage never reaches it.
+knowledge service then answers with its best passage. Privacy is decided before this is called
+(a private question or passage never reaches it), and checked again here: a call whose routing
+context is private is refused.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class ChatAnswer:
 
     async def __call__(self, question: str, passages: list[str]) -> tuple[str, str, str]:
         ctx = ROUTE.get()
+        if ctx is not None and ctx.private:  # the last guard: this endpoint is off the device
+            raise Unavailable(
+                f"the input is private: nothing is sent to the answer endpoint {self.url}"
+            )
         left = ctx.deadline - time.monotonic() if ctx is not None else DEFAULT_TIMEOUT_S
         if left <= 0:
             raise Unavailable("no time is left for the answer model")

@@ -357,19 +357,32 @@ def create_app(
         # JSON lines as the nodes start and finish, then the answer (or the error): a request
         # that does not check out is still a plain 400, before the stream starts
         plan = await runner.plan(doc, params)
+        if doc.get("run", True) is False:  # a plan is one answer, not a stream
+            return ok({"planned": runner.explain(plan)})
         stream = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await stream.prepare(request)
         lock = asyncio.Lock()
+        gone = False
 
         async def emit(event: dict[str, Any]) -> None:
+            nonlocal gone
             async with lock:
-                await stream.write(json.dumps(event).encode() + b"\n")
+                if gone:
+                    return
+                try:
+                    await stream.write(json.dumps(event).encode() + b"\n")
+                except ConnectionError:  # the caller left; the handler is cancelled soon
+                    gone = True
 
         try:
             await emit({"event": "answer", **await runner.execute(plan, params, emit)})
         except EdgedError as exc:
             await emit({"event": "error", "status": exc.status, "error": exc.message})
-        await stream.write_eof()
+        except Exception as exc:  # the stream has started: no second response can be sent
+            log.exception("task stream failed")
+            await emit({"event": "error", "status": 500, "error": f"{type(exc).__name__}: {exc}"})
+        if not gone:
+            await stream.write_eof()
         return stream
 
     async def embed(request: web.Request) -> web.Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edged.errors import InvalidRequest, Unavailable
@@ -45,7 +45,7 @@ class Kind:
     outputs: tuple[str, ...]
     run: Run
     optional: tuple[str, ...] = ()
-    params: tuple[str, ...] = ()
+    params: Mapping[str, Callable[[Any], bool]] = field(default_factory=dict)  # name -> is valid
     models: tuple[str, ...] = ()  # the models it calls (for the estimate); "answer": the answerer
 
     def check(self, node: Node) -> None:
@@ -66,6 +66,9 @@ class Kind:
                 f"node '{node.id}' ({node.task}) has unknown params {', '.join(sorted(unknown))}"
                 + (f"; it takes {', '.join(self.params)}" if self.params else "")
             )
+        for name, value in node.params.items():
+            if not self.params[name](value):
+                raise InvalidRequest(f"node '{node.id}': param '{name}' {PARAM_RULES[name]}")
 
 
 def _bytes(node: Node, name: str, value: Any) -> bytes:
@@ -157,21 +160,25 @@ async def _extract(
     return {"fields": extract_fields(_text(node, "text", values["text"]))}, dict(LOCAL_RULES)
 
 
-def _namespace(node: Node) -> str:
-    namespace = node.params.get("namespace", "default")
-    if not isinstance(namespace, str):
-        raise InvalidRequest(f"node '{node.id}': param 'namespace' must be a string")
-    return namespace
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _is_k(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100
+
+
+# Node params, checked when the graph is read: what each must be.
+PARAM_RULES = {"namespace": "must be a namespace's name", "k": "must be an integer, 1 to 100",
+               "question": "must be non-empty text"}  # fmt: skip
 
 
 async def _search(
     ctx: Context, node: Node, values: dict[str, Any]
 ) -> tuple[Outputs, dict[str, Any]]:
-    k = node.params.get("k", 5)
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 100:
-        raise InvalidRequest(f"node '{node.id}': param 'k' must be 1 to 100")
     query = _text(node, "query", values["query"])
-    reply = await ctx.plane.kb().search(_namespace(node), query, k)
+    namespace = node.params.get("namespace", "default")
+    reply = await ctx.plane.kb().search(namespace, query, node.params.get("k", 5))
     hits = reply["hits"]
     outputs = {"hits": hits, "context": [h["text"] for h in hits]}
     return outputs, {"route": "local", "reason": "the knowledge store is on the device"}
@@ -179,9 +186,8 @@ async def _search(
 
 async def _ask(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Outputs, dict[str, Any]]:
     question = _text(node, "question", values["question"])
-    reply = await ctx.plane.kb().ask(
-        _namespace(node), question, private=bool(ctx.params.get("private"))
-    )
+    namespace = node.params.get("namespace", "default")
+    reply = await ctx.plane.kb().ask(namespace, question, private=bool(ctx.params.get("private")))
     outputs = {k: reply[k] for k in ("answer", "sources", "answered_by")}
     return outputs, _route(reply)
 
@@ -212,12 +218,11 @@ async def _report(
 ) -> tuple[Outputs, dict[str, Any]]:
     text = _text(node, "text", values["text"])
     fields = values.get("fields") or {}
+    if not isinstance(fields, dict):  # an extract node's fields, not a request's raw input
+        raise InvalidRequest(f"node '{node.id}' input 'fields' must be an extract node's fields")
     question = node.params.get("question", "What is this document about, and what does it ask?")
-    if not isinstance(question, str) or not question.strip():
-        raise InvalidRequest(f"node '{node.id}': param 'question' must be text")
     context = [line for line in text.splitlines() if line.strip()]
-    if isinstance(fields, dict):
-        context += [f"{k}: {v}" for k, v in fields.get("labelled", {}).items()]
+    context += [f"{k}: {v}" for k, v in fields.get("labelled", {}).items()]
     summary, route = await _answer_with(ctx, node, question, context)
     return {"report": {"summary": summary, "fields": fields, "lines": len(context)}}, route
 
@@ -228,13 +233,16 @@ KINDS: dict[str, Kind] = {
     "intent": Kind(("text",), ("intent", "score"), _intent, models=(task_api.INTENT_MODEL,)),
     "embed": Kind(("text",), ("embedding",), _embed, models=(task_api.EMBED_MODEL,)),
     "extract": Kind(("text",), ("fields",), _extract),
-    "search": Kind(("query",), ("hits", "context"), _search, params=("namespace", "k")),
+    "search": Kind(
+        ("query",), ("hits", "context"), _search, params={"namespace": _is_text, "k": _is_k}
+    ),
     "ask": Kind(
-        ("question",), ("answer", "sources", "answered_by"), _ask, params=("namespace",)
+        ("question",), ("answer", "sources", "answered_by"), _ask,
+        params={"namespace": _is_text},
     ),
     "answer": Kind(("question",), ("answer",), _answer, optional=("context",), models=("answer",)),
     "report": Kind(
-        ("text",), ("report",), _report, optional=("fields",), params=("question",),
-        models=("answer",),
+        ("text",), ("report",), _report, optional=("fields",),
+        params={"question": _is_text}, models=("answer",),
     ),
 }  # fmt: skip

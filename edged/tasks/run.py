@@ -163,6 +163,7 @@ class TaskRunner:
         if len(ways) != 1:
             raise InvalidRequest("give one of 'template' (a name), 'text' or 'graph'")
         values, private = decode_inputs(doc.get("inputs", {}))
+        copies: set[str] = set()  # inputs filled with the free text
         intent = None
         if "graph" in doc:
             task, graph = "graph", parse_graph(doc["graph"])
@@ -171,7 +172,9 @@ class TaskRunner:
             if "text" in doc:
                 name, intent = await self._read(doc["text"], params)
                 for key in FREE_TEXT_INPUTS:  # what was written is what the template works on
-                    values.setdefault(key, doc["text"])
+                    if key not in values:
+                        values[key] = doc["text"]
+                        copies.add(key)
             template = self.templates.get(name) if isinstance(name, str) else None
             if template is None:
                 raise InvalidRequest(
@@ -183,6 +186,8 @@ class TaskRunner:
         if not isinstance(marked, list) or not all(isinstance(m, str) for m in marked):
             raise InvalidRequest("'private' must be a list of input names")
         private |= set(marked)
+        if private & copies:  # one text, one label for all its copies
+            private |= copies
         strict = params.get("private") is True  # the whole request is private
         if strict:
             private |= set(values)
@@ -330,8 +335,11 @@ class TaskRunner:
                 broken = [d for d in sorted(node.after) if results[d].status != "ok"]
                 if broken:
                     source = results[broken[0]]
-                    why = f"its input from '{source.node}' is missing ({source.status})"
-                    results[node_id] = Outcome(node_id, "skipped", error=why)
+                    why = f"its input from '{source.node}' is missing ({source.status}"
+                    why += f": {source.error})" if source.error else ")"
+                    results[node_id] = Outcome(
+                        node_id, "skipped", error=why, error_status=source.error_status
+                    )
                     if not node.optional:
                         stop("cancelled")
                         fail(node, why, source.error_status)

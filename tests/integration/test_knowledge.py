@@ -261,6 +261,18 @@ answer_token_file = "{token}"
         assert UNSURE in user and all(p["text"] in user for p in reply["passages"])
         kept = client.kb_ask("faq", "What is the door code of the server room?", threshold=0.99)
         assert "private" in kept["reason"] and len(server.seen) == 1  # the secret stayed home
+        # a task graph's answer node: a private question is refused before the endpoint
+        answer = {"id": "a", "task": "answer", "inputs": {"question": "$q", "context": "$c"}}
+        graph = {"nodes": [answer]}
+        door = "What is the door code of the server room?"
+        private = {"q": {"text": door, "private": True}, "c": SECRET}
+        with pytest.raises(ClientError) as refused:
+            client.run_task({"graph": graph, "inputs": private})
+        assert refused.value.status == 503 and "the input is private" in refused.value.message
+        assert len(server.seen) == 1
+        sent = client.run_task({"graph": graph, "inputs": {"q": UNSURE, "c": FAQ[0]["text"]}})
+        assert sent["nodes"][0]["route"] == "cloud" and len(server.seen) == 2
+        assert sent["result"]["a"]["answer"] == f"From the manual: {FAQ[0]['text']}"
         server.status = 503
         failed = client.kb_ask("faq", UNSURE, threshold=0.9)
         assert failed["answered_by"] == "passage" and "model overloaded" in failed["reason"]

@@ -130,6 +130,11 @@ def test_free_text_is_mapped_to_its_template_on_the_held_out_split(
         right += got == expected
         if got != expected:
             print(f"miss: {row['text']!r} {expected} -> {got}")
+    # the free text fills the template's inputs: marked private once, every copy is private
+    planned = tasks(client, {"text": "how do I restart the unit?", "private": ["text"],
+                             "run": False})["planned"]  # fmt: skip
+    assert planned["task"] == "ask" and planned["nodes"][0]["private"] is True, planned
+    assert planned["private_inputs"] == ["query", "question", "text"]
     accuracy = right / len(rows)
     print(f"free text -> template: {right}/{len(rows)} = {accuracy:.3f}")
     assert len(rows) >= 50 and accuracy >= 0.9
@@ -188,6 +193,22 @@ def test_independent_nodes_run_together_and_an_optional_failure_degrades_the_ans
     assert degraded["status"] == "degraded" and set(degraded["result"]) == {"kind"}
     (why,) = degraded["degraded"]
     assert why.startswith("node 'both' failed:"), why
+    # a required node whose input comes from an optional one that failed, through a skipped one:
+    # the task fails with the first failure's status and words
+    chain = {"nodes": [
+        {"id": "a", "task": "ocr", "inputs": {"image": "$a"}, "constraints": {"optional": True}},
+        {"id": "b", "task": "extract", "inputs": {"text": "a.text"},
+         "constraints": {"optional": True}},
+        {"id": "c", "task": "extract", "inputs": {"text": "b.fields"}},
+    ]}  # fmt: skip
+    error = refused(client, {"graph": chain, "inputs": {"a": b64(b"not an image")}})
+    assert error.status == 400 and "node 'c' (extract) its input from 'b' is missing" in (
+        error.message
+    ), error
+    report = {"id": "r", "task": "report", "inputs": {"text": "$t", "fields": "$f"}}
+    bytes_fields = {"nodes": [report]}
+    error = refused(client, {"graph": bytes_fields, "inputs": {"t": "x", "f": b64(b"\xff")}})
+    assert error.status == 400 and "must be an extract node's fields" in error.message, error
     graph["nodes"][2]["constraints"] = {"optional": False}  # type: ignore[index]
     error = refused(client, {"graph": graph, "inputs": inputs})
     assert error.status == 503 and "node 'both' (report) failed" in error.message, error
@@ -219,6 +240,10 @@ def test_the_deadline_cancels_unfinished_nodes(
     assert seen == [("finished", "fields"), ("started", "fields"), ("started", "report")], events
     assert events[-1]["event"] == "error" and events[-1]["status"] == 504
     assert says in events[-1]["error"]
+    before = len(cloud.seen())  # a plan asked for as a stream is the plan, nothing runs
+    (plan,) = client.stream_task({**doc, "run": False})
+    assert plan["planned"]["order"] == ["fields", "report", "kind"]
+    assert len(cloud.seen()) == before
     with pytest.raises(ClientError) as bad:  # a request that does not check out: a plain 400
         list(client.stream_task({"graph": {"nodes": []}}))
     assert bad.value.status == 400
