@@ -146,6 +146,7 @@ class Daemon:
                 knowledge.answer_model,
                 knowledge.ask_passages,
                 knowledge.private_namespaces,
+                knowledge.answer_timeout_s,
             ),
         )
         self.plane.tasks = self.task_runner(config)

@@ -361,6 +361,12 @@ class KnowledgeConfig(Section):
         None, description="file holding the bearer token for answer_url"
     )
     ask_passages: int = Field(4, ge=1, le=20, description="ask: passages sent with a question")
+    answer_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="ask: how long the answer model may take when the request sets no timeout"
+        " (a language model takes seconds, beyond routing.max_latency_ms)",
+    )
     private_namespaces: list[str] = Field(
         default_factory=list, description="namespaces whose passages never leave the device"
     )

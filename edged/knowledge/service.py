@@ -51,6 +51,7 @@ class AskSettings:
     answer_model: str | None = None
     passages: int = 4
     private_namespaces: list[str] = field(default_factory=list)
+    timeout_s: float = 30.0  # the ask's deadline when the request sets none
 
 
 class KnowledgeService:

@@ -322,6 +322,8 @@ def create_app(
         ):
             raise InvalidRequest("'threshold' must be a number (a cosine score, -1 to 1)")
         params = query_parameters(request)
+        # an escalation to the answer model may take seconds: the ask's own default deadline
+        params.setdefault("timeout", round(plane.kb().ask_settings.timeout_s * 1e6))
         _, route = plane.take_parameters(params)
         reply = await plane.kb().ask(
             request.match_info["ns"],

@@ -4,6 +4,7 @@ questions on the device or with the cloud's answer model, survive a restart."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -204,6 +205,7 @@ class ChatServer(LoopThread):
     seen: list[dict[str, Any]] = field(default_factory=list)
     status: int = 200
     port: int = 0
+    delay: float = 0.0  # seconds before each answer: a language model takes its time
 
     async def _serve(self) -> None:
         app = web.Application()
@@ -220,6 +222,7 @@ class ChatServer(LoopThread):
     async def complete(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.seen.append({"auth": request.headers.get("Authorization"), **body})
+        await asyncio.sleep(self.delay)
         if self.status != 200:
             error = {"error": {"message": "model overloaded", "type": "server_error"}}
             return web.json_response(error, status=self.status)
@@ -250,7 +253,10 @@ answer_token_file = "{token}"
         client = daemon.client
         client.kb_ingest("faq", FAQ + MORE_FAQ)
         client.kb_ingest("faq", [{"source": "ops/doors.md", "text": SECRET, "private": True}])
-        reply = client.kb_ask("faq", UNSURE, threshold=0.9)  # no passage is that close
+        # no passage is that close; the model takes 1.5 s, beyond routing.max_latency_ms (500)
+        server.delay = 1.5
+        reply = client.kb_ask("faq", UNSURE, threshold=0.9)
+        server.delay = 0.0
         assert reply["answered_by"] == "llama-3.1-8b-instruct" and reply["route"] == "cloud"
         assert reply["answer"].startswith("From the manual: "), reply
         assert reply["answer"].endswith(reply["passages"][0]["text"])
