@@ -129,6 +129,8 @@ class Daemon:
             if knowledge.answer_url
             else None
         )
+        # question, passages -> answer: the endpoint, else the OIP model through the router
+        self.answerer = self.chat or self._answer
         self.plane.knowledge = KnowledgeService(
             knowledge.uri or config.state_dir / "knowledge.db",
             self._embed,
@@ -140,7 +142,7 @@ class Daemon:
             overlap=knowledge.chunk_overlap,
             min_free_mb=knowledge.min_free_mb,
             embed_batch=knowledge.embed_batch,
-            answer=self.chat or self._answer,
+            answer=self.answerer,
             ask=AskSettings(
                 knowledge.answer_threshold,
                 knowledge.answer_model,
@@ -251,7 +253,7 @@ class Daemon:
     def task_runner(self, config: Config) -> TaskRunner:
         """/v1/tasks with the config's templates and the knowledge store's answer model."""
         answer_model = config.knowledge.answer_model
-        answer = (self.chat or self._answer) if answer_model else None
+        answer = self.answerer if answer_model else None
         return TaskRunner(self.plane, config.tasks, answer, answer_model)
 
     async def reload(self) -> str | None:

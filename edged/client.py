@@ -7,6 +7,7 @@ client.embed(["hello", "hi there"])
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -68,11 +69,23 @@ class Client:
         headers: Mapping[str, str] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         """One HTTP exchange: (status, headers, body). Raises ClientError(0, …) if unreachable."""
+        with self._exchange(method, path, body, headers) as response:
+            return response.status, dict(response.getheaders()), response.read()
+
+    @contextlib.contextmanager
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Iterator[http.client.HTTPResponse]:
+        """The response of one request, to read while the connection is open; socket errors,
+        here or while reading, are ClientError(0, …)."""
         conn = UnixHTTPConnection(self.socket_path, self.timeout)
         try:
             conn.request(method, path, body=body, headers=dict(headers or {}))
-            response = conn.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
+            yield conn.getresponse()
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise ClientError(
                 0, f"cannot reach edged at {self.socket_path}: {exc.strerror}; is it running?"
@@ -302,23 +315,13 @@ class Client:
     def stream_task(self, doc: dict[str, Any], **params: Any) -> Iterator[dict[str, Any]]:
         """``POST /v1/tasks?stream=true``: each node's ``started`` and ``finished`` event as it
         happens, then the ``answer`` (or ``error``) event."""
-        conn = UnixHTTPConnection(self.socket_path, self.timeout)
-        try:
-            body = json.dumps(doc).encode()
-            query = _query({**params, "stream": True})
-            try:
-                conn.request(
-                    "POST", "/v1/tasks" + query, body, {"Content-Type": "application/json"}
-                )
-                response = conn.getresponse()
-            except OSError as exc:
-                raise ClientError(0, f"cannot reach edged at {self.socket_path}: {exc}") from None
+        path = "/v1/tasks" + _query({**params, "stream": True})
+        body = json.dumps(doc).encode()
+        with self._exchange("POST", path, body, {"Content-Type": "application/json"}) as response:
             if response.status != 200:
                 _raise_for_status(response.status, response.read(), dict(response.getheaders()))
             for line in iter(response.readline, b""):
                 yield json.loads(line)
-        finally:
-            conn.close()
 
     def embed(self, texts: list[str], model: str = "text-embedding", **params: Any) -> np.ndarray:
         """Sentence embeddings, one row per text (``model``: text-embedding or its -int8)."""

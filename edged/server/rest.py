@@ -354,13 +354,13 @@ def create_app(
     async def tasks_run(request: web.Request) -> web.StreamResponse:
         runner = plane.task_runner()
         doc, params = await read_json(request), query_parameters(request)
-        if not params.pop("stream", False):
-            return ok(await runner.run(doc, params))
-        # JSON lines as the nodes start and finish, then the answer (or the error): a request
-        # that does not check out is still a plain 400, before the stream starts
-        plan = await runner.plan(doc, params)
-        if doc.get("run", True) is False:  # a plan is one answer, not a stream
+        streamed = params.pop("stream", False)
+        plan = await runner.plan(doc, params)  # a request that does not check out: a plain 400
+        if doc.get("run", True) is False:  # the plan only: one answer, streamed or not
             return ok({"planned": runner.explain(plan)})
+        if not streamed:
+            return ok(await runner.execute(plan, params))
+        # JSON lines as the nodes start and finish, then the answer (or the error)
         stream = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await stream.prepare(request)
         lock = asyncio.Lock()

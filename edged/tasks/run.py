@@ -124,7 +124,7 @@ FREE_TEXT_INPUTS = ("text", "question", "query")
 
 
 class TaskRunner:
-    """POST /v1/tasks: plan (decompose) and run."""
+    """POST /v1/tasks: ``plan`` (read and check), ``explain`` (the decomposition), ``execute``."""
 
     def __init__(
         self,
@@ -254,13 +254,6 @@ class TaskRunner:
                 return {"model": None, "why_not": "no answer model (knowledge.answer_model)"}
             model = self.answer_model
         return self.plane.router.tiers(model)[0]
-
-    async def run(self, doc: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-        """POST /v1/tasks: plan, then run unless ``"run": false``."""
-        plan = await self.plan(doc, params)
-        if isinstance(doc, Mapping) and doc.get("run", True) is False:
-            return {"planned": self.explain(plan)}
-        return await self.execute(plan, params)
 
     async def execute(
         self, plan: Plan, params: Mapping[str, Any], progress: Progress | None = None

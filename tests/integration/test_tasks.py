@@ -11,7 +11,6 @@ import csv
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 
 from edged.client import Client, ClientError
 from tests.conftest import ANSWER_MODEL, MODELS, Cloud, Daemon, wait_for
+from tests.integration.test_admin import edgectl as edgectl_of
 from tests.media import text_image
 
 INVOICE = ["INVOICE 2041", "Date: 2026-11-30", "Total: $1,234.50", "Pay to: billing@acme.example"]
@@ -257,8 +257,7 @@ def test_edgectl_task_lists_explains_and_runs(edged_with_cloud: Daemon, tmp_path
     image.write_bytes(text_image(INVOICE))
 
     def edgectl(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "edged.edgectl", "--socket", str(edged_with_cloud.socket)]
-        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
+        return edgectl_of(edged_with_cloud, *args)
 
     listed = edgectl("task", "list")
     assert listed.returncode == 0
