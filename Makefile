@@ -24,8 +24,11 @@ DEB_VERSION := $(shell sed -n '1s/^edged (\(.*\)).*/\1/p' debian/changelog)
 DEB := build/deb/edged_$(DEB_VERSION)_$(shell dpkg --print-architecture).deb
 DEB_BASE := build/debian-base.tar
 WHEELHOUSE := .wheelhouse
+# promtool checks and unit-tests the shipped alerting rules; taken out of Debian's prometheus
+# package without installing it (installing would start a Prometheus server on the machine).
+PROMTOOL := build/promtool/usr/bin/promtool
 
-.PHONY: run test setup models deb lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat clean distclean help
+.PHONY: run test setup models deb monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
@@ -39,6 +42,7 @@ help:
 	@echo "make bench-knowledge - knowledge store: search at 10k/100k vs numpy, RSS, ingest (bench/knowledge.py)"
 	@echo "make models - (re)build the default model repository in models/"
 	@echo "make deb    - build the Debian package into build/deb/ and lint it"
+	@echo "make monitoring - regenerate the Prometheus alerting rules from cloudsync/alerts.py"
 
 $(STAMPS):
 	@mkdir -p $(STAMPS)
@@ -105,12 +109,23 @@ $(DEB_BASE): $(DEB) | $(STAMPS)/apt-deb
 	  mmdebstrap --quiet --format=tar --variant=apt --include="$$deps,python3-systemd" bookworm $@.tmp \
 	    http://deb.debian.org/debian && mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
 
+$(PROMTOOL):
+	@mkdir -p build/promtool
+	cd build/promtool && { apt-get download -q prometheus 2>/dev/null || \
+	  { $(SUDO) apt-get update -q && apt-get download -q prometheus; }; } && \
+	  dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool && rm prometheus_*.deb
+	$@ --version | head -1
+
+monitoring: $(STAMPS)/venv $(PROMTOOL)
+	$(PY) -m cloudsync.alerts > docs/monitoring/edged-alerts.rules.yml
+	$(PROMTOOL) check rules docs/monitoring/edged-alerts.rules.yml
+
 lint: $(STAMPS)/venv
 	$(VENV)/bin/ruff check edged cloudsync tests bench models
 	$(VENV)/bin/ruff format --check edged cloudsync tests bench models
 	$(VENV)/bin/mypy
 
-unit: $(STAMPS)/venv
+unit: $(STAMPS)/venv $(PROMTOOL)
 	$(VENV)/bin/pytest tests/unit
 
 integration: $(STAMPS)/models $(STAMPS)/apt-test
@@ -120,7 +135,7 @@ packaging: $(STAMPS)/venv $(DEB_BASE)
 	$(VENV)/bin/pytest tests/packaging
 
 # pytest exits 5 when it collected nothing: that fails here like any other non-zero code.
-test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE)
+test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(PROMTOOL)
 	$(VENV)/bin/pytest tests
 
 bench: $(STAMPS)/models

@@ -39,9 +39,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from cloudsync import __version__, metrics
+from cloudsync.alerts import Evaluator, Facts, record_id
 from cloudsync.commands import Command, Refused, Verifier, load_anchors
 from cloudsync.config import Config
 from cloudsync.delivery import Delivery
+from cloudsync.exporter import Exporter
 from cloudsync.mqtt.envelope import Envelope, EnvelopeError, decode, now_ms
 from cloudsync.mqtt.sync import tls_context
 from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
@@ -124,9 +126,14 @@ class Agent:
             self.edged_client,
             config.edged.timeout_s,
         )
+        self.delivery.on_rollback = self._rolled_back
         self.next_telemetry = 0.0
         self.events = EventLog()  # cloudsync's own log, for the ``logs`` command
         log.addHandler(self.events)
+        self.offline_since: float | None = time.monotonic()  # None while connected
+        self.rollbacks: dict[str, float] = {}  # model -> time.monotonic() of its last rollback
+        self.alerts = Evaluator(config.alerts)
+        self.exporter = Exporter(self)
         self.client = self._client()
 
     # ---- the MQTT client -----------------------------------------------------------------
@@ -185,6 +192,8 @@ class Agent:
             self._schedule_reconnect(f"the broker refused the connection: {rc}")
             return
         self.connected = True
+        self.offline_since = None
+        self.exporter.connections.inc()
         self.connecting_since = None
         self.attempt = 0
         log.info(
@@ -202,6 +211,8 @@ class Agent:
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
         was = self.connected
         self.connected = False
+        if was:
+            self.offline_since = time.monotonic()
         if not self.stopping.is_set():
             self._schedule_reconnect(f"disconnected ({rc})" if was else f"connect failed ({rc})")
 
@@ -443,6 +454,7 @@ class Agent:
             body = self.heartbeat_body()
             self.client.publish(self.topics.heartbeat, self._envelope(body).encode(), qos=1)
             self.heartbeats += 1
+            self.exporter.heartbeats.inc()
         self.pump()
 
     def collect(self) -> None:
@@ -450,6 +462,7 @@ class Agent:
         every heartbeat interval."""
         client = self.edged_client()
         while not self.stopping.is_set():
+            snap = None
             try:
                 status = client.status()
                 capabilities = client.capabilities()
@@ -461,7 +474,43 @@ class Agent:
                 log.error("edged's /metrics cannot be read: %s", exc)
             except ClientError as exc:
                 self.edged = EdgedView(None, [], exc.message, now_ms())
+            if self.config.alerts.enabled:
+                self.check_alerts(snap)
             self.stopping.wait(self.config.heartbeat.interval_s)
+
+    def facts(self, snap: metrics.Snapshot | None) -> Facts:
+        """What the alerts are evaluated on, now."""
+        now = time.monotonic()
+        oldest = self.outbox.oldest_ms()
+        facts = Facts(
+            now,
+            edged_up=self.edged.status is not None,
+            offline_s=0.0 if self.offline_since is None else now - self.offline_since,
+            outbox_age_s=None if oldest is None else max(0.0, time.time() - oldest / 1000),
+            rollbacks=dict(self.rollbacks),
+        )
+        if snap is not None:
+            facts.local_load = snap.local_load
+            facts.cloud_calls = sum(snap.cloud.values())
+            facts.cloud_errors = sum(v for k, v in snap.cloud.items() if k[2] == "error")
+        return facts
+
+    def check_alerts(self, snap: metrics.Snapshot | None) -> None:
+        """Evaluate the alerts; each change goes to the fleet through the outbox."""
+        items = []
+        wall, mono = now_ms(), time.monotonic()
+        for state, alert in self.alerts.evaluate(self.facts(snap)):
+            since = wall - int((mono - alert.since) * 1000)
+            body = self.alerts.event(state, alert, wall, since)
+            level = logging.WARNING if state == "firing" else logging.INFO
+            log.log(level, "alert %s %s: %s", alert.rule.name, state, body["summary"])
+            items.append(Item("events", body, "alert", record_id(body)))
+        if items:
+            self.outbox.put_many(items)
+
+    def _rolled_back(self, model: str) -> None:
+        self.rollbacks[model] = time.monotonic()
+        self.exporter.rollbacks.labels(model).inc()
 
     def read_events(self, client: Client) -> None:
         """edged's events after the cursor kept in the outbox, stored with the cursor's advance
@@ -500,6 +549,7 @@ class Agent:
 
     def run(self) -> None:
         """Until ``stop``: the MQTT thread here, the edged thread beside it."""
+        stop_metrics = self._serve_metrics()
         threading.Thread(target=self.collect, name="edged", daemon=True).start()
         threading.Thread(target=self.delivery.run, name="delivery", daemon=True).start()
         worker = threading.Thread(target=self.work, name="commands", daemon=True)
@@ -511,7 +561,23 @@ class Agent:
             self.orders.put(None)
             self.delivery.stop()
             worker.join(5)
+            if stop_metrics is not None:
+                stop_metrics()
             self._close()
+
+    def _serve_metrics(self) -> Callable[[], None] | None:
+        """/metrics on ``[metrics] port``; a port that cannot be had is logged: the agent's
+        work (the fleet) goes on without it."""
+        address, port = self.config.metrics.address, self.config.metrics.port
+        if not port:
+            return None
+        try:
+            stop = self.exporter.serve(address, port)
+        except OSError as exc:
+            log.error("cannot serve metrics on %s:%d: %s", address, port, exc.strerror or exc)
+            return None
+        log.info("metrics on http://%s:%d/metrics", address, port)
+        return stop
 
     def stop(self) -> None:
         self.stopping.set()

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from cloudsync.mqtt.topics import check_name
-from edged.config import Section, load_file
+from edged.config import LogFormat, MetricsConfig, Section, load_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/cloudsync.toml")
 
@@ -129,6 +129,35 @@ class LocalConfig(Section):
     socket_mode: int = Field(0o660, description="permission bits of the socket file")
 
 
+class AlertsConfig(Section):
+    """Alerts evaluated on the device (cloudsync.alerts), so they fire while offline: each
+    change (firing, resolved) is an event through the outbox. The Prometheus rules shipped in
+    docs/monitoring/ are the same alerts with these defaults."""
+
+    enabled: bool = Field(True, description="evaluate the alerts (every heartbeat interval)")
+    for_s: float = Field(
+        300.0, ge=0, description="how long a condition must hold before its alert fires"
+    )
+    local_load_ratio: float = Field(
+        0.9, gt=0, le=1, description="EdgedLocalLoadHigh: edged's local load above this"
+    )
+    cloud_error_ratio: float = Field(
+        0.05, ge=0, le=1, description="EdgedCloudErrorsHigh: cloud calls failing above this"
+    )
+    window_s: float = Field(
+        300.0, gt=0, description="the window over which the cloud's error rate is taken"
+    )
+    offline_for_s: float = Field(
+        300.0, ge=0, description="NodeOffline: the broker unreachable for this long"
+    )
+    outbox_max_age_s: float = Field(
+        3600.0, gt=0, description="OutboxStale: the oldest record waiting longer than this"
+    )
+    rollback_window_s: float = Field(
+        600.0, gt=0, description="ModelRolledBack: stays firing this long after a rollback"
+    )
+
+
 class Config(Section):
     """The whole cloudsync configuration file."""
 
@@ -141,7 +170,15 @@ class Config(Section):
     edged: EdgedConfig = Field(default_factory=EdgedConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
     commands: CommandsConfig = Field(default_factory=CommandsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: LogFormat = Field(
+        "auto",
+        description="journal: journald's native protocol with fields; json: JSON lines with ECS"
+        " field names; text: plain lines; auto: journal under journald, text on a terminal,"
+        " else json",
+    )
 
 
 def load(path: Path | None) -> Config:

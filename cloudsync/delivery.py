@@ -163,6 +163,7 @@ class Delivery:
         self.pending: list[dict[str, Any]] | None = None
         self.wake = threading.Condition()
         self.stopping = False
+        self.on_rollback: Callable[[str], None] | None = None  # a version was rolled back
         self.context = self._tls()
 
     def _tls(self) -> ssl.SSLContext:
@@ -233,6 +234,8 @@ class Delivery:
         if manifest is not None:
             doc = {"model": manifest.model, "version": manifest.version, **doc}
         bad = step in ("refused", "failed", "rolled-back")
+        if step == "rolled-back" and self.on_rollback is not None:
+            self.on_rollback(str(doc["model"]))
         log.log(logging.WARNING if bad else logging.INFO, "delivery: %s", json.dumps(doc))
         item = Item("events", {"delivery": doc}, "alert" if bad else "event")
         extra = None

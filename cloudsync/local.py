@@ -5,6 +5,7 @@
         -> {"stored": n, "dropped": n}: each record is on disk (fsynced) when this answers;
            ``dropped``: the disk budget could not take them (counted in the outbox figures)
     GET  /v1/status   -> the agent: connected, node, heartbeats, outbox figures
+    GET  /metrics     -> cloudsync's Prometheus metrics (cloudsync.exporter)
 
 ``kind`` is ``telemetry`` or ``events``; ``priority`` alert, event or telemetry (default: event
 for events, telemetry for telemetry); ``id`` makes a record idempotent (a retry with the same id
@@ -20,6 +21,8 @@ import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from cloudsync.outbox import Item, OutboxError
 
@@ -69,10 +72,17 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        if self.path != "/v1/status":
+        if self.path == "/metrics":
+            data = self.server.agent.exporter.render()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif self.path == "/v1/status":
+            self._reply(200, self.server.agent.status())
+        else:
             self._reply(404, {"error": f"no route {self.path}"})
-            return
-        self._reply(200, self.server.agent.status())
 
     def do_POST(self) -> None:
         if self.path != "/v1/records":

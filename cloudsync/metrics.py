@@ -27,6 +27,7 @@ ROUTES = "edged_route_decisions"
 CONFIDENCE = "edged_inference_confidence"
 CLOUD = "edged_cloud_requests"
 CLOUD_LATENCY = "edged_cloud_request_duration_seconds"
+LOCAL_LOAD = "edged_local_load_ratio"
 ERROR_OUTCOMES = ("error", "timeout", "unavailable")  # the caller got no answer, not its fault
 FAILED_OUTCOMES = (*ERROR_OUTCOMES, "invalid")  # and the input refused: a version's health
 
@@ -46,6 +47,7 @@ class Snapshot:
     confidence: dict[Key, tuple[float, float]] = field(default_factory=dict)  # version: sum, n
     cloud: dict[Key, float] = field(default_factory=dict)  # (model, cloud_model, outcome)
     cloud_sum: dict[Key, float] = field(default_factory=dict)  # (model, cloud_model): seconds
+    local_load: float | None = None  # the load routing weighs, 0-1 (for the alerts)
 
     def route_totals(self) -> dict[str, int]:
         """Routing decisions since edged started, by route (the heartbeat's)."""
@@ -94,6 +96,8 @@ def parse(text: str, at: float, epoch: str = "") -> Snapshot:
     """The metrics edged's telemetry uses, from Prometheus' text format."""
     snap = Snapshot(at, epoch)
     for family in text_string_to_metric_families(text):
+        if family.name == LOCAL_LOAD:
+            snap.local_load = next((sample.value for sample in family.samples), None)
         if family.name not in (REQUESTS, LATENCY, ROUTES, CONFIDENCE, CLOUD, CLOUD_LATENCY):
             continue
         for sample in family.samples:

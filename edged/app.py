@@ -26,6 +26,7 @@ from edged.events import EventLog
 from edged.knowledge.answer import ChatAnswer
 from edged.knowledge.service import AskSettings, KnowledgeService
 from edged.load import LoadMonitor
+from edged.load.power import IdlePowerMode
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
@@ -100,13 +101,25 @@ class Daemon:
             self.make_runtime,
             self.metrics,
             config.scheduler.max_queue_size,
+            config.models.idle_unload_s,
         )
+        self.power = (
+            IdlePowerMode(config.models.idle_power_mode)
+            if config.models.idle_power_mode is not None
+            else None
+        )
+        if self.power is not None:
+            self.manager.on_wake = self.power.busy
         self.load = LoadMonitor(interval=config.load.interval_s)
         self.cloud = (
             CloudEndpoint(config.cloud, lambda: list(self.manager.entries))
             if config.cloud.url
             else None
         )
+        # read when Prometheus scrapes
+        self.metrics.state.load = lambda: self.load.latest
+        self.metrics.state.cloud = lambda: self.cloud.state() if self.cloud else None
+        self.metrics.state.models = self.manager.index
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load)
         self.admin = Admin(
@@ -241,8 +254,9 @@ class Daemon:
         # Changed in place: the server's middleware and the pipelines hold these objects.
         for key in ("allowed_uids", "allowed_gids", "drain_timeout_s"):
             setattr(self.config.server, key, getattr(fresh.server, key))
-        for key in ("load", "max_image_pixels"):
+        for key in ("load", "max_image_pixels", "idle_unload_s"):
             setattr(self.config.models, key, getattr(fresh.models, key))
+        self.manager.idle_unload_s = fresh.models.idle_unload_s
         self.config.scheduler = fresh.scheduler
         self.manager.max_queue_size = fresh.scheduler.max_queue_size  # for later loads
         self.config.routing = fresh.routing
@@ -297,6 +311,16 @@ class Daemon:
         while True:
             await asyncio.sleep(every)
             self.router.save_state(self.learner_state)
+
+    async def _unload_idle(self) -> None:
+        """Unload the models idle for models.idle_unload_s (read afresh: SIGHUP may change it);
+        with every model idle, the power-mode hint."""
+        while True:
+            idle = self.config.models.idle_unload_s
+            await asyncio.sleep(min(10.0, max(0.1, idle / 4)) if idle else 10.0)
+            unloaded = idle and await self.manager.unload_idle()
+            if unloaded and self.power is not None and self.manager.all_asleep():
+                await self.power.idle()
 
     async def _watchdog(self, interval: float) -> None:
         while True:
@@ -358,10 +382,12 @@ class Daemon:
         watchdog = loop.create_task(self._watchdog(interval), name="watchdog") if interval else None
         keeper = loop.create_task(self._keep_learner(), name="learner-state")
         loading = loop.create_task(self.manager.load_all(self.config.models.load), name="load")
+        idle = loop.create_task(self._unload_idle(), name="idle-unload")
         try:
             await self._serve(loading, sock.getsockname())
         finally:
-            await self._shutdown(runner, site, [t for t in (watchdog, loading, keeper) if t])
+            tasks = [t for t in (watchdog, loading, keeper, idle) if t]
+            await self._shutdown(runner, site, tasks)
         return 0
 
     async def _start_extra_servers(self) -> None:
@@ -458,6 +484,8 @@ class Daemon:
             await self.chat.close()
         if self.cloud is not None:
             await self.cloud.stop()
+        if self.power is not None:
+            await self.power.busy()  # the power mode edged found
         await self.manager.close()
         log.removeHandler(self.events)
         self.executor.shutdown(wait=True, cancel_futures=True)

@@ -32,6 +32,7 @@ else:  # JetPack 6 ships Python 3.10
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 Provider = Literal["tensorrt", "cuda", "cpu"]
 PROVIDER_NAMES: tuple[Provider, ...] = ("tensorrt", "cuda", "cpu")
+LogFormat = Literal["auto", "journal", "json", "text"]
 
 
 class Section(BaseModel):
@@ -112,6 +113,12 @@ class OnnxRuntimeConfig(Section):
         description="executions that recently took less than this run on the event loop, not"
         " in the thread pool (saves the hand-off on tiny models; 0: never)",
     )
+    isolation: Literal["auto", "process", "thread"] = Field(
+        "auto",
+        description="where a session runs: process (a worker subprocess: unloading returns all"
+        " its memory, GPU memory too), thread (in the daemon); auto: process when a GPU"
+        " provider is in use, else thread",
+    )
 
 
 class ModelsConfig(Section):
@@ -129,6 +136,18 @@ class ModelsConfig(Section):
     )
     max_image_pixels: int = Field(
         40_000_000, gt=0, description="largest decoded image accepted by image pipelines"
+    )
+    idle_unload_s: float = Field(
+        0.0,
+        ge=0,
+        description="a model not called for this long is unloaded, and loaded again by the next"
+        " call (0: never)",
+    )
+    idle_power_mode: int | None = Field(
+        None,
+        ge=0,
+        description="Jetson: the nvpmodel mode to switch to while every model is idle-unloaded"
+        " (the mode before comes back with the first load); unset: leave the power mode alone",
     )
 
 
@@ -418,6 +437,12 @@ class LogConfig(Section):
     """Logging."""
 
     level: Literal["debug", "info", "warning", "error"] = "info"
+    format: LogFormat = Field(
+        "auto",
+        description="journal: journald's native protocol with fields (MODEL, ROUTE, REQUEST_ID);"
+        " json: JSON lines with ECS field names; text: plain lines; auto: journal under"
+        " journald, text on a terminal, else json",
+    )
 
 
 class Config(Section):

@@ -7,12 +7,16 @@ version names come from the repository, never from what a client asked for.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from edged.errors import EdgedError
+from edged.load.monitor import LoadSnapshot
 from edged.scheduler import Observer, Scheduler
 
 LATENCY_BUCKETS = (
@@ -32,12 +36,141 @@ def outcome_of(error: BaseException | None) -> str:
     )
 
 
+def _gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily:
+    """A gauge family, with its sample when the value is known (else none: "cannot tell")."""
+    family = GaugeMetricFamily(name, doc)
+    if value is not None:
+        family.add_metric([], float(value))
+    return family
+
+
+class StateCollector(Collector):
+    """Figures read when Prometheus scrapes, from the parts that hold them: the device's load,
+    the cloud tier (link, breaker) and the model versions. A figure that no provider can tell
+    has no sample (absent, not 0)."""
+
+    def __init__(self) -> None:
+        self.load: Callable[[], LoadSnapshot] | None = None
+        self.cloud: Callable[[], dict[str, Any] | None] = lambda: None
+        self.models: Callable[[], list[dict[str, Any]]] = list
+        self.workers: Callable[[], int | None] = lambda: None
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._device(self.load() if self.load else LoadSnapshot())
+        yield from self._cloud(self.cloud())
+        info = InfoMetricFamily(
+            "edged_model_version",
+            "Every model version of the repository (1), with its state (READY, LOADING,"
+            " UNAVAILABLE, UNLOADING) and whether it is idle-unloaded",
+            labels=["model", "version", "state", "idle"],
+        )
+        for row in self.models():
+            if "version" in row:
+                info.add_metric(
+                    [],
+                    {
+                        "model": row["name"],
+                        "version": row["version"],
+                        "state": row["state"],
+                        "idle": "true" if row.get("idle") else "false",
+                    },
+                )
+        yield info
+        yield _gauge(
+            "edged_worker_resident_memory_bytes",
+            "Resident memory of the runtime worker processes (models isolated in a process)",
+            self.workers(),
+        )
+
+    @staticmethod
+    def _device(snap: LoadSnapshot) -> Iterator[Metric]:
+        def ratio(percent: float | None) -> float | None:
+            return None if percent is None else percent / 100.0
+
+        loads = [v for v in (snap.cpu_percent, snap.gpu_percent) if v is not None]
+        yield _gauge(
+            "edged_local_load_ratio",
+            "The local load routing weighs (the busier of CPU and GPU), 0 to 1",
+            ratio(max(loads)) if loads else None,
+        )
+        yield _gauge(
+            "edged_device_cpu_utilization_ratio",
+            "CPU utilization of the device, 0 to 1",
+            ratio(snap.cpu_percent),
+        )
+        yield _gauge(
+            "edged_device_gpu_utilization_ratio",
+            "GPU utilization of the device, 0 to 1",
+            ratio(snap.gpu_percent),
+        )
+        yield _gauge(
+            "edged_device_memory_used_ratio",
+            "Memory in use (Jetson: shared by CPU and GPU), 0 to 1",
+            ratio(snap.memory_used_percent),
+        )
+        yield _gauge(
+            "edged_device_memory_available_bytes",
+            "Memory available to edged (the cgroup's limit taken into account)",
+            snap.memory_available,
+        )
+        yield _gauge(
+            "edged_device_temperature_celsius", "The hottest thermal zone", snap.temperature_c
+        )
+        yield _gauge("edged_device_power_watts", "Total input power (Jetson: VDD_IN)", snap.power_w)
+        yield _gauge(
+            "edged_device_throttled",
+            "1 while the device is throttled (over-current or thermal)",
+            None if snap.throttled is None else float(snap.throttled),
+        )
+        mode = InfoMetricFamily("edged_device_power_mode", "The power mode (Jetson: nvpmodel)")
+        if snap.power_mode is not None:
+            mode.add_metric([], {"mode": snap.power_mode})
+        yield mode
+
+    @staticmethod
+    def _cloud(state: dict[str, Any] | None) -> Iterator[Metric]:
+        link = (state or {}).get("link") or {}
+        up = None if state is None else float(bool(link.get("up")))
+        yield _gauge("edged_cloud_link_up", "1 while the link to the cloud tier is up", up)
+        rtt = GaugeMetricFamily(
+            "edged_cloud_link_rtt_seconds",
+            "Round-trip time to the cloud tier: its moving average (ewma), p50 and p95",
+            labels=["statistic"],
+        )
+        for statistic, key in (("ewma", "rtt_s"), ("p50", "rtt_p50_s"), ("p95", "rtt_p95_s")):
+            if link.get(key) is not None:
+                rtt.add_metric([statistic], link[key])
+        yield rtt
+        yield _gauge(
+            "edged_cloud_link_bandwidth_bytes_per_second",
+            "Bandwidth to the cloud tier, measured on large payloads",
+            link.get("bandwidth_bps"),
+        )
+        breaker = GaugeMetricFamily(
+            "edged_cloud_breaker_state",
+            "The cloud tier's circuit breaker: 1 for its state (closed, open, half_open)",
+            labels=["state"],
+        )
+        if state is not None:
+            for name in ("closed", "open", "half_open"):
+                breaker.add_metric([name], float(state.get("breaker") == name))
+        yield breaker
+        yield _gauge(
+            "edged_cloud_breaker_error_ratio",
+            "The share of cloud calls that failed in the breaker's window",
+            None if state is None else state.get("error_rate"),
+        )
+
+
 class Metrics:
     """Every metric edged exports."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r, model = self.registry, ["model", "version"]
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open fds
+        self.state = StateCollector()
+        r.register(self.state)
         self.requests = Counter(
             "edged_inference_requests",
             "Inference requests by model, version and outcome (success, invalid, rejected,"
@@ -112,6 +245,20 @@ class Metrics:
             "edged_cloud_request_duration_seconds",
             "Time of a call to the cloud tier, by model and the version called on the server",
             ["model", "cloud_model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+        self.idle_unloads = Counter(
+            "edged_model_idle_unloads",
+            "Model versions unloaded because nobody called them for models.idle_unload_s",
+            ["model"],
+            registry=r,
+        )
+        self.wake_seconds = Histogram(
+            "edged_model_wake_duration_seconds",
+            "Time a call waited for its idle-unloaded model version to load again",
+            ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -51,6 +51,9 @@ class ModelVersion:
     signature: tuple[Any, ...] = ()
     inflight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    last_used: float = field(default_factory=time.monotonic)
+    asleep: bool = False  # its runtime was unloaded while idle; the next call loads it again
+    waking: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass
@@ -94,12 +97,17 @@ class ModelManager:
         factory: RuntimeFactory,
         metrics: Metrics | None = None,
         max_queue_size: int = 256,
+        idle_unload_s: float = 0.0,
     ) -> None:
-        """``max_queue_size`` bounds every queue that a model's config leaves unbounded."""
+        """``max_queue_size`` bounds every queue that a model's config leaves unbounded;
+        tensor models not called for ``idle_unload_s`` are unloaded by ``unload_idle`` (0:
+        never)."""
         self.repository = repository
         self.factory = factory
         self.metrics = metrics or Metrics()
         self.max_queue_size = max_queue_size
+        self.idle_unload_s = idle_unload_s
+        self.on_wake: Callable[[], Awaitable[None]] | None = None  # before an idle model loads
         self.entries: dict[str, ModelEntry] = {}
         # the version that serves a model's requests, whatever its version policy says (set by
         # an activation, edged.admin): a staged version never serves before it is activated
@@ -411,12 +419,14 @@ class ModelManager:
         """Check the inputs against the model's config and run them."""
         entry, mv = self.resolve(name, version)
         assert mv.config is not None and mv.runtime is not None
-        mv.inflight += 1
+        mv.inflight += 1  # from here on, unload_idle leaves this version alone
         mv.idle.clear()
-        started = time.monotonic()
+        started = mv.last_used = time.monotonic()
         error: BaseException | None = None
         try:
             mv.config.check_inputs(inputs)
+            if mv.asleep:
+                await self._wake(entry.name, mv)
             if mv.scheduler is not None:
                 outputs = await mv.scheduler.submit(inputs)
             else:
@@ -430,6 +440,75 @@ class ModelManager:
                 mv.idle.set()
             self.metrics.finished(name, mv.version, time.monotonic() - started, error)
         return entry, mv.version, outputs
+
+    # ---- idle unload ---------------------------------------------------------------------
+
+    async def unload_idle(self) -> list[tuple[str, int]]:
+        """Unload the runtimes of tensor-model versions nobody called for ``idle_unload_s``
+        (they stay READY: the next call loads them again). Returns those unloaded now."""
+        if not self.idle_unload_s:
+            return []
+        now = time.monotonic()
+        done = []
+        for entry in list(self.entries.values()):
+            for mv in list(entry.versions.values()):
+                if (
+                    mv.state is not State.READY
+                    or mv.asleep
+                    or mv.scheduler is None  # pipelines hold little: their steps are models
+                    or mv.inflight
+                    or mv.waking.locked()
+                    or now - mv.last_used < self.idle_unload_s
+                ):
+                    continue
+                async with mv.waking:
+                    mv.asleep = True  # before the first await: a call from now on waits
+                    assert mv.runtime is not None
+                    await mv.runtime.unload()
+                self.metrics.idle_unloads.labels(entry.name).inc()
+                log.info(
+                    "model %s version %d: unloaded after %.0f s without calls; the next call"
+                    " loads it again",
+                    entry.name,
+                    mv.version,
+                    now - mv.last_used,
+                )
+                done.append((entry.name, mv.version))
+        return done
+
+    def all_asleep(self) -> bool:
+        """Whether every tensor-model version that serves is idle-unloaded (and there is one)."""
+        serving = [
+            mv
+            for entry in self.entries.values()
+            for mv in entry.versions.values()
+            if mv.state is State.READY and mv.scheduler is not None
+        ]
+        return bool(serving) and all(mv.asleep for mv in serving)
+
+    async def _wake(self, name: str, mv: ModelVersion) -> None:
+        """Load an idle-unloaded version again (once, however many calls wait for it)."""
+        async with mv.waking:
+            if not mv.asleep:
+                return
+            assert mv.runtime is not None
+            started = time.monotonic()
+            if self.on_wake is not None:
+                await self.on_wake()
+            try:
+                await mv.runtime.load()
+            except EdgedError as exc:
+                log.error("model %s version %d: loading again failed: %s",
+                          name, mv.version, exc.message)  # fmt: skip
+                raise Unavailable(
+                    f"model '{name}' version {mv.version} was unloaded while idle and cannot"
+                    f" load again: {exc.message}"
+                ) from None
+            mv.asleep = False
+            seconds = time.monotonic() - started
+            self.metrics.wake_seconds.labels(name).observe(seconds)
+            log.info("model %s version %d: loaded again on demand in %.0f ms",
+                     name, mv.version, seconds * 1000)  # fmt: skip
 
     # ---- what pipelines see (runtimes.base.Steps) --------------------------------------------
 
@@ -466,5 +545,14 @@ class ModelManager:
                 state, reason = mv.state.value, mv.reason
                 if missing and mv.state is State.READY:
                     state, reason = State.UNAVAILABLE.value, missing
-                rows.append({"name": name, "version": str(v), "state": state, "reason": reason})
+                row: dict[str, Any] = {
+                    "name": name,
+                    "version": str(v),
+                    "state": state,
+                    "reason": reason,
+                }
+                if mv.asleep:
+                    row["idle"] = True
+                    row["reason"] = reason or "unloaded while idle; the next call loads it"
+                rows.append(row)
         return rows

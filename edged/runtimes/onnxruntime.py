@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +36,15 @@ PROVIDERS = {
     "cuda": "CUDAExecutionProvider",
     "cpu": "CPUExecutionProvider",
 }
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc keeps them after a session goes,
+    so the daemon's RSS would not drop); a no-op where there is no glibc."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def choose_providers(wanted: Sequence[str], available: Sequence[str]) -> list[str]:
@@ -223,8 +234,11 @@ class OnnxRuntime:
         return dict(zip(self.output_names, results))
 
     async def unload(self) -> None:
-        """Drop the session; ONNX Runtime frees it when the last reference goes."""
+        """Drop the session (ONNX Runtime frees it when the last reference goes: an execution
+        still running holds one) and return the freed heap to the system."""
         self.session = None
+        self.recent_s = None
+        trim_heap()
 
     def metadata(self) -> dict[str, Any]:
         """The execution providers actually in use."""

@@ -150,3 +150,62 @@ def test_tensorrt_keeps_its_engines_in_the_cache_and_other_providers_get_no_opti
     assert options[0]["trt_engine_cache_path"] == "/var/cache/edged/tensorrt/ocr-det/2"
     assert options[1:] == [{}, {}]
     assert choose_providers(["tensorrt"], ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+
+
+def test_an_idle_model_is_unloaded_and_the_next_calls_load_it_once(tmp_path: Path) -> None:
+    add_model(tmp_path, "double", {1: 2.0})
+    add_model(tmp_path, "busy", {1: 4.0})
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        manager.idle_unload_s = 0.2
+        await manager.load_all()
+        assert await manager.unload_idle() == []  # just loaded: not idle yet
+        await asyncio.sleep(0.25)
+        await run(manager, "busy")  # called: stays loaded
+        assert await manager.unload_idle() == [("double", 1)]
+        rows = {r["name"]: r for r in manager.index()}
+        assert rows["double"]["state"] == "READY" and rows["double"]["idle"] is True
+        assert "idle" not in rows["busy"] and not manager.all_asleep()
+        _, mv = manager.resolve("double", None)
+        assert isinstance(mv.runtime, OnnxRuntime) and mv.runtime.session is None
+        # three calls at once: one load, three answers
+        answers = await asyncio.gather(*(run(manager, "double") for _ in range(3)))
+        assert answers == [(1, 2.0)] * 3
+        assert mv.runtime.session is not None and not mv.asleep
+        wakes = manager.metrics.registry.get_sample_value(
+            "edged_model_wake_duration_seconds_count", {"model": "double"}
+        )
+        unloads = manager.metrics.registry.get_sample_value(
+            "edged_model_idle_unloads_total", {"model": "double"}
+        )
+        assert (wakes, unloads) == (1.0, 1.0)
+        await asyncio.sleep(0.25)
+        assert sorted(await manager.unload_idle()) == [("busy", 1), ("double", 1)]
+        assert manager.all_asleep()
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_model_whose_file_went_bad_answers_503_and_loads_when_fixed(
+    tmp_path: Path,
+) -> None:
+    add_model(tmp_path, "double", {1: 2.0})
+    path = tmp_path / "double" / "1" / "model.onnx"
+    good = path.read_bytes()
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        manager.idle_unload_s = 0.01
+        await manager.load_all()
+        await asyncio.sleep(0.02)
+        assert await manager.unload_idle() == [("double", 1)]
+        path.write_bytes(good[:40])
+        with pytest.raises(Unavailable, match="unloaded while idle and cannot load again"):
+            await run(manager, "double")
+        path.write_bytes(good)
+        assert await run(manager, "double") == (1, 2.0)
+        await manager.close()
+
+    asyncio.run(scenario())
