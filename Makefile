@@ -28,7 +28,7 @@ WHEELHOUSE := .wheelhouse
 # package without installing it (installing would start a Prometheus server on the machine).
 PROMTOOL := build/promtool/usr/bin/promtool
 
-.PHONY: run test setup models deb monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat clean distclean help
+.PHONY: run test setup models deb monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
@@ -39,6 +39,7 @@ help:
 	@echo "make bench-lab  - the routing lab: policies over traces, tables and plots (bench/lab/run.py)"
 	@echo "make bench-outbox - cloudsync: outbox disk per 100k records, outbox-to-broker records/s (bench/outbox.py)"
 	@echo "make bench-heartbeat - cloudsync: heartbeat gaps while edged is saturated (bench/heartbeat.py)"
+	@echo "make bench-idle - idle unload: memory given back, the wake call vs a warm one (bench/idle_unload.py)"
 	@echo "make bench-knowledge - knowledge store: search at 10k/100k vs numpy, RSS, ingest (bench/knowledge.py)"
 	@echo "make models - (re)build the default model repository in models/"
 	@echo "make deb    - build the Debian package into build/deb/ and lint it"
@@ -155,6 +156,9 @@ bench-outbox: $(STAMPS)/venv $(STAMPS)/apt-test
 
 bench-heartbeat: $(STAMPS)/models $(STAMPS)/apt-test
 	$(PY) bench/heartbeat.py
+
+bench-idle: $(STAMPS)/models
+	$(PY) bench/idle_unload.py
 
 bench-lab: $(STAMPS)/venv
 	$(PY) -m pip install -q -e '.[bench]'

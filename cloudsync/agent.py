@@ -21,6 +21,7 @@ cloudsync.
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import queue
@@ -55,6 +56,7 @@ from edged.link import backoff_delay
 log = logging.getLogger("cloudsync")
 EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"
 EDGED_METRICS = "edged_metrics"  # the outbox's state key: the read behind the last record
+ROLLBACKS = "rollbacks"  # the outbox's state key: when each model was last rolled back
 LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_LOG_LINES = 1000
 MAX_LOG_MESSAGE = 500  # characters of one line in a ``logs`` result
@@ -131,7 +133,8 @@ class Agent:
         self.events = EventLog()  # cloudsync's own log, for the ``logs`` command
         log.addHandler(self.events)
         self.offline_since: float | None = time.monotonic()  # None while connected
-        self.rollbacks: dict[str, float] = {}  # model -> time.monotonic() of its last rollback
+        # model -> time.time() of its last rollback, kept across restarts (ModelRolledBack)
+        self.rollbacks: dict[str, float] = json.loads(self.outbox.get_state(ROLLBACKS) or "{}")
         self.alerts = Evaluator(config.alerts)
         self.exporter = Exporter(self)
         self.client = self._client()
@@ -487,7 +490,7 @@ class Agent:
             edged_up=self.edged.status is not None,
             offline_s=0.0 if self.offline_since is None else now - self.offline_since,
             outbox_age_s=None if oldest is None else max(0.0, time.time() - oldest / 1000),
-            rollbacks=dict(self.rollbacks),
+            rollbacks={model: time.time() - at for model, at in self.rollbacks.items()},
         )
         if snap is not None:
             facts.local_load = snap.local_load
@@ -509,7 +512,8 @@ class Agent:
             self.outbox.put_many(items)
 
     def _rolled_back(self, model: str) -> None:
-        self.rollbacks[model] = time.monotonic()
+        self.rollbacks[model] = time.time()
+        self.outbox.put_many([], state={ROLLBACKS: json.dumps(self.rollbacks)})
         self.exporter.rollbacks.labels(model).inc()
 
     def read_events(self, client: Client) -> None:

@@ -39,7 +39,7 @@ class Facts:
     edged_up: bool = True
     offline_s: float = 0.0  # how long the broker has been unreachable (0: connected)
     outbox_age_s: float | None = None  # the oldest record waiting
-    rollbacks: dict[str, float] = field(default_factory=dict)  # model -> when, the last one
+    rollbacks: dict[str, float] = field(default_factory=dict)  # model -> seconds since the last
 
 
 @dataclass
@@ -128,9 +128,7 @@ def _outbox(f: Facts, c: AlertsConfig, h: History) -> Active:
 
 def _rollbacks(f: Facts, c: AlertsConfig, h: History) -> Active:
     return {
-        (("model", model),): f.at - at
-        for model, at in f.rollbacks.items()
-        if f.at - at < c.rollback_window_s
+        (("model", model),): ago for model, ago in f.rollbacks.items() if ago < c.rollback_window_s
     }
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from cloudsync import __version__
 from cloudsync import config as config_module
-from cloudsync.agent import Agent
+from cloudsync.agent import Agent, node_name
 from cloudsync.local import LocalServer
 from edged.errors import ConfigError
+from edged.logs import setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,10 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"cloudsync: {exc}", file=sys.stderr)
         return 1
-    logging.basicConfig(
-        level=(args.log_level or config.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = args.log_level or config.log_level
+    setup_logging(level, config.log_format, node_name(config.node.name), "cloudsync")
     agent = Agent(config)
     local = LocalServer(config.local.socket, config.local.socket_mode, agent)
     local.start()

@@ -10,13 +10,21 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, ProcessCollector, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from cloudsync.agent import Agent
+
+disable_created_metrics()  # no *_created series: they double the series of every counter
 
 
 class AgentCollector(Collector):
@@ -77,8 +85,8 @@ class AgentCollector(Collector):
             "When a version of the model was last rolled back on this node (Unix time)",
             labels=["model"],
         )
-        for model, at in sorted(agent.rollbacks.items()):  # monotonic: as wall-clock time
-            last.add_metric([model], time.time() - (time.monotonic() - at))
+        for model, at in sorted(agent.rollbacks.items()):
+            last.add_metric([model], at)
         yield last
         firing = GaugeMetricFamily(
             "cloudsync_alerts_firing",

@@ -14,12 +14,13 @@ rate() does.
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from edged.stats import quantile
 
 REQUESTS = "edged_inference_requests"
 LATENCY = "edged_inference_request_duration_seconds"
@@ -135,26 +136,6 @@ def _delta(now: dict[Any, float], before: dict[Any, float]) -> dict[Any, float]:
         previous = before.get(key, 0.0)
         out[key] = value - previous if value >= previous else value
     return out
-
-
-def quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """The q-quantile from cumulative histogram buckets (upper bound -> count), interpolated
-    linearly within its bucket; the highest finite bound when it falls in +Inf; None if empty."""
-    bounds = sorted(buckets)
-    total = buckets.get(math.inf, 0.0)
-    if total <= 0:
-        return None
-    rank = q * total
-    lower, below = 0.0, 0.0
-    for bound in bounds:
-        count = buckets[bound]
-        if count >= rank:
-            if math.isinf(bound):
-                return lower
-            inside = count - below
-            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
-        lower, below = bound, count
-    return lower
 
 
 def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:

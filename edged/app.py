@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from edged import systemd
+from edged import logs, systemd
 from edged.admin import ADMIN_FILE, Admin
 from edged.config import Config
 from edged.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
@@ -36,6 +36,7 @@ from edged.router import ROUTE, RouteContext, Router
 from edged.runtimes.base import Runtime
 from edged.runtimes.cloud import CloudEndpoint, CloudError, read_token
 from edged.runtimes.onnxruntime import OnnxRuntime
+from edged.runtimes.worker import ProcessRuntime, wants_process
 from edged.server.dataplane import DataPlane
 from edged.server.grpc import start_server as start_grpc
 from edged.server.rest import create_app, metrics_handler
@@ -120,6 +121,7 @@ class Daemon:
         self.metrics.state.load = lambda: self.load.latest
         self.metrics.state.cloud = lambda: self.cloud.state() if self.cloud else None
         self.metrics.state.models = self.manager.index
+        self.metrics.state.workers = self._workers_rss
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load)
         self.admin = Admin(
@@ -206,6 +208,16 @@ class Daemon:
         last = ctx.decisions[-1] if ctx is not None and ctx.decisions else {}
         return text, str(last.get("route", "local")), str(last.get("reason", ""))
 
+    def _workers_rss(self) -> int | None:
+        """Resident bytes of the worker processes (None: no model runs in one)."""
+        workers = [
+            mv.runtime.metadata()
+            for entry in self.manager.entries.values()
+            for mv in entry.versions.values()
+            if isinstance(mv.runtime, ProcessRuntime) and mv.runtime.pid is not None
+        ]
+        return sum(w.get("rss_bytes") or 0 for w in workers) if workers else None
+
     def _embedding_dim(self) -> int:
         """The size of the embedding model's vectors, from its config (no model call)."""
         config = self.manager.config_of(self.config.knowledge.embedding_model)
@@ -223,7 +235,11 @@ class Daemon:
                 model, version_dir, self.router, self.executor, self.config.models
             )
         if model.platform == "onnxruntime_onnx":
-            return OnnxRuntime(model, version_dir, self.config.onnxruntime, self.executor)
+            settings = self.config.onnxruntime
+            isolated = wants_process(settings)
+            return (ProcessRuntime if isolated else OnnxRuntime)(
+                model, version_dir, settings, self.executor
+            )
         raise ModelLoadError(f"model '{model.name}': platform '{model.platform}' is not supported")
 
     def listen(self) -> socket.socket:
@@ -248,7 +264,7 @@ class Daemon:
     def apply(self, fresh: Config) -> None:
         """Take the settings that can change while serving from a re-read config file."""
         tasks = self.task_runner(fresh)  # first: a bad template refuses the whole file
-        logging.getLogger().setLevel(fresh.log.level.upper())
+        logs.setup_logging(fresh.log.level, fresh.log.format, socket.gethostname(), "edged")
         self.config.log = fresh.log
         self.config.onnxruntime = fresh.onnxruntime  # for the models loaded from now on
         # Changed in place: the server's middleware and the pipelines hold these objects.

@@ -7,11 +7,11 @@ import asyncio
 import functools
 import json
 import logging
-import os
+import socket
 import sys
 from pathlib import Path
 
-from edged import __version__
+from edged import __version__, logs
 from edged import config as config_module
 from edged.errors import ConfigError, EdgedError
 
@@ -62,14 +62,6 @@ def effective_config(args: argparse.Namespace) -> config_module.Config:
     return config
 
 
-def setup_logging(level: str) -> None:
-    """Plain lines on stderr; journald adds its own timestamps."""
-    fmt = "%(levelname)s %(name)s: %(message)s"
-    if not os.environ.get("JOURNAL_STREAM"):
-        fmt = "%(asctime)s " + fmt
-    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``edged`` console script."""
     args = build_parser().parse_args(argv)
@@ -82,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         print("edged: configuration is valid", file=sys.stderr)
         return 0
-    setup_logging(config.log.level)
+    logs.setup_logging(config.log.level, config.log.format, socket.gethostname(), "edged")
     from edged.app import Daemon  # heavy imports (onnxruntime) only when serving
 
     try:

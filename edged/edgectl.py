@@ -9,16 +9,30 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import io
 import json
+import os
+import platform
+import select
+import shutil
 import sys
+import termios
 import time
+import tty
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edged.client import Client, ClientError, default_socket
 from edged.knowledge.text import split_for_requests
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from edged.top import Scrape
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NOT_READY = range(6)
 
@@ -478,6 +492,118 @@ def _kb_ingest(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return reply, f"ingested {len(texts)} files into '{args.namespace}': {chunks} chunks"
 
 
+def cmd_top(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    """One frame (--once), or the live view until q or Ctrl-C, whose last frame stays printed."""
+    if not args.interval > 0:
+        raise UsageError("--interval must be more than 0 seconds")
+    # a hung edged shows as unreachable within seconds instead of freezing the view (and q)
+    reader = Client(client.socket_path, timeout=min(client.timeout, max(5.0, args.interval)))
+    host = platform.node()  # edged answers on a Unix socket: it runs on this machine
+    if args.once:
+        from edged.top import render_frame  # rich only for top: the other commands start faster
+
+        status, scrape = _top_read(reader)
+        return status, _top_text(render_frame(status, scrape, host=host), args.no_color)
+    if not sys.stdout.isatty():
+        raise UsageError("top needs a terminal; --once prints one frame (for scripts)")
+    return _top_live(reader, args.interval, args.no_color, host)
+
+
+def _top_read(client: Client) -> tuple[dict[str, Any], Scrape]:
+    """edged's status and a scrape of its metrics; ClientError when edged does not answer."""
+    from edged.top import Scrape
+
+    status = client.status()
+    try:
+        scrape = Scrape.parse(client.metrics())
+    except ValueError as exc:
+        raise ClientError(500, f"edged's /metrics is not Prometheus text: {exc}") from None
+    return status, scrape
+
+
+def _top_live(
+    client: Client, interval: float, no_color: bool, host: str
+) -> tuple[dict[str, Any], str]:
+    """Read, draw, wait for a key, on the terminal's alternate screen; the last status read and
+    the last frame as text for the normal screen."""
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.text import Text
+
+    from edged.top import render_frame, render_unreachable
+
+    console = Console(no_color=no_color, highlight=False)
+    hint = Text(f"every {interval:g} s · q quits", style="dim")
+    status: dict[str, Any] = {}
+    previous: Scrape | None = None
+    read_at, epoch = 0.0, None
+    frame: RenderableType = Text("")
+    with _keys() as pressed, Live(console=console, screen=True, auto_refresh=False) as live:
+        try:
+            while True:
+                try:
+                    status, scrape = _top_read(client)
+                    now = time.monotonic()
+                    if status.get("epoch") != epoch:  # edged restarted: its counters did too
+                        previous = None
+                    frame = render_frame(
+                        status, scrape, previous, now - read_at if previous else None, host
+                    )
+                    previous, read_at, epoch = scrape, now, status.get("epoch")
+                except ClientError as exc:
+                    frame = render_unreachable(exc.message, interval, host)
+                live.update(Group(frame, hint), refresh=True)
+                if pressed(interval):
+                    break
+        except KeyboardInterrupt:
+            pass
+    return status, _top_text(frame, no_color)
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Callable[[float], bool]]:
+    """A wait of up to some seconds that says whether q was pressed: the terminal in cbreak mode
+    (keys one at a time, not echoed; Ctrl-C still a signal) and restored on the way out."""
+    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
+    if fd is None:  # no keyboard: Ctrl-C (SIGINT) is the way out
+
+        def sleep(seconds: float) -> bool:
+            time.sleep(seconds)
+            return False
+
+        yield sleep
+        return
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def pressed(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([fd], [], [], left)[0] and b"q" in os.read(fd, 64).lower():
+                return True
+        return False
+
+    try:
+        yield pressed
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _top_text(frame: RenderableType, no_color: bool) -> str:
+    """A frame as text for stdout: coloured on a terminal (unless --no-color or $NO_COLOR), plain
+    in a pipe, which gets 120 columns unless $COLUMNS says otherwise."""
+    from rich.console import Console
+
+    terminal = sys.stdout.isatty()
+    width = shutil.get_terminal_size().columns if terminal or "COLUMNS" in os.environ else 120
+    console = Console(
+        file=io.StringIO(), force_terminal=terminal, no_color=no_color, width=width, highlight=False
+    )
+    with console.capture() as captured:
+        console.print(frame)
+    return captured.get().rstrip("\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """edgectl's argument parser."""
     parser = argparse.ArgumentParser(
@@ -625,6 +751,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress", action="store_true", help="run: print each node as it starts and finishes"
     )
     task.set_defaults(fn=cmd_task)
+
+    watch = sub.add_parser(
+        "top",
+        help="a live view of load, cloud link, routes, queues and models (q quits)",
+        description="Load, cloud link, route decisions and every model's queue, request rate,"
+        " errors and latency percentiles over the last refresh, redrawn every --interval"
+        " seconds; q or Ctrl-C quits and leaves the last frame printed. While edged does not"
+        " answer, the view says so and keeps trying. --once prints one frame with totals (rates"
+        " need two reads) and exits 3 when edged cannot be reached.",
+    )
+    watch.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between refreshes (default 1)",
+    )
+    watch.add_argument("--once", action="store_true", help="print one frame and exit")
+    watch.add_argument(
+        "--no-color", action="store_true", help="no colours (also with $NO_COLOR set)"
+    )
+    watch.set_defaults(fn=cmd_top)
 
     vad = sub.add_parser("vad", help="find speech in a WAV file")
     vad.add_argument("wav", help="WAV file, or - for stdin")

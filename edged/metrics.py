@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -18,6 +25,8 @@ from prometheus_client.registry import Collector
 from edged.errors import EdgedError
 from edged.load.monitor import LoadSnapshot
 from edged.scheduler import Observer, Scheduler
+
+disable_created_metrics()  # no *_created series: they double the series of every counter
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -251,7 +260,7 @@ class Metrics:
 
         self.idle_unloads = Counter(
             "edged_model_idle_unloads",
-            "Model versions unloaded because nobody called them for models.idle_unload_s",
+            "Unloads of a model's versions because nobody called them for models.idle_unload_s",
             ["model"],
             registry=r,
         )

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from edged import logs
 from edged.config import RoutingConfig
 from edged.errors import EdgedError, InvalidRequest, NotFound, Unavailable
 from edged.load import LoadMonitor
@@ -237,6 +238,8 @@ class Router:
             return Path(False, exc.message), None, exc
         found = self.estimates.forecast(name, "local", self._load(), payload)
         predicted, deviation = found or (None, None)
+        if predicted is not None:  # idle-unloaded models load again first
+            predicted += self.manager.wake_cost(name)
         return Path(True, "", predicted, 0.0, deviation), mv.config, None
 
     def _cloud_path(self, name: str, version: int | None, payload: int) -> Path:
@@ -356,10 +359,13 @@ class Router:
         }
         ctx.decisions.append(record)
         call = Call(name, version, inputs, parameters or {}, config, ctx, private, payload, record)
+        # reset below: a pipeline's step must not leave its model and route on the pipeline's logs
+        token = logs.set_fields(model=name, route=decision.route, reason=decision.reason)
         started = time.perf_counter()
         try:
             return await self._run(decision, call)
         finally:
+            logs.reset_fields(token)
             record["actual_ms"] = _ms(time.perf_counter() - started)
             if self.learner is not None and decision.basis == "learned":
                 for tier, seconds in call.ran.items():  # would it have been in time there?
@@ -402,6 +408,7 @@ class Router:
 
     async def _local(self, call: Call) -> tuple[str, Tensors]:
         load = self._load()
+        waking = self.manager.wake_cost(call.name) > 0
         started = time.perf_counter()
         call.ran["local"] = None
         _, served, out = await self.manager.infer(
@@ -409,7 +416,8 @@ class Router:
         )
         seconds = time.perf_counter() - started
         call.ran["local"] = seconds
-        self.estimates.observe(call.name, "local", seconds, load, call.payload)
+        if not waking:  # a load is not the model's latency
+            self.estimates.observe(call.name, "local", seconds, load, call.payload)
         output = call.config.confidence_output if call.config is not None else None
         if output is not None and output in out and out[output].size:
             scores = np.asarray(out[output], dtype=np.float64)
@@ -531,6 +539,7 @@ class Call:
         """The route changed on the way (fallback, escalated): say so, and why."""
         self.record["route"] = route
         self.record["reason"] += f"; {what}"
+        logs.set_fields(route=route, reason=self.record["reason"])  # until Router.infer resets
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 
 def ewma(old: float | None, new: float, alpha: float = 0.2) -> float:
@@ -15,3 +16,23 @@ def percentile(ordered: Sequence[float], q: float) -> float | None:
     if not ordered:
         return None
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' ``histogram_quantile`` over cumulative buckets (upper bound -> count):
+    linear within the bucket, the highest finite bound when the rank falls in +Inf; None when
+    there are no counts."""
+    total = buckets.get(math.inf, 0.0)
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound in sorted(buckets):
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower

@@ -53,6 +53,7 @@ class ModelVersion:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     last_used: float = field(default_factory=time.monotonic)
     asleep: bool = False  # its runtime was unloaded while idle; the next call loads it again
+    load_s: float = 0.0  # what its last load took: what waking it costs a call
     waking: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -242,7 +243,9 @@ class ModelManager:
         try:
             settings = Settings.from_config(config, self.max_queue_size)
             runtime = self.factory(config, version_dir)
+            started = time.monotonic()
             await runtime.load()
+            fresh.load_s = time.monotonic() - started
         except Exception as exc:
             fresh.state = State.UNAVAILABLE
             fresh.reason = (
@@ -486,6 +489,19 @@ class ModelManager:
         ]
         return bool(serving) and all(mv.asleep for mv in serving)
 
+    def wake_cost(self, name: str, seen: frozenset[str] = frozenset()) -> float:
+        """Seconds a call of ``name`` would wait now for idle-unloaded models to load again:
+        its serving version's, and for a pipeline its steps' (0 when all are loaded)."""
+        entry = self.entries.get(name)
+        if entry is None or name in seen:
+            return 0.0
+        try:
+            _, mv = self.resolve(name, None)
+        except EdgedError:
+            return 0.0
+        cost = mv.load_s if mv.asleep else 0.0
+        return cost + sum(self.wake_cost(dep, seen | {name}) for dep in entry.dependencies())
+
     async def _wake(self, name: str, mv: ModelVersion) -> None:
         """Load an idle-unloaded version again (once, however many calls wait for it)."""
         async with mv.waking:
@@ -505,7 +521,7 @@ class ModelManager:
                     f" load again: {exc.message}"
                 ) from None
             mv.asleep = False
-            seconds = time.monotonic() - started
+            seconds = mv.load_s = time.monotonic() - started
             self.metrics.wake_seconds.labels(name).observe(seconds)
             log.info("model %s version %d: loaded again on demand in %.0f ms",
                      name, mv.version, seconds * 1000)  # fmt: skip

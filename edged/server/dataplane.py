@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edged import __version__
+from edged import __version__, logs
 from edged.errors import InvalidRequest, NotFound, Unavailable
 from edged.events import EventLog
 from edged.knowledge.service import KnowledgeService
@@ -211,10 +211,15 @@ class DataPlane:
         """POST /v2/models/{m}[/versions/{v}]/infer (or gRPC ModelInfer, whose deadline comes
         along); returns the response and which outputs go as binary data."""
         self.check_ready()
+        # Not reset on return: the request's task ends with it, and the transport's own log
+        # lines about this request (errors, the access line) come after the return.
+        logs.set_fields(request_id=request.id or logs.short_id(), model=name)
         parameters, route = self.take_parameters(request.parameters, deadline, request.id)
         served, outputs = await self.router.infer(
             name, parse_version(version), request.inputs, parameters
         )
+        main = route.summary()  # where it ran, for the transport's access line
+        logs.set_fields(route=main.get("route"), reason=main.get("reason"))
         binary: dict[str, bool] = {}
         if request.outputs:
             chosen: dict[str, np.ndarray] = {}
@@ -249,6 +254,7 @@ class DataPlane:
     ) -> tuple[str, dict[str, np.ndarray], dict[str, Any]]:
         """Run a model for the task API: (served version, outputs, route parameters)."""
         self.check_ready()
+        logs.set_fields(model=name, request_id=logs.bound().get("request_id") or logs.short_id())
         parameters, route = self.take_parameters(params)
         served, outputs = await self.router.infer(name, None, inputs, parameters)
         return served, outputs, route_parameters(route, params.get("explain") is True, text=False)

@@ -8,8 +8,10 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.idle_unload import tree_rss
 from edged.client import Client
 from tests.conftest import Daemon, linked_repository, wait_for
 
@@ -44,8 +46,9 @@ def idle(client: Client, model: str) -> bool:
     return any(r["name"] == model and r.get("idle") for r in client.status()["models"])
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_an_idle_model_gives_its_memory_back_and_the_next_call_loads_it(
-    make_daemon: type[Daemon], tmp_path: Path
+    make_daemon: type[Daemon], tmp_path: Path, isolation: str
 ) -> None:
     repo = linked_repository(tmp_path / "repo", ["text-embedding", "text-encoder"])
     bindir = tmp_path / "bin"
@@ -54,14 +57,17 @@ def test_an_idle_model_gives_its_memory_back_and_the_next_call_loads_it(
     tool = bindir / "nvpmodel"
     tool.write_text(NVPMODEL.format(log=tmp_path / "calls", mode=tmp_path / "mode"))
     tool.chmod(0o755)
-    daemon = make_daemon(repo, config="[models]\nidle_unload_s = 1.5\nidle_power_mode = 2\n").start(
-        env={"PATH": f"{bindir}:{os.environ['PATH']}"}
-    )
+    config = "[models]\nidle_unload_s = 1.5\nidle_power_mode = 2\n"
+    config += f'[onnxruntime]\nisolation = "{isolation}"\n'
+    path = f"{bindir}:{os.environ['PATH']}"
+    daemon = make_daemon(repo, config=config).start(env={"PATH": path})
     client = daemon.client
 
+    assert daemon.proc is not None
     before = embed(client)
-    loaded = metric(client, "process_resident_memory_bytes")
-    assert loaded is not None
+    loaded = tree_rss(daemon.proc.pid)  # edged and its worker processes
+    workers = metric(client, "edged_worker_resident_memory_bytes")
+    assert (workers is not None and workers > 0) == (isolation == "process")
     assert metric(client, "edged_model_version_info", model="text-encoder", idle="false") == 1
     # /proc tells the CPU load (from the second sample: it is a difference)
     wait_for(lambda: metric(client, "edged_local_load_ratio") is not None, 10, "the load")
@@ -69,10 +75,10 @@ def test_an_idle_model_gives_its_memory_back_and_the_next_call_loads_it(
     wait_for(lambda: idle(client, "text-encoder"), 30, "text-encoder unloaded while idle")
     assert metric(client, "edged_model_version_info", model="text-encoder", idle="true") == 1
     assert metric(client, "edged_model_idle_unloads_total", model="text-encoder") == 1
-    unloaded = metric(client, "process_resident_memory_bytes")
-    assert unloaded is not None
+    wait_for(lambda: not metric(client, "edged_worker_resident_memory_bytes"), 10, "no worker")
+    unloaded = tree_rss(daemon.proc.pid)
     model_size = (repo / "text-encoder" / "1" / "model.onnx").stat().st_size
-    print(f"RSS loaded {loaded / 2**20:.0f} MiB, idle {unloaded / 2**20:.0f} MiB,"
+    print(f"{isolation}: RSS loaded {loaded / 2**20:.0f} MiB, idle {unloaded / 2**20:.0f} MiB,"
           f" model file {model_size / 2**20:.0f} MiB")  # fmt: skip
     assert loaded - unloaded > model_size / 2, "unloading gave back less than half the model"
     wait_for(lambda: (tmp_path / "mode").read_text().strip() == "2", 30, "the idle power mode")

@@ -96,7 +96,7 @@ def device_firing(rule: str, series: dict[str, list[float | None]]) -> dict[str,
         for name, found in value.items():
             model = re.search(r'model="(\w+)"', name)
             if model and found is not None:
-                facts.rollbacks[model.group(1)] = found
+                facts.rollbacks[model.group(1)] = at - found  # seconds since
         evaluator.evaluate(facts)
         for alert in evaluator.firing():
             firing.setdefault(dict(alert.labels).get("model", ""), []).append(minute)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cloudsync.metrics import LATENCY, Snapshot, parse, quantile, telemetry
+from cloudsync.metrics import LATENCY, Snapshot, parse, telemetry
 from edged.errors import DeadlineExceeded, Unavailable
 from edged.metrics import Metrics
+from edged.stats import quantile
 
 
 def served(

@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edged.config import OnnxRuntimeConfig
+from edged.config import OnnxRuntimeConfig, RoutingConfig
 from edged.errors import NotFound, Unavailable
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager, State
+from edged.router import Router
 from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime, choose_providers, provider_options
 from tests.modelfiles import add_model
@@ -206,6 +207,51 @@ def test_an_idle_model_whose_file_went_bad_answers_503_and_loads_when_fixed(
             await run(manager, "double")
         path.write_bytes(good)
         assert await run(manager, "double") == (1, 2.0)
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_wake_cost_of_an_idle_model_is_its_last_load_time(tmp_path: Path) -> None:
+    add_model(tmp_path, "double", {1: 2.0})
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        manager.idle_unload_s = 0.01
+        await manager.load_all()
+        assert manager.wake_cost("double") == 0.0 and manager.wake_cost("nope") == 0.0
+        await asyncio.sleep(0.02)
+        await manager.unload_idle()
+        _, mv = manager.resolve("double", None)
+        assert manager.wake_cost("double") == mv.load_s > 0
+        await run(manager, "double")
+        assert manager.wake_cost("double") == 0.0
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_routing_predicts_the_wake_and_does_not_learn_it_as_latency(tmp_path: Path) -> None:
+    add_model(tmp_path, "double", {1: 2.0})
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        manager.idle_unload_s = 0.01
+        router = Router(manager, RoutingConfig(), None, None, manager.metrics)
+        await manager.load_all()
+        inputs = {"x": np.ones((1, 2), np.float32)}
+        for _ in range(3):
+            await router.infer("double", None, inputs)
+        warm, calls = router.estimates.summary("double", "local") or (0.0, 0)
+        await asyncio.sleep(0.02)
+        await manager.unload_idle()
+        path, _, _ = router._local_path("double", None, 8)
+        _, mv = manager.resolve("double", None)
+        assert path.predicted_s is not None and path.predicted_s >= warm + mv.load_s
+        await router.infer("double", None, inputs)  # it loads again: not a latency sample
+        assert router.estimates.summary("double", "local") == (warm, calls)
+        await router.infer("double", None, inputs)
+        assert router.estimates.summary("double", "local")[1] == calls + 1  # type: ignore[index]
         await manager.close()
 
     asyncio.run(scenario())
