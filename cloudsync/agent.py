@@ -57,6 +57,7 @@ log = logging.getLogger("cloudsync")
 EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"
 EDGED_METRICS = "edged_metrics"  # the outbox's state key: the read behind the last record
 ROLLBACKS = "rollbacks"  # the outbox's state key: when each model was last rolled back
+ALERTS = "alerts"  # the outbox's state key: the alerts firing (with their events)
 LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_LOG_LINES = 1000
 MAX_LOG_MESSAGE = 500  # characters of one line in a ``logs`` result
@@ -136,6 +137,7 @@ class Agent:
         # model -> time.time() of its last rollback, kept across restarts (ModelRolledBack)
         self.rollbacks: dict[str, float] = json.loads(self.outbox.get_state(ROLLBACKS) or "{}")
         self.alerts = Evaluator(config.alerts)
+        self.alerts.restore(self.outbox.get_state(ALERTS), time.monotonic(), now_ms())
         self.exporter = Exporter(self)
         self.client = self._client()
 
@@ -465,21 +467,27 @@ class Agent:
         every heartbeat interval."""
         client = self.edged_client()
         while not self.stopping.is_set():
-            snap = None
             try:
-                status = client.status()
-                capabilities = client.capabilities()
-                snap = metrics.parse(client.metrics(), time.time(), status.get("epoch") or "")
-                self.edged = EdgedView(status, capabilities, "", now_ms(), snap.route_totals())
-                self.read_events(client)
-                self.report_metrics(snap)
-            except ValueError as exc:  # not edged's metrics: say so, keep going
-                log.error("edged's /metrics cannot be read: %s", exc)
-            except ClientError as exc:
-                self.edged = EdgedView(None, [], exc.message, now_ms())
-            if self.config.alerts.enabled:
-                self.check_alerts(snap)
+                self.collect_once(client)
+            except Exception:  # a full disk, a bug: logged, and the next turn tries again
+                log.exception("reading edged or evaluating the alerts failed")
             self.stopping.wait(self.config.heartbeat.interval_s)
+
+    def collect_once(self, client: Client) -> None:
+        snap = None
+        try:
+            status = client.status()
+            capabilities = client.capabilities()
+            snap = metrics.parse(client.metrics(), time.time(), status.get("epoch") or "")
+            self.edged = EdgedView(status, capabilities, "", now_ms(), snap.route_totals())
+            self.read_events(client)
+            self.report_metrics(snap)
+        except ValueError as exc:  # not edged's metrics: say so, keep going
+            log.error("edged's /metrics cannot be read: %s", exc)
+        except ClientError as exc:
+            self.edged = EdgedView(None, [], exc.message, now_ms())
+        if self.config.alerts.enabled:
+            self.check_alerts(snap)
 
     def facts(self, snap: metrics.Snapshot | None) -> Facts:
         """What the alerts are evaluated on, now."""
@@ -490,9 +498,10 @@ class Agent:
             edged_up=self.edged.status is not None,
             offline_s=0.0 if self.offline_since is None else now - self.offline_since,
             outbox_age_s=None if oldest is None else max(0.0, time.time() - oldest / 1000),
-            rollbacks={model: time.time() - at for model, at in self.rollbacks.items()},
+            rollbacks={model: time.time() - at for model, at in list(self.rollbacks.items())},
         )
         if snap is not None:
+            facts.epoch = snap.epoch
             facts.local_load = snap.local_load
             facts.cloud_calls = sum(snap.cloud.values())
             facts.cloud_errors = sum(v for k, v in snap.cloud.items() if k[2] == "error")
@@ -508,8 +517,8 @@ class Agent:
             level = logging.WARNING if state == "firing" else logging.INFO
             log.log(level, "alert %s %s: %s", alert.rule.name, state, body["summary"])
             items.append(Item("events", body, "alert", record_id(body)))
-        if items:
-            self.outbox.put_many(items)
+        if items:  # the events and the alerts firing now, in one transaction
+            self.outbox.put_many(items, state={ALERTS: self.alerts.saved(mono, wall)})
 
     def _rolled_back(self, model: str) -> None:
         self.rollbacks[model] = time.time()

@@ -33,6 +33,7 @@ class Facts:
     """What the device knows at one evaluation (None: it cannot tell now)."""
 
     at: float  # time.monotonic()
+    epoch: str = ""  # edged's run (its counters start again with a new one)
     local_load: float | None = None  # edged_local_load_ratio
     cloud_errors: float | None = None  # edged_cloud_requests_total{outcome="error"}, summed
     cloud_calls: float | None = None  # edged_cloud_requests_total, summed
@@ -47,6 +48,7 @@ class History:
     """Counter samples over the rate window (Prometheus' range vector)."""
 
     samples: deque[tuple[float, float, float]] = field(default_factory=deque)  # at, errors, calls
+    epoch: str = ""  # the run of edged the samples are from
 
     def error_ratio(self, facts: Facts, window: float) -> float | None:
         """Errors over calls between the oldest sample in the window and now; None when no
@@ -54,8 +56,9 @@ class History:
         if facts.cloud_errors is None or facts.cloud_calls is None:
             self.samples.clear()
             return None
-        if self.samples and facts.cloud_calls < self.samples[-1][2]:
+        if facts.epoch != self.epoch or (self.samples and facts.cloud_calls < self.samples[-1][2]):
             self.samples.clear()  # edged restarted: its counters start again (as rate() does)
+            self.epoch = facts.epoch
         self.samples.append((facts.at, facts.cloud_errors, facts.cloud_calls))
         while len(self.samples) > 2 and facts.at - self.samples[1][0] >= window:
             self.samples.popleft()
@@ -253,7 +256,34 @@ class Evaluator:
         return changes
 
     def firing(self) -> list[Alert]:
-        return [a for a in self.alerts.values() if a.firing]
+        """The alerts firing now (a copy: scrapes read it from other threads)."""
+        return [a for a in list(self.alerts.values()) if a.firing]
+
+    def saved(self, now: float, now_ms: int) -> str:
+        """The firing alerts as text, kept in the outbox's state with their events: after a
+        restart the first evaluation resolves what no longer holds, and does not fire again
+        what still does."""
+        return json.dumps(
+            [
+                {
+                    "alert": a.rule.name,
+                    "labels": list(map(list, a.labels)),
+                    "since_ms": now_ms - int((now - a.since) * 1000),
+                    "value": a.value,
+                }
+                for a in self.firing()
+            ]
+        )
+
+    def restore(self, text: str | None, now: float, now_ms: int) -> None:
+        """The alerts ``saved`` by the agent's previous run, firing again (not announced)."""
+        rules = {rule.name: rule for rule in self.rules}
+        for doc in json.loads(text or "[]"):
+            rule = rules.get(doc["alert"])
+            if rule is not None:
+                labels = tuple((str(k), str(v)) for k, v in doc["labels"])
+                since = now - (now_ms - doc["since_ms"]) / 1000
+                self.alerts[(rule.name, labels)] = Alert(rule, labels, since, doc["value"], True)
 
     def event(self, state: str, alert: Alert, now_ms: int, since_ms: int) -> dict[str, Any]:
         """An alert's change as the body of an ``events`` record."""

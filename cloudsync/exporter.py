@@ -6,6 +6,7 @@ scrapes, from the agent's state.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -85,16 +86,18 @@ class AgentCollector(Collector):
             "When a version of the model was last rolled back on this node (Unix time)",
             labels=["model"],
         )
-        for model, at in sorted(agent.rollbacks.items()):
+        for model, at in sorted(dict(agent.rollbacks).items()):
             last.add_metric([model], at)
         yield last
         firing = GaugeMetricFamily(
             "cloudsync_alerts_firing",
-            "Alerts firing on the device (cloudsync.alerts), 1 each",
+            "Alerts firing on the device (cloudsync.alerts), by rule: how many (a rule fires"
+            " once per label set, e.g. per model)",
             labels=["alertname", "severity"],
         )
-        for alert in agent.alerts.firing():
-            firing.add_metric([alert.rule.name, alert.rule.severity], 1.0)
+        counts = collections.Counter((a.rule.name, a.rule.severity) for a in agent.alerts.firing())
+        for (name, severity), count in sorted(counts.items()):
+            firing.add_metric([name, severity], float(count))
         yield firing
 
 

@@ -105,12 +105,12 @@ class Daemon:
             config.models.idle_unload_s,
         )
         self.power = (
-            IdlePowerMode(config.models.idle_power_mode)
+            IdlePowerMode(config.models.idle_power_mode, config.state_dir / "power-mode")
             if config.models.idle_power_mode is not None
             else None
         )
         if self.power is not None:
-            self.manager.on_wake = self.power.busy
+            self.manager.before_load = self.power.busy
         self.load = LoadMonitor(interval=config.load.interval_s)
         self.cloud = (
             CloudEndpoint(config.cloud, lambda: list(self.manager.entries))
@@ -334,9 +334,12 @@ class Daemon:
         while True:
             idle = self.config.models.idle_unload_s
             await asyncio.sleep(min(10.0, max(0.1, idle / 4)) if idle else 10.0)
-            unloaded = idle and await self.manager.unload_idle()
-            if unloaded and self.power is not None and self.manager.all_asleep():
-                await self.power.idle()
+            try:
+                unloaded = idle and await self.manager.unload_idle()
+                if unloaded and self.power is not None:
+                    await self.power.idle(self.manager.all_asleep)
+            except Exception:  # a runtime whose unload fails: logged, the next turn goes on
+                log.exception("idle unload failed")
 
     async def _watchdog(self, interval: float) -> None:
         while True:
@@ -356,6 +359,8 @@ class Daemon:
             raise ConfigError(
                 f"cannot create state_dir {self.config.state_dir}: {exc.strerror}"
             ) from None
+        if self.power is not None:
+            await self.power.recover()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)

@@ -7,8 +7,9 @@ version names come from the repository, never from what a client asked for.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,6 +27,8 @@ from edged.errors import EdgedError
 from edged.load.monitor import LoadSnapshot
 from edged.scheduler import Observer, Scheduler
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 disable_created_metrics()  # no *_created series: they double the series of every counter
 
 LATENCY_BUCKETS = (
@@ -59,21 +62,34 @@ class StateCollector(Collector):
     has no sample (absent, not 0)."""
 
     def __init__(self) -> None:
-        self.load: Callable[[], LoadSnapshot] | None = None
+        self.load: Callable[[], LoadSnapshot] = LoadSnapshot
         self.cloud: Callable[[], dict[str, Any] | None] = lambda: None
         self.models: Callable[[], list[dict[str, Any]]] = list
         self.workers: Callable[[], int | None] = lambda: None
+        self.failed: set[str] = set()
+
+    def _read(self, what: str, source: Callable[[], T], default: T) -> T:
+        """A source's answer; one that fails costs its own figures, not the scrape (logged
+        once a source)."""
+        try:
+            return source()
+        except Exception as exc:
+            if what not in self.failed:
+                self.failed.add(what)
+                log.warning("metrics: cannot read the %s: %s: %s", what, type(exc).__name__, exc)
+            return default
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._device(self.load() if self.load else LoadSnapshot())
-        yield from self._cloud(self.cloud())
+        yield from self._device(self._read("load", self.load, LoadSnapshot()))
+        yield from self._cloud(self._read("cloud state", self.cloud, None))
         info = InfoMetricFamily(
             "edged_model_version",
             "Every model version of the repository (1), with its state (READY, LOADING,"
             " UNAVAILABLE, UNLOADING) and whether it is idle-unloaded",
             labels=["model", "version", "state", "idle"],
         )
-        for row in self.models():
+        rows: list[dict[str, Any]] = self._read("model index", self.models, [])
+        for row in rows:
             if "version" in row:
                 info.add_metric(
                     [],
@@ -88,7 +104,7 @@ class StateCollector(Collector):
         yield _gauge(
             "edged_worker_resident_memory_bytes",
             "Resident memory of the runtime worker processes (models isolated in a process)",
-            self.workers(),
+            self._read("workers' memory", self.workers, None),
         )
 
     @staticmethod

@@ -350,8 +350,11 @@ class Scheduler:
     def _start_workers(self) -> None:
         if not self.workers:
             loop = asyncio.get_running_loop()
+            # In a context of their own: the first request's (its id, routing) is not theirs.
             self.workers = [
-                loop.create_task(self._work(), name=f"scheduler:{self.name}:{i}")
+                contextvars.Context().run(
+                    loop.create_task, self._work(), name=f"scheduler:{self.name}:{i}"
+                )
                 for i in range(self.settings.instances)
             ]
 

@@ -8,6 +8,7 @@ parameters). A model that fails to load is kept with its reason; the others serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import re
@@ -54,7 +55,8 @@ class ModelVersion:
     last_used: float = field(default_factory=time.monotonic)
     asleep: bool = False  # its runtime was unloaded while idle; the next call loads it again
     load_s: float = 0.0  # what its last load took: what waking it costs a call
-    waking: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waking: asyncio.Lock = field(default_factory=asyncio.Lock)  # an idle unload or a wake
+    wake: asyncio.Task[None] | None = None  # the load again in progress: one for all callers
 
 
 @dataclass
@@ -108,7 +110,7 @@ class ModelManager:
         self.metrics = metrics or Metrics()
         self.max_queue_size = max_queue_size
         self.idle_unload_s = idle_unload_s
-        self.on_wake: Callable[[], Awaitable[None]] | None = None  # before an idle model loads
+        self.before_load: Callable[[], Awaitable[None]] | None = None  # the power-mode hint
         self.entries: dict[str, ModelEntry] = {}
         # the version that serves a model's requests, whatever its version policy says (set by
         # an activation, edged.admin): a staged version never serves before it is activated
@@ -243,6 +245,8 @@ class ModelManager:
         try:
             settings = Settings.from_config(config, self.max_queue_size)
             runtime = self.factory(config, version_dir)
+            if self.before_load is not None:
+                await self.before_load()
             started = time.monotonic()
             await runtime.load()
             fresh.load_s = time.monotonic() - started
@@ -269,6 +273,9 @@ class ModelManager:
     async def _drain_and_unload(self, mv: ModelVersion) -> None:
         mv.state = State.UNLOADING
         await mv.idle.wait()
+        if mv.wake is not None:  # a load again that its callers left: unload what it loads
+            with contextlib.suppress(Exception):
+                await mv.wake
         if mv.scheduler is not None:
             await mv.scheduler.close()
         if mv.runtime is not None:
@@ -461,6 +468,7 @@ class ModelManager:
                     or mv.scheduler is None  # pipelines hold little: their steps are models
                     or mv.inflight
                     or mv.waking.locked()
+                    or mv.wake is not None
                     or now - mv.last_used < self.idle_unload_s
                 ):
                     continue
@@ -503,22 +511,35 @@ class ModelManager:
         return cost + sum(self.wake_cost(dep, seen | {name}) for dep in entry.dependencies())
 
     async def _wake(self, name: str, mv: ModelVersion) -> None:
-        """Load an idle-unloaded version again (once, however many calls wait for it)."""
-        async with mv.waking:
-            if not mv.asleep:
+        """Load an idle-unloaded version again: one load however many calls wait for it, in a
+        task of its own, so that a caller that gives up (a hedge lost, a deadline, a hang-up)
+        does not cancel it for the others."""
+        if mv.wake is None:
+            mv.wake = asyncio.create_task(self._load_again(name, mv), name=f"wake:{name}")
+
+            def done(task: asyncio.Task[None]) -> None:
+                mv.wake = None
+                if not task.cancelled():
+                    task.exception()  # retrieved: every caller may have gone
+
+            mv.wake.add_done_callback(done)
+        await asyncio.shield(mv.wake)
+
+    async def _load_again(self, name: str, mv: ModelVersion) -> None:
+        async with mv.waking:  # after an unload in progress
+            if not mv.asleep or mv.runtime is None:
                 return
-            assert mv.runtime is not None
             started = time.monotonic()
-            if self.on_wake is not None:
-                await self.on_wake()
+            if self.before_load is not None:
+                await self.before_load()
             try:
                 await mv.runtime.load()
-            except EdgedError as exc:
-                log.error("model %s version %d: loading again failed: %s",
-                          name, mv.version, exc.message)  # fmt: skip
+            except Exception as exc:
+                why = exc.message if isinstance(exc, EdgedError) else f"{type(exc).__name__}: {exc}"
+                log.error("model %s version %d: loading again failed: %s", name, mv.version, why)
                 raise Unavailable(
                     f"model '{name}' version {mv.version} was unloaded while idle and cannot"
-                    f" load again: {exc.message}"
+                    f" load again: {why}"
                 ) from None
             mv.asleep = False
             seconds = mv.load_s = time.monotonic() - started

@@ -7,7 +7,7 @@ import ctypes
 import ctypes.util
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -38,13 +38,20 @@ PROVIDERS = {
 }
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")  # runs ldconfig: once, at import
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    return trim if callable(trim) else None
+
+
+MALLOC_TRIM = _malloc_trim()
+
+
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc keeps them after a session goes,
-    so the daemon's RSS would not drop); a no-op where there is no glibc."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    so the daemon's RSS would not drop as much); a no-op where there is no glibc."""
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM(0)
 
 
 def choose_providers(wanted: Sequence[str], available: Sequence[str]) -> list[str]:
@@ -238,7 +245,7 @@ class OnnxRuntime:
         still running holds one) and return the freed heap to the system."""
         self.session = None
         self.recent_s = None
-        trim_heap()
+        await asyncio.get_running_loop().run_in_executor(self.executor, trim_heap)
 
     def metadata(self) -> dict[str, Any]:
         """The execution providers actually in use."""

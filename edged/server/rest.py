@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from edged import logs
 from edged.admin import Admin
 from edged.config import ServerConfig
 from edged.errors import EdgedError, Forbidden, InvalidRequest, PayloadTooLarge, retry_after
@@ -352,6 +353,7 @@ def create_app(
         return ok({"templates": plane.task_runner().catalog()})
 
     async def tasks_run(request: web.Request) -> web.StreamResponse:
+        logs.set_fields(request_id=logs.short_id())  # one id for every node's log lines
         runner = plane.task_runner()
         doc, params = await read_json(request), query_parameters(request)
         streamed = params.pop("stream", False)

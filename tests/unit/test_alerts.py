@@ -182,8 +182,26 @@ def test_an_alert_fires_once_resolves_once_and_its_record_ids_are_stable() -> No
 def test_an_edged_restart_does_not_read_as_a_burst_of_cloud_errors() -> None:
     evaluator = Evaluator(AlertsConfig(for_s=0.0, window_s=60.0))
     fired = []
-    # 1% errors, then edged restarts (counters fall to 0) and goes on at 1%
-    for t, (errors, calls) in enumerate([(1, 100), (2, 200), (0, 0), (1, 100), (2, 200)]):
-        facts = Facts(10.0 * t, cloud_errors=float(errors), cloud_calls=float(calls))
+    # edged "a" made 1000 calls; edged "b" made 1100 by the next read (1% failed): its counters
+    # start from 0, so the difference with "a"'s would read as 11 errors in 100 calls
+    reads = [("a", 0, 1000), ("a", 1, 1100), ("b", 11, 1100), ("b", 12, 1200)]
+    for t, (epoch, errors, calls) in enumerate(reads):
+        facts = Facts(10.0 * t, epoch, cloud_errors=float(errors), cloud_calls=float(calls))
         fired += evaluator.evaluate(facts)
     assert fired == []
+
+
+def test_alerts_firing_survive_a_restart_resolved_once_not_fired_twice() -> None:
+    config = AlertsConfig(offline_for_s=1.0)
+    before = Evaluator(config)
+    assert before.evaluate(Facts(100.0, offline_s=0.5)) == []
+    assert [s for s, _ in before.evaluate(Facts(101.0, offline_s=1.5))] == ["firing"]
+    saved = before.saved(101.0, 50_000)
+    # the agent starts again (its monotonic clock too): still offline, then back
+    after = Evaluator(config)
+    after.restore(saved, 7.0, 52_000)
+    (alert,) = after.firing()
+    assert alert.rule.name == "NodeOffline" and alert.since == pytest.approx(7.0 - 3.0)
+    assert after.evaluate(Facts(8.0, offline_s=0.2)) == []  # holds: not announced again
+    assert [s for s, _ in after.evaluate(Facts(9.0))] == ["resolved"]
+    assert after.firing() == [] and json.loads(after.saved(9.0, 54_000)) == []

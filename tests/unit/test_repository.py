@@ -255,3 +255,48 @@ def test_routing_predicts_the_wake_and_does_not_learn_it_as_latency(tmp_path: Pa
         await manager.close()
 
     asyncio.run(scenario())
+
+
+def test_a_caller_that_gives_up_does_not_cancel_the_wake_for_the_others(tmp_path: Path) -> None:
+    add_model(tmp_path, "double", {1: 2.0})
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        manager.idle_unload_s = 0.01
+        await manager.load_all()
+        await asyncio.sleep(0.02)
+        await manager.unload_idle()
+        _, mv = manager.resolve("double", None)
+        with pytest.raises(asyncio.TimeoutError):  # a deadline shorter than the load
+            await asyncio.wait_for(run(manager, "double"), 0.001)
+        if mv.wake is not None:  # the load goes on without its caller
+            await asyncio.wait_for(asyncio.shield(mv.wake), 10)
+        assert (
+            not mv.asleep
+            and manager.metrics.registry.get_sample_value(
+                "edged_model_wake_duration_seconds_count", {"model": "double"}
+            )
+            == 1.0
+        )
+        assert await run(manager, "double") == (1, 2.0)
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_figure_that_cannot_be_read_costs_its_own_metrics_not_the_scrape(
+    tmp_path: Path,
+) -> None:
+    add_model(tmp_path, "double", {1: 2.0})
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        await manager.load_all()
+        manager.metrics.state.models = manager.index
+        assert 'edged_model_version_info{idle="false"' in manager.metrics.render().decode()
+        manager.repository = tmp_path / "gone"  # index() raises: the repository vanished
+        text = manager.metrics.render().decode()
+        assert "edged_model_version_info{" not in text and "process_resident_memory" in text
+        await manager.close()
+
+    asyncio.run(scenario())
