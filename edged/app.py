@@ -121,7 +121,7 @@ class Daemon:
         self.metrics.state.load = lambda: self.load.latest
         self.metrics.state.cloud = lambda: self.cloud.state() if self.cloud else None
         self.metrics.state.models = self.manager.index
-        self.metrics.state.workers = self._workers_rss
+        self.metrics.state.runtimes = self._runtimes
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load)
         self.admin = Admin(
@@ -208,15 +208,14 @@ class Daemon:
         last = ctx.decisions[-1] if ctx is not None and ctx.decisions else {}
         return text, str(last.get("route", "local")), str(last.get("reason", ""))
 
-    def _workers_rss(self) -> int | None:
-        """Resident bytes of the worker processes (None: no model runs in one)."""
-        workers = [
-            mv.runtime.metadata()
-            for entry in self.manager.entries.values()
-            for mv in entry.versions.values()
-            if isinstance(mv.runtime, ProcessRuntime) and mv.runtime.pid is not None
+    def _runtimes(self) -> list[tuple[str, int, dict[str, Any]]]:
+        """(model, version, the runtime's metadata) of every loaded tensor-model version."""
+        return [
+            (entry.name, mv.version, mv.runtime.metadata())
+            for entry in list(self.manager.entries.values())
+            for mv in list(entry.versions.values())
+            if mv.runtime is not None and mv.scheduler is not None and not mv.asleep
         ]
-        return sum(w.get("rss_bytes") or 0 for w in workers) if workers else None
 
     def _embedding_dim(self) -> int:
         """The size of the embedding model's vectors, from its config (no model call)."""

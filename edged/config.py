@@ -113,6 +113,17 @@ class OnnxRuntimeConfig(Section):
         description="executions that recently took less than this run on the event loop, not"
         " in the thread pool (saves the hand-off on tiny models; 0: never)",
     )
+    precision: Literal["fp16", "fp32", "int8"] = Field(
+        "fp16",
+        description="what TensorRT builds engines in (FP16 by default, as Jetsons run best);"
+        " int8 needs int8_calibration_table in the version directory, else FP16; the CUDA and"
+        " CPU providers run the graph as it is",
+    )
+    int8_calibration_table: str = Field(
+        "calibration.flatbuffers",
+        description="INT8: the calibration table's file name in each model version directory"
+        " (ONNX Runtime's calibration tool writes it)",
+    )
     isolation: Literal["auto", "process", "thread"] = Field(
         "auto",
         description="where a session runs: process (a worker subprocess: unloading returns all"

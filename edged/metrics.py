@@ -65,7 +65,8 @@ class StateCollector(Collector):
         self.load: Callable[[], LoadSnapshot] = LoadSnapshot
         self.cloud: Callable[[], dict[str, Any] | None] = lambda: None
         self.models: Callable[[], list[dict[str, Any]]] = list
-        self.workers: Callable[[], int | None] = lambda: None
+        # (model, version, runtime metadata) of the loaded tensor-model versions
+        self.runtimes: Callable[[], list[tuple[str, int, dict[str, Any]]]] = list
         self.failed: set[str] = set()
 
     def _read(self, what: str, source: Callable[[], T], default: T) -> T:
@@ -101,10 +102,29 @@ class StateCollector(Collector):
                     },
                 )
         yield info
+        runtimes: list[tuple[str, int, dict[str, Any]]] = self._read("runtimes", self.runtimes, [])
+        providers = InfoMetricFamily(
+            "edged_model_runtime",
+            "Each loaded tensor-model version's runtime (1): the execution providers in use,"
+            " TensorRT's precision, and whether it fell back from a GPU provider (the start-up"
+            " self-test)",
+            labels=["model", "version", "providers", "precision", "fallback"],
+        )
+        for model, version, meta in runtimes:
+            labels = {
+                "model": model,
+                "version": str(version),
+                "providers": ",".join(meta.get("providers") or []),
+                "precision": meta.get("precision") or "",
+                "fallback": "true" if meta.get("fallback") else "false",
+            }
+            providers.add_metric([], labels)
+        yield providers
+        workers = [m.get("rss_bytes") or 0 for _, _, m in runtimes if m.get("isolation")]
         yield _gauge(
             "edged_worker_resident_memory_bytes",
             "Resident memory of the runtime worker processes (models isolated in a process)",
-            self._read("workers' memory", self.workers, None),
+            sum(workers) if workers else None,
         )
 
     @staticmethod

@@ -19,6 +19,7 @@ from edged.config import OnnxRuntimeConfig
 from edged.errors import EdgedError, InvalidRequest, ModelLoadError
 from edged.models.config import ModelConfig, oip_datatype
 from edged.protocol.tensors import DATATYPES
+from edged.runtimes import gpu
 from edged.runtimes.base import Tensors
 from edged.stats import ewma
 
@@ -62,18 +63,6 @@ def choose_providers(wanted: Sequence[str], available: Sequence[str]) -> list[st
     return chosen
 
 
-def provider_options(providers: Sequence[str], engine_cache: Path) -> list[dict[str, str]]:
-    """Options per provider: TensorRT keeps its engines and timing cache in ``engine_cache``
-    (building an engine takes minutes on a Jetson; the cache makes it once per model version)."""
-    tensorrt = {
-        "trt_engine_cache_enable": "True",
-        "trt_engine_cache_path": str(engine_cache),
-        "trt_timing_cache_enable": "True",
-        "trt_timing_cache_path": str(engine_cache),
-    }
-    return [tensorrt if p == "TensorrtExecutionProvider" else {} for p in providers]
-
-
 class OnnxRuntime:
     """One version of an ONNX model in an ``InferenceSession``."""
 
@@ -89,6 +78,8 @@ class OnnxRuntime:
         self.settings = settings
         self.executor = executor
         self.session: ort.InferenceSession | None = None
+        self.requested: list[str] = []  # the providers asked for (those this build has)
+        self.fallback = ""  # why the session does not use all of them ("" when it does)
         self.output_names = [o.name for o in config.outputs]
         # Moving average of execution time: tiny models run on the event loop (no thread hop).
         self.recent_s: float | None = None
@@ -108,20 +99,41 @@ class OnnxRuntime:
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)
         providers = choose_providers(self.settings.providers, ort.get_available_providers())
-        cache = self.settings.tensorrt_cache_dir / self.config.name / self.path.parent.name
-        if "TensorrtExecutionProvider" in providers:
-            try:
-                cache.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:  # TensorRT then builds its engine at every load
-                log.warning(
-                    "model %s: no TensorRT engine cache at %s: %s", self.config.name, cache, exc
-                )
+        self.requested = providers
         return ort.InferenceSession(
             str(self.path),
             sess_options=options,
             providers=providers,
-            provider_options=provider_options(providers, cache),
+            provider_options=[
+                self._tensorrt() if p == "TensorrtExecutionProvider" else {} for p in providers
+            ],
         )
+
+    def _tensorrt(self) -> dict[str, str]:
+        """TensorRT's options: precision, calibration and the engine cache of this version."""
+        settings = self.settings
+        cache = gpu.engine_cache_dir(
+            settings.tensorrt_cache_dir,
+            self.config.name,
+            self.path.parent.name,
+            self.path,
+            settings.precision,
+            gpu.gpu_name(),
+            gpu.tensorrt_version(),
+        )
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # TensorRT then builds its engine at every load
+            name = self.config.name
+            log.warning("model %s: no TensorRT engine cache at %s: %s", name, cache, exc)
+        table = self.path.parent / settings.int8_calibration_table
+        if settings.precision == "int8" and not table.is_file():
+            log.warning(
+                "model %s: INT8 needs a calibration table at %s; building FP16 instead",
+                self.config.name,
+                table,
+            )
+        return gpu.tensorrt_options(cache, settings.precision, table if table.is_file() else None)
 
     async def load(self) -> None:
         """Create the session, check it against config.pbtxt and warm it up."""
@@ -135,6 +147,9 @@ class OnnxRuntime:
             raise ModelLoadError(f"ONNX Runtime cannot load {self.path}: {exc}") from None
         self._check(session)
         self.session = session
+        self.fallback = gpu.self_test(self.requested, session.get_providers())
+        if self.fallback:
+            log.warning("model %s: %s", self.config.name, self.fallback)
         if not self.output_names:
             self.output_names = [o.name for o in session.get_outputs()]
         log.info(
@@ -248,5 +263,12 @@ class OnnxRuntime:
         await asyncio.get_running_loop().run_in_executor(self.executor, trim_heap)
 
     def metadata(self) -> dict[str, Any]:
-        """The execution providers actually in use."""
-        return {"providers": self.session.get_providers() if self.session else []}
+        """The execution providers asked for and actually in use (the start-up self-test),
+        and the precision TensorRT builds in."""
+        in_use = self.session.get_providers() if self.session else []
+        return {
+            "providers": in_use,
+            "requested": self.requested,
+            "precision": self.settings.precision if "TensorrtExecutionProvider" in in_use else "",
+            "fallback": self.fallback,
+        }

@@ -39,13 +39,13 @@ from edged.config import OnnxRuntimeConfig
 from edged.errors import DeadlineExceeded, EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import ModelConfig
 from edged.runtimes.base import Tensors
+from edged.runtimes.gpu import GPU_PROVIDERS
 from edged.runtimes.onnxruntime import OnnxRuntime, choose_providers
 
 __all__ = ["EXIT_TIMEOUT_S", "GPU_PROVIDERS", "ProcessRuntime", "rss_bytes", "wants_process"]
 
 log = logging.getLogger(__name__)
 
-GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 # How long unload() waits for a clean exit (CUDA teardown included) before SIGKILL.
 EXIT_TIMEOUT_S = 10.0
 KILLED_TIMEOUT_S = 5.0

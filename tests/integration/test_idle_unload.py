@@ -69,6 +69,9 @@ def test_an_idle_model_gives_its_memory_back_and_the_next_call_loads_it(
     workers = metric(client, "edged_worker_resident_memory_bytes")
     assert (workers is not None and workers > 0) == (isolation == "process")
     assert metric(client, "edged_model_version_info", model="text-encoder", idle="false") == 1
+    # the start-up self-test: what the session really runs on (this machine: the CPU)
+    runtime = {"model": "text-encoder", "providers": "CPUExecutionProvider", "fallback": "false"}
+    assert metric(client, "edged_model_runtime_info", **runtime) == 1
     # /proc tells the CPU load (from the second sample: it is a difference)
     wait_for(lambda: metric(client, "edged_local_load_ratio") is not None, 10, "the load")
 

@@ -17,7 +17,7 @@ from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager, State
 from edged.router import Router
 from edged.runtimes.base import Tensors
-from edged.runtimes.onnxruntime import OnnxRuntime, choose_providers, provider_options
+from edged.runtimes.onnxruntime import OnnxRuntime
 from tests.modelfiles import add_model
 
 
@@ -136,21 +136,6 @@ def test_unload_waits_for_requests_in_flight(tmp_path: Path) -> None:
         await manager.close()
 
     asyncio.run(scenario())
-
-
-def test_tensorrt_keeps_its_engines_in_the_cache_and_other_providers_get_no_options() -> None:
-    """Only what edged passes is checked here: the TensorRT provider itself needs a GPU (none on
-    this machine), so whether ONNX Runtime writes engines there is unverified here."""
-    chosen = choose_providers(
-        ["tensorrt", "cuda", "cpu"],
-        ["CUDAExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"],
-    )
-    assert chosen == ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
-    options = provider_options(chosen, Path("/var/cache/edged/tensorrt/ocr-det/2"))
-    assert options[0]["trt_engine_cache_enable"] == "True"
-    assert options[0]["trt_engine_cache_path"] == "/var/cache/edged/tensorrt/ocr-det/2"
-    assert options[1:] == [{}, {}]
-    assert choose_providers(["tensorrt"], ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
 
 
 def test_an_idle_model_is_unloaded_and_the_next_calls_load_it_once(tmp_path: Path) -> None:
