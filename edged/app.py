@@ -111,12 +111,14 @@ class Daemon:
         )
         if self.power is not None:
             self.manager.before_load = self.power.busy
+        self.manager.min_free_mb = config.models.min_free_mb
         self.load = LoadMonitor(interval=config.load.interval_s)
         self.cloud = (
             CloudEndpoint(config.cloud, lambda: list(self.manager.entries))
             if config.cloud.url
             else None
         )
+        self.manager.memory_free = lambda: self.load.latest.memory_available
         # read when Prometheus scrapes
         self.metrics.state.load = lambda: self.load.latest
         self.metrics.state.cloud = lambda: self.cloud.state() if self.cloud else None
@@ -269,9 +271,10 @@ class Daemon:
         # Changed in place: the server's middleware and the pipelines hold these objects.
         for key in ("allowed_uids", "allowed_gids", "drain_timeout_s"):
             setattr(self.config.server, key, getattr(fresh.server, key))
-        for key in ("load", "max_image_pixels", "idle_unload_s"):
+        for key in ("load", "max_image_pixels", "idle_unload_s", "min_free_mb"):
             setattr(self.config.models, key, getattr(fresh.models, key))
         self.manager.idle_unload_s = fresh.models.idle_unload_s
+        self.manager.min_free_mb = fresh.models.min_free_mb
         self.config.scheduler = fresh.scheduler
         self.manager.max_queue_size = fresh.scheduler.max_queue_size  # for later loads
         self.config.routing = fresh.routing

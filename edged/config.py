@@ -148,6 +148,12 @@ class ModelsConfig(Section):
     max_image_pixels: int = Field(
         40_000_000, gt=0, description="largest decoded image accepted by image pipelines"
     )
+    min_free_mb: int = Field(
+        128,
+        ge=0,
+        description="a model load that would leave less memory free than this is refused"
+        " (503 with the figures); on a Jetson the GPU's memory is this memory (0: no check)",
+    )
     idle_unload_s: float = Field(
         0.0,
         ge=0,

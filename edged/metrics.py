@@ -167,6 +167,11 @@ class StateCollector(Collector):
             "1 while the device is throttled (over-current or thermal)",
             None if snap.throttled is None else float(snap.throttled),
         )
+        yield _gauge(
+            "edged_device_clocks_pinned",
+            "1 while jetson_clocks holds the clocks at their maximum",
+            None if snap.clocks_pinned is None else float(snap.clocks_pinned),
+        )
         mode = InfoMetricFamily("edged_device_power_mode", "The power mode (Jetson: nvpmodel)")
         if snap.power_mode is not None:
             mode.add_metric([], {"mode": snap.power_mode})

@@ -13,6 +13,9 @@ Layouts (L4T 35/36, Orin and Xavier):
   ``VDD_IN`` (or ``POM_5V_IN``) when the board has it, else the sum of the rails.
 - Throttling: the ``soctherm_oc`` hwmon's ``oc<N>_event_cnt`` counters grew since the last sample.
 - Power mode: ``/var/lib/nvpmodel/status`` (``pmode:0000``) named by ``/etc/nvpmodel.conf``.
+- jetson_clocks: it pins the clocks at their maximum, so it is on when the GPU's devfreq
+  ``min_freq`` equals its ``max_freq`` and every online CPU's ``scaling_min_freq`` its
+  ``scaling_max_freq``.
 """
 
 from __future__ import annotations
@@ -70,18 +73,37 @@ class JetsonSysfs:
             out["power_w"] = round(total if total is not None else sum(rails.values()), 3)
         out["throttled"] = self._throttled()
         out["power_mode"] = self._power_mode()
+        out["clocks_pinned"] = self._clocks_pinned()
         return out
 
-    def _gpu(self) -> dict[str, Any]:
+    def _gpu_devfreq(self) -> Path | None:
         for entry in sorted((self.root / "sys/class/devfreq").glob("*")):
-            if _text(entry / "device/of_node/name") not in GPU_NODES:
-                continue
-            load = _number(entry / "device/load")
-            return {
-                "gpu_percent": None if load is None else load / 10,
-                "gpu_frequency_hz": _number(entry / "cur_freq"),
-            }
-        return {}
+            if _text(entry / "device/of_node/name") in GPU_NODES:
+                return entry
+        return None
+
+    def _gpu(self) -> dict[str, Any]:
+        entry = self._gpu_devfreq()
+        if entry is None:
+            return {}
+        load = _number(entry / "device/load")
+        return {
+            "gpu_percent": None if load is None else load / 10,
+            "gpu_frequency_hz": _number(entry / "cur_freq"),
+        }
+
+    def _clocks_pinned(self) -> bool | None:
+        """Whether jetson_clocks holds the clocks at their maximum (None: cannot tell)."""
+        pairs = []
+        gpu = self._gpu_devfreq()
+        if gpu is not None:
+            pairs.append((_number(gpu / "min_freq"), _number(gpu / "max_freq")))
+        for cpu in sorted((self.root / "sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq")):
+            pairs.append((_number(cpu / "scaling_min_freq"), _number(cpu / "scaling_max_freq")))
+        known = [(low, high) for low, high in pairs if low is not None and high is not None]
+        if not known:
+            return None
+        return all(low == high for low, high in known)
 
     def _temperatures(self) -> dict[str, float]:
         zones: dict[str, float] = {}

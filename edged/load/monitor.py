@@ -35,6 +35,7 @@ class LoadSnapshot:
     rails_w: dict[str, float] = field(default_factory=dict)
     throttled: bool | None = None
     power_mode: str | None = None  # nvpmodel
+    clocks_pinned: bool | None = None  # jetson_clocks: clocks held at their maximum
     sources: tuple[str, ...] = ()
 
     @property

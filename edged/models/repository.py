@@ -111,6 +111,9 @@ class ModelManager:
         self.max_queue_size = max_queue_size
         self.idle_unload_s = idle_unload_s
         self.before_load: Callable[[], Awaitable[None]] | None = None  # the power-mode hint
+        # bytes of memory free now (None: unknown), and what a load must leave free
+        self.memory_free: Callable[[], int | None] = lambda: None
+        self.min_free_mb = 0
         self.entries: dict[str, ModelEntry] = {}
         # the version that serves a model's requests, whatever its version policy says (set by
         # an activation, edged.admin): a staged version never serves before it is activated
@@ -245,6 +248,7 @@ class ModelManager:
         try:
             settings = Settings.from_config(config, self.max_queue_size)
             runtime = self.factory(config, version_dir)
+            self._admit(entry.name, version_dir)
             if self.before_load is not None:
                 await self.before_load()
             started = time.monotonic()
@@ -497,6 +501,21 @@ class ModelManager:
         ]
         return bool(serving) and all(mv.asleep for mv in serving)
 
+    def _admit(self, name: str, version_dir: Path) -> None:
+        """Refuse a load that would leave less than ``min_free_mb`` of memory free (a Jetson's
+        memory is the GPU's too: an engine that does not fit takes the device down, not only
+        the model). What a load needs is taken as its files' size."""
+        free = self.memory_free()
+        if free is None or not self.min_free_mb:
+            return
+        need = sum(p.stat().st_size for p in version_dir.rglob("*") if p.is_file())
+        if free - need < self.min_free_mb << 20:
+            raise ModelLoadError(
+                f"model '{name}': loading {version_dir.name} needs about {need >> 20} MiB and"
+                f" {free >> 20} MiB of memory is free; models.min_free_mb keeps"
+                f" {self.min_free_mb} MiB free (unload a model, or lower it)"
+            )
+
     def wake_cost(self, name: str, seen: frozenset[str] = frozenset()) -> float:
         """Seconds a call of ``name`` would wait now for idle-unloaded models to load again:
         its serving version's, and for a pipeline its steps' (0 when all are loaded)."""
@@ -533,6 +552,7 @@ class ModelManager:
             if self.before_load is not None:
                 await self.before_load()
             try:
+                self._admit(name, self.entry(name).directory / str(mv.version))
                 await mv.runtime.load()
             except Exception as exc:
                 why = exc.message if isinstance(exc, EdgedError) else f"{type(exc).__name__}: {exc}"

@@ -22,9 +22,12 @@ def write(root: Path, files: dict[str, str | bytes]) -> None:
             path.write_text(content)
 
 
+GPU = "sys/devices/platform/bus@0/17000000.gpu"
+
+
 def orin_nx(root: Path) -> Path:
     """An Orin NX 16GB on JetPack 6 as jtop sees it."""
-    gpu = "sys/devices/platform/bus@0/17000000.gpu"
+    gpu = GPU
     write(
         root,
         {
@@ -34,6 +37,12 @@ def orin_nx(root: Path) -> Path:
             f"{gpu}/load": "437\n",  # per-mille
             f"{gpu}/of_node/name": "gpu\n",
             f"{gpu}/devfreq/17000000.gpu/cur_freq": "918000000\n",
+            f"{gpu}/devfreq/17000000.gpu/min_freq": "306000000\n",
+            f"{gpu}/devfreq/17000000.gpu/max_freq": "918000000\n",
+            "sys/devices/system/cpu/cpu0/cpufreq/scaling_min_freq": "1984000\n",
+            "sys/devices/system/cpu/cpu0/cpufreq/scaling_max_freq": "1984000\n",
+            "sys/devices/system/cpu/cpu1/cpufreq/scaling_min_freq": "1984000\n",
+            "sys/devices/system/cpu/cpu1/cpufreq/scaling_max_freq": "1984000\n",
             "sys/devices/virtual/thermal/thermal_zone0/type": "cpu-thermal\n",
             "sys/devices/virtual/thermal/thermal_zone0/temp": "52437\n",
             "sys/devices/virtual/thermal/thermal_zone1/type": "gpu-thermal\n",
@@ -81,6 +90,11 @@ def test_orin_nx_on_jetpack_6(tmp_path: Path) -> None:
     assert out["power_w"] == 7.471  # VDD_IN is the board's input: not the sum
     assert out["power_mode"] == "15W"
     assert out["throttled"] is False  # the first sample has nothing to compare with
+    assert out["clocks_pinned"] is False  # the GPU's devfreq may go down to 306 MHz
+    write(tmp_path, {f"{GPU}/devfreq/17000000.gpu/min_freq": "918000000\n"})
+    assert provider.sample()["clocks_pinned"] is True  # as after `jetson_clocks`
+    write(tmp_path, {"sys/devices/system/cpu/cpu1/cpufreq/scaling_min_freq": "729600\n"})
+    assert provider.sample()["clocks_pinned"] is False  # one CPU still scales
     (tmp_path / "sys/class/hwmon/hwmon5/oc2_event_cnt").write_text("5\n")
     assert provider.sample()["throttled"] is True
     assert provider.sample()["throttled"] is False  # no new events since

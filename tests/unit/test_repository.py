@@ -285,3 +285,28 @@ def test_a_figure_that_cannot_be_read_costs_its_own_metrics_not_the_scrape(
         await manager.close()
 
     asyncio.run(scenario())
+
+
+def test_a_load_that_would_leave_too_little_memory_free_is_refused(tmp_path: Path) -> None:
+    add_model(tmp_path, "double", {1: 2.0})
+
+    async def scenario() -> None:
+        manager = manager_for(tmp_path)
+        manager.min_free_mb = 128
+        free = {"bytes": 100 << 20}  # as the load monitor would say on a busy Jetson
+        manager.memory_free = lambda: free["bytes"]
+        await manager.load_all()
+        with pytest.raises(Unavailable, match=r"MiB of memory is free; models\.min_free_mb"):
+            await run(manager, "double")
+        free["bytes"] = 1 << 30
+        await manager.load("double")
+        assert await run(manager, "double") == (1, 2.0)
+        manager.idle_unload_s = 0.01  # a wake is admitted the same way
+        await asyncio.sleep(0.02)
+        await manager.unload_idle()
+        free["bytes"] = 50 << 20
+        with pytest.raises(Unavailable, match="cannot load again: model 'double'"):
+            await run(manager, "double")
+        await manager.close()
+
+    asyncio.run(scenario())
