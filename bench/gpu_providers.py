@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """ONNX Runtime's execution providers on this machine: CPU, CUDA, TensorRT FP32 and FP16, for
-text-encoder (MiniLM) and ocr-rec (PP-OCRv4 recognition) at batch 1, 8 and 32, with edged's
-own provider options (edged/runtimes/gpu.py); and how far each provider's outputs are from
-the CPU's (FP16 agreement). A provider this onnxruntime build does not have, or that falls back
-to the CPU (the self-test), is a row saying so, not a figure. The second TensorRT session of a
-configuration is built from the engine cache of the first: its load time shows the cache hit.
+text-encoder (MiniLM) and ocr-rec (PP-OCRv4 recognition) at batch 1, 8 and 32, with edged's own
+provider options (edged/runtimes/gpu.py), then edged's native TensorRT runtime (FP16); and how
+far each one's outputs are from the CPU's (FP16 agreement). A provider this onnxruntime build
+does not have, or that falls back to the CPU (the self-test), is a row saying so, not a figure.
+Each TensorRT configuration is loaded twice: the second load comes from the engine cache.
 
     .venv/bin/python bench/gpu_providers.py [--runs 50] [--cache DIR]
 """
@@ -12,10 +12,12 @@ configuration is built from the engine cache of the first: its load time shows t
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,19 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edged.config import OnnxRuntimeConfig  # noqa: E402
+from edged.models.config import read_config  # noqa: E402
 from edged.runtimes import gpu  # noqa: E402
+from edged.runtimes.tensorrt import TensorRtRuntime  # noqa: E402
+
+# The native runtime's optimization profiles for this benchmark's shapes (batch 1 to 32)
+PROFILES = {
+    "text-encoder": {
+        f"trt_profile_{name}": "1,64;8,64;32,64"
+        for name in ("input_ids", "attention_mask", "token_type_ids")
+    },
+    "ocr-rec": {"trt_profile_x": "1,3,48,320;8,3,48,320;32,3,48,320"},
+}
 
 MODELS = ROOT / "models"
 CONFIGS = [  # (label, providers, TensorRT precision)
@@ -103,6 +117,43 @@ def main() -> None:
                 diff = f"{max(diffs):.2e}" if diffs else "(reference)"
                 print(f"| {model} | {label} | {loads[0]:.2f} s / {loads[1]:.2f} s |"
                       f" {' | '.join(cells)} | {diff} |")  # fmt: skip
+            native(model, cache, reference, args.runs)
+
+
+def native(model: str, cache: Path, reference: dict[int, np.ndarray], runs: int) -> None:
+    """The native TensorRT runtime (FP16), built once, then loaded from its engine cache."""
+    config = read_config(MODELS / model)
+    config.parameters.update(PROFILES[model])
+    settings = OnnxRuntimeConfig(tensorrt_cache_dir=cache / "native", precision="fp16")
+    with ThreadPoolExecutor(1) as executor:
+        loads, runtime = [], None
+        try:
+            for _ in range(2):
+                if runtime is not None:
+                    asyncio.run(runtime.unload())
+                runtime = TensorRtRuntime(config, MODELS / model / "1", settings, executor)
+                started = time.perf_counter()
+                asyncio.run(runtime.load())
+                loads.append(time.perf_counter() - started)
+        except Exception as exc:  # no tensorrt/pycuda, or no GPU: say so
+            print(f"| {model} | TensorRT native fp16 | {str(exc)[:120]} | | | | |")
+            return
+        assert runtime is not None
+        cells, diffs = [], []
+        for batch in (1, 8, 32):
+            inputs = feeds(model, batch)
+            out = next(iter(asyncio.run(runtime.infer(inputs, {})).values()))
+            times = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                asyncio.run(runtime.infer(inputs, {}))
+                times.append(time.perf_counter() - started)
+            cells.append(f"{statistics.median(times) * 1000:.2f} ms")
+            diffs.append(float(np.max(np.abs(out - reference[batch]))))
+        asyncio.run(runtime.unload())
+        hit = "hit" if runtime.cached else "MISS"
+        print(f"| {model} | TensorRT native fp16 | {loads[0]:.2f} s / {loads[1]:.2f} s ({hit}) |"
+              f" {' | '.join(cells)} | {max(diffs):.2e} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from edged.router import ROUTE, RouteContext, Router
 from edged.runtimes.base import Runtime
 from edged.runtimes.cloud import CloudEndpoint, CloudError, read_token
 from edged.runtimes.onnxruntime import OnnxRuntime
+from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
 from edged.runtimes.worker import ProcessRuntime, wants_process
 from edged.server.dataplane import DataPlane
 from edged.server.grpc import start_server as start_grpc
@@ -235,6 +236,8 @@ class Daemon:
             return create_pipeline(
                 model, version_dir, self.router, self.executor, self.config.models
             )
+        if wants_tensorrt(model):
+            return TensorRtRuntime(model, version_dir, self.config.onnxruntime, self.executor)
         if model.platform == "onnxruntime_onnx":
             settings = self.config.onnxruntime
             isolated = wants_process(settings)

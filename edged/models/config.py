@@ -37,6 +37,8 @@ CONFIG_DATATYPES = {
 ONNX_PLATFORM = "onnxruntime_onnx"
 ONNX_BACKEND = "onnxruntime"
 PIPELINE_BACKEND = "pipeline"
+PLAN_PLATFORM = "tensorrt_plan"  # Triton's TensorRT engines (edged.runtimes.tensorrt)
+PLAN_BACKEND = "tensorrt"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class ModelConfig:
             return str(self.proto.platform)
         if self.proto.backend == ONNX_BACKEND:
             return ONNX_PLATFORM
+        if self.proto.backend == PLAN_BACKEND:
+            return PLAN_PLATFORM
         return str(self.proto.backend)
 
     @property
@@ -118,7 +122,8 @@ class ModelConfig:
 
     def model_filename(self) -> str:
         """The file inside a version directory that holds the model."""
-        return str(self.proto.default_model_filename or "model.onnx")
+        default = "model.plan" if self.platform == PLAN_PLATFORM else "model.onnx"
+        return str(self.proto.default_model_filename or default)
 
     def version_policy(self, available: list[int]) -> list[int]:
         """Which of the available versions to serve, by Triton's version_policy."""
@@ -217,11 +222,15 @@ def read_config(directory: Path) -> ModelConfig:
         raise ConfigError(
             f"{path}: name '{proto.name}' differs from its directory '{directory.name}'"
         )
-    kinds = (proto.platform == ONNX_PLATFORM, proto.backend in (ONNX_BACKEND, PIPELINE_BACKEND))
+    kinds = (
+        proto.platform in (ONNX_PLATFORM, PLAN_PLATFORM),
+        proto.backend in (ONNX_BACKEND, PIPELINE_BACKEND, PLAN_BACKEND),
+    )
     if not any(kinds):
         raise ConfigError(
             f"{path}: platform '{proto.platform}' / backend '{proto.backend}' is not supported;"
-            f' use platform "{ONNX_PLATFORM}" or backend "{PIPELINE_BACKEND}"'
+            f' use platform "{ONNX_PLATFORM}" or "{PLAN_PLATFORM}", or backend'
+            f' "{PIPELINE_BACKEND}"'
         )
     if proto.max_batch_size < 0:
         raise ConfigError(f"{path}: max_batch_size must be >= 0")
