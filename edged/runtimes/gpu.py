@@ -16,8 +16,12 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from edged.errors import ModelLoadError
+from edged.models.config import ModelConfig
+
 log = logging.getLogger(__name__)
 
+Profiles = dict[str, tuple[list[int], list[int], list[int]]]  # input -> (min, opt, max) shape
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 SHORT = {"TensorrtExecutionProvider": "TensorRT", "CUDAExecutionProvider": "CUDA"}
 
@@ -69,22 +73,37 @@ def engine_cache_dir(
 
 
 def tensorrt_options(
-    cache: Path, precision: str, calibration: Path | None = None
+    cache: Path,
+    precision: str,
+    calibration: Path | None = None,
+    profiles: Profiles | None = None,
 ) -> dict[str, str]:
-    """ONNX Runtime's TensorRT provider options: the engine and timing caches in ``cache``,
-    FP16 unless ``fp32``, INT8 (with FP16 for the layers INT8 cannot take) only with a
-    calibration table."""
+    """ONNX Runtime's TensorRT provider options: the engine and timing caches in ``cache``
+    (the timing cache goes where the engines are: ``trt_timing_cache_path`` is refused by
+    ONNX Runtime before 1.17), FP16 unless ``fp32``, INT8 (with FP16 for the layers INT8
+    cannot take) only with a calibration table, and the shape ranges of the dynamic inputs (so
+    the engine is built at load for all of them, not at the first request for its shapes)."""
     options = {
         "trt_engine_cache_enable": "True",
         "trt_engine_cache_path": str(cache),
         "trt_timing_cache_enable": "True",
-        "trt_timing_cache_path": str(cache),
         "trt_fp16_enable": "False" if precision == "fp32" else "True",
     }
     if precision == "int8" and calibration is not None:
         options["trt_int8_enable"] = "True"
         options["trt_int8_calibration_table_name"] = str(calibration)
+    for i, which in enumerate(("min", "opt", "max")):
+        if profiles:
+            options[f"trt_profile_{which}_shapes"] = ",".join(
+                f"{name}:{'x'.join(map(str, shapes[i]))}" for name, shapes in profiles.items()
+            )
     return options
+
+
+def profile_key(profiles: Profiles) -> str:
+    """A short digest of shape ranges (an engine built for others must not be reused)."""
+    text = ";".join(f"{n}={s}" for n, s in sorted(profiles.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def self_test(requested: Sequence[str], in_use: Sequence[str]) -> str:
@@ -99,3 +118,37 @@ def self_test(requested: Sequence[str], in_use: Sequence[str]) -> str:
         " the provider failed to start (CUDA, cuDNN or TensorRT libraries missing or not"
         " matching this onnxruntime-gpu build, or no GPU visible to edged)"
     )
+
+
+def profile_shapes(config: ModelConfig) -> Profiles:
+    """The (min, opt, max) shape of each input with a dynamic dimension: the batch from 1 to
+    ``max_batch_size`` (optimised for the largest), others from ``trt_profile_<input>``."""
+    shapes: Profiles = {}
+    batch = config.max_batch_size
+    for spec in config.inputs:
+        full = spec.shape(batch)
+        if all(d >= 0 for d in full):
+            continue
+        given = config.parameters.get(f"trt_profile_{spec.name}")
+        if given:
+            try:
+                low, opt, high = ([int(d) for d in part.split(",")] for part in given.split(";"))
+            except ValueError:
+                raise ModelLoadError(
+                    f"model '{config.name}': trt_profile_{spec.name} must be"
+                    ' "min;opt;max" shapes such as "1,16;8,128;32,512"'
+                ) from None
+            if not len(low) == len(opt) == len(high) == len(full):
+                raise ModelLoadError(
+                    f"model '{config.name}': trt_profile_{spec.name} needs {len(full)} dimensions"
+                )
+            shapes[spec.name] = (low, opt, high)
+            continue
+        if any(d < 0 for d in full[1 if batch > 0 else 0 :]):
+            raise ModelLoadError(
+                f"model '{config.name}': input '{spec.name}' has a variable dimension other than"
+                f" the batch; give its range as parameter trt_profile_{spec.name}"
+            )
+        rest = list(full[1:])
+        shapes[spec.name] = ([1, *rest], [batch, *rest], [batch, *rest])
+    return shapes

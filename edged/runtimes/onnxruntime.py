@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edged.config import OnnxRuntimeConfig
-from edged.errors import EdgedError, InvalidRequest, ModelLoadError
+from edged.errors import EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import ModelConfig, oip_datatype
 from edged.protocol.tensors import DATATYPES
 from edged.runtimes import gpu
@@ -30,6 +30,9 @@ ort.set_default_logger_severity(4)
 # What session.run raises when the input is at fault (shapes the graph cannot take).
 INVALID_ARGUMENT = ort.capi.onnxruntime_pybind11_state.InvalidArgument
 FAIL = ort.capi.onnxruntime_pybind11_state.Fail
+# What session.run raises when a provider fails at run time (a TensorRT engine build out of
+# memory): with the fallback disabled, instead of quietly rebuilding the session on the CPU.
+EP_FAIL = ort.capi.onnxruntime_pybind11_state.EPFail
 
 # Config names -> ONNX Runtime provider names, in the order of preference.
 PROVIDERS = {
@@ -133,7 +136,14 @@ class OnnxRuntime:
                 self.config.name,
                 table,
             )
-        return gpu.tensorrt_options(cache, settings.precision, table if table.is_file() else None)
+        try:
+            profiles = None if self.reshapes else gpu.profile_shapes(self.config)
+        except ModelLoadError as exc:  # TensorRT then builds for the shapes it first sees
+            log.warning("model %s: no TensorRT shape ranges: %s", self.config.name, exc.message)
+            profiles = None
+        return gpu.tensorrt_options(
+            cache, settings.precision, table if table.is_file() else None, profiles
+        )
 
     async def load(self) -> None:
         """Create the session, check it against config.pbtxt and warm it up."""
@@ -146,10 +156,8 @@ class OnnxRuntime:
         except Exception as exc:  # ONNX Runtime raises its own types for corrupt files
             raise ModelLoadError(f"ONNX Runtime cannot load {self.path}: {exc}") from None
         self._check(session)
+        session.disable_fallback()  # a provider that fails at run time is an error, not the CPU
         self.session = session
-        self.fallback = gpu.self_test(self.requested, session.get_providers())
-        if self.fallback:
-            log.warning("model %s: %s", self.config.name, self.fallback)
         if not self.output_names:
             self.output_names = [o.name for o in session.get_outputs()]
         log.info(
@@ -160,6 +168,10 @@ class OnnxRuntime:
             (time.monotonic() - started) * 1000,
         )
         await self._warm_up()
+        # The self-test, after the warm-up (TensorRT may build its engine at the first run).
+        self.fallback = gpu.self_test(self.requested, session.get_providers())
+        if self.fallback:
+            log.warning("model %s: %s", self.config.name, self.fallback)
 
     def _check(self, session: ort.InferenceSession) -> None:
         graph_inputs = {i.name for i in session.get_inputs()}
@@ -250,6 +262,9 @@ class OnnxRuntime:
                 results = await asyncio.get_running_loop().run_in_executor(
                     self.executor, session.run, self.output_names, feeds
                 )
+        except EP_FAIL as exc:
+            name = self.config.name
+            raise Unavailable(f"model '{name}': its execution provider failed: {exc}") from None
         except (INVALID_ARGUMENT, FAIL) as exc:  # FAIL: e.g. a sequence past the positions
             raise InvalidRequest(f"model '{self.config.name}' rejected the input: {exc}") from None
         self.recent_s = ewma(self.recent_s, time.perf_counter() - started)

@@ -16,6 +16,7 @@ rest serve. Not run on a GPU yet (none was lent): see docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import logging
 import threading
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from edged.config import OnnxRuntimeConfig
-from edged.errors import InvalidRequest, ModelLoadError
+from edged.errors import InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import PLAN_PLATFORM, ModelConfig
 from edged.runtimes import gpu
 from edged.runtimes.base import Tensors
@@ -39,40 +40,6 @@ WORKSPACE_BYTES = 1 << 30
 def wants_tensorrt(config: ModelConfig) -> bool:
     """A model this runtime serves: a TensorRT plan, or an ONNX model that asks for it."""
     return config.platform == PLAN_PLATFORM or config.parameters.get("runtime") == "tensorrt"
-
-
-def profile_shapes(config: ModelConfig) -> dict[str, tuple[list[int], list[int], list[int]]]:
-    """The (min, opt, max) shape of each input with a dynamic dimension: the batch from 1 to
-    ``max_batch_size`` (optimised for the largest), others from ``trt_profile_<input>``."""
-    shapes: dict[str, tuple[list[int], list[int], list[int]]] = {}
-    batch = config.max_batch_size
-    for spec in config.inputs:
-        full = spec.shape(batch)
-        if all(d >= 0 for d in full):
-            continue
-        given = config.parameters.get(f"trt_profile_{spec.name}")
-        if given:
-            try:
-                low, opt, high = ([int(d) for d in part.split(",")] for part in given.split(";"))
-            except ValueError:
-                raise ModelLoadError(
-                    f"model '{config.name}': trt_profile_{spec.name} must be"
-                    ' "min;opt;max" shapes such as "1,16;8,128;32,512"'
-                ) from None
-            if not len(low) == len(opt) == len(high) == len(full):
-                raise ModelLoadError(
-                    f"model '{config.name}': trt_profile_{spec.name} needs {len(full)} dimensions"
-                )
-            shapes[spec.name] = (low, opt, high)
-            continue
-        if any(d < 0 for d in full[1 if batch > 0 else 0 :]):
-            raise ModelLoadError(
-                f"model '{config.name}': input '{spec.name}' has a variable dimension other than"
-                f" the batch; give its range as parameter trt_profile_{spec.name}"
-            )
-        rest = list(full[1:])
-        shapes[spec.name] = ([1, *rest], [batch, *rest], [batch, *rest])
-    return shapes
 
 
 def _import() -> tuple[Any, Any]:
@@ -104,6 +71,7 @@ class TensorRtRuntime:
         self.path = version_dir / config.model_filename()
         self.engine: Any = None
         self.context: Any = None  # TensorRT's execution context (its activation memory)
+        self.stream: Any = None
         self.cuda_context: Any = None
         self.lock = threading.Lock()  # one execution at a time (the scheduler batches)
         self.cached = False  # the engine came from the cache (or is a plan)
@@ -127,6 +95,12 @@ class TensorRtRuntime:
             if self.engine is None:
                 raise ModelLoadError(f"TensorRT cannot deserialize {self.path.name} (see the log)")
             self.context = self.engine.create_execution_context()
+            if self.context is None:  # its activation memory did not fit
+                raise ModelLoadError(
+                    f"TensorRT cannot create an execution context for {self.path.name}"
+                    " (not enough GPU memory?)"
+                )
+            self.stream = cuda.Stream()
         except BaseException:
             self.cuda_context.pop()
             self._release()
@@ -148,7 +122,7 @@ class TensorRtRuntime:
             gpu.gpu_name(),
             trt.__version__,
         )
-        engine_file = cache / "model.plan"
+        engine_file = cache / f"profile-{gpu.profile_key(gpu.profile_shapes(self.config))}.plan"
         if engine_file.is_file():
             self.cached = True
             return engine_file.read_bytes()
@@ -169,14 +143,18 @@ class TensorRtRuntime:
             flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
         network = builder.create_network(flags)
         parser = trt.OnnxParser(network, logger)
-        if not parser.parse(self.path.read_bytes()):
+        if not parser.parse_from_file(str(self.path)):  # external weights beside it too
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
             raise ModelLoadError(f"TensorRT cannot parse {self.path.name}: {errors}")
         build = builder.create_builder_config()
         build.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
-        if self.settings.precision != "fp32" and builder.platform_has_fast_fp16:
+        if self.settings.precision == "int8":
+            log.warning("model %s: the native TensorRT runtime has no INT8 calibration;"
+                        " building FP16", self.config.name)  # fmt: skip
+        # platform_has_fast_fp16 is gone from TensorRT 11 (every GPU it supports has it)
+        if self.settings.precision != "fp32" and getattr(builder, "platform_has_fast_fp16", True):
             build.set_flag(trt.BuilderFlag.FP16)
-        shapes = profile_shapes(self.config)
+        shapes = gpu.profile_shapes(self.config)
         if shapes:
             profile = builder.create_optimization_profile()
             for name, (low, opt, high) in shapes.items():
@@ -207,41 +185,40 @@ class TensorRtRuntime:
                 self.cuda_context.pop()
 
     def _execute(self, trt: Any, cuda: Any, inputs: Tensors) -> Tensors:
-        engine, context = self.engine, self.context
-        stream = cuda.Stream()
+        engine, context, stream = self.engine, self.context, self.stream
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-        keep: list[Any] = []  # device buffers live until the stream is done
-        outputs: dict[str, tuple[np.ndarray, Any]] = {}
-        for name in names:
-            if engine.get_tensor_mode(name) != trt.TensorIOMode.INPUT:
-                continue
+        is_input = {n: engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
+        hosts: dict[str, np.ndarray] = {}
+        for name in (n for n in names if is_input[n]):  # every shape checked before any memory
             if name not in inputs:
                 raise InvalidRequest(f"model '{self.config.name}' needs input '{name}'")
             dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
-            host = np.ascontiguousarray(inputs[name], dtype=dtype)
-            if not context.set_input_shape(name, host.shape):
+            hosts[name] = np.ascontiguousarray(inputs[name], dtype=dtype)
+            if not context.set_input_shape(name, hosts[name].shape):
                 raise InvalidRequest(
                     f"model '{self.config.name}' cannot take input '{name}' of shape"
-                    f" {list(host.shape)} (outside its engine's optimization profile)"
+                    f" {list(hosts[name].shape)} (outside its engine's optimization profile)"
                 )
-            device = cuda.mem_alloc(max(1, host.nbytes))
-            cuda.memcpy_htod_async(device, host, stream)
-            context.set_tensor_address(name, int(device))
-            keep += [device, host]
-        for name in names:
-            if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
-                continue
+        for name in (n for n in names if not is_input[n]):
             dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
-            host = cuda.pagelocked_empty(tuple(context.get_tensor_shape(name)), dtype)
-            device = cuda.mem_alloc(max(1, host.nbytes))
-            context.set_tensor_address(name, int(device))
-            outputs[name] = (host, device)
-        if not context.execute_async_v3(stream.handle):
-            raise ModelLoadError(f"model '{self.config.name}': TensorRT failed to run (see log)")
-        for host, device in outputs.values():
-            cuda.memcpy_dtoh_async(host, device, stream)
-        stream.synchronize()
-        return {name: np.array(host) for name, (host, _) in outputs.items()}
+            hosts[name] = np.empty(tuple(context.get_tensor_shape(name)), dtype)
+        buffers: dict[str, Any] = {}
+        try:  # freed here, with the CUDA context current (a leak on any other thread)
+            for name, host in hosts.items():
+                buffers[name] = cuda.mem_alloc(max(1, host.nbytes))
+                context.set_tensor_address(name, int(buffers[name]))
+                if is_input[name]:
+                    cuda.memcpy_htod_async(buffers[name], host, stream)
+            if not context.execute_async_v3(stream.handle):
+                raise Unavailable(f"model '{self.config.name}': TensorRT failed to run (see log)")
+            for name in (n for n in names if not is_input[n]):
+                cuda.memcpy_dtoh_async(hosts[name], buffers[name], stream)
+            stream.synchronize()
+        finally:
+            stream.synchronize()
+            for buffer in buffers.values():
+                buffer.free()
+        return {name: hosts[name] for name in names if not is_input[name]}
 
     async def unload(self) -> None:
         if self.cuda_context is not None:
@@ -255,21 +232,24 @@ class TensorRtRuntime:
                 return
             cuda_context.push()
             try:
-                self.context = self.engine = None
+                self.context = self.engine = self.stream = None
             finally:
-                cuda_context.pop()
+                # detach while current: from another thread than the one that made it, a
+                # context that is not current is not destroyed (pycuda leaks it)
                 cuda_context.detach()
 
     def metadata(self) -> dict[str, Any]:
         return {
             "providers": ["TensorRT"] if self.engine is not None else [],
-            "precision": self.settings.precision,
+            "precision": "fp32" if self.settings.precision == "fp32" else "fp16",
             "engine_cached": self.cached,
         }
 
 
+@functools.cache
 def _logger(trt: Any) -> Any:
-    """A TensorRT logger that writes to ``logging`` (TensorRT's own prints to stdout)."""
+    """The process's one TensorRT logger (TensorRT keeps a single logger pointer: a second one
+    is ignored, and freeing the first would leave it dangling), writing to ``logging``."""
     levels = {
         trt.ILogger.INTERNAL_ERROR: logging.CRITICAL,
         trt.ILogger.ERROR: logging.ERROR,
@@ -283,6 +263,7 @@ def _logger(trt: Any) -> Any:
             trt.ILogger.__init__(self)
 
         def log(self, severity: Any, msg: str) -> None:
-            logging.getLogger("tensorrt").log(levels.get(severity, logging.INFO), "%s", msg)
+            if severity != trt.ILogger.VERBOSE:  # tens of thousands of lines per build
+                logging.getLogger("tensorrt").log(levels.get(severity, logging.INFO), "%s", msg)
 
     return Bridge()

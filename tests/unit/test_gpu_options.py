@@ -33,7 +33,9 @@ def test_tensorrt_builds_fp16_by_default_int8_only_with_a_calibration_table() ->
     fp16 = gpu.tensorrt_options(cache, "fp16")
     assert fp16["trt_fp16_enable"] == "True" and "trt_int8_enable" not in fp16
     assert fp16["trt_engine_cache_enable"] == "True"
-    assert fp16["trt_engine_cache_path"] == fp16["trt_timing_cache_path"] == str(cache)
+    assert fp16["trt_engine_cache_path"] == str(cache) and fp16["trt_timing_cache_enable"]
+    assert "trt_timing_cache_path" not in fp16  # ONNX Runtime < 1.17 refuses it (JetPack 5)
+    assert "trt_profile_min_shapes" not in fp16
     assert gpu.tensorrt_options(cache, "fp32")["trt_fp16_enable"] == "False"
     assert "trt_int8_enable" not in gpu.tensorrt_options(cache, "int8")  # no table: FP16
     table = Path("/models/ocr-det/2/calibration.flatbuffers")
@@ -120,3 +122,15 @@ def test_on_a_gpu_the_session_really_runs_on_cuda(tmp_path: Path) -> None:
     assert runtime.metadata()["providers"][0] == "CUDAExecutionProvider"
     out = asyncio.run(runtime.infer({"x": np.ones((1, 2), np.float32)}, {}))
     np.testing.assert_allclose(out["y"], 2.0)
+
+
+def test_the_dynamic_inputs_shape_ranges_go_to_tensorrt(tmp_path: Path) -> None:
+    add_model(tmp_path, "double", {1: 2.0})  # max_batch_size 4, x: [2]
+    profiles = gpu.profile_shapes(read_config(tmp_path / "double"))
+    assert profiles == {"x": ([1, 2], [4, 2], [4, 2])}
+    options = gpu.tensorrt_options(tmp_path, "fp16", None, profiles)
+    assert options["trt_profile_min_shapes"] == "x:1x2"
+    assert options["trt_profile_opt_shapes"] == options["trt_profile_max_shapes"] == "x:4x2"
+    other = {"x": ([1, 2], [8, 2], [8, 2])}
+    assert gpu.profile_key(profiles) == gpu.profile_key(dict(profiles))
+    assert gpu.profile_key(profiles) != gpu.profile_key(other)  # another engine file

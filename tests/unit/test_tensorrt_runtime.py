@@ -17,7 +17,8 @@ from edged.config import OnnxRuntimeConfig
 from edged.errors import ModelLoadError
 from edged.models.config import read_config
 from edged.models.repository import ModelManager, State
-from edged.runtimes.tensorrt import TensorRtRuntime, profile_shapes, wants_tensorrt
+from edged.runtimes.gpu import profile_shapes
+from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
 from tests.modelfiles import add_model
 
 HAVE_TRT = all(importlib.util.find_spec(m) for m in ("tensorrt", "pycuda"))
