@@ -76,7 +76,7 @@ def session(model: str, providers: list[str], precision: str, cache: Path) -> An
     options: list[dict[str, str]] = [{} for _ in providers]
     if providers[0] == "TensorrtExecutionProvider":
         where = gpu.engine_cache_dir(
-            cache, model, "1", path, precision, gpu.gpu_name(), gpu.tensorrt_version()
+            cache, model, "1", path, precision, gpu.this_gpu(), gpu.tensorrt_version()
         )
         where.mkdir(parents=True, exist_ok=True)
         options[0] = gpu.tensorrt_options(where, precision, None, profiles(model))
@@ -92,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     available = ort.get_available_providers()
     print(f"onnxruntime {ort.__version__}, providers in this build: {', '.join(available)};"
-          f" GPU: {gpu.gpu_name()}; TensorRT: {gpu.tensorrt_version()}")  # fmt: skip
+          f" GPU: {gpu.this_gpu()}; TensorRT: {gpu.tensorrt_version()}")  # fmt: skip
     print("| model | provider | load, 1st / 2nd (cache) | batch 1 | batch 8 | batch 32 |"
           " max abs diff vs CPU |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -52,8 +52,9 @@ def call_ms(client: Client) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def idle(client: Client) -> bool:
-    return any(r["name"] == "text-encoder" and r.get("idle") for r in client.status()["models"])
+def idle(client: Client, model: str = "text-encoder") -> bool:
+    """Whether edged's repository index says the model is idle-unloaded."""
+    return any(r["name"] == model and r.get("idle") for r in client.status()["models"])
 
 
 def run(isolation: str, cycles: int, idle_s: float, workdir: Path) -> dict[str, float]:

@@ -492,12 +492,11 @@ class Agent:
     def facts(self, snap: metrics.Snapshot | None) -> Facts:
         """What the alerts are evaluated on, now."""
         now = time.monotonic()
-        oldest = self.outbox.oldest_ms()
         facts = Facts(
             now,
             edged_up=self.edged.status is not None,
             offline_s=0.0 if self.offline_since is None else now - self.offline_since,
-            outbox_age_s=None if oldest is None else max(0.0, time.time() - oldest / 1000),
+            outbox_age_s=self.outbox.oldest_age_s(),
             rollbacks={model: time.time() - at for model, at in list(self.rollbacks.items())},
         )
         if snap is not None:

@@ -7,7 +7,6 @@ scrapes, from the agent's state.
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -68,9 +67,9 @@ class AgentCollector(Collector):
             "cloudsync_outbox_oldest_age_seconds",
             "Age of the oldest record waiting (absent: the outbox is empty)",
         )
-        oldest = agent.outbox.oldest_ms()
+        oldest = agent.outbox.oldest_age_s()
         if oldest is not None:
-            age.add_metric([], max(0.0, time.time() - oldest / 1000))
+            age.add_metric([], oldest)
         yield age
         handled = CounterMetricFamily(
             "cloudsync_outbox_handled_records",

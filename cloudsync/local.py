@@ -64,21 +64,18 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _reply(self, status: int, doc: Any) -> None:
-        data = json.dumps(doc).encode()
+        self._send(status, json.dumps(doc).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
     def do_GET(self) -> None:
         if self.path == "/metrics":
-            data = self.server.agent.exporter.render()
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._send(200, self.server.agent.exporter.render(), CONTENT_TYPE_LATEST)
         elif self.path == "/v1/status":
             self._reply(200, self.server.agent.status())
         else:

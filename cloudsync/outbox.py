@@ -315,11 +315,11 @@ class Outbox:
             rows = dict(self.db.execute("SELECT priority, count(*) FROM outbox GROUP BY priority"))
         return {name: int(rows.get(number, 0)) for name, number in PRIORITIES.items()}
 
-    def oldest_ms(self) -> int | None:
-        """When the oldest record waiting was stored (ms since the epoch), None if none is."""
+    def oldest_age_s(self) -> float | None:
+        """How long the oldest record waiting has been in the outbox (None: it is empty)."""
         with self._lock:
             found = self.db.execute("SELECT min(created_ms) FROM outbox").fetchone()[0]
-        return None if found is None else int(found)
+        return None if found is None else max(0.0, now_ms() - int(found)) / 1000
 
     def stats(self) -> dict[str, Any]:
         depth = self.depth()

@@ -248,7 +248,7 @@ class ModelManager:
         try:
             settings = Settings.from_config(config, self.max_queue_size)
             runtime = self.factory(config, version_dir)
-            self._admit(entry.name, version_dir)
+            self._admit(entry.name, version, signature)
             if self.before_load is not None:
                 await self.before_load()
             started = time.monotonic()
@@ -501,17 +501,17 @@ class ModelManager:
         ]
         return bool(serving) and all(mv.asleep for mv in serving)
 
-    def _admit(self, name: str, version_dir: Path) -> None:
+    def _admit(self, name: str, version: int, signature: tuple[Any, ...]) -> None:
         """Refuse a load that would leave less than ``min_free_mb`` of memory free (a Jetson's
         memory is the GPU's too: an engine that does not fit takes the device down, not only
-        the model). What a load needs is taken as its files' size."""
+        the model). What a load needs is taken as its files' size (from ``_signature``)."""
         free = self.memory_free()
         if free is None or not self.min_free_mb:
             return
-        need = sum(p.stat().st_size for p in version_dir.rglob("*") if p.is_file())
+        need = sum(size for _, size, _ in signature[1])
         if free - need < self.min_free_mb << 20:
             raise ModelLoadError(
-                f"model '{name}': loading {version_dir.name} needs about {need >> 20} MiB and"
+                f"model '{name}': loading {version} needs about {need >> 20} MiB and"
                 f" {free >> 20} MiB of memory is free; models.min_free_mb keeps"
                 f" {self.min_free_mb} MiB free (unload a model, or lower it)"
             )
@@ -552,7 +552,7 @@ class ModelManager:
             if self.before_load is not None:
                 await self.before_load()
             try:
-                self._admit(name, self.entry(name).directory / str(mv.version))
+                self._admit(name, mv.version, mv.signature)
                 await mv.runtime.load()
             except Exception as exc:
                 why = exc.message if isinstance(exc, EdgedError) else f"{type(exc).__name__}: {exc}"

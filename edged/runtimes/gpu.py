@@ -9,6 +9,7 @@ GPU libraries are optional: nothing here imports them at module level.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -30,6 +31,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower() or "unknown"
 
 
+@functools.cache
 def tensorrt_version() -> str:
     """The TensorRT Python package's version (JetPack's or pip's), else "unknown"."""
     for name in ("tensorrt", "tensorrt-cu12", "tensorrt_libs", "tensorrt-libs"):
@@ -54,7 +56,20 @@ def gpu_name(root: Path = Path("/")) -> str:
     return "unknown"
 
 
+@functools.cache
+def this_gpu() -> str:
+    """This machine's ``gpu_name()``, read once (it does not change while edged runs)."""
+    return gpu_name()
+
+
 def file_sha256(path: Path) -> str:
+    """The file's SHA-256, read once per content (a wake after an idle unload reuses it)."""
+    stat = path.stat()
+    return _sha256(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: Path, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

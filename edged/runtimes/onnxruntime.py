@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,13 +41,8 @@ PROVIDERS = {
 }
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")  # runs ldconfig: once, at import
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    return trim if callable(trim) else None
-
-
-MALLOC_TRIM = _malloc_trim()
+# glibc's malloc_trim, looked up in the process's own symbols (no ldconfig run); None elsewhere
+MALLOC_TRIM: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 def trim_heap() -> None:
@@ -121,7 +115,7 @@ class OnnxRuntime:
             self.path.parent.name,
             self.path,
             settings.precision,
-            gpu.gpu_name(),
+            gpu.this_gpu(),
             gpu.tensorrt_version(),
         )
         try:

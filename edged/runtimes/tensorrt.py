@@ -119,14 +119,15 @@ class TensorRtRuntime:
             self.version_dir.name,
             self.path,
             self.settings.precision,
-            gpu.gpu_name(),
+            gpu.this_gpu(),
             trt.__version__,
         )
-        engine_file = cache / f"profile-{gpu.profile_key(gpu.profile_shapes(self.config))}.plan"
+        shapes = gpu.profile_shapes(self.config)
+        engine_file = cache / f"profile-{gpu.profile_key(shapes)}.plan"
         if engine_file.is_file():
             self.cached = True
             return engine_file.read_bytes()
-        plan = self._build(trt, logger)
+        plan = self._build(trt, logger, shapes)
         try:
             cache.mkdir(parents=True, exist_ok=True)
             tmp = engine_file.with_suffix(".tmp")
@@ -136,7 +137,7 @@ class TensorRtRuntime:
             log.warning("model %s: engine not cached in %s: %s", self.config.name, cache, exc)
         return plan
 
-    def _build(self, trt: Any, logger: Any) -> bytes:
+    def _build(self, trt: Any, logger: Any, shapes: gpu.Profiles) -> bytes:
         builder = trt.Builder(logger)
         flags = 0
         if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):  # TensorRT 8
@@ -154,7 +155,6 @@ class TensorRtRuntime:
         # platform_has_fast_fp16 is gone from TensorRT 11 (every GPU it supports has it)
         if self.settings.precision != "fp32" and getattr(builder, "platform_has_fast_fp16", True):
             build.set_flag(trt.BuilderFlag.FP16)
-        shapes = gpu.profile_shapes(self.config)
         if shapes:
             profile = builder.create_optimization_profile()
             for name, (low, opt, high) in shapes.items():

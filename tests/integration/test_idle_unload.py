@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.idle_unload import tree_rss
+from bench.idle_unload import idle, tree_rss
 from edged.client import Client
 from tests.conftest import Daemon, linked_repository, wait_for
 
@@ -40,10 +40,6 @@ def metric(client: Client, name: str, **labels: str) -> float | None:
 def embed(client: Client) -> np.ndarray:
     reply = client.call("POST", "/v2/models/text-embedding/infer", TEXT)
     return np.array(reply["outputs"][0]["data"], dtype=np.float32)
-
-
-def idle(client: Client, model: str) -> bool:
-    return any(r["name"] == model and r.get("idle") for r in client.status()["models"])
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])

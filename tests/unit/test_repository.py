@@ -21,13 +21,19 @@ from edged.runtimes.onnxruntime import OnnxRuntime
 from tests.modelfiles import add_model
 
 
-def manager_for(repo: Path) -> ModelManager:
+def manager_for(repo: Path, idle_unload_s: float = 0.0) -> ModelManager:
     executor = ThreadPoolExecutor(2)
 
     def factory(config: ModelConfig, version_dir: Path) -> OnnxRuntime:
         return OnnxRuntime(config, version_dir, OnnxRuntimeConfig(), executor)
 
-    return ModelManager(repo, factory)
+    return ModelManager(repo, factory, idle_unload_s=idle_unload_s)
+
+
+async def unload_when_idle(manager: ModelManager) -> list[tuple[str, int]]:
+    """Let the models go idle (twice ``idle_unload_s``), then unload them."""
+    await asyncio.sleep(2 * manager.idle_unload_s)
+    return await manager.unload_idle()
 
 
 async def run(manager: ModelManager, name: str, version: int | None = None) -> tuple[int, float]:
@@ -182,11 +188,9 @@ def test_an_idle_model_whose_file_went_bad_answers_503_and_loads_when_fixed(
     good = path.read_bytes()
 
     async def scenario() -> None:
-        manager = manager_for(tmp_path)
-        manager.idle_unload_s = 0.01
+        manager = manager_for(tmp_path, idle_unload_s=0.01)
         await manager.load_all()
-        await asyncio.sleep(0.02)
-        assert await manager.unload_idle() == [("double", 1)]
+        assert await unload_when_idle(manager) == [("double", 1)]
         path.write_bytes(good[:40])
         with pytest.raises(Unavailable, match="unloaded while idle and cannot load again"):
             await run(manager, "double")
@@ -201,12 +205,10 @@ def test_the_wake_cost_of_an_idle_model_is_its_last_load_time(tmp_path: Path) ->
     add_model(tmp_path, "double", {1: 2.0})
 
     async def scenario() -> None:
-        manager = manager_for(tmp_path)
-        manager.idle_unload_s = 0.01
+        manager = manager_for(tmp_path, idle_unload_s=0.01)
         await manager.load_all()
         assert manager.wake_cost("double") == 0.0 and manager.wake_cost("nope") == 0.0
-        await asyncio.sleep(0.02)
-        await manager.unload_idle()
+        await unload_when_idle(manager)
         _, mv = manager.resolve("double", None)
         assert manager.wake_cost("double") == mv.load_s > 0
         await run(manager, "double")
@@ -220,16 +222,14 @@ def test_routing_predicts_the_wake_and_does_not_learn_it_as_latency(tmp_path: Pa
     add_model(tmp_path, "double", {1: 2.0})
 
     async def scenario() -> None:
-        manager = manager_for(tmp_path)
-        manager.idle_unload_s = 0.01
+        manager = manager_for(tmp_path, idle_unload_s=0.01)
         router = Router(manager, RoutingConfig(), None, None, manager.metrics)
         await manager.load_all()
         inputs = {"x": np.ones((1, 2), np.float32)}
         for _ in range(3):
             await router.infer("double", None, inputs)
         warm, calls = router.estimates.summary("double", "local") or (0.0, 0)
-        await asyncio.sleep(0.02)
-        await manager.unload_idle()
+        await unload_when_idle(manager)
         path, _, _ = router._local_path("double", None, 8)
         _, mv = manager.resolve("double", None)
         assert path.predicted_s is not None and path.predicted_s >= warm + mv.load_s
@@ -246,11 +246,9 @@ def test_a_caller_that_gives_up_does_not_cancel_the_wake_for_the_others(tmp_path
     add_model(tmp_path, "double", {1: 2.0})
 
     async def scenario() -> None:
-        manager = manager_for(tmp_path)
-        manager.idle_unload_s = 0.01
+        manager = manager_for(tmp_path, idle_unload_s=0.01)
         await manager.load_all()
-        await asyncio.sleep(0.02)
-        await manager.unload_idle()
+        await unload_when_idle(manager)
         _, mv = manager.resolve("double", None)
         with pytest.raises(asyncio.TimeoutError):  # a deadline shorter than the load
             await asyncio.wait_for(run(manager, "double"), 0.001)
@@ -302,8 +300,7 @@ def test_a_load_that_would_leave_too_little_memory_free_is_refused(tmp_path: Pat
         await manager.load("double")
         assert await run(manager, "double") == (1, 2.0)
         manager.idle_unload_s = 0.01  # a wake is admitted the same way
-        await asyncio.sleep(0.02)
-        await manager.unload_idle()
+        await unload_when_idle(manager)
         free["bytes"] = 50 << 20
         with pytest.raises(Unavailable, match="cannot load again: model 'double'"):
             await run(manager, "double")
