@@ -401,8 +401,12 @@ def test_edgeds_events_reach_the_fleet_once_across_restarts(
     consumer = operator(broker)
     agent.start()
     try:
-        wait_for(lambda: _edged_events(consumer), 15, "edged's events at the fleet")
-        ready = [e for e in _edged_events(consumer) if "ready" in e.body["message"]]
+        # the events come in several messages: wait for the one looked at, not the first
+        def ready_events() -> list[envelope.Envelope]:
+            return [e for e in _edged_events(consumer) if "ready" in e.body["message"]]
+
+        wait_for(ready_events, 15, "edged's 'ready' event at the fleet")
+        ready = ready_events()
         assert ready and ready[0].body["source"].startswith("edged")
         assert agent.status()["edged"]["reachable"]
         agent.signal(signal.SIGTERM)
