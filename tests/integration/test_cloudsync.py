@@ -302,7 +302,8 @@ def test_signed_commands_run_and_report_forged_expired_and_replayed_ones_are_ref
     agent.start()
     consumer = operator(broker)
     try:
-        wait_for(lambda: agent.status()["connected"], 10, "connected")
+        # the birth follows the agent's subscription to its commands on the same connection
+        wait_for(lambda: _last_status(consumer) == "online", 10, "the birth")
         ping_id, ping = sign(key, "fleet-1", OPERATOR, "f1/n1", "ping")
         _, forged = sign(Ed25519PrivateKey.generate(), "fleet-1", "mallory", "f1/n1", "status")
         forged_id = envelope.decode(forged).id
@@ -344,7 +345,7 @@ def test_edgefleet_keygen_cmd_and_nodes(broker: Broker, agent: Agent, tmp_path: 
     assert pong.returncode == 0 and '"pong": true' in pong.stdout, pong.stderr
     unknown = edgefleet(broker, "cmd", "n1", "reboot-now", *sign_with)
     assert unknown.returncode == 1 and "unknown command" in unknown.stderr
-    table = edgefleet(broker, "nodes", "--wait", "1.5", "--interval", "1")
+    table = edgefleet(broker, "nodes", "--wait", "3", "--interval", "1")  # a heartbeat or two
     assert table.returncode == 0
     (row,) = [line for line in table.stdout.splitlines() if line.startswith("n1 ")]
     assert " online " in row and "ago" in row, table.stdout

@@ -65,11 +65,16 @@ def test_an_alert_raised_while_the_broker_is_down_arrives_after_the_reconnect(
         assert "NodeOffline" not in firing(local.metrics())
 
         broker.stop()
-        wait_for(lambda: "NodeOffline" in firing(local.metrics()), 30, "NodeOffline, offline")
+        alert_queued = ("cloudsync_outbox_records", (("priority", "alert"),))
+
+        def offline_alert_queued() -> bool:  # it fires, then it is stored in the outbox
+            text = local.metrics()
+            return "NodeOffline" in firing(text) and samples(text).get(alert_queued, 0) >= 1
+
+        wait_for(offline_alert_queued, 30, "NodeOffline, offline, in the outbox")
         text = local.metrics()
         values = samples(text)
         assert values[("cloudsync_mqtt_connected", ())] == 0.0
-        assert values[("cloudsync_outbox_records", (("priority", "alert"),))] >= 1
         assert values[("cloudsync_outbox_oldest_age_seconds", ())] >= 0
         # the same metrics on the TCP port, loopback only
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:

@@ -150,10 +150,10 @@ def test_an_idle_model_is_unloaded_and_the_next_calls_load_it_once(tmp_path: Pat
 
     async def scenario() -> None:
         manager = manager_for(tmp_path)
-        manager.idle_unload_s = 0.2
+        manager.idle_unload_s = 1.0  # longer than a load on a busy CI machine
         await manager.load_all()
         assert await manager.unload_idle() == []  # just loaded: not idle yet
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(1.05)
         await run(manager, "busy")  # called: stays loaded
         assert await manager.unload_idle() == [("double", 1)]
         rows = {r["name"]: r for r in manager.index()}
@@ -172,7 +172,7 @@ def test_an_idle_model_is_unloaded_and_the_next_calls_load_it_once(tmp_path: Pat
             "edged_model_idle_unloads_total", {"model": "double"}
         )
         assert (wakes, unloads) == (1.0, 1.0)
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(1.05)
         assert sorted(await manager.unload_idle()) == [("busy", 1), ("double", 1)]
         assert manager.all_asleep()
         await manager.close()

@@ -168,7 +168,7 @@ def test_a_timeout_that_expires_in_the_queue_is_an_error_never_a_late_answer(
 def test_a_delay_policy_moves_expired_requests_behind_those_in_time(tmp_path: Path) -> None:
     policy = (
         "dynamic_batching { priority_levels: 2 default_priority_level: 2"
-        " default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100000"
+        " default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 500000"
         " max_queue_size: 3 } }"
     )
 
@@ -176,9 +176,9 @@ def test_a_delay_policy_moves_expired_requests_behind_those_in_time(tmp_path: Pa
         blocker = await bench.hold()
         old = bench.submit(1.0, rows=3)
         urgent_old = bench.submit(3.0, rows=3, priority=1)
-        await asyncio.sleep(0.15)  # their 100 ms pass: late, but still queued
+        await asyncio.sleep(0.55)  # their 500 ms pass: late, but still queued
         assert not old.done() and not urgent_old.done()
-        fresh = bench.submit(2.0, rows=3)
+        fresh = bench.submit(2.0, rows=3)  # 500 ms to be taken: in time even on a slow CI
         fresh2 = bench.submit(4.0, rows=3)
         # Late requests still count against max_queue_size (3 at level 2: old, fresh, fresh2).
         with pytest.raises(Overloaded, match="queue of priority 2 is full"):
