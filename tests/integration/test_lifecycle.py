@@ -392,6 +392,8 @@ def test_a_hung_daemon_stops_its_watchdog_pings(make_daemon: type[Daemon], tmp_p
     hung_at = time.monotonic()
     watch(5.0)
     after = [t for t in pings if t > hung_at]
-    assert after and after[0] - hung_at > 2.5, "no ping while hung: the manager's watchdog fires"
+    # (one ping may already have been on its way when the signal came)
+    gap = max(b - a for a, b in itertools.pairwise([hung_at, *after]))
+    assert gap > 2.5, "no ping while hung: the manager's watchdog fires"
     assert len(after) >= 3, "and they come back once it is not"
     assert daemon.stop() == 0
