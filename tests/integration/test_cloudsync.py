@@ -156,9 +156,10 @@ def test_offline_boot_then_everything_arrives_birth_heartbeat_and_last_will(
     try:
         wait_for(lambda: agent.status()["outbox"]["pending"] == 0, 30, "the outbox drained")
         # count the records themselves: the birth and heartbeats arrive among them
-        wait_for(lambda: len(_records(list(consumer.received))) >= 305, 10, "every record")
+        wait_for(lambda: len(_ids(consumer)) >= 305, 10, "every record")
         got = list(consumer.received)
-        assert sorted(r.id for r in _records(got)) == sorted(
+        records = bodies(got, "telemetry") + bodies(got, "events")
+        assert sorted(r.id for r in records) == sorted(
             {r["id"] for r in telemetry} | {r["id"] for r in alerts}
         )
         tele = [r.body["n"] for r in bodies(got, "telemetry")]
@@ -188,10 +189,6 @@ def test_offline_boot_then_everything_arrives_birth_heartbeat_and_last_will(
         assert envelope.decode(retained[1]).body["state"] == "offline"  # retained
     finally:
         late.close()
-
-
-def _records(messages: list[tuple[str, bytes]]) -> list[envelope.Envelope]:
-    return bodies(messages, "telemetry") + bodies(messages, "events")
 
 
 def _last_status(client: SyncClient) -> str | None:
