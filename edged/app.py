@@ -289,7 +289,8 @@ class Daemon:
         """/v1/tasks with the config's templates and the knowledge store's answer model."""
         answer_model = config.knowledge.answer_model
         answer = self.answerer if answer_model else None
-        return TaskRunner(self.plane, config.tasks, answer, answer_model)
+        private_namespaces = config.knowledge.private_namespaces
+        return TaskRunner(self.plane, config.tasks, answer, answer_model, private_namespaces)
 
     async def reload(self) -> str | None:
         """SIGHUP (and POST /v1/admin/reload): re-read the config and poll the repository; never

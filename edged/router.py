@@ -39,6 +39,7 @@ from edged.load import LoadMonitor
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
+from edged.privacy import Privacy
 from edged.protocol.tensors import payload_bytes
 from edged.routing import Decision, Estimates, Path, RouteRequest, decide
 from edged.routing.learned import Learner
@@ -59,13 +60,19 @@ class RouteContext:
     """Routing facts of one API request, shared with the steps of a pipeline."""
 
     deadline: float  # time.monotonic()
-    private: bool = False
+    private: bool = False  # once true, for every later call of the request (make_private)
+    private_why: str = ""
     override: str | None = None  # "local" | "cloud" | "hedged"
     request_id: str = ""
     decisions: list[dict[str, Any]] = field(default_factory=list)
     # edged's own calls (a pipeline's warm-up when it loads): a drain does not stop them, or a
     # pipeline loaded while drained would stay unavailable after the resume
     internal: bool = False
+
+    def make_private(self, why: str) -> None:
+        """From now on everything this request derives stays on the device (never undone)."""
+        if not self.private:
+            self.private, self.private_why = True, why
 
     def summary(self) -> dict[str, Any]:
         """The decision that tells most about where the work ran: the first that left the
@@ -102,6 +109,7 @@ def route_context(
     return RouteContext(
         deadline=deadline,
         private=private,
+        private_why="the request is private" if private else "",
         override=None if override == "auto" else override,
         request_id=request_id,
     )
@@ -146,6 +154,7 @@ class Router:
         self.manager = manager
         self.config = config
         self.policy = config.to_policy()
+        self.privacy = Privacy(manager, config.private_models)
         self.cloud = cloud
         self.monitor = monitor
         self.metrics = metrics
@@ -157,6 +166,7 @@ class Router:
         """New rules and settings (SIGHUP); a learner keeps what it learned."""
         self.config = config
         self.policy = config.to_policy()
+        self.privacy.configure(config.private_models)
         if config.policy == "learned" and self.learner is None:
             self.learner = Learner()
         elif config.policy != "learned":
@@ -331,9 +341,10 @@ class Router:
                     f" {cloud.why_not}"
                 )
             raise local_error  # nothing to route: the local error (404, 503) stands
-        private = ctx.private or name in self.config.private_models
-        if config is not None and config.parameters.get("privacy") == "private":
-            private = True
+        why_private = self.privacy.why(name)
+        if why_private:  # the request's data reached a private model: private from here on
+            ctx.make_private(why_private)
+        private = ctx.private
         left = ctx.deadline - time.monotonic()
         request = RouteRequest(
             model=name,
@@ -348,10 +359,13 @@ class Router:
         decision = decide(request, local, cloud, facts, self.policy)
         if self.learner is not None:
             decision = self.learner.refine(decision, request, local, cloud)
+        reason = decision.reason
+        if decision.basis == "private" and ctx.private_why:
+            reason += f" ({ctx.private_why})"
         record: dict[str, Any] = {
             "model": name,
             "route": decision.route,
-            "reason": decision.reason,
+            "reason": reason,
             "basis": decision.basis,
             "predicted_ms": _ms(decision.predicted_s),
             "deadline_ms": _ms(left),
@@ -360,7 +374,7 @@ class Router:
         ctx.decisions.append(record)
         call = Call(name, version, inputs, parameters or {}, config, ctx, private, payload, record)
         # reset below: a pipeline's step must not leave its model and route on the pipeline's logs
-        token = logs.set_fields(model=name, route=decision.route, reason=decision.reason)
+        token = logs.set_fields(model=name, route=decision.route, reason=reason)
         started = time.perf_counter()
         try:
             return await self._run(decision, call)
@@ -430,7 +444,7 @@ class Router:
         """Call the cloud within the deadline (less ``reserve``, kept for a local fallback);
         with no fallback, retry what may succeed later while time is left."""
         assert self.cloud is not None
-        if call.private:  # the last gate before the network
+        if call.private or call.ctx.private:  # the last gate before the network
             raise CloudError("a private input never leaves the device", endpoint_fault=False)
         if call.config is not None:
             call.config.check_inputs(call.inputs)  # bad input never travels (InvalidRequest)

@@ -11,6 +11,9 @@ It forwards bytes both ways between 127.0.0.1:<port> and a target, and can, at a
   connections in without forwarding anything; ``restore()`` lets everything flow again;
 - ``reset()``: abort every connection (RST) and refuse new ones until ``restore()``.
 
+``sent()`` returns every byte that went towards the target since the last call (what the cloud
+was sent, whatever the protocol), for tests that check what left the device.
+
 It runs an asyncio loop in a thread of the test process; ``close()`` stops it.
 """
 
@@ -37,6 +40,7 @@ class FaultProxy:
         self.refusing = False  # reset
         self.connections: set[asyncio.StreamWriter] = set()
         self.accepted = 0
+        self._sent = bytearray()  # towards the target, until sent() takes it
         self.loop = asyncio.new_event_loop()
         self.flowing = asyncio.Event()  # cleared while blackholed
         self.flowing.set()
@@ -74,6 +78,15 @@ class FaultProxy:
         self.refusing = False
         self.latency = self.rate = self.spike_probability = self.spike = 0.0
         self.loop.call_soon_threadsafe(self.flowing.set)
+
+    def sent(self) -> bytes:
+        """Every byte forwarded towards the target since the last call."""
+        return asyncio.run_coroutine_threadsafe(self._take(), self.loop).result(5)
+
+    async def _take(self) -> bytes:
+        taken = bytes(self._sent)
+        self._sent.clear()  # in place: the connections' pumps hold this one
+        return taken
 
     def close(self) -> None:
         """Abort every connection, stop the loop and its thread."""
@@ -120,14 +133,22 @@ class FaultProxy:
         # close() cancels this: end quietly (asyncio logs a handler task that ends cancelled)
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(
-                self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+                self._pump(reader, up_writer, self._sent),
+                self._pump(up_reader, writer),
+                return_exceptions=True,
             )
         for w in (writer, up_writer):
             self.connections.discard(w)
             w.transport.abort()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Read chunks as they come; a second task delivers each after the latency, in order."""
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        record: bytearray | None = None,
+    ) -> None:
+        """Read chunks as they come; a second task delivers each after the latency, in order
+        (and appends it to ``record`` as it goes out)."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def deliver() -> None:
@@ -145,6 +166,8 @@ class FaultProxy:
                 if self.rate:
                     await asyncio.sleep(len(chunk) / self.rate)
                 writer.write(chunk)
+                if record is not None:
+                    record.extend(chunk)
                 await writer.drain()
 
         sender = asyncio.ensure_future(deliver())

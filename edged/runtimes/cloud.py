@@ -354,10 +354,16 @@ class CloudEndpoint(Background):
         request = []
         for name, array in inputs.items():
             tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            if self.grpc:
-                tensor.set_data_from_numpy(array)
-            else:
-                tensor.set_data_from_numpy(array, binary_data=binary)
+            try:
+                if self.grpc:
+                    tensor.set_data_from_numpy(array)
+                else:
+                    tensor.set_data_from_numpy(array, binary_data=binary)
+            except InferenceServerException as exc:  # bytes that are not UTF-8, as JSON
+                raise CloudError(
+                    f"input '{name}' cannot be sent to {self.url}: {exc.message()}",
+                    endpoint_fault=False,
+                ) from None
             request.append(tensor)
         if self.grpc:
             wanted = [module.InferRequestedOutput(n) for n in outputs]

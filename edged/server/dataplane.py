@@ -53,6 +53,8 @@ def route_parameters(route: RouteContext, explain: bool, text: bool = True) -> d
     if not main:
         return {}
     out: dict[str, Any] = {"route": main["route"], "reason": main["reason"]}
+    if route.private:  # by the request's word or a private model it reached
+        out["private"] = True
     for key in ("predicted_ms", "actual_ms"):
         if main.get(key) is not None:
             out[key] = main[key]

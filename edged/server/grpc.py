@@ -216,7 +216,9 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
                 reply.raw_output_contents.append(to_binary(array))
             for key, value in response.parameters.items():
                 param = reply.parameters[key]
-                if isinstance(value, str):
+                if isinstance(value, bool):  # before int: a bool is one
+                    param.bool_param = value
+                elif isinstance(value, str):
                     param.string_param = value
                 else:
                     param.double_param = float(value)

@@ -88,7 +88,10 @@ def _text(node: Node, name: str, value: Any) -> str:
 
 
 def _route(reply: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: reply[k] for k in ("route", "reason", "predicted_ms", "actual_ms") if k in reply}
+    """Where a node ran and why; ``private`` when its call became private on the way (the
+    runner marks the node's outputs private then)."""
+    keys = ("route", "reason", "predicted_ms", "actual_ms", "private")
+    return {k: reply[k] for k in keys if k in reply}
 
 
 async def _ocr(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Outputs, dict[str, Any]]:
@@ -181,7 +184,15 @@ async def _search(
     reply = await ctx.plane.kb().search(namespace, query, node.params.get("k", 5))
     hits = reply["hits"]
     outputs = {"hits": hits, "context": [h["text"] for h in hits]}
-    return outputs, {"route": "local", "reason": "the knowledge store is on the device"}
+    route: dict[str, Any] = {"route": "local", "reason": "the knowledge store is on the device"}
+    if _any_private(hits):
+        route["private"] = True
+    return outputs, route
+
+
+def _any_private(hits: list[dict[str, Any]]) -> bool:
+    """Is one of the passages found one that was ingested private?"""
+    return any(h.get("metadata", {}).get("private") is True for h in hits)
 
 
 async def _ask(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Outputs, dict[str, Any]]:
@@ -189,7 +200,10 @@ async def _ask(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Output
     namespace = node.params.get("namespace", "default")
     reply = await ctx.plane.kb().ask(namespace, question, private=bool(ctx.params.get("private")))
     outputs = {k: reply[k] for k in ("answer", "sources", "answered_by")}
-    return outputs, _route(reply)
+    route = _route(reply)
+    if _any_private(reply["passages"]):  # the answer may be a private passage's text
+        route["private"] = True
+    return outputs, route
 
 
 async def _answer_with(

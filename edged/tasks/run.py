@@ -11,7 +11,7 @@ import base64
 import binascii
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,10 +41,14 @@ class Plan:
     intent: dict[str, Any] | None = None  # how free text was read
     strict: bool = False  # the whole request is private: no node releases what it derives
 
+    # nodes whose outputs are private by what they are or did, whatever their inputs: a private
+    # model, a private namespace (known when planned), a private passage found (when run)
+    derived: set[str] = field(default_factory=set)
+
     def labels(self) -> dict[str, bool]:
         """Per node: does it run private (a private input reaches it)? Outputs carry their
-        inputs' labels, unless the node releases them (and the request is not private as a
-        whole)."""
+        inputs' labels, and the node's own (``derived``), unless the node releases them (and
+        the request is not private as a whole)."""
         private_out: dict[str, bool] = {}
         runs_private: dict[str, bool] = {}
         for node in self.graph.nodes.values():
@@ -53,7 +57,9 @@ class Plan:
                 for ref in node.inputs.values()
             )
             runs_private[node.id] = touched
-            private_out[node.id] = touched and (self.strict or not node.releases)
+            private_out[node.id] = (touched or node.id in self.derived) and (
+                self.strict or not node.releases
+            )
         return runs_private
 
 
@@ -132,11 +138,13 @@ class TaskRunner:
         config: TasksConfig,
         answer: Answer | None = None,
         answer_model: str | None = None,
+        private_namespaces: Iterable[str] = (),
     ) -> None:
         self.plane = plane
         self.config = config
         self.answer = answer  # question, passages -> answer (knowledge.answer_model)
         self.answer_model = answer_model
+        self.private_namespaces = set(private_namespaces)
         self.templates: dict[str, Template] = load_templates(config.templates)
 
     def catalog(self) -> list[dict[str, Any]]:
@@ -197,7 +205,19 @@ class TaskRunner:
         deadline_ms = doc.get("deadline_ms", self.config.deadline_ms)
         if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int) or deadline_ms < 1:
             raise InvalidRequest("'deadline_ms' must be a positive integer")
-        return Plan(task, graph, values, private, deadline_ms / 1000, intent, strict)
+        plan = Plan(task, graph, values, private, deadline_ms / 1000, intent, strict)
+        plan.derived = {n.id for n in graph.nodes.values() if self._private_node(n)}
+        return plan
+
+    def _private_node(self, node: Node) -> bool:
+        """Are a node's outputs private by what it runs: a private model (or one with private
+        steps), or the knowledge store's private namespace?"""
+        privacy = self.plane.router.privacy
+        models = [m for m in KINDS[node.task].models if m != "answer"]
+        if any(privacy.why(m) for m in models):
+            return True
+        namespace = node.params.get("namespace")
+        return node.task in ("search", "ask") and namespace in self.private_namespaces
 
     async def _read(self, text: Any, params: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         """Free text -> a template, by the intent model on the device."""
@@ -261,7 +281,7 @@ class TaskRunner:
         """Run a plan; ``progress`` hears of each node as it starts and finishes."""
         started = time.monotonic()
         deadline = started + plan.deadline_s
-        private = plan.labels()
+        private = plan.labels()  # again as nodes finish: one may find private data
         nodes = plan.graph.nodes
         results: dict[str, Outcome] = {}
         running: dict[asyncio.Task[Outcome], str] = {}
@@ -272,6 +292,7 @@ class TaskRunner:
 
         async def run_node(node: Node) -> Outcome:
             outcome = Outcome(node.id, "ok", started_ms=ms())
+            private.update(plan.labels())
             if progress is not None:
                 started_at = {"at_ms": outcome.started_ms, "private": private[node.id]}
                 await progress(
@@ -314,6 +335,8 @@ class TaskRunner:
             except Exception as exc:  # a bug in a node: the task says so, edged keeps serving
                 log.exception("task node %s (%s) failed", node.id, node.task)
                 outcome.status, outcome.error = "failed", f"{type(exc).__name__}: {exc}"
+            if outcome.route.pop("private", False):  # it reached private data on the way
+                plan.derived.add(node.id)
             outcome.ended_ms = ms()
             if progress is not None:
                 await progress({"event": "finished", **outcome.as_dict(node, private[node.id])})
