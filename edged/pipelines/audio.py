@@ -46,8 +46,10 @@ class VoiceActivity(Pipeline):
         min_silence_ms = parameter(parameters, "min_silence_ms", 100, 0, 60_000)
         speech_pad_ms = parameter(parameters, "speech_pad_ms", 30, 0, 10_000)
         data = single_blob("audio", inputs["audio"])
-        pcm, rate = await self.offload(vad_ops.decode_wav, data)
         limit = self.limit("max_seconds", MAX_SECONDS)
+        # samples, not seconds, bound the memory: max_seconds at the model's 16 kHz, whatever
+        # the file's rate and channels (a 192 kHz file may be 12 times shorter)
+        pcm, rate = await self.offload(vad_ops.decode_wav, data, int(limit * 16000))
         if len(pcm) > limit * rate:
             raise PayloadTooLarge(
                 f"the audio is {len(pcm) / rate:.0f} s long; at most {limit} s per request"

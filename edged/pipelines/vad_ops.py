@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from edged.errors import InvalidRequest
+from edged.errors import InvalidRequest, PayloadTooLarge
 
 CHUNK = {16000: 512, 8000: 256}
 CONTEXT = {16000: 64, 8000: 32}
@@ -30,12 +30,13 @@ MIN_RATE = 8000
 MAX_RATE = 192000
 
 
-def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+def decode_wav(data: bytes, max_samples: int | None = None) -> tuple[np.ndarray, int]:
     """Decode a WAV file into float32 mono samples in [-1, 1] and its sample rate.
 
     Integer PCM of 8, 16, 24 or 32 bits and IEEE float of 32 or 64 bits, plain or
     WAVE_FORMAT_EXTENSIBLE; channels are averaged. Raises InvalidRequest for bytes that are not
-    WAV, other encodings (A-law, mu-law, ADPCM, ...) and empty audio.
+    WAV, other encodings (A-law, mu-law, ADPCM, ...) and empty audio; PayloadTooLarge, before
+    any sample is decoded, for more than ``max_samples`` samples (all channels counted).
     """
     fmt = _wav_format(data)
     tag = fmt[0] if fmt else _PCM
@@ -53,7 +54,14 @@ def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
             channels = wav.getnchannels()
             width = wav.getsampwidth()
             rate = wav.getframerate()
-            raw = wav.readframes(wav.getnframes())
+            frames = min(wav.getnframes(), len(data) // max(1, width * channels))
+            if max_samples is not None and frames * channels > max_samples:
+                raise PayloadTooLarge(
+                    f"the audio holds {frames * channels} samples ({frames} frames of"
+                    f" {channels} channel(s) at {rate} Hz); at most {max_samples} per request:"
+                    " send it shorter, in mono or at 16 kHz"
+                )
+            raw = wav.readframes(frames)
     except (wave.Error, EOFError, ValueError, OSError, RuntimeError, struct.error) as exc:
         # RuntimeError: the stdlib's chunk reader seeking past a chunk that lies about its size.
         detail = str(exc) or "truncated"
@@ -104,15 +112,23 @@ def _wav_format(data: bytes) -> tuple[int, int] | None:
 def _pcm_to_float(raw: bytes, width: int) -> np.ndarray:
     """Little-endian PCM bytes to float32 in [-1, 1] (8-bit WAV is unsigned, the rest signed)."""
     buf = np.frombuffer(raw, dtype=np.uint8)
+    # one float32 array, scaled in place: no temporaries the size of the audio
     if width == 1:
-        return (buf.astype(np.float32) - 128.0) / 128.0
+        out = buf.astype(np.float32)
+        out -= 128.0
+        out /= 128.0
+        return out
     if width == 3:
         # Place the 3 bytes in the top of an int32, so the sign bit lands in place.
         padded = np.zeros((len(buf) // 3, 4), dtype=np.uint8)
         padded[:, 1:] = buf.reshape(-1, 3)
-        return padded.view("<i4").reshape(-1).astype(np.float32) / 2147483648.0
+        out = padded.view("<i4").reshape(-1).astype(np.float32)
+        out /= 2147483648.0
+        return out
     dtype = "<i2" if width == 2 else "<i4"
-    return np.frombuffer(raw, dtype=dtype).astype(np.float32) / float(2 ** (8 * width - 1))
+    out = np.frombuffer(raw, dtype=dtype).astype(np.float32)
+    out /= float(2 ** (8 * width - 1))
+    return out
 
 
 def to_model_rate(pcm: np.ndarray, rate: int) -> tuple[np.ndarray, int]:
@@ -138,9 +154,13 @@ def to_model_rate(pcm: np.ndarray, rate: int) -> tuple[np.ndarray, int]:
         kernel /= kernel.sum()  # unity gain at DC
         x = np.convolve(x, kernel.astype(np.float32), mode="same")
     n_out = max(1, round(len(x) * target / rate))
+    # linear interpolation at the output's sample times, in float32 over the input (np.interp
+    # would want the input's times as float64: 8 bytes per input sample)
     t_out = np.arange(n_out, dtype=np.float64) * (rate / target)
-    out = np.interp(t_out, np.arange(len(x), dtype=np.float64), x)
-    return out.astype(np.float32), target
+    left = np.minimum(t_out.astype(np.int64), len(x) - 1)
+    right = np.minimum(left + 1, len(x) - 1)
+    frac = (t_out - left).astype(np.float32)
+    return x[left] * (1 - frac) + x[right] * frac, target
 
 
 def initial_state() -> np.ndarray:

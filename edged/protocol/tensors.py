@@ -36,21 +36,41 @@ DATATYPES: dict[str, np.dtype[Any]] = {
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_DIMS = 32
 MAX_DIM = 2**31 - 1
+# Limits checked before any array is built (docs/API.md, "Limits"): the elements of one tensor
+# (zero dimensions counted as one, so [0, 2**31-1, 2**31-1] is refused too), and the strings of
+# one BYTES tensor (each is a Python object: 15 MiB of empty strings would be 3.9 million).
+MAX_ELEMENTS = 2**31 - 1
+MAX_BYTES_ELEMENTS = 65536
+MAX_COUNT_DIGITS = 18  # a count in a header or a path: 10**18 is far past any real one
+
+
+def _no_constant(name: str) -> Any:
+    raise InvalidRequest(f"request body holds {name}: JSON has no NaN or Infinity (RFC 8259)")
 
 
 def parse_json(body: bytes) -> Any:
-    """A JSON body, or InvalidRequest (also for nesting too deep to parse)."""
+    """A JSON body, or InvalidRequest: not JSON, not UTF-8, nested too deeply, NaN or
+    Infinity (not JSON, though Python writes them), an integer of over 4,300 digits."""
     try:
-        return json.loads(body)
+        return json.loads(body, parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidRequest("request body is JSON nested too deeply") from None
+    except ValueError as exc:  # Python's own limit on the digits of an integer
+        raise InvalidRequest(f"request body holds a number edged cannot read: {exc}") from None
+
+
+def dump_json(doc: Any) -> str:
+    """Strict JSON out: never NaN or Infinity (ValueError for a caller that lets one through;
+    tensors are made safe by ``to_json``)."""
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False)
 
 
 def is_count(text: str) -> bool:
-    """True for a plain decimal number of ASCII digits ("12"; not "²", "-1" or "")."""
-    return text.isascii() and text.isdigit()
+    """True for a plain decimal number of ASCII digits ("12"; not "²", "-1", "" or 5,000
+    digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= MAX_COUNT_DIGITS
 
 
 def encode_utf8(name: str, text: str) -> bytes:
@@ -132,8 +152,9 @@ def element_count(shape: Iterable[int]) -> int:
     return count
 
 
-def check_shape(name: str, raw: Any) -> list[int]:
-    """A tensor's shape: a list of at most MAX_DIMS integers from 0 to MAX_DIM."""
+def check_shape(name: str, raw: Any, datatype: str = "") -> list[int]:
+    """A tensor's shape: a list of at most MAX_DIMS integers from 0 to MAX_DIM, of at most
+    MAX_ELEMENTS elements (MAX_BYTES_ELEMENTS for BYTES), zero dimensions counted as one."""
     if (
         not isinstance(raw, list)
         or len(raw) > MAX_DIMS
@@ -143,60 +164,107 @@ def check_shape(name: str, raw: Any) -> list[int]:
             f"tensor '{name}': 'shape' must be a list of at most {MAX_DIMS} integers"
             f" from 0 to {MAX_DIM}"
         )
+    limit = MAX_BYTES_ELEMENTS if datatype == "BYTES" else MAX_ELEMENTS
+    if element_count(max(d, 1) for d in raw) > limit:
+        what = "BYTES elements" if datatype == "BYTES" else "elements"
+        raise InvalidRequest(f"tensor '{name}': shape {raw} is over the limit of {limit} {what}")
     return list(raw)
 
 
-def from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
-    """The JSON ``data`` of one tensor as an array, checking type, range and count."""
+def _flatten(data: Any) -> list[Any]:
+    """JSON ``data`` (flat, nested or one scalar) as a flat list, without recursion."""
+    if not isinstance(data, list):
+        return [data]
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+def from_json(
+    name: str, datatype: str, shape: list[int], data: Any, finite: bool = True
+) -> np.ndarray:
+    """The JSON ``data`` of one tensor as an array, one rule per datatype (Triton's): BOOL
+    takes true/false; integer types take integers in their range (not true, not 1.0); float
+    types take numbers (not true), finite (JSON has no NaN or Infinity; ``finite=False`` for
+    gRPC's typed contents, which do) and in range (3.5e38 is not an FP32); BYTES takes strings.
+    The element count must match the shape."""
     dtype = DATATYPES[datatype]
-    try:
-        raw = np.asarray(data if isinstance(data, list) else [data])
-    except ValueError as exc:  # ragged nesting
-        raise InvalidRequest(f"tensor '{name}': 'data' is not a regular array: {exc}") from None
-    flat = raw.reshape(-1)
+    flat = _flatten(data)
     count = element_count(shape)
-    if flat.size != count:
+    if len(flat) != count:
         raise InvalidRequest(
-            f"tensor '{name}': shape {shape} needs {count} elements, 'data' has {flat.size}"
+            f"tensor '{name}': shape {shape} needs {count} elements, 'data' has {len(flat)}"
         )
-    if count == 0:
-        return np.zeros(shape, dtype=dtype)
-    kind = flat.dtype.kind
     if datatype == "BYTES":
-        if kind != "U":
+        if not all(type(v) is str for v in flat):
             raise InvalidRequest(f"tensor '{name}': BYTES data must be strings")
         out = np.empty(count, dtype=object)
-        out[:] = [encode_utf8(name, s) for s in flat.tolist()]
+        out[:] = [encode_utf8(name, s) for s in flat]
         return out.reshape(shape)
     if datatype == "BOOL":
-        if kind != "b":
+        if not all(type(v) is bool for v in flat):
             raise InvalidRequest(f"tensor '{name}': BOOL data must be true or false")
-        return flat.reshape(shape)
+        return np.array(flat, dtype=dtype).reshape(shape)
     if dtype.kind in "iu":
-        if kind not in "iu":
-            raise InvalidRequest(f"tensor '{name}': {datatype} data must be integers")
+        if not all(type(v) is int for v in flat):
+            raise InvalidRequest(
+                f"tensor '{name}': {datatype} data must be integers (not true/false or 1.0)"
+            )
         info = np.iinfo(dtype)
-        if int(flat.min()) < info.min or int(flat.max()) > info.max:
+        if flat and (min(flat) < info.min or max(flat) > info.max):
             raise InvalidRequest(f"tensor '{name}': a value is out of range for {datatype}")
-    elif kind not in "iuf":
+        return np.array(flat, dtype=dtype).reshape(shape)
+    if not all(type(v) is float or type(v) is int for v in flat):
         raise InvalidRequest(f"tensor '{name}': {datatype} data must be numbers")
-    return flat.astype(dtype).reshape(shape)
+    try:
+        values = np.array(flat, dtype=np.float64)
+    except OverflowError:  # an integer past float64
+        raise InvalidRequest(f"tensor '{name}': a value is out of range for {datatype}") from None
+    good = np.isfinite(values)
+    if finite and not good.all():
+        raise InvalidRequest(
+            f"tensor '{name}': {datatype} data must be finite numbers (JSON has no NaN or"
+            " Infinity; send such values as binary data)"
+        )
+    if (
+        dtype != np.float64
+        and values.size
+        and np.abs(values[good]).max(initial=0.0) > float(np.finfo(dtype).max)
+    ):
+        raise InvalidRequest(f"tensor '{name}': a value is out of range for {datatype}")
+    return values.astype(dtype).reshape(shape)
 
 
-def from_binary(name: str, datatype: str, shape: list[int], chunk: bytes) -> np.ndarray:
+def from_binary(
+    name: str, datatype: str, shape: list[int], chunk: bytes | memoryview
+) -> np.ndarray:
     """One tensor of the binary tensor extension as an array, checking its size."""
     count = element_count(shape)
     if datatype == "BYTES":
+        if count > MAX_BYTES_ELEMENTS or 4 * count > len(chunk):  # before parsing any
+            raise InvalidRequest(
+                f"tensor '{name}': shape {shape} needs {count} BYTES elements; the binary data"
+                f" ({len(chunk)} bytes) holds at most {len(chunk) // 4}, edged takes at most"
+                f" {MAX_BYTES_ELEMENTS}"
+            )
         items: list[bytes] = []
         offset = 0
-        while offset < len(chunk):
+        while offset < len(chunk) and len(items) <= count:
             if offset + 4 > len(chunk):
                 raise InvalidRequest(f"tensor '{name}': binary BYTES element header is truncated")
             (length,) = struct.unpack_from("<I", chunk, offset)
             offset += 4
             if offset + length > len(chunk):
                 raise InvalidRequest(f"tensor '{name}': binary BYTES element is truncated")
-            items.append(chunk[offset : offset + length])
+            items.append(bytes(chunk[offset : offset + length]))
             offset += length
         if len(items) != count:
             raise InvalidRequest(
@@ -218,14 +286,15 @@ def from_binary(name: str, datatype: str, shape: list[int], chunk: bytes) -> np.
 
 def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
     """Decode a REST inference request body (JSON, or JSON followed by binary tensor data)."""
+    view = memoryview(body)  # the binary data is sliced, never copied, until arrays are built
     if header_length is None:
-        header, binary = body, b""
+        header, binary = body, view[len(body) :]
     else:
         if header_length < 0 or header_length > len(body):
             raise InvalidRequest(
                 f"{HEADER_LENGTH} is {header_length} but the body has only {len(body)} bytes"
             )
-        header, binary = body[:header_length], body[header_length:]
+        header, binary = bytes(view[:header_length]), view[header_length:]
     doc = parse_json(header)
     if not isinstance(doc, dict):
         raise InvalidRequest("request body must be a JSON object with an 'inputs' list")
@@ -249,7 +318,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             raise InvalidRequest(
                 f"tensor '{name}': datatype {datatype!r} is not one of {', '.join(DATATYPES)}"
             )
-        shape = check_shape(name, raw.get("shape"))
+        shape = check_shape(name, raw.get("shape"), datatype)
         params = raw.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidRequest(f"input '{name}': 'parameters' must be an object")
@@ -309,10 +378,15 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
 
 
 def to_json(array: np.ndarray) -> list[Any]:
-    """A tensor as the flat JSON ``data`` list (BYTES as UTF-8 strings)."""
+    """A tensor as the flat JSON ``data`` list (BYTES as UTF-8 strings; NaN and infinities,
+    which JSON cannot carry, as null, as JavaScript's JSON.stringify writes them: numpy reads
+    null back as NaN; binary data carries them exactly)."""
     flat = array.reshape(-1)
     if flat.dtype == object or flat.dtype.kind in "SU":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        good = np.isfinite(flat)
+        return [v if ok else None for v, ok in zip(flat.tolist(), good.tolist())]
     return list(flat.tolist())
 
 
@@ -364,7 +438,7 @@ def encode_response(
         doc["id"] = response.id
     if response.parameters:
         doc["parameters"] = response.parameters
-    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    header = dump_json(doc).encode("utf-8")
     if not chunks:
         return header, None
     return header + b"".join(chunks), len(header)

@@ -97,7 +97,7 @@ def decode_infer(request: pb.ModelInferRequest) -> InferRequest:
                 f"tensor '{name}': datatype {tensor.datatype!r} is not one of"
                 f" {', '.join(DATATYPES)}"
             )
-        shape = check_shape(name, list(tensor.shape))
+        shape = check_shape(name, list(tensor.shape), tensor.datatype)
         if raw:
             inputs[name] = from_binary(name, tensor.datatype, shape, raw[i])
             continue
@@ -116,7 +116,7 @@ def decode_infer(request: pb.ModelInferRequest) -> InferRequest:
                 )
             inputs[name] = array.reshape(shape)
         else:
-            inputs[name] = from_json(name, tensor.datatype, shape, values)
+            inputs[name] = from_json(name, tensor.datatype, shape, values, finite=False)
     outputs = []
     for wanted in request.outputs:
         params = _parameters(wanted.parameters)
