@@ -38,6 +38,7 @@ from edged.runtimes.cloud import CloudEndpoint, CloudError, read_token
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
 from edged.runtimes.worker import ProcessRuntime, wants_process
+from edged.server import connections
 from edged.server.dataplane import DataPlane
 from edged.server.grpc import start_server as start_grpc
 from edged.server.rest import create_app, metrics_handler
@@ -385,6 +386,9 @@ class Daemon:
             handler_cancellation=True,
             # We drain ourselves (below); what is left after drain_timeout_s is cut short.
             shutdown_timeout=1.0,
+            # a malformed request (anyone on the socket can send one) is a short warning
+            logger=connections.QuietLog(logging.getLogger("aiohttp.server")),
+            keepalive_timeout=self.config.server.read_timeout_s,
         )
         await runner.setup()
         try:
@@ -392,7 +396,7 @@ class Daemon:
         except BaseException:
             await runner.cleanup()
             raise
-        site = web.SockSite(runner, sock)
+        site = connections.CappedSite(runner, sock, self.config.server.max_connections)
         await site.start()
         try:
             await self._start_extra_servers()
@@ -410,10 +414,12 @@ class Daemon:
         keeper = loop.create_task(self._keep_learner(), name="learner-state")
         loading = loop.create_task(self.manager.load_all(self.config.models.load), name="load")
         idle = loop.create_task(self._unload_idle(), name="idle-unload")
+        sweep = connections.sweep_idle(runner, self.config.server.read_timeout_s)
+        sweeper = loop.create_task(sweep, name="idle-connections")
         try:
             await self._serve(loading, sock.getsockname())
         finally:
-            tasks = [t for t in (watchdog, loading, keeper, idle) if t]
+            tasks = [t for t in (watchdog, loading, keeper, idle, sweeper) if t]
             await self._shutdown(runner, site, tasks)
         return 0
 

@@ -49,6 +49,21 @@ class ServerConfig(Section):
     max_request_bytes: int = Field(
         64 * 1024 * 1024, gt=0, description="largest request body accepted (413 above)"
     )
+    max_json_bytes: int = Field(
+        16 * 1024 * 1024,
+        gt=0,
+        description="largest JSON document in a request (413 above): decoded, JSON takes"
+        " about 8 times its size in memory; send large tensors as binary data",
+    )
+    max_connections: int = Field(
+        256, gt=0, description="open connections to the REST socket (503 above, at once)"
+    )
+    read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a connection handling no request is closed after this long (half-sent"
+        " headers, idle keep-alive), and a request body must arrive within it (408)",
+    )
     allowed_uids: list[int] = Field(
         default_factory=list, description="uids allowed to call (empty: anyone who can connect)"
     )

@@ -33,6 +33,12 @@ class NotFound(EdgedError):
     status = 404
 
 
+class RequestTimeout(EdgedError):
+    """The request did not arrive in time (a body sent too slowly)."""
+
+    status = 408
+
+
 class PayloadTooLarge(EdgedError):
     """The body is over the configured limit."""
 

@@ -7,6 +7,7 @@ Everything here is pure: bytes and dicts in, numpy arrays out (and back). Errors
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -62,9 +63,22 @@ def parse_json(body: bytes) -> Any:
 
 
 def dump_json(doc: Any) -> str:
-    """Strict JSON out: never NaN or Infinity (ValueError for a caller that lets one through;
-    tensors are made safe by ``to_json``)."""
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    """Strict JSON out (RFC 8259): NaN and infinities, which JSON has no words for, as null
+    (JavaScript's JSON.stringify does the same; numpy reads null back as NaN)."""
+    try:
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # rare: walk the document once more, replacing what JSON cannot carry
+        return json.dumps(_finite(doc), separators=(",", ":"), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def is_count(text: str) -> bool:

@@ -24,7 +24,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from edged.errors import EdgedError, InvalidRequest, retry_after
+from edged.errors import EdgedError, InvalidRequest, NotFound, retry_after
 from edged.protocol.tensors import (
     DATATYPES,
     InferRequest,
@@ -165,7 +165,10 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
         async def work() -> pb.ModelReadyResponse:
-            ready = self.plane.model_ready(request.name, request.version or None)
+            try:
+                ready = self.plane.model_ready(request.name, request.version or None)
+            except NotFound:  # as Triton answers (tritonclient's is_model_ready would raise)
+                ready = False
             return pb.ModelReadyResponse(ready=self.plane.ready and ready)
 
         return await self._call(context, work)
@@ -263,6 +266,22 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             return pb.RepositoryModelUnloadResponse()
 
         return await self._call(context, work)
+
+
+def _unimplemented(name: str) -> Callable[..., Awaitable[None]]:
+    async def method(self: Service, request: Any, context: Any) -> None:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, f"edged does not implement {name} (see docs/API.md)"
+        )
+
+    return method
+
+
+# What edged does not serve answers UNIMPLEMENTED in one line; the generated servicer's own
+# default raises NotImplementedError, which grpc logs at ERROR with a traceback, per call.
+for _name in dir(pb_grpc.GRPCInferenceServiceServicer):
+    if _name[0].isupper() and _name not in Service.__dict__:
+        setattr(Service, _name, _unimplemented(_name))
 
 
 async def start_server(plane: DataPlane, path: Path, mode: int, max_bytes: int) -> grpc.aio.Server:

@@ -1,0 +1,142 @@
+"""Connections of the REST socket: a cap on how many are open, and an end to the ones that hold
+a slot without asking anything.
+
+aiohttp keeps a connection open for as long as its request headers are still coming (its
+keep-alive timer stops at the first byte), and it has no limit on connections: 1,100 half-sent
+requests were held open, past systemd's default of 1,024 descriptors. Here a connection over
+``max_connections`` is answered 503 and closed at once, without reading it, and a sweep closes
+every connection that has not been handling a request for ``idle_timeout_s`` (half-sent
+headers, a client that connected and went quiet, an idle keep-alive). A request being handled
+is never cut by the sweep: its body has its own timeout where it is read (``read_body``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from edged.errors import RequestTimeout
+
+log = logging.getLogger(__name__)
+
+BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: told so in one write, then closed."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        body = b'{"error": "edged has %d connections open, its limit (server.max_connections)"}'
+        body %= self.limit
+        head = BUSY + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(head + body)
+        transport.close()
+
+
+class CappedSite(web.SockSite):
+    """A SockSite that refuses connections over ``limit`` instead of holding them."""
+
+    def __init__(self, runner: web.AppRunner, sock: Any, limit: int) -> None:
+        super().__init__(runner, sock)
+        self.limit = limit
+        self.refused = 0
+        # accepted in this turn of the loop: their connection_made, which puts them in
+        # server.connections, runs later (asyncio accepts up to a backlog's worth at once)
+        self.accepting = 0
+
+    def _settled(self) -> None:
+        self.accepting = 0
+
+    def _factory(self) -> asyncio.Protocol:
+        server = self._runner.server
+        assert server is not None
+        if not self.accepting:  # after this turn's connection_made callbacks, count afresh
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self._settled)
+        self.accepting += 1
+        if len(server.connections) + self.accepting > self.limit:
+            self.refused += 1
+            if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+                log.warning(
+                    "REST socket: %d connections open, refused one (%d so far;"
+                    " server.max_connections)",
+                    len(server.connections),
+                    self.refused,
+                )
+            return _Refused(self.limit)
+        return server()
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._factory, sock=self._sock)
+
+
+async def sweep_idle(runner: web.AppRunner, idle_timeout_s: float) -> None:
+    """Close the connections that have not handled a request for ``idle_timeout_s`` (runs
+    until cancelled; looks every quarter of that, at most every second)."""
+    last_busy: dict[int, float] = {}
+    while True:
+        await asyncio.sleep(min(1.0, idle_timeout_s / 4))
+        server = runner.server
+        if server is None:
+            continue
+        now = time.monotonic()
+        seen = {}
+        for handler in list(server.connections):
+            key = id(handler)
+            # aiohttp's own flag; an aiohttp without it is never swept (busy, by default)
+            if getattr(handler, "_request_in_progress", True):
+                seen[key] = now
+                continue
+            seen[key] = since = last_busy.get(key, now)
+            if now - since > idle_timeout_s:
+                handler.force_close()
+                seen.pop(key)
+        last_busy = seen
+
+
+async def read_body(request: web.Request, timeout_s: float) -> bytes:
+    """The request's body, or 408 when it does not arrive within ``timeout_s``."""
+    try:
+        return await asyncio.wait_for(request.read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout_s:g} s (server.read_timeout_s)"
+        ) from None
+
+
+class QuietLog:
+    """aiohttp's server logger, for what callers send: a malformed request logs one short
+    WARNING (at most one per ``every_s``, with how many were not logged), and its traceback
+    only at DEBUG. aiohttp logs each at ERROR with a traceback: anyone on the socket could
+    fill the journal. Edged's own failures are logged by its handlers, not here."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
+        self.logger = logger
+        self.every_s = every_s
+        self.last = -every_s
+        self.quiet = 0
+
+    def exception(self, msg: str, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        self.logger.debug(msg, *args, exc_info=exc_info)
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            self.quiet += 1
+            return
+        error = exc_info if isinstance(exc_info, BaseException) else None
+        what = f"{type(error).__name__}: {str(error)[:200]}" if error else "no detail"
+        more = f" ({self.quiet} more since the last one)" if self.quiet else ""
+        self.logger.warning("%s: %s%s", msg % args, what, more)
+        self.last, self.quiet = now, 0
+
+    def __getattr__(self, name: str) -> Any:  # debug, warning, isEnabledFor...
+        return getattr(self.logger, name)
