@@ -23,7 +23,6 @@ import asyncio
 import contextvars
 import json
 import logging
-import os
 import pathlib
 import time
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from edged import logs
+from edged.atomic import write_atomic
 from edged.config import RoutingConfig
 from edged.errors import EdgedError, InvalidRequest, NotFound, Unavailable
 from edged.load import LoadMonitor
@@ -189,10 +189,8 @@ class Router:
         """Keep what the learner learned (atomically: a crash leaves the old file)."""
         if self.learner is None:
             return
-        temporary = path.with_suffix(".tmp")
         try:
-            temporary.write_text(json.dumps(self.learner.to_json()))
-            os.replace(temporary, path)
+            write_atomic(path, json.dumps(self.learner.to_json()))
         except OSError as exc:
             log.warning("routing: cannot save the learner to %s: %s", path, exc)
 

@@ -17,6 +17,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from edged.atomic import write_atomic
+
 log = logging.getLogger(__name__)
 TIMEOUT_S = 10.0
 
@@ -78,7 +80,7 @@ class IdlePowerMode:
                 if current == self.mode or not still():
                     return
                 self.before = current  # first: whatever happens next, busy() restores it
-                self.saved.write_text(f"{current}\n")
+                write_atomic(self.saved, f"{current}\n")  # a crash leaves it whole or absent
                 await self._run("-m", str(self.mode))
             except (OSError, ValueError, IndexError) as exc:
                 self._off(exc)
