@@ -300,6 +300,23 @@ class CloudModelConfig(Section):
         return self
 
 
+def check_token_transport(url: str, token_file: Path | None, key: str) -> None:
+    """A token never travels in clear: with a token, a URL must use TLS (https, grpcs), or be
+    on this machine (loopback)."""
+    if not url or token_file is None:
+        return
+    parts = urlsplit(url)
+    if parts.scheme in ("https", "grpcs"):
+        return
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or host == "::1" or host.startswith("127."):
+        return
+    raise ValueError(
+        f"{key} is {parts.scheme}:// with a token file: the token would travel in clear;"
+        " use https:// or grpcs:// (plain is allowed to loopback only)"
+    )
+
+
 class CloudConfig(Section):
     """The cloud tier: an Open Inference Protocol server (Triton, KServe, MLServer), usually
     behind a gateway."""
@@ -360,6 +377,11 @@ class CloudConfig(Section):
         if parts.scheme.startswith("grpc") and parts.path.strip("/"):
             raise ValueError("gRPC has no path prefix (gateways route it by service)")
         return value
+
+    @model_validator(mode="after")
+    def _token_in_tls(self) -> CloudConfig:
+        check_token_transport(self.url, self.token_file, "url")
+        return self
 
 
 class KnowledgeConfig(Section):
@@ -437,6 +459,8 @@ class KnowledgeConfig(Section):
             raise ValueError("chunk_overlap must be smaller than chunk_size")
         if self.answer_url and not self.answer_model:
             raise ValueError("answer_url needs answer_model: the model that answers there")
+        check_token_transport(self.uri, self.token_file, "uri")
+        check_token_transport(self.answer_url or "", self.answer_token_file, "answer_url")
         return self
 
 

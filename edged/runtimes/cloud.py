@@ -121,9 +121,15 @@ def read_token(path: Path | None) -> str | None:
     if path is None:
         return None
     try:
+        info = path.stat()
         token = path.read_text().strip()
     except OSError as exc:
         raise ConfigError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if info.st_mode & 0o027:  # like ssh's keys: the owner's (and its group may read)
+        raise ConfigError(
+            f"the token file {path} is readable or writable by others (mode"
+            f" {info.st_mode & 0o777:04o}): chmod 0600 (or 0640 for the edged group)"
+        )
     if not token:
         raise ConfigError(f"the token file {path} is empty")
     return token

@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import struct
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from edged.errors import InvalidRequest, PayloadTooLarge
+from edged.config import CloudConfig, KnowledgeConfig
+from edged.errors import ConfigError, InvalidRequest, PayloadTooLarge
 from edged.pipelines.vad_ops import decode_wav, to_model_rate
 from edged.protocol.tensors import (
     MAX_BYTES_ELEMENTS,
@@ -24,6 +27,7 @@ from edged.protocol.tensors import (
     is_count,
     parse_json,
 )
+from edged.runtimes.cloud import read_token
 
 
 def body(datatype: str, shape: list[int], data: Any) -> bytes:
@@ -240,3 +244,44 @@ def test_resampling_costs_a_few_times_the_audio_not_float64_of_every_input_sampl
     tracemalloc.stop()
     assert rate == 16000 and len(out) == 16000 * 50
     assert peak < 2.5 * pcm.nbytes, f"{peak / pcm.nbytes:.1f} times the audio"
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    for mode in (0o644, 0o604, 0o620):
+        token.chmod(mode)
+        with pytest.raises(ConfigError, match="chmod 0600"):
+            read_token(token)
+    for mode in (0o600, 0o640, 0o400):
+        token.chmod(mode)
+        assert read_token(token) == "secret"
+
+
+@pytest.mark.parametrize(
+    ("section", "doc"),
+    [
+        (CloudConfig, {"url": "http://gw.example.com", "token_file": "/t"}),
+        (CloudConfig, {"url": "grpc://10.0.0.1:8001", "token_file": "/t"}),
+        (KnowledgeConfig, {"uri": "http://milvus:19530", "token_file": "/t"}),
+        (
+            KnowledgeConfig,
+            {"answer_url": "http://llm/v1", "answer_model": "m", "answer_token_file": "/t"},
+        ),
+    ],
+)
+def test_a_token_never_travels_in_clear(section: type[Any], doc: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="would travel in clear"):
+        section.model_validate(doc)
+    here = {"gw.example.com": "127.0.0.1", "10.0.0.1": "localhost", "milvus": "127.0.0.1",
+            "llm": "[::1]"}  # fmt: skip
+    loopback = {}
+    for key, value in doc.items():
+        for host, local in here.items():
+            value = value.replace(host, local)
+        loopback[key] = value
+    section.model_validate(loopback)  # plain to this machine is fine
+    tls = {
+        k: v.replace("http://", "https://").replace("grpc://", "grpcs://") for k, v in doc.items()
+    }
+    section.model_validate(tls)

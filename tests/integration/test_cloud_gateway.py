@@ -103,6 +103,7 @@ def daemon_behind(
 ) -> Daemon:
     token = pki / "token"
     token.write_text(cloud.pop("token", TOKEN) + "\n")
+    token.chmod(0o600)  # edged refuses a token file others may read
     settings = {
         "url": f"https://localhost:{gw.port}/api/v1",
         "ca_file": str(pki / "ca.pem"),

@@ -241,6 +241,7 @@ def test_ask_escalates_to_an_openai_compatible_endpoint(
     try:
         token = tmp_path / "llm.token"
         token.write_text("sk-test-123\n")
+        token.chmod(0o600)  # edged refuses a token file others may read
         config = f"""
 [models]
 load = ["text-embedding"]
