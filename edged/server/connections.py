@@ -104,14 +104,30 @@ async def sweep_idle(runner: web.AppRunner, idle_timeout_s: float) -> None:
         last_busy = seen
 
 
+READ_CHUNK = 1 << 20  # the event loop gets a turn after each MiB of a body
+
+
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
-    """The request's body, or 408 when it does not arrive within ``timeout_s``."""
+    """The request's body, or 408 when it does not arrive within ``timeout_s``. Read a MiB at
+    a time, yielding between: aiohttp's own read() gathered a 38 MiB body in one step of the
+    loop (120 ms) through a growing buffer."""
     try:
-        return await asyncio.wait_for(request.read(), timeout_s)
+        return await asyncio.wait_for(_read(request), timeout_s)
     except asyncio.TimeoutError:
         raise RequestTimeout(
             f"the request body did not arrive within {timeout_s:g} s (server.read_timeout_s)"
         ) from None
+
+
+async def _read(request: web.Request) -> bytes:
+    length = request.content_length
+    if length is None or length <= READ_CHUNK:  # small, or chunked: aiohttp's way
+        return await request.read()
+    chunks = []
+    while chunk := await request.content.read(READ_CHUNK):
+        chunks.append(chunk)
+        await asyncio.sleep(0)
+    return b"".join(chunks)  # one copy, no zeroed buffer first (38 MiB: ~18 ms here)
 
 
 class QuietLog:

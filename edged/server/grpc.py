@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -144,6 +145,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return await work()
         except EdgedError as exc:
+            traceback.clear_frames(exc.__traceback__)  # as REST: the request's data goes now
             seconds = retry_after(exc)
             if seconds is not None:  # as REST's Retry-After header
                 context.set_trailing_metadata((("retry-after", str(seconds)),))
