@@ -43,6 +43,9 @@ WRITE_BATCH = 512  # chunks per upsert: what a crash in the middle of an ingest 
 MAX_DOCUMENTS = 1000  # per ingest request
 MAX_DOCUMENT_CHARS = 2_000_000
 FORMATS = ("text", "markdown")
+# pymilvus error codes of a filter that does not parse or names no field: Milvus Lite 3's
+# ILLEGAL_ARGUMENT and ILLEGAL_RANGE, a Milvus server's ParameterInvalid (2.4 and later)
+FILTER_ERRORS = {5, 6, 1100}
 
 
 @dataclass
@@ -88,7 +91,9 @@ class KnowledgeService:
         self._store: KnowledgeStore | None = None
         self._lock = threading.Lock()  # the store's calls, one at a time
 
-    async def _call(self, fn: Callable[[KnowledgeStore], T]) -> T:
+    async def _call(self, fn: Callable[[KnowledgeStore], T], where: str = "") -> T:
+        """``fn(store)`` in the thread pool; ``where``: the caller's filter expression, whose
+        syntax errors are the caller's (400), not the store's (503)."""
         if not self.dim:
             self.dim = self.dim_of()
 
@@ -105,6 +110,11 @@ class KnowledgeService:
         except EdgedError:
             raise
         except Exception as exc:  # pymilvus' errors: the store's own words, and the log
+            if where and getattr(exc, "code", None) in FILTER_ERRORS:
+                first = str(getattr(exc, "message", exc)).splitlines()[0][:200]
+                raise InvalidRequest(
+                    f"'filter' is not a valid filter expression: {first}"
+                ) from None
             if "No space left" in str(exc) or "Errno 28" in str(exc):
                 raise InsufficientStorage(f"the knowledge store's disk is full: {exc}") from exc
             log.exception("knowledge store call failed")
@@ -180,7 +190,7 @@ class KnowledgeService:
             raise InvalidRequest("'filter' must be a Milvus filter expression (a string)")
         self.store_namespace(namespace)
         vectors = await self._vectors([query])
-        (hits,) = await self._call(lambda store: store.search(namespace, vectors, k, where))
+        (hits,) = await self._call(lambda store: store.search(namespace, vectors, k, where), where)
         return {"namespace": namespace, "query": query, "hits": [h.as_dict() for h in hits]}
 
     async def ask(

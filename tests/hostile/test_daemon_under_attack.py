@@ -341,6 +341,19 @@ def test_grpc_model_ready_for_an_unknown_model_is_false_as_triton_answers(edged:
             client.get_inference_statistics("intent")
 
 
+@pytest.mark.parametrize("where", ["source ==", "((", "x > 1", "\x00", "source == 'a' and"])
+def test_a_filter_that_does_not_parse_is_the_callers_400(edged: Daemon, where: str) -> None:
+    """A Milvus filter syntax error was a 503 with Retry-After (and an ERROR logged)."""
+    edged.client.kb_ingest("filters", [{"text": "The vault opens at noon.", "source": "a.md"}])
+    status, headers, payload = edged.client.request(
+        "POST", "/v1/kb/filters/search", json.dumps({"query": "vault", "filter": where}).encode()
+    )
+    assert status == 400 and "Retry-After" not in headers, (status, payload)
+    assert "'filter'" in json.loads(payload)["error"]
+    hits = edged.client.kb_search("filters", "vault", where="source == 'a.md'")
+    assert [h["source"] for h in hits] == ["a.md"]
+
+
 def test_after_everything_the_daemon_is_ready_and_logged_no_error(edged: Daemon) -> None:
     assert_healthy(edged)
     assert error_lines(edged) == [], error_lines(edged)[:3]
