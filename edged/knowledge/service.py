@@ -164,7 +164,11 @@ class KnowledgeService:
             raise InvalidRequest("'documents' must be a non-empty list of {text, source}")
         if len(documents) > MAX_DOCUMENTS:
             raise InvalidRequest(f"at most {MAX_DOCUMENTS} documents per request")
-        pending = [piece for doc in documents for piece in self._pieces(doc)]
+        # chunking is CPU work, up to MAX_DOCUMENTS x MAX_DOCUMENT_CHARS: in the thread pool,
+        # not on the event loop (health checks, other requests)
+        pending = await asyncio.get_running_loop().run_in_executor(
+            self.executor, lambda: [piece for doc in documents for piece in self._pieces(doc)]
+        )
         if not pending:
             raise InvalidRequest("the documents hold no text")
         written = 0
