@@ -10,7 +10,8 @@ TensorRT's name-based tensor API (``num_io_tensors``, ``set_input_shape``,
 shape comma-separated, batch included). TensorRT's log goes to ``logging``.
 
 Both libraries are optional: without them such a model is unavailable with the reason, and the
-rest serve. Not run on a GPU yet (none was lent): see docs/BENCHMARKS.md.
+rest serve. Not run on a GPU yet (the one GPU machine lent had no TensorRT): see
+docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

@@ -105,7 +105,10 @@ def test_without_tensorrt_such_a_model_is_unavailable_with_the_reason(tmp_path: 
 
 def test_on_a_gpu_an_onnx_model_is_built_once_then_loaded_from_the_cache(tmp_path: Path) -> None:
     if not HAVE_TRT:
-        pytest.skip("no tensorrt and pycuda here (a machine without a GPU): unverified here")
+        pytest.skip(
+            "no tensorrt and pycuda here (a machine without a GPU, or a GPU machine without"
+            " TensorRT): the native runtime is unverified here"
+        )
     add_model(tmp_path, "double", {1: 2.0})
     config = read_config(tmp_path / "double")
     settings = OnnxRuntimeConfig(tensorrt_cache_dir=tmp_path / "trt", precision="fp32")

@@ -291,9 +291,12 @@ def test_minilm_with_int64_inputs_matches_and_its_memory_stays_in_the_worker() -
 
 
 # A daemon in miniature: loads the model in a worker, prints the worker's pid, then runs one
-# call per line read and prints y[0, 0].
+# call per line read and prints y[0, 0]. Its stdout is the test's channel and nothing else:
+# whatever else goes to file descriptor 1 goes to stderr, the worker's output included (ONNX
+# Runtime prints its "EP Error ... Falling back" banner there when a GPU provider of the
+# default list fails to start: TensorRT on a GPU machine without its libraries).
 DAEMON = """
-import asyncio, sys
+import asyncio, os, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
@@ -301,17 +304,20 @@ from edged.config import OnnxRuntimeConfig
 from edged.models.config import read_config
 from edged.runtimes.worker import ProcessRuntime
 
+channel = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+
 async def main() -> None:
     version = Path(sys.argv[1])
     runtime = ProcessRuntime(
         read_config(version.parent), version, OnnxRuntimeConfig(), ThreadPoolExecutor(2)
     )
     await runtime.load()
-    print(runtime.metadata()["pid"], flush=True)
+    print(runtime.metadata()["pid"], file=channel, flush=True)
     loop = asyncio.get_running_loop()
     while await loop.run_in_executor(None, sys.stdin.readline):
         feeds = {"x": np.full((1, 2), 2.0, np.float32), "s": np.array([["a"]], dtype=object)}
-        print((await runtime.infer(feeds, {}))["y"][0, 0], flush=True)
+        print((await runtime.infer(feeds, {}))["y"][0, 0], file=channel, flush=True)
 
 asyncio.run(main())
 """
