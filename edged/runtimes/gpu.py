@@ -9,6 +9,7 @@ GPU libraries are optional: nothing here imports them at module level.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import importlib.metadata
@@ -25,6 +26,33 @@ log = logging.getLogger(__name__)
 Profiles = dict[str, tuple[list[int], list[int], list[int]]]  # input -> (min, opt, max) shape
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 SHORT = {"TensorrtExecutionProvider": "TensorRT", "CUDAExecutionProvider": "CUDA"}
+
+
+# TensorRT's runtime library, by the sonames ONNX Runtime's provider loads (TensorRT 10: JetPack
+# 6 and pip; TensorRT 8: JetPack 5)
+NVINFER = ("libnvinfer.so.10", "libnvinfer.so.8")
+
+
+@functools.cache
+def tensorrt_loadable() -> bool:
+    """Whether TensorRT's library can be loaded. An onnxruntime-gpu build lists its TensorRT
+    provider whether or not TensorRT is installed; asked for without it, the session falls back
+    with an "EP Error" banner printed on stdout, at every load (seen on an H200 without it)."""
+    for name in NVINFER:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    log.info("TensorRT's library (%s) is not installed: its provider is skipped", NVINFER[0])
+    return False
+
+
+def usable_providers(available: Sequence[str]) -> list[str]:
+    """ONNX Runtime's available providers, less TensorRT's when its library is missing."""
+    if "TensorrtExecutionProvider" in available and not tensorrt_loadable():
+        return [p for p in available if p != "TensorrtExecutionProvider"]
+    return list(available)
 
 
 def _slug(text: str) -> str:

@@ -95,7 +95,8 @@ class OnnxRuntime:
         spin = "1" if self.settings.allow_spinning else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)
-        providers = choose_providers(self.settings.providers, ort.get_available_providers())
+        available = gpu.usable_providers(ort.get_available_providers())
+        providers = choose_providers(self.settings.providers, available)
         self.requested = providers
         return ort.InferenceSession(
             str(self.path),

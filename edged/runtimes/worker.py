@@ -39,7 +39,7 @@ from edged.config import OnnxRuntimeConfig
 from edged.errors import DeadlineExceeded, EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import ModelConfig
 from edged.runtimes.base import Tensors
-from edged.runtimes.gpu import GPU_PROVIDERS
+from edged.runtimes.gpu import GPU_PROVIDERS, usable_providers
 from edged.runtimes.onnxruntime import OnnxRuntime, choose_providers
 
 __all__ = ["EXIT_TIMEOUT_S", "GPU_PROVIDERS", "ProcessRuntime", "rss_bytes", "wants_process"]
@@ -64,7 +64,7 @@ def wants_process(settings: OnnxRuntimeConfig, available: Sequence[str] | None =
     if settings.isolation != "auto":
         return settings.isolation == "process"
     if available is None:
-        available = ort.get_available_providers()
+        available = usable_providers(ort.get_available_providers())
     return any(p in GPU_PROVIDERS for p in choose_providers(settings.providers, available))
 
 

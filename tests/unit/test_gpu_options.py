@@ -28,6 +28,19 @@ def test_providers_are_chosen_in_order_among_those_of_this_build() -> None:
     assert choose_providers(["tensorrt"], ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
 
 
+def test_tensorrt_is_not_asked_for_where_its_library_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """onnxruntime-gpu lists TensorRT's provider without TensorRT installed; asked for, the
+    session falls back with a banner on stdout at every load (seen on an H200). Here there is
+    no libnvinfer at all: the real lookup says so."""
+    gpu.tensorrt_loadable.cache_clear()
+    assert gpu.tensorrt_loadable() is False
+    assert gpu.usable_providers(ALL) == ALL[1:]
+    monkeypatch.setattr(gpu, "tensorrt_loadable", lambda: True)  # a machine that has it
+    assert gpu.usable_providers(ALL) == ALL
+
+
 def test_tensorrt_builds_fp16_by_default_int8_only_with_a_calibration_table() -> None:
     cache = Path("/var/cache/edged/tensorrt/ocr-det/2/key")
     fp16 = gpu.tensorrt_options(cache, "fp16")
