@@ -28,7 +28,6 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -56,10 +55,14 @@ class Admin:
         reload: Callable[[], Awaitable[str | None]],
         keep_versions: int = 3,
         ready: Callable[[], bool] = lambda: True,
+        staging: Path | None = None,
     ) -> None:
         """``router`` gets the settings; ``reload`` re-reads the config (the error, or None);
-        ``keep_versions``: version directories kept on disk per model."""
+        ``keep_versions``: version directories kept on disk per model; ``staging``: where
+        installs are taken from (default: ``staging`` beside ``path``, in the state
+        directory)."""
         self.path = path
+        self.staging = staging if staging is not None else path.with_name(install.STAGING)
         self.keep_versions = keep_versions
         self.ready = ready  # the models endpoints wait for the first load to finish
         self.router = router
@@ -233,20 +236,23 @@ class Admin:
         return version
 
     async def install(self, name: str, doc: Any) -> dict[str, Any]:
-        """POST /v1/admin/models/{m}/install {"version", "source", "files", "smoke"}."""
+        """POST /v1/admin/models/{m}/install {"version", "source", "files", "smoke"}: from a
+        directory in the staging directory only (``edged.models.install``)."""
         version = self._version(doc)
         assert version is not None and isinstance(doc, dict)
-        source = doc.get("source")
-        if not isinstance(source, str):
-            raise InvalidRequest("'source' must be the staged version's directory")
         entry = self._entry(name)
+        source = install.staged_source(self.staging, doc.get("source"))
         started = time.monotonic()
         current = self._pin_current(name)
         if version == current:
             raise InvalidRequest(f"version {version} of '{name}' is the active one")
         target = entry.directory / str(version)
         # reading and hashing gigabytes: in a thread, the loop goes on serving
-        await asyncio.to_thread(install.stage, Path(source), doc.get("files"), target)
+        files = doc.get("files")
+        try:
+            await asyncio.to_thread(install.stage, self.staging, str(source), files, target)
+        except ConfigError as exc:  # the staging directory itself is not edged's
+            raise Unavailable(exc.message) from None
         cases = doc.get("smoke", [])
 
         async def check(v: int) -> None:
@@ -255,9 +261,11 @@ class Admin:
         try:
             before = await self.manager.activate(name, version, check)
         except Exception:
-            # a bad version leaves nothing behind
-            await asyncio.to_thread(shutil.rmtree, target, ignore_errors=True)
+            # a bad version leaves nothing behind (only what this install moved in goes, and
+            # through the staging directory)
+            await asyncio.to_thread(install.discard, self.staging, target)
             raise
+        install.done(self.staging, target)
         self._activated(name, version, before)
         return {
             **self._pruned(name),

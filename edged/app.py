@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import grpc
 from aiohttp import web
 
 from edged import logs, systemd
@@ -28,6 +27,7 @@ from edged.knowledge.service import AskSettings, KnowledgeService
 from edged.load import LoadMonitor
 from edged.load.power import IdlePowerMode
 from edged.metrics import Metrics
+from edged.models import install
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.pipelines.factory import create_pipeline
@@ -39,7 +39,9 @@ from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
 from edged.runtimes.worker import ProcessRuntime, wants_process
 from edged.server import connections
+from edged.server.access import Access
 from edged.server.dataplane import DataPlane
+from edged.server.grpc import GrpcServer
 from edged.server.grpc import start_server as start_grpc
 from edged.server.rest import create_app, metrics_handler
 from edged.tasks.run import TaskRunner
@@ -171,7 +173,9 @@ class Daemon:
             ),
         )
         self.plane.tasks = self.task_runner(config)
-        self.grpc: grpc.aio.Server | None = None
+        # who may call and who is admin, on both sockets; SIGHUP changes the settings in place
+        self.access = Access(config.server)
+        self.grpc: GrpcServer | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
         self.reloads: set[asyncio.Task[str | None]] = set()
@@ -272,9 +276,12 @@ class Daemon:
         logs.setup_logging(fresh.log.level, fresh.log.format, socket.gethostname(), "edged")
         self.config.log = fresh.log
         self.config.onnxruntime = fresh.onnxruntime  # for the models loaded from now on
-        # Changed in place: the server's middleware and the pipelines hold these objects.
-        for key in ("allowed_uids", "allowed_gids", "drain_timeout_s"):
+        # Changed in place: the server's middleware and the pipelines hold these objects. The
+        # access lists apply to both sockets at once (REST and gRPC read the same settings).
+        access = ("allowed_uids", "allowed_gids", "admin_uids", "admin_gids", "admin_group")
+        for key in (*access, "drain_timeout_s"):
             setattr(self.config.server, key, getattr(fresh.server, key))
+        self.access.refresh()
         for key in ("load", "max_image_pixels", "idle_unload_s", "min_free_mb"):
             setattr(self.config.models, key, getattr(fresh.models, key))
         self.manager.idle_unload_s = fresh.models.idle_unload_s
@@ -366,6 +373,10 @@ class Daemon:
             raise ConfigError(
                 f"cannot create state_dir {self.config.state_dir}: {exc.strerror}"
             ) from None
+        try:  # installs are taken from there only (0700)
+            install.ensure_staging(self.admin.staging)
+        except ConfigError as exc:  # serving goes on; installs say why they cannot
+            log.error("%s; model installs are refused until it is", exc.message)
         if self.power is not None:
             await self.power.recover()
         loop = asyncio.get_running_loop()
@@ -379,7 +390,7 @@ class Daemon:
             loop.add_signal_handler(signal.SIGUSR2, time.sleep, hang)
             log.warning("test hooks on: SIGUSR2 hangs the event loop for %.1f s", hang)
         runner = web.AppRunner(
-            create_app(self.plane, self.config.server, self.admin),
+            create_app(self.plane, self.config.server, self.admin, self.access),
             handle_signals=False,
             access_log=None,
             # A client that hangs up cancels its request instead of leaving the work running.
@@ -428,13 +439,15 @@ class Daemon:
         server = self.config.server
         if server.grpc:
             path = server.grpc_path()
-            clear_socket_path(path)
+            sock = bind_unix(path, server.socket_mode)  # edged accepts: the caller's credentials
             try:
-                self.grpc = await start_grpc(
-                    self.plane, path, server.socket_mode, server.max_request_bytes
-                )
-            except RuntimeError as exc:  # grpc reports a failed bind so
-                raise ConfigError(f"cannot serve gRPC on {path}: {exc}") from None
+                self.grpc = await start_grpc(self.plane, sock, path, server, self.access)
+            except BaseException as exc:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                if isinstance(exc, RuntimeError):  # grpc reports a failed bind so
+                    raise ConfigError(f"cannot serve gRPC on {path}: {exc}") from None
+                raise
             log.info("gRPC (GRPCInferenceService) on unix:%s", path)
         metrics = self.config.metrics
         if metrics.port:

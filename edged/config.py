@@ -65,18 +65,29 @@ class ServerConfig(Section):
         " headers, idle keep-alive), and a request body must arrive within it (408)",
     )
     allowed_uids: list[int] = Field(
-        default_factory=list, description="uids allowed to call (empty: anyone who can connect)"
+        default_factory=list,
+        description="uids allowed to call, on the REST and the gRPC socket (both lists empty:"
+        " anyone who can connect); callers are identified by SO_PEERCRED",
     )
     allowed_gids: list[int] = Field(
-        default_factory=list, description="gids allowed to call (empty: anyone who can connect)"
+        default_factory=list,
+        description="gids allowed to call: the caller's primary or any supplementary group"
+        " (both lists empty: anyone who can connect)",
     )
     admin_uids: list[int] = Field(
         default_factory=list,
-        description="besides root, the uids allowed /v1/admin (routing, reload, drain); empty"
-        " and admin_gids empty: anyone allowed to call",
+        description="besides root, edged's own uid and admin_group: the uids allowed admin calls"
+        " (/v1/admin, repository load and unload on REST and gRPC); empty adds no one",
     )
     admin_gids: list[int] = Field(
-        default_factory=list, description="besides root, the gids allowed /v1/admin"
+        default_factory=list,
+        description="besides root, edged's own uid and admin_group: the gids (primary or"
+        " supplementary) allowed admin calls; empty adds no one",
+    )
+    admin_group: str = Field(
+        "edged-admin",
+        description="a group whose members are admin (the package creates it; add operators"
+        " with `usermod -aG edged-admin NAME`); empty: none",
     )
     drain_timeout_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long in-flight requests may take to finish"

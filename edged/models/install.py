@@ -1,12 +1,19 @@
 """New model versions into the repository: checked, moved in atomically, smoke-tested, pruned.
 
-cloudsync (or an operator) stages a version's files in a directory on the repository's file
-system and asks edged to install it (``POST /v1/admin/models/{m}/install``). edged checks each
-file's length and SHA-256 against the list it was given, moves the directory to
-``{repository}/{model}/{version}`` in one ``rename`` (a crash leaves it whole or absent, never
-half there), loads it beside the version serving, runs the smoke cases on it, and only then
-switches requests to it (``ModelManager.activate``). The newest ``keep`` versions stay on disk,
-and always the active one and the one before it (the rollback target).
+cloudsync (or an operator) stages a version's files in a directory of its own in edged's staging
+directory, ``{state_dir}/staging`` (0700, edged's user's; best on the repository's file system),
+and asks edged to install it (``POST /v1/admin/models/{m}/install``). edged takes a ``source``
+only there: an absolute path whose parent is the staging directory, naming a directory, not a
+link. Everything under it must be a directory or a regular file with one link (no symlink, hard
+link, device, FIFO or socket: ``lstat``, and each file opened with ``O_NOFOLLOW`` and checked to
+be the one seen), and each listed file has its length and SHA-256 (nothing unlisted). Then the
+directory moves to ``{repository}/{model}/{version}`` in one ``rename`` (a crash leaves it whole
+or absent, never half there), loads beside the version serving, runs the smoke cases, and only
+then do requests switch to it (``ModelManager.activate``). A marker in the staging directory says
+the version was moved in from there until the install ends, so that a failed install removes
+only what it moved in (through the staging directory), an install cut short by a crash resumes
+on it, and a version that was on disk before is never replaced or removed. The newest ``keep``
+versions stay on disk, and always the active one and the one before it (the rollback target).
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ import hashlib
 import json
 import os
 import shutil
+import stat
+import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edged.errors import InvalidRequest
+from edged.errors import ConfigError, InvalidRequest
 from edged.models.repository import VERSION, ModelManager
 from edged.protocol.tensors import decode_request
 
@@ -45,50 +54,219 @@ def sha256_of(path: Path, limit: int | None = None) -> Any:
     return digest
 
 
+def regular_files(directory: Path) -> dict[str, os.stat_result]:
+    """Every file under ``directory`` by its relative path (with its ``lstat``); InvalidRequest
+    for anything but directories and regular files with one link."""
+    found: dict[str, os.stat_result] = {}
+    pending = [(directory, "")]
+    while pending:
+        where, prefix = pending.pop()
+        try:
+            entries = sorted(os.scandir(where), key=lambda e: e.name)
+        except OSError as exc:
+            raise InvalidRequest(f"cannot read '{prefix or '.'}': {exc.strerror}") from None
+        for entry in entries:
+            name = f"{prefix}{entry.name}"
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                raise InvalidRequest(
+                    f"'{name}' is a symbolic link: a version holds only directories and regular"
+                    " files"
+                )
+            if stat.S_ISDIR(info.st_mode):
+                pending.append((Path(entry.path), f"{name}/"))
+            elif not stat.S_ISREG(info.st_mode):
+                raise InvalidRequest(
+                    f"'{name}' is not a regular file (a device, FIFO or socket): a version holds"
+                    " only directories and regular files"
+                )
+            elif info.st_nlink != 1:
+                raise InvalidRequest(
+                    f"'{name}' has {info.st_nlink} links: a version's files are its own, not"
+                    " hard links to others"
+                )
+            else:
+                found[name] = info
+    return found
+
+
+def _relative(path: str) -> str:
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise InvalidRequest(f"file '{path}' is outside the version directory")
+    return path
+
+
+def _hash_file(directory: Path, name: str, seen: os.stat_result) -> tuple[int, str]:
+    """(length, SHA-256) of the regular file ``name`` that ``regular_files`` saw, opened without
+    following a link; InvalidRequest if another file is there now."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(directory / name, flags)
+    except OSError as exc:
+        raise InvalidRequest(f"file '{name}': {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (
+            seen.st_dev,
+            seen.st_ino,
+        ):
+            raise InvalidRequest(f"file '{name}' changed while it was checked")
+        digest = hashlib.sha256()
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+        return info.st_size, digest.hexdigest()
+
+
 def check_files(directory: Path, files: Any) -> None:
     """Each listed file has its length and SHA-256 (InvalidRequest names the first that does
-    not); files not listed are refused too: what serves is exactly what was signed."""
+    not); files not listed are refused too: what serves is exactly what was signed. Only
+    directories and regular files of one link may be there (``regular_files``)."""
     if not isinstance(files, list) or not files:
         raise InvalidRequest("'files' must list the version's files: [{path, sha256, length}]")
+    found = regular_files(directory)
     listed = set()
     for row in files:
         if not isinstance(row, dict) or not isinstance(row.get("path"), str):
             raise InvalidRequest("each file must be {path, sha256, length}")
-        path = (directory / row["path"]).resolve()
-        if directory.resolve() not in path.parents:
-            raise InvalidRequest(f"file '{row['path']}' is outside the version directory")
-        listed.add(path)
-        try:
-            size = path.stat().st_size
-        except OSError as exc:
-            raise InvalidRequest(f"file '{row['path']}': {exc.strerror}") from None
+        name = _relative(row["path"])
+        listed.add(name)
+        if name not in found:
+            raise InvalidRequest(f"file '{name}': no such file in the version directory")
+        size, sha256 = _hash_file(directory, name, found[name])
         if size != row.get("length"):
             listed_length = row.get("length")
-            raise InvalidRequest(f"file '{row['path']}' has {size} bytes, {listed_length} listed")
-        if sha256_of(path).hexdigest() != row.get("sha256"):
-            raise InvalidRequest(f"file '{row['path']}': its SHA-256 is not the one listed")
-    extra = [p for p in directory.rglob("*") if p.is_file() and p.resolve() not in listed]
+            raise InvalidRequest(f"file '{name}' has {size} bytes, {listed_length} listed")
+        if sha256 != row.get("sha256"):
+            raise InvalidRequest(f"file '{name}': its SHA-256 is not the one listed")
+    extra = sorted(set(found) - listed)
     if extra:
-        raise InvalidRequest(f"'{extra[0].relative_to(directory)}' is not in the file list")
+        raise InvalidRequest(f"'{extra[0]}' is not in the file list")
 
 
-def stage(source: Path, files: Any, target: Path) -> None:
-    """Check the staged files, then move them in as ``target`` (blocking: run in a thread).
-    With no ``source`` left, a ``target`` moved in before (an install cut short) is checked
-    where it is."""
-    if not source.is_dir():
-        if not target.is_dir():
-            raise InvalidRequest(f"'source' {source} is not a directory")
+# ---- the staging directory --------------------------------------------------------------------
+
+STAGING = "staging"
+
+
+def ensure_staging(staging: Path) -> None:
+    """The staging directory, made 0700 if absent (cloudsync may have made it first): a
+    directory of edged's own uid, not a link; ConfigError otherwise."""
+    try:
+        staging.mkdir(mode=0o700, exist_ok=True)
+        info = staging.lstat()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the staging directory {staging}: {exc.strerror}"
+        ) from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise ConfigError(
+            f"the staging directory {staging} must be a directory of edged's own user"
+            f" (uid {os.getuid()}), not a link"
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(staging, 0o700)
+
+
+def staged_source(staging: Path, source: Any) -> Path:
+    """The version directory that ``source`` names: by an absolute path, directly in
+    ``staging``; InvalidRequest for any other."""
+    if not isinstance(source, str) or not os.path.isabs(source) or "\0" in source:
+        raise InvalidRequest(
+            f"'source' must be the absolute path of the staged version's directory in the"
+            f" staging directory {staging}"
+        )
+    path = Path(os.path.normpath(source))
+    if (
+        path.name.startswith(".")
+        or os.path.realpath(path.parent) != os.path.realpath(staging)
+        or path.parent == path
+    ):
+        raise InvalidRequest(
+            f"'source' {source} is not a directory in the staging directory {staging}: edged"
+            " installs only from there"
+        )
+    return path
+
+
+def _marker(staging: Path, target: Path) -> Path:
+    """Present while a version moved in from staging is being installed."""
+    return staging / f".moved-{target.parent.name}-{target.name}"
+
+
+def stage(staging: Path, source: Any, files: Any, target: Path) -> None:
+    """Check the files staged at ``source`` (in ``staging``), then move them in as ``target``
+    (blocking: run in a thread). With no ``source`` left, a ``target`` moved in from staging by
+    an install cut short is checked where it is. Afterwards ``discard`` or ``done``."""
+    ensure_staging(staging)
+    path = staged_source(staging, source)
+    marker = _marker(staging, target)
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        if not (marker.exists() and target.is_dir() and not target.is_symlink()):
+            raise InvalidRequest(f"'source' {source} is not a directory") from None
         check_files(target, files)
         return
-    check_files(source, files)
-    move_in(source, target)
+    if not stat.S_ISDIR(info.st_mode):
+        raise InvalidRequest(
+            f"'source' {source} is a link or a file, not a directory in the staging directory"
+        )
+    if os.path.lexists(target) and not marker.exists():
+        raise InvalidRequest(
+            f"version {target.name} of '{target.parent.name}' is on disk already and was not"
+            " installed from staging: activate it, or remove it from the repository first"
+        )
+    check_files(path, files)
+    marker.write_text(f"{target}\n")
+    _fsync_directory(staging)
+    move_in(staging, path, target)
 
 
-def move_in(source: Path, target: Path) -> None:
-    """``source`` becomes ``target`` in one rename (a version there already is replaced)."""
-    if target.exists():
-        shutil.rmtree(target)
+def done(staging: Path, target: Path) -> None:
+    """The install of ``target`` ended with it serving: its marker goes."""
+    marker = _marker(staging, target)
+    marker.unlink(missing_ok=True)
+
+
+def discard(staging: Path, target: Path) -> None:
+    """The install of ``target`` failed: if it was moved in from staging (the marker says so), it
+    goes back into staging and is removed there; a version that was on disk before stays."""
+    marker = _marker(staging, target)
+    if not marker.exists():
+        return
+    if os.path.lexists(target):
+        _remove_through(staging, target)
+    marker.unlink(missing_ok=True)
+
+
+def _remove_through(staging: Path, directory: Path) -> None:
+    """Remove ``directory`` (one moved in from staging) by renaming it into staging first; on
+    another file system (it was copied in), where it is."""
+    trash = staging / f".discarded-{uuid.uuid4().hex}"
+    try:
+        os.rename(directory, trash)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def move_in(staging: Path, source: Path, target: Path) -> None:
+    """``source`` becomes ``target`` in one rename (a version there already, moved in from
+    staging by an install cut short, is removed through staging first)."""
+    if os.path.lexists(target):
+        _remove_through(staging, target)
     try:
         os.rename(source, target)
     except OSError as exc:
@@ -108,11 +286,7 @@ def move_in(source: Path, target: Path) -> None:
             shutil.rmtree(incoming, ignore_errors=True)
             raise InvalidRequest(f"cannot copy {source} to {target}: {copy_exc.strerror}") from None
         shutil.rmtree(source, ignore_errors=True)
-    fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself is durable before the version is used
-    finally:
-        os.close(fd)
+    _fsync_directory(target.parent)  # the rename itself is durable before the version is used
 
 
 async def smoke_test(manager: ModelManager, name: str, version: int, cases: Any) -> int:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import struct
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -17,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from edged import logs
 from edged.admin import Admin
 from edged.config import ServerConfig
-from edged.errors import EdgedError, Forbidden, InvalidRequest, PayloadTooLarge, retry_after
+from edged.errors import EdgedError, InvalidRequest, PayloadTooLarge, retry_after
 from edged.metrics import Metrics
 from edged.protocol.tensors import (
     HEADER_LENGTH,
@@ -28,12 +26,14 @@ from edged.protocol.tensors import (
     parse_json,
 )
 from edged.server import connections, tasks
+from edged.server.access import Access, Peer, peer_of
 from edged.server.dataplane import DataPlane
 
 log = logging.getLogger(__name__)
 
 PLANE: web.AppKey[DataPlane] = web.AppKey("plane", DataPlane)
 SETTINGS: web.AppKey[ServerConfig] = web.AppKey("settings", ServerConfig)
+ACCESS: web.AppKey[Access] = web.AppKey("access", Access)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -42,15 +42,10 @@ def error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def peer_credentials(request: web.Request) -> tuple[int, int, int] | None:
-    """(pid, uid, gid) of the process at the other end of the Unix socket (SO_PEERCRED)."""
+def peer_credentials(request: web.Request) -> Peer | None:
+    """The process at the other end of the Unix socket (SO_PEERCRED, SO_PEERGROUPS)."""
     transport = request.transport
-    sock = transport.get_extra_info("socket") if transport else None
-    if sock is None or sock.family != socket.AF_UNIX:
-        return None
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
+    return peer_of(transport.get_extra_info("socket") if transport else None)
 
 
 @web.middleware
@@ -66,7 +61,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             request.path,
             response.status,
             (time.perf_counter() - started) * 1000,
-            "/".join(map(str, creds)) if creds else "?",
+            f"{creds.pid}/{creds.uid}/{creds.gid}" if creds else "?",
         )
     return response
 
@@ -77,12 +72,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
     plane = request.app[PLANE]
     try:
         if settings.allowed_uids or settings.allowed_gids:
-            creds = peer_credentials(request)
-            if creds is None or not (
-                creds[1] in settings.allowed_uids or creds[2] in settings.allowed_gids
-            ):
-                who = f"uid {creds[1]} gid {creds[2]}" if creds else "an unknown peer"
-                raise Forbidden(f"{who} is not allowed by server.allowed_uids/allowed_gids")
+            request.app[ACCESS].check_allowed(peer_credentials(request), "REST")
         length = request.content_length
         if length is not None and length > settings.max_request_bytes:
             raise PayloadTooLarge(
@@ -181,25 +171,18 @@ def metrics_handler(metrics: Metrics) -> Handler:
     return handler
 
 
-def check_admin(request: web.Request, settings: ServerConfig) -> None:
-    """/v1/admin is for root and server.admin_uids/admin_gids (when either is set)."""
-    if not (settings.admin_uids or settings.admin_gids):
-        return
-    creds = peer_credentials(request)
-    if creds is not None and (
-        creds[1] == 0 or creds[1] in settings.admin_uids or creds[2] in settings.admin_gids
-    ):
-        return
-    who = f"uid {creds[1]} gid {creds[2]}" if creds else "an unknown peer"
-    raise Forbidden(f"{who} is not allowed /v1/admin by server.admin_uids/admin_gids")
+def check_admin(request: web.Request) -> None:
+    """Admin calls (/v1/admin, repository load and unload) are for admins only
+    (``edged.server.access``: root, edged's own uid, server.admin_group and the admin lists)."""
+    request.app[ACCESS].check_admin(peer_credentials(request), request.path, "REST")
 
 
-def admin_routes(admin: Admin, settings: ServerConfig) -> list[web.RouteDef]:
+def admin_routes(admin: Admin) -> list[web.RouteDef]:
     """/v1/admin: the routing policy, reload and drain (edged.admin)."""
 
     def handler(act: Callable[[web.Request], Awaitable[Any]]) -> Handler:
         async def answer(request: web.Request) -> web.Response:
-            check_admin(request, settings)
+            check_admin(request)
             return web.json_response(await act(request), dumps=dump_json)
 
         return answer
@@ -258,14 +241,19 @@ def admin_routes(admin: Admin, settings: ServerConfig) -> list[web.RouteDef]:
 
 
 def create_app(
-    plane: DataPlane, settings: ServerConfig, admin: Admin | None = None
+    plane: DataPlane,
+    settings: ServerConfig,
+    admin: Admin | None = None,
+    access: Access | None = None,
 ) -> web.Application:
-    """The aiohttp application with every route (/v1/admin with ``admin``)."""
+    """The aiohttp application with every route (/v1/admin with ``admin``); ``access`` checks
+    the callers (by default over ``settings``)."""
     app = web.Application(middlewares=[guard], client_max_size=settings.max_request_bytes)
     app[PLANE] = plane
     app[SETTINGS] = settings
+    app[ACCESS] = access if access is not None else Access(settings)
     if admin is not None:
-        app.add_routes(admin_routes(admin, settings))
+        app.add_routes(admin_routes(admin))
 
     def ok(doc: Any) -> web.Response:
         return web.json_response(doc, dumps=dump_json)  # never NaN: RFC 8259 JSON
@@ -319,10 +307,12 @@ def create_app(
         return ok(plane.repository_index())
 
     async def repository_load(request: web.Request) -> web.Response:
+        check_admin(request)
         await plane.load(request.match_info["model"])
         return ok({})
 
     async def repository_unload(request: web.Request) -> web.Response:
+        check_admin(request)
         await plane.unload(request.match_info["model"])
         return ok({})
 

@@ -304,10 +304,15 @@ def test_a_wav_of_many_samples_is_refused_before_it_is_decoded(edged: Daemon) ->
     assert _rss(edged.proc.pid) - rss < 80 << 20  # the body itself is 38 MiB
 
 
-def grpc_client(daemon: Daemon) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(
-        url=f"unix://{daemon.socket.with_name('edged-grpc.sock')}"
+@pytest.fixture(scope="module")
+def triton(edged: Daemon) -> Iterator[grpcclient.InferenceServerClient]:
+    """One channel for the module, as a program would keep (each channel holds a connection:
+    150 of them would fill server.max_connections, 64 here)."""
+    client = grpcclient.InferenceServerClient(
+        url=f"unix://{edged.socket.with_name('edged-grpc.sock')}"
     )
+    yield client
+    client.close()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -318,9 +323,13 @@ def grpc_client(daemon: Daemon) -> grpcclient.InferenceServerClient:
     raw=st.lists(st.binary(max_size=64), max_size=2),
 )
 def test_fuzzed_grpc_calls_get_no_internal_error(
-    edged: Daemon, model: str, datatype: str, shape: list[int], raw: list[bytes]
+    triton: grpcclient.InferenceServerClient,
+    model: str,
+    datatype: str,
+    shape: list[int],
+    raw: list[bytes],
 ) -> None:
-    client = grpc_client(edged)
+    client = triton
     request = pb.ModelInferRequest(model_name=model)
     tensor = request.inputs.add(name="text", datatype=datatype)
     tensor.shape.extend(shape)
@@ -332,8 +341,10 @@ def test_fuzzed_grpc_calls_get_no_internal_error(
         assert code is not None and code.name not in ("INTERNAL", "UNKNOWN"), (exc, request)
 
 
-def test_grpc_model_ready_for_an_unknown_model_is_false_as_triton_answers(edged: Daemon) -> None:
-    client = grpc_client(edged)
+def test_grpc_model_ready_for_an_unknown_model_is_false_as_triton_answers(
+    triton: grpcclient.InferenceServerClient,
+) -> None:
+    client = triton
     try:
         ready = client.is_model_ready("no-such-model")
     except InferenceServerException as exc:

@@ -91,6 +91,12 @@ class Fleet:
         return row
 
 
+def staging_of(fleet: Fleet) -> Path:
+    """edged's staging directory, where cloudsync downloads to (the only place edged installs
+    from)."""
+    return fleet.edged.workdir / "state" / "staging"
+
+
 @pytest.fixture
 def fleet(tmp_path: Path, pki: Path, make_daemon: type[Daemon]) -> Iterator[Fleet]:
     repository = tmp_path / "models"
@@ -99,7 +105,7 @@ def fleet(tmp_path: Path, pki: Path, make_daemon: type[Daemon]) -> Iterator[Flee
     broker = Broker(tmp_path / "mosquitto", pki).start()
     cdn = Cdn(tmp_path / "cdn", pki).start()
     agent = Agent(tmp_path / "agent", broker)
-    staging = tmp_path / "staging"
+    staging = edged.workdir / "state" / "staging"  # edged installs only from its own
     config = agent.config.read_text().replace(str(agent.workdir / "no-edged.sock"),
                                               str(edged.socket))  # fmt: skip
     agent.config.write_text(
@@ -131,7 +137,7 @@ def test_a_signed_version_is_downloaded_installed_and_serves(fleet: Fleet) -> No
     served = [row for row in fleet.cdn.served() if row[0].endswith("/2/model.onnx")]
     assert served == [(f"/models/{MODEL}/2/model.onnx", 200, path.stat().st_size, "-")]
     # the staging directory was moved in, nothing is left behind
-    assert not any((fleet.agent.workdir.parent / "staging").iterdir())
+    assert not any(staging_of(fleet).iterdir())
 
 
 def test_every_bad_manifest_and_file_is_refused_and_the_old_version_keeps_serving(
@@ -224,7 +230,7 @@ def test_twenty_sigkills_while_downloading_and_installing_never_leave_a_partial_
     rng = random.Random(7)
     client = fleet.edged.client
     repository = fleet.edged.models / MODEL
-    part = fleet.agent.workdir.parent / "staging" / f"{MODEL}-2" / "model.onnx.part"
+    part = staging_of(fleet) / f"{MODEL}-2" / "model.onnx.part"
 
     def on_disk() -> int:
         return part.stat().st_size if part.exists() else 0
@@ -258,19 +264,15 @@ def test_twenty_sigkills_while_downloading_and_installing_never_leave_a_partial_
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_during_the_download_is_reported_and_the_old_version_serves(
-    fleet: Fleet, tmp_path: Path
+    fleet: Fleet,
 ) -> None:
-    small = tmp_path / "small"
-    small.mkdir()
+    # edged's staging directory on a small file system of its own
+    small = staging_of(fleet)
+    text = fleet.agent.config.read_text()
+    fleet.agent.signal(signal.SIGTERM)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)], check=True)
     try:
-        staging = small / "staging"
-        text = fleet.agent.config.read_text()
-        fleet.agent.signal(signal.SIGTERM)
-        fleet.agent.config.write_text(
-            text.replace(f'staging_dir = "{tmp_path / "staging"}"', f'staging_dir = "{staging}"')
-            .replace("retry_s = 2", "retry_s = 2\nmin_free_mb = 0")
-        )  # fmt: skip
+        fleet.agent.config.write_text(text.replace("retry_s = 2", "retry_s = 2\nmin_free_mb = 0"))
         fleet.cdn.stop()
         fleet.cdn.rate = "2m"
         fleet.cdn.write_config()
@@ -302,7 +304,7 @@ def test_edged_killed_while_installing_restarts_on_a_whole_version_and_the_insta
     the install then completes (from the directory already moved in), nothing fetched again."""
     edged = fleet.edged
     repository = edged.models / MODEL
-    staging = fleet.agent.workdir.parent / "staging"
+    staging = staging_of(fleet)
     for version in range(2, 6):
         manifest, urls, path = fleet.version(version, float(version), pad_bytes=24 << 20)
         staged_file = staging / f"{MODEL}-{version}" / "model.onnx"

@@ -25,6 +25,11 @@ from tests.modelfiles import add_model, scale_model
 MODEL = "scale"
 
 
+def staging(daemon: Daemon) -> Path:
+    """edged's staging directory, the only place it installs from."""
+    return daemon.workdir / "state" / "staging"
+
+
 def staged(root: Path, version: int, factor: float) -> tuple[str, list[dict[str, Any]]]:
     """A version's files in a staging directory: (the directory, its file list)."""
     directory = root / f"{MODEL}-{version}"
@@ -51,7 +56,6 @@ def answer(client: Client) -> tuple[str, float]:
 def edged(make_daemon: type[Daemon], tmp_path: Path) -> Daemon:
     repository = tmp_path / "models"
     add_model(repository, MODEL, {1: 1.0})
-    (tmp_path / "staging").mkdir()
     return make_daemon(repository).start()
 
 
@@ -78,7 +82,7 @@ def test_a_new_version_takes_over_at_one_point_under_200_requests_a_second(
     sender.start()
     try:
         time.sleep(1.0)
-        source, files = staged(tmp_path / "staging", 2, 2.0)
+        source, files = staged(staging(edged), 2, 2.0)
         installed = client.install(MODEL, 2, source, files, smoke(2.0))
         time.sleep(1.0)
     finally:
@@ -101,17 +105,16 @@ def test_a_new_version_takes_over_at_one_point_under_200_requests_a_second(
     assert [m["version"] for m in client.repository_index()] == ["2"]  # 1 unloaded
 
 
-def test_bad_files_and_a_failed_smoke_test_change_nothing(edged: Daemon, tmp_path: Path) -> None:
+def test_bad_files_and_a_failed_smoke_test_change_nothing(edged: Daemon) -> None:
     client = edged.client
-    staging = tmp_path / "staging"
-    source, files = staged(staging, 2, 2.0)
+    source, files = staged(staging(edged), 2, 2.0)
     with (Path(source) / "model.onnx").open("ab") as f:
         f.write(b"\0")  # one byte more than listed
     with pytest.raises(ClientError) as refused:
         client.install(MODEL, 2, source, files)
     assert refused.value.status == 400 and "bytes" in refused.value.message
 
-    source, files = staged(staging, 3, 3.0)
+    source, files = staged(staging(edged), 3, 3.0)
     corrupt = Path(source) / "model.onnx"
     data = bytearray(corrupt.read_bytes())
     data[-1] ^= 0xFF  # same length, another digest
@@ -120,13 +123,13 @@ def test_bad_files_and_a_failed_smoke_test_change_nothing(edged: Daemon, tmp_pat
         client.install(MODEL, 3, source, files)
     assert "SHA-256" in refused.value.message
 
-    source, files = staged(staging, 4, 4.0)
+    source, files = staged(staging(edged), 4, 4.0)
     (Path(source) / "extra.bin").write_bytes(b"x")
     with pytest.raises(ClientError) as refused:
         client.install(MODEL, 4, source, files)
     assert "'extra.bin' is not in the file list" in refused.value.message
 
-    source, files = staged(staging, 5, 5.0)
+    source, files = staged(staging(edged), 5, 5.0)
     with pytest.raises(ClientError) as refused:  # a version that answers wrong
         client.install(MODEL, 5, source, files, smoke(6.0))
     assert "smoke case 1: output 'y' differs by up to" in refused.value.message
@@ -142,12 +145,10 @@ def test_bad_files_and_a_failed_smoke_test_change_nothing(edged: Daemon, tmp_pat
     assert refused.value.status == 404
 
 
-def test_ten_updates_keep_three_versions_roll_back_and_survive_a_restart(
-    edged: Daemon, tmp_path: Path
-) -> None:
+def test_ten_updates_keep_three_versions_roll_back_and_survive_a_restart(edged: Daemon) -> None:
     client = edged.client
     for version in range(2, 12):
-        source, files = staged(tmp_path / "staging", version, float(version))
+        source, files = staged(staging(edged), version, float(version))
         client.install(MODEL, version, source, files, smoke(float(version)))
     state = client.model_versions(MODEL)
     assert state["on_disk"] == [9, 10, 11] and state["active"] == 11
