@@ -25,15 +25,32 @@ runs); after reopening a file a collection must be loaded before it is searched 
 on a full disk a collection does not load (so writes that would come near it are refused:
 ``_check_room``). The client is synchronous: the daemon calls it
 from its thread pool.
+
+No other local user can reach a Milvus Lite store (issue 21, item 2). pymilvus would start
+Milvus Lite 3 (``MilvusClient(uri="x.db")``) as a gRPC server on 127.0.0.1 with no
+authentication: any local uid could list the collections, read a private passage, drop them.
+So the store never hands pymilvus a file: ``LocalMilvus`` opens Milvus Lite 3 in this process
+(the same engine and the same gRPC servicer), serves it on a Unix socket in a directory of its
+own (``<file>.run/milvus.sock``, the directory 0700 and the socket 0600, owned by edged's uid),
+and pymilvus talks to ``unix:<socket>``: no TCP listener at all, and no other uid can connect.
+The Milvus Lite directory itself is 0700 (made so at every open, also for a store made before
+this change), so its files cannot be read by others whatever their own mode. A Milvus
+server by URI (``http(s)://``, ``tcp://``, ``unix:``) is used as it is, with its token.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import os
 import re
 import shutil
+import stat
+import tempfile
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +64,9 @@ NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
 MAX_TEXT = 8192
 MAX_SOURCE = 1024
 PREFIX = "kb_"
+SOCKET = "milvus.sock"
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+MAX_MESSAGE = 256 << 20  # Milvus Lite's own server's limit, and Milvus standalone's
 
 
 def content_id(text: str) -> str:
@@ -91,6 +111,112 @@ class Hit:
         return dict(self.__dict__)
 
 
+def is_server(uri: str) -> bool:
+    """A Milvus server's URI (``http://host:19530``, ``unix:/run/milvus.sock``), not a file."""
+    return "://" in uri or uri.startswith("unix:")
+
+
+def private_dir(path: Path, strict: bool = False) -> Path:
+    """``path`` as a directory with mode 0700, made if missing. ``strict``: it must also be a
+    directory itself (not a link to one) owned by this uid, or it is refused."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat() if strict else path.stat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise RuntimeError(f"{path} must be a directory")
+    if strict and info.st_uid != os.geteuid():
+        raise RuntimeError(f"{path} must be owned by uid {os.geteuid()}, not {info.st_uid}")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        path.chmod(0o700)
+    return path
+
+
+class _NotImplementedQuiet(logging.Filter):
+    """grpc's synchronous server (here only Milvus Lite's, never edged's API) logs a method its
+    servicer lacks at ERROR with a traceback, for each call: pymilvus asks for AllocTimestamp,
+    which Milvus Lite does not implement, and gets UNIMPLEMENTED as it expects."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, NotImplementedError)
+
+
+logging.getLogger("grpc._server").addFilter(_NotImplementedQuiet())
+
+
+class LocalMilvus:
+    """Milvus Lite 3 (``data``, a directory) in this process, served on a private Unix socket.
+
+    What pymilvus does with a ``.db`` URI (milvus_lite.server_manager), less the TCP port: the
+    engine (``MilvusLite``, which takes the directory's lock: one process per store) and its
+    gRPC servicer, on a socket in ``<data>.run/`` (0700; a 0700 directory from ``mkdtemp``
+    when that path is too long for a socket). Every step that could be reached by another uid
+    is closed first: the data directory and the socket's are 0700 before anything is in them,
+    and the socket is 0600 before the server starts."""
+
+    def __init__(self, data: Path, workers: int = 4) -> None:
+        from concurrent import futures
+
+        import grpc
+        from milvus_lite import MilvusLite
+        from milvus_lite.adapter.grpc.servicer import MilvusServicer
+        from pymilvus.grpc_gen import milvus_pb2_grpc
+
+        self.db = MilvusLite(str(private_dir(data)))
+        self.temporary = False
+        try:
+            self.run = data.with_name(data.name + ".run")
+            if len(os.fsencode(self.run / SOCKET)) > MAX_SOCKET_PATH:
+                self.run, self.temporary = Path(tempfile.mkdtemp(prefix="edged-kb-")), True
+            else:
+                private_dir(self.run, strict=True)
+            self.socket = self.run / SOCKET
+            with contextlib.suppress(FileNotFoundError):
+                self.socket.unlink()  # a stale one: the lock says no live process serves it
+            self.server = grpc.server(
+                futures.ThreadPoolExecutor(workers, thread_name_prefix="milvus-lite"),
+                options=[
+                    ("grpc.max_receive_message_length", MAX_MESSAGE),
+                    ("grpc.max_send_message_length", MAX_MESSAGE),
+                    # pymilvus pings every 10 s, idle or not; gRPC's defaults answer that
+                    # with GOAWAY too_many_pings (as Milvus Lite's own server did), and the
+                    # next call after an idle spell reconnects: 21-27 ms instead of 3-7.
+                    ("grpc.keepalive_permit_without_calls", 1),
+                    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+                    ("grpc.http2.max_ping_strikes", 0),
+                ],
+            )
+            milvus_pb2_grpc.add_MilvusServiceServicer_to_server(
+                MilvusServicer(self.db), self.server
+            )
+            if not self.server.add_insecure_port(f"unix:{self.socket}"):
+                raise RuntimeError(f"cannot listen on {self.socket}")
+            self.socket.chmod(0o600)
+            self.server.start()
+        except BaseException:
+            self.db.close()
+            if self.temporary:
+                shutil.rmtree(self.run, ignore_errors=True)
+            raise
+        self.uri = f"unix:{self.socket}"
+        # stopped at exit too if nobody closes it (as milvus_lite.server_manager does, atexit)
+        self._stop = weakref.finalize(
+            self, LocalMilvus._shutdown, self.server, self.db, self.run, self.temporary
+        )
+
+    @staticmethod
+    def _shutdown(server: Any, db: Any, run: Path, temporary: bool) -> None:
+        try:
+            server.stop(grace=2).wait(5)  # removes the socket
+        finally:
+            db.close()  # releases the lock
+            if temporary:
+                shutil.rmtree(run, ignore_errors=True)
+
+    def close(self) -> None:
+        self._stop()
+
+
 class KnowledgeStore:
     """Namespaces of chunks over one Milvus client."""
 
@@ -99,18 +225,30 @@ class KnowledgeStore:
     ) -> None:
         from pymilvus import MilvusClient  # imported here: it takes a second, most runs need none
 
+        self.local: LocalMilvus | None = None
         # a Milvus Lite file: its disk is ours to watch (a server watches its own)
-        self.disk = None if "://" in uri else Path(uri).resolve().parent
+        self.disk = None if is_server(uri) else Path(uri).resolve().parent
         self.min_free = min_free
-        if self.disk is not None:
+        if self.disk is None:
+            self.client = MilvusClient(uri=uri, token=token)
+        else:
             self.disk.mkdir(parents=True, exist_ok=True)
-        self.client = MilvusClient(uri=uri, token=token)
+            self.local = LocalMilvus(Path(uri).resolve())
+            try:
+                self.client = MilvusClient(uri=self.local.uri)
+            except BaseException:
+                self.local.close()
+                raise
         self.dim = dim
         self.index = index
         self.loaded: set[str] = set()
 
     def close(self) -> None:
-        self.client.close()
+        try:
+            self.client.close()
+        finally:
+            if self.local is not None:
+                self.local.close()
 
     # ---- collections -----------------------------------------------------------------------
 
