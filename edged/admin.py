@@ -27,14 +27,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from edged.atomic import write_atomic
 from edged.config import RoutingConfig, validate
-from edged.errors import ConfigError, EdgedError, InvalidRequest, NotFound, Unavailable
+from edged.errors import (
+    ConfigError,
+    EdgedError,
+    InsufficientStorage,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+)
 from edged.models import install
 from edged.models.repository import VERSION, ModelManager, ModelVersion
 from edged.router import Router
@@ -114,24 +121,23 @@ class Admin:
             log.warning("the local tier stays drained (since a previous run): %s",
                         self.router.drained)  # fmt: skip
 
-    def _save(self) -> None:
+    def _save(self, **change: Any) -> None:
+        """Keep the state, with ``change`` (routing_overrides, drained, models, cloud_ab) laid
+        over it, in admin.json: whole, fsynced (edged/atomic.py). Called before a change is
+        applied: when it cannot be kept (a full disk), the change is refused (507) and nothing
+        changes, in force or on disk."""
         state = {
             "routing_overrides": self.overrides,
             "drained": self.drained,
             "models": self.history,
             "cloud_ab": self.splits,
+            **change,
         }
-        temporary = self.path.with_name(self.path.name + ".tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(temporary, "w") as f:
-                json.dump(state, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, self.path)
-        except OSError as exc:  # in force now, but not after a restart: say so
-            raise ConfigError(
-                f"applied, but cannot keep it in {self.path} for after a restart: {exc.strerror}"
+            write_atomic(self.path, json.dumps(state, indent=1))
+        except OSError as exc:
+            raise InsufficientStorage(
+                f"not applied: it cannot be kept in {self.path} ({exc.strerror})"
             ) from None
 
     # ---- routing ---------------------------------------------------------------------------
@@ -173,18 +179,18 @@ class Admin:
             settings = self.merged(self.base, overrides)
         except ConfigError as exc:
             raise InvalidRequest(exc.message) from None
+        self._save(routing_overrides=overrides)
         self.overrides = overrides
         self.router.configure(settings)
         log.info("routing overrides now %s", json.dumps(overrides, sort_keys=True))
-        self._save()
         return self.routing()
 
     def reset_routing(self) -> dict[str, Any]:
         """DELETE /v1/admin/routing: the config file's settings again."""
+        self._save(routing_overrides={})
         self.overrides = {}
         self.router.configure(self.base)
         log.info("routing overrides removed: the config file's settings apply")
-        self._save()
         return self.routing()
 
     # ---- model versions ------------------------------------------------------------------
@@ -212,8 +218,9 @@ class Admin:
         history = [v for v in self.history.get(name, []) if v != version]
         if before is not None and not history:
             history = [before]  # what served by version policy until now
-        self.history[name] = [*history, version][-HISTORY:]
-        self._save()
+        history = [*history, version][-HISTORY:]
+        self._save(models={**self.history, name: history})
+        self.history[name] = history
 
     def _pin_current(self, name: str) -> int | None:
         """Keep the version serving now as the active one before anything changes, so that a
@@ -309,7 +316,7 @@ class Admin:
 
     # ---- cloud A/B -------------------------------------------------------------------------
 
-    def _split(self, model: str, doc: Any) -> dict[str, Any]:
+    def _split(self, model: str, doc: Any, persist: bool = False) -> dict[str, Any]:
         cloud = self.router.cloud
         if cloud is None:
             raise NotFound("this edged has no cloud tier ([cloud] url)")
@@ -319,18 +326,19 @@ class Admin:
             raise InvalidRequest("'b_share' must be a share of calls, 0 to 1")
         if share and (not isinstance(b_name, str) or not 0 < len(b_name) <= 128):
             raise InvalidRequest("'b_cloud_name' must name the cloud model of arm b")
-        cloud.set_split(model, b_name, float(share))
+        splits = {k: v for k, v in self.splits.items() if k != model}
         if share:
-            self.splits[model] = {"b_cloud_name": b_name, "b_share": float(share)}
-        else:
-            self.splits.pop(model, None)
+            splits[model] = {"b_cloud_name": b_name, "b_share": float(share)}
+        if persist:
+            self._save(cloud_ab=splits)
+        cloud.set_split(model, b_name, float(share))
+        self.splits = splits
         return {"model": model, "ab": cloud.state()["ab"].get(model)}
 
     def set_split(self, model: str, doc: Any) -> dict[str, Any]:
         """PUT /v1/admin/cloud/{m}/ab {"b_cloud_name", "b_share"} (share 0: arm a only)."""
-        reply = self._split(model, doc)
+        reply = self._split(model, doc, persist=True)
         log.info("cloud A/B of %s: %s", model, reply["ab"] or "off")
-        self._save()
         return reply
 
     # ---- reload and drain --------------------------------------------------------------------
@@ -358,10 +366,11 @@ class Admin:
             raise InvalidRequest(f"'timeout_s' must be 0 to {MAX_DRAIN_S:.0f}")
         why = f"drained by the operator{': ' + reason if reason else ''}"
         if self.drained is None:
-            self.drained = {"reason": why, "since": time.time()}
+            drained = {"reason": why, "since": time.time()}
+            self._save(drained=drained)
+            self.drained = drained
             self.router.drained = why
             log.warning("local tier %s", why)
-            self._save()
         started = time.monotonic()
         busy = [asyncio.ensure_future(mv.idle.wait()) for mv in self._versions() if mv.inflight]
         if busy:
@@ -379,8 +388,8 @@ class Admin:
     def resume(self) -> dict[str, Any]:
         """POST /v1/admin/resume: the local tier takes work again."""
         if self.drained is not None:
+            self._save(drained=None)
             self.drained = None
             self.router.drained = None
             log.warning("local tier resumed")
-            self._save()
         return {"drained": False}

@@ -1,9 +1,11 @@
-"""State files on a full disk (a real 64 KiB tmpfs, mounted by the test; root only): a write
-that cannot complete leaves the old file whole and no temporary file behind."""
+"""State files on a full disk (a real tmpfs, mounted by the test; root only): a write that cannot
+complete leaves the old file whole and no temporary file behind; an admin change that cannot be
+kept is refused (507) and not applied."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -12,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from edged.atomic import write_atomic
-from tests.conftest import skip_or_fail
+from edged.client import ClientError
+from tests.conftest import Daemon, skip_or_fail
 
 
 @pytest.fixture
@@ -21,7 +24,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         skip_or_fail("mounting a tmpfs needs root (make test runs as root)")
     mount = tmp_path / "disk"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
     try:
         yield mount
     finally:
@@ -53,3 +56,32 @@ def test_a_state_file_on_a_full_disk_keeps_its_old_content(small_disk: Path) -> 
     (small_disk / "filler").unlink()  # space again: the next write goes through
     write_atomic(state, '{"new": true}')
     assert state.read_text() == '{"new": true}'
+
+
+def test_an_admin_change_that_cannot_be_kept_is_refused_and_not_applied(
+    make_daemon: type[Daemon], small_disk: Path
+) -> None:
+    """On a full disk, an admin PATCH was a 400 "applied, but cannot keep it" while the change
+    took effect, and it left an empty admin.json.tmp."""
+    daemon = make_daemon(config='[models]\nload = ["intent-classifier"]\n',
+                         flags=("--state-dir", str(small_disk)))  # fmt: skip
+    daemon.start()
+    client = daemon.client
+    before = client.call("GET", "/v1/admin/routing")["routing"]["local_threshold_ms"]
+    fill(small_disk)
+    with pytest.raises(ClientError) as caught:
+        client.call("PATCH", "/v1/admin/routing", {"local_threshold_ms": before + 7})
+    assert caught.value.status == 507 and "not applied" in str(caught.value)
+    assert client.call("GET", "/v1/admin/routing")["routing"]["local_threshold_ms"] == before
+    with pytest.raises(ClientError) as caught:
+        client.call("POST", "/v1/admin/drain", {"reason": "disk full", "timeout_s": 0})
+    assert caught.value.status == 507
+    assert client.status()["drained"] is None, client.status()
+    assert not [p.name for p in small_disk.iterdir() if p.name.endswith(".tmp")]
+    (small_disk / "filler").unlink()
+    reply = client.call("PATCH", "/v1/admin/routing", {"local_threshold_ms": before + 7})
+    assert reply["routing"]["local_threshold_ms"] == before + 7
+    assert json.loads((small_disk / "admin.json").read_text())["routing_overrides"] == {
+        "local_threshold_ms": before + 7
+    }
+    assert daemon.stop() == 0
