@@ -320,6 +320,7 @@ def create_app(
         return ok(plane.status())
 
     async def events(request: web.Request) -> web.Response:
+        check_admin(request)  # the daemon's log lines: what other callers sent shows there
         query = request.query
         return ok(plane.events_after(query.get("after", "0"), query.get("limit", "1000")))
 

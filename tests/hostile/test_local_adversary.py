@@ -95,6 +95,7 @@ ADMIN_CALLS: list[tuple[str, str, Any]] = [
     ("PUT", f"/v1/admin/cloud/{MODEL}/ab", {"b_cloud_name": "x", "b_share": 0.5}),
     ("POST", f"/v2/repository/models/{MODEL}/unload", None),
     ("POST", f"/v2/repository/models/{MODEL}/load", None),
+    ("GET", "/v1/events?after=0", None),  # the daemon's log lines
 ]
 
 
