@@ -57,3 +57,17 @@ def test_exposure_is_within_the_bound(analyze: str, unit: str) -> None:
     score = float(found.group(1))
     print(f"{unit}: exposure {score}")
     assert score <= LIMITS[unit], done.stdout
+
+
+def test_edged_is_bounded_in_memory_and_tasks(analyze: str) -> None:
+    """MemoryHigh < MemoryMax, TasksMax set (figures in the unit's comment and docs/SECURITY.md):
+    a hostile caller or a leak ends in a restart, not a device swapping to a halt."""
+    settings = dict(
+        line.split("=", 1) for line in (UNITS / "edged.service").read_text().splitlines()
+        if re.match(r"(MemoryHigh|MemoryMax|TasksMax)=", line)
+    )  # fmt: skip
+    size = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    high, most = (
+        int(settings[k][:-1]) * size[settings[k][-1]] for k in ("MemoryHigh", "MemoryMax")
+    )
+    assert 1 << 30 <= high < most and int(settings["TasksMax"]) >= 256, settings
