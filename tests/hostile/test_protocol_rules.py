@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from edged.config import CloudConfig, KnowledgeConfig
 from edged.errors import ConfigError, InvalidRequest, PayloadTooLarge
+from edged.models.install import check_files
 from edged.pipelines.vad_ops import decode_wav, to_model_rate
 from edged.protocol.tensors import (
     MAX_BYTES_ELEMENTS,
@@ -285,3 +286,11 @@ def test_a_token_never_travels_in_clear(section: type[Any], doc: dict[str, Any])
         k: v.replace("http://", "https://").replace("grpc://", "grpcs://") for k, v in doc.items()
     }
     section.model_validate(tls)
+
+
+@pytest.mark.parametrize("name", ["model\x00.onnx", "\ud800.onnx", "a/../b", "/etc/passwd", ""])
+def test_an_install_file_name_edged_cannot_open_is_a_400(tmp_path: Path, name: str) -> None:
+    """A name with a NUL byte or a lone surrogate, or outside the version: a 400, not a 500."""
+    files = [{"path": name, "length": 1, "sha256": "0" * 64}]
+    with pytest.raises(InvalidRequest):
+        check_files(tmp_path, files)
