@@ -84,7 +84,8 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
         config.write_text(cloudsync_config(
             broker, work, "f1", node, edgeds[node].socket,
             more="[heartbeat]\ninterval_s = 1\n[telemetry]\ninterval_s = 1\n[delivery]\n"
-            f'staging_dir = "{tmp_path / node / "staging"}"\nca_file = "{pki}/ca.pem"\n'
+            f'staging_dir = "{edgeds[node].workdir / "state" / "staging"}"\n'  # edged's own
+            f'ca_file = "{pki}/ca.pem"\n'
             "health_window_s = 0\n",
         ))  # fmt: skip
         with (work / "cloudsync.log").open("wb") as log:
