@@ -134,6 +134,7 @@ class Agent:
         self.events = EventLog()  # cloudsync's own log, for the ``logs`` command
         log.addHandler(self.events)
         self.offline_since: float | None = time.monotonic()  # None while connected
+        self.poison = 0  # messages whose handling failed (a bug): acknowledged, logged, counted
         # model -> time.time() of its last rollback, kept across restarts (ModelRolledBack)
         self.rollbacks: dict[str, float] = json.loads(self.outbox.get_state(ROLLBACKS) or "{}")
         self.alerts = Evaluator(config.alerts)
@@ -162,6 +163,9 @@ class Agent:
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_message = self._on_message
+        # the last net under every callback: paho logs what escapes one and goes on
+        client.suppress_exceptions = True
+        client.enable_logger(logging.getLogger("cloudsync.paho"))
         properties = Properties(PacketTypes.CONNECT)
         properties.SessionExpiryInterval = mq.session_expiry_s
         client.connect_async(  # only remembers where: ``_connect`` dials
@@ -233,7 +237,16 @@ class Agent:
             self.acked.append(seq)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        """A command: checked here, run by the worker thread (it may ask edged)."""
+        """A command: checked here, run by the worker thread (it may ask edged). Nothing
+        escapes: paho would end the MQTT loop, and the broker, which has not had the PUBACK,
+        would redeliver the same message at every session resume (a crash loop, fleet-wide)."""
+        try:
+            self._handle(message)
+        except Exception:  # a bug here: logged, counted; the message is acknowledged all the same
+            self.poison += 1
+            log.exception("a message on %s could not be handled", printable(message.topic, 200))
+
+    def _handle(self, message: Any) -> None:
         try:
             topic = parse(message.topic)
         except TopicError:
@@ -243,18 +256,19 @@ class Agent:
                 try:
                     self.delivery.desired(decode(message.payload).body)
                 except EnvelopeError as exc:
-                    self.delivery.report("refused", why=f"the desired state: {exc}")
+                    self.delivery.report("refused", why=printable(f"the desired state: {exc}"))
             return
         if topic.kind != "cmd" or topic.cmd_id is None:
             return
         try:
             command = self.verifier.check(topic.cmd_id, message.payload)
         except Refused as exc:
-            log.warning("command %s refused: %s", topic.cmd_id, exc)
-            self.report(topic.cmd_id, {"ok": False, "error": f"refused: {exc}"})
+            why = printable(str(exc))  # it may quote what the sender wrote: any text at all
+            log.warning("command %s refused: %s", topic.cmd_id, why)
+            self.report(topic.cmd_id, {"ok": False, "error": f"refused: {why}"})
             self.outbox.put(
                 "events",
-                {"alert": "command refused", "command": topic.cmd_id, "why": str(exc)},
+                {"alert": "command refused", "command": topic.cmd_id, "why": why},
                 priority="alert",
             )
             return
@@ -272,8 +286,12 @@ class Agent:
             try:
                 result = {"ok": True, "result": self.run_command(command)}
             except Exception as exc:  # a command that fails says so; the agent goes on
-                result = {"ok": False, "error": str(exc)}
-            self.report(command.id, {"name": command.name, **result})
+                result = {"ok": False, "error": printable(str(exc))}
+            try:
+                self.report(command.id, {"name": command.name, **result})
+            except Exception:  # a result the outbox cannot take: said here, the thread goes on
+                self.poison += 1
+                log.exception("the result of command %s cannot be kept", command.id)
 
     def run_command(self, command: Command) -> Any:
         """One verified command (docs/PROTOCOL.md lists them); raising fails it."""
@@ -407,6 +425,7 @@ class Agent:
             "connected": self.connected,
             "heartbeats": self.heartbeats,
             "inflight": len(self.inflight),
+            "poison_messages": self.poison,
             "edged": self.edged.reachability(),
             "outbox": self.outbox.stats(),
         }
@@ -605,6 +624,13 @@ class Agent:
             self.client.disconnect()
         self.outbox.close()
         self.verifier.close()
+
+
+def printable(text: str, limit: int = 500) -> str:
+    """Text safe to keep and send: what UTF-8 cannot encode (a lone surrogate) escaped, and at
+    most ``limit`` characters (a refusal may quote a sender's text)."""
+    safe = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return safe if len(safe) <= limit else safe[:limit] + "..."
 
 
 def _text(args: dict[str, Any], key: str) -> str:

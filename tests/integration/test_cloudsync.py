@@ -534,3 +534,34 @@ def test_fleet_commands_operate_edged_and_its_metrics_arrive_as_telemetry(
     finally:
         consumer.close()
     assert edged.stop() == 0
+
+
+def test_a_command_quoting_unencodable_text_is_refused_and_the_agent_lives_on(
+    broker: Broker, agent: Agent
+) -> None:
+    """A command whose key id is a lone surrogate (issue 22, item 1) was refused, but the
+    refusal quoting it could not be stored: the error escaped the MQTT callback, paho re-raised
+    it and the process exited, again at every redelivery. Now: refused and reported once, the
+    process lives on, and a valid command sent after it runs."""
+    key = agent.trust()
+    broker.start()
+    agent.start()
+    consumer = operator(broker)
+    try:
+        wait_for(lambda: _last_status(consumer) == "online", 10, "the birth")
+        assert agent.proc is not None
+        pid = agent.proc.pid
+        poison_id, payload = sign(key, "fleet-1", OPERATOR, "f1/n1", "ping")
+        doc = json.loads(payload)
+        doc["kid"] = "\ud800" + "x" * 5000  # json.dumps writes it as the escape \\ud800
+        assert not consumer.publish(NODE.cmd(poison_id), json.dumps(doc).encode()).is_failure
+        error = wait_results(consumer, 1)[poison_id]["error"]
+        assert error.startswith("refused: key '\\ud800xxx") and len(error) < 600, error
+        wait_for(lambda: bodies(consumer.received, "events"), 5, "the refusal's alert")
+        assert bodies(consumer.received, "events")[-1].body["alert"] == "command refused"
+        ping_id, ping = sign(key, "fleet-1", OPERATOR, "f1/n1", "ping")
+        assert not consumer.publish(NODE.cmd(ping_id), ping).is_failure
+        assert wait_results(consumer, 2)[ping_id]["result"]["pong"] is True
+        assert agent.proc.poll() is None and agent.proc.pid == pid
+    finally:
+        consumer.close()
