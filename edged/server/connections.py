@@ -86,22 +86,32 @@ async def sweep_idle(runner: web.AppRunner, idle_timeout_s: float) -> None:
     last_busy: dict[int, float] = {}
     while True:
         await asyncio.sleep(min(1.0, idle_timeout_s / 4))
-        server = runner.server
-        if server is None:
+        try:
+            last_busy = _sweep(runner, idle_timeout_s, last_busy)
+        except Exception:  # a sweep that fails is logged; the next one runs all the same
+            log.exception("sweeping idle connections failed")
+
+
+def _sweep(
+    runner: web.AppRunner, idle_timeout_s: float, last_busy: dict[int, float]
+) -> dict[int, float]:
+    """One look: close the idle connections; the next look's ``last_busy``."""
+    server = runner.server
+    if server is None:
+        return last_busy
+    now = time.monotonic()
+    seen = {}
+    for handler in list(server.connections):
+        key = id(handler)
+        # aiohttp's own flag; an aiohttp without it is never swept (busy, by default)
+        if getattr(handler, "_request_in_progress", True):
+            seen[key] = now
             continue
-        now = time.monotonic()
-        seen = {}
-        for handler in list(server.connections):
-            key = id(handler)
-            # aiohttp's own flag; an aiohttp without it is never swept (busy, by default)
-            if getattr(handler, "_request_in_progress", True):
-                seen[key] = now
-                continue
-            seen[key] = since = last_busy.get(key, now)
-            if now - since > idle_timeout_s:
-                handler.force_close()
-                seen.pop(key)
-        last_busy = seen
+        seen[key] = since = last_busy.get(key, now)
+        if now - since > idle_timeout_s:
+            handler.force_close()
+            seen.pop(key)
+    return seen
 
 
 READ_CHUNK = 1 << 20  # the event loop gets a turn after each MiB of a body

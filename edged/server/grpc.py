@@ -455,7 +455,6 @@ class GrpcServer:
 
     async def _connect(self, front: _Front) -> None:
         assert front.transport is not None
-        caller = peer_of(front.transport.get_extra_info("socket"))
         name = f"{PEER_PREFIX}{next(self.names)}"
         path = self.private / name
         inner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -464,6 +463,7 @@ class GrpcServer:
         back.name = name
         loop = asyncio.get_running_loop()
         try:
+            caller = peer_of(front.transport.get_extra_info("socket"))  # gone already: OSError
             inner.bind(str(path))
             try:
                 await loop.sock_connect(inner, self.inner)
@@ -474,7 +474,9 @@ class GrpcServer:
                 self.peers[name] = caller  # before grpc can see a byte from it
             self.halves.add(back)
             await loop.create_unix_connection(lambda: back, sock=inner)
-        except (OSError, asyncio.CancelledError):  # grpc is gone, or edged is stopping
+        except (Exception, asyncio.CancelledError) as exc:  # grpc gone, edged stopping, a bug
+            if not isinstance(exc, (OSError, asyncio.CancelledError)):
+                log.exception("relaying a gRPC connection failed")
             inner.close()
             self.halves.discard(back)
             self.peers.pop(name, None)

@@ -7,6 +7,7 @@ the broker queues for it while it is away, so nothing depends on who connects fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -294,13 +295,7 @@ def _ids(client: SyncClient) -> set[str]:
 def test_signed_commands_run_and_report_forged_expired_and_replayed_ones_are_refused(
     broker: Broker, agent: Agent
 ) -> None:
-    key = agent.trust()
-    broker.start()
-    agent.start()
-    consumer = operator(broker)
-    try:
-        # the birth follows the agent's subscription to its commands on the same connection
-        wait_for(lambda: _last_status(consumer) == "online", 10, "the birth")
+    with online(broker, agent) as (key, consumer):
         ping_id, ping = sign(key, "fleet-1", OPERATOR, "f1/n1", "ping")
         _, forged = sign(Ed25519PrivateKey.generate(), "fleet-1", "mallory", "f1/n1", "status")
         forged_id = envelope.decode(forged).id
@@ -318,6 +313,20 @@ def test_signed_commands_run_and_report_forged_expired_and_replayed_ones_are_ref
         wait_for(lambda: bodies(consumer.received, "events"), 5, "the refusal's alert")
         alerts = bodies(consumer.received, "events")
         assert alerts[-1].body["alert"] == "command refused"
+
+
+@contextlib.contextmanager
+def online(broker: Broker, agent: Agent) -> Iterator[tuple[Ed25519PrivateKey, SyncClient]]:
+    """The broker and the agent up, the fleet's signing key trusted, and the operator's
+    consumer connected once the birth is out (it follows the agent's subscription to its
+    commands on the same connection)."""
+    key = agent.trust()
+    broker.start()
+    agent.start()
+    consumer = operator(broker)
+    try:
+        wait_for(lambda: _last_status(consumer) == "online", 10, "the birth")
+        yield key, consumer
     finally:
         consumer.close()
 
@@ -543,12 +552,7 @@ def test_a_command_quoting_unencodable_text_is_refused_and_the_agent_lives_on(
     refusal quoting it could not be stored: the error escaped the MQTT callback, paho re-raised
     it and the process exited, again at every redelivery. Now: refused and reported once, the
     process lives on, and a valid command sent after it runs."""
-    key = agent.trust()
-    broker.start()
-    agent.start()
-    consumer = operator(broker)
-    try:
-        wait_for(lambda: _last_status(consumer) == "online", 10, "the birth")
+    with online(broker, agent) as (key, consumer):
         assert agent.proc is not None
         pid = agent.proc.pid
         poison_id, payload = sign(key, "fleet-1", OPERATOR, "f1/n1", "ping")
@@ -563,5 +567,3 @@ def test_a_command_quoting_unencodable_text_is_refused_and_the_agent_lives_on(
         assert not consumer.publish(NODE.cmd(ping_id), ping).is_failure
         assert wait_results(consumer, 2)[ping_id]["result"]["pong"] is True
         assert agent.proc.poll() is None and agent.proc.pid == pid
-    finally:
-        consumer.close()
