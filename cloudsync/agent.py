@@ -45,7 +45,7 @@ from cloudsync.commands import Command, Refused, Verifier, load_anchors
 from cloudsync.config import Config
 from cloudsync.delivery import Delivery
 from cloudsync.exporter import Exporter
-from cloudsync.mqtt.envelope import Envelope, EnvelopeError, decode, now_ms
+from cloudsync.mqtt.envelope import Envelope, EnvelopeError, decode, now_ms, printable
 from cloudsync.mqtt.sync import tls_context
 from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
 from cloudsync.outbox import Item, Outbox
@@ -624,13 +624,6 @@ class Agent:
             self.client.disconnect()
         self.outbox.close()
         self.verifier.close()
-
-
-def printable(text: str, limit: int = 500) -> str:
-    """Text safe to keep and send: what UTF-8 cannot encode (a lone surrogate) escaped, and at
-    most ``limit`` characters (a refusal may quote a sender's text)."""
-    safe = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return safe if len(safe) <= limit else safe[:limit] + "..."
 
 
 def _text(args: dict[str, Any], key: str) -> str:

@@ -22,10 +22,11 @@ disk, a power cut does not take it back). One process owns the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,12 @@ COUNTERS = ("put", "duplicate", "acked", "dropped_budget", "dropped_ttl", "dead"
 
 
 class OutboxError(Exception):
-    """The outbox cannot take the record (a full disk, a body that is not JSON)."""
+    """The outbox cannot take the record (a full disk, a body that is not JSON); ``full``: the
+    disk (or its quota) is full, so a retry once space returns may succeed."""
+
+    def __init__(self, message: str, full: bool = False) -> None:
+        super().__init__(message)
+        self.full = full
 
 
 @dataclass(frozen=True)
@@ -149,25 +155,37 @@ class Outbox:
         now = now_ms()
         out: list[str | None] = []
         counts = dict.fromkeys(COUNTERS, 0)
-        with self._lock:
-            try:
-                self.db.execute("BEGIN IMMEDIATE")
-                for item in items:
-                    out.append(self._put(item, now, counts))
-                for key, value in (state or {}).items():
-                    self.db.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [key, value])
-                self._bump(counts)
-                self.db.execute("COMMIT")
-            except BaseException as exc:  # nothing of the batch is stored
-                if self.db.conn.in_transaction:
-                    self.db.execute("ROLLBACK")
-                self.bytes = int(self.db.execute("SELECT total(size) FROM outbox").fetchone()[0])
-                if isinstance(exc, sqlite3.Error):
-                    raise OutboxError(f"the outbox at {self.path} cannot store: {exc}") from exc
-                raise
+        with self._lock, self._transaction():
+            for item in items:
+                out.append(self._put(item, now, counts))
+            for key, value in (state or {}).items():
+                self.db.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [key, value])
+            self._bump(counts)
         for name, n in counts.items():
             self.counters[name] = self.counters.get(name, 0) + n
         return out
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction (the caller holds the lock): all of it or, on any error,
+        nothing (the byte count is read again); SQLite's errors as OutboxError, ``full`` when
+        the disk is (SQLITE_FULL)."""
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            yield
+            self.db.execute("COMMIT")
+        except BaseException as exc:
+            try:
+                if self.db.conn.in_transaction:
+                    self.db.execute("ROLLBACK")
+                self.bytes = int(self.db.execute("SELECT total(size) FROM outbox").fetchone()[0])
+            except sqlite3.Error:  # the rollback failed too: SQLite rolls back on the next use
+                pass
+            if isinstance(exc, sqlite3.Error):
+                code = getattr(exc, "sqlite_errorcode", None)
+                full = code == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+                raise OutboxError(f"the outbox at {self.path} cannot store: {exc}", full) from exc
+            raise
 
     def _put(self, item: Item, now: int, counts: dict[str, int]) -> str | None:
         if item.priority not in PRIORITIES:
@@ -249,10 +267,9 @@ class Outbox:
         ).fetchone()
         if not found[0]:
             return
-        self.db.execute("BEGIN IMMEDIATE")
-        self.db.execute("DELETE FROM outbox WHERE expires_ms < ?", [now])
-        self._bump({"dropped_ttl": int(found[0])})
-        self.db.execute("COMMIT")
+        with self._transaction():
+            self.db.execute("DELETE FROM outbox WHERE expires_ms < ?", [now])
+            self._bump({"dropped_ttl": int(found[0])})
         self.bytes -= int(found[1])
         self.counters["dropped_ttl"] = self.counters.get("dropped_ttl", 0) + int(found[0])
 
@@ -263,13 +280,12 @@ class Outbox:
             return 0
         marks = ",".join("?" * len(done))
         with self._lock:
-            self.db.execute("BEGIN IMMEDIATE")
-            found = self.db.execute(
-                f"SELECT count(*), total(size) FROM outbox WHERE seq IN ({marks})", done
-            ).fetchone()
-            self.db.execute(f"DELETE FROM outbox WHERE seq IN ({marks})", done)
-            self._bump({"acked": int(found[0])})
-            self.db.execute("COMMIT")
+            with self._transaction():
+                found = self.db.execute(
+                    f"SELECT count(*), total(size) FROM outbox WHERE seq IN ({marks})", done
+                ).fetchone()
+                self.db.execute(f"DELETE FROM outbox WHERE seq IN ({marks})", done)
+                self._bump({"acked": int(found[0])})
             self.bytes -= int(found[1])
             self.counters["acked"] = self.counters.get("acked", 0) + int(found[0])
         return int(found[0])
@@ -282,22 +298,21 @@ class Outbox:
             ).fetchone()
             if row is None:
                 return
-            self.db.execute("BEGIN IMMEDIATE")
-            self.db.table("dead").insert(
-                {
-                    "seq": row[0],
-                    "id": row[1],
-                    "priority": row[2],
-                    "kind": row[3],
-                    "body": row[4],
-                    "reason": reason,
-                    "at_ms": now_ms(),
-                },
-                replace=True,
-            )
-            self.db.execute("DELETE FROM outbox WHERE seq = ?", [seq])
-            self._bump({"dead": 1})
-            self.db.execute("COMMIT")
+            with self._transaction():
+                self.db.table("dead").insert(
+                    {
+                        "seq": row[0],
+                        "id": row[1],
+                        "priority": row[2],
+                        "kind": row[3],
+                        "body": row[4],
+                        "reason": reason,
+                        "at_ms": now_ms(),
+                    },
+                    replace=True,
+                )
+                self.db.execute("DELETE FROM outbox WHERE seq = ?", [seq])
+                self._bump({"dead": 1})
             self.bytes -= int(row[5])
             self.counters["dead"] = self.counters.get("dead", 0) + 1
 

@@ -103,3 +103,10 @@ def decode(data: bytes) -> Envelope:
 
 def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def printable(text: str, limit: int = 500) -> str:
+    """Text safe to keep and send: what UTF-8 cannot encode (a lone surrogate) escaped, and at
+    most ``limit`` characters (a refusal may quote a sender's text)."""
+    safe = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return safe if len(safe) <= limit else safe[:limit] + "..."
