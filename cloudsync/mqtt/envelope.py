@@ -24,6 +24,10 @@ from typing import Any
 
 VERSION = 1
 MAX_BYTES = 256 * 1024
+# a record's body may be this large: room for the envelope's other fields (node, ids, seq, and
+# keys a minor version adds) beside it
+MAX_BODY_BYTES = MAX_BYTES - 2048
+MAX_DEPTH = 32  # objects and lists nested deeper are refused (a reader's recursion)
 REQUIRED = ("v", "id", "ts", "node", "seq", "body")
 
 
@@ -77,9 +81,13 @@ def decode(data: bytes) -> Envelope:
     if len(data) > MAX_BYTES:
         raise EnvelopeError(f"an envelope of {len(data)} bytes is over {MAX_BYTES}")
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise EnvelopeError(f"not JSON: {exc}") from None
+        raise EnvelopeError(f"not JSON: {printable(str(exc), 200)}") from None
+    except RecursionError:
+        raise EnvelopeError(f"nested deeper than {MAX_DEPTH} levels") from None
+    if depth(doc) > MAX_DEPTH:
+        raise EnvelopeError(f"nested deeper than {MAX_DEPTH} levels")
     if not isinstance(doc, dict):
         raise EnvelopeError("an envelope is a JSON object")
     missing = [k for k in REQUIRED if k not in doc]
@@ -99,6 +107,24 @@ def decode(data: bytes) -> Envelope:
         raise EnvelopeError(f"bad {', '.join(bad)}")
     extra = {k: v for k, v in doc.items() if k not in REQUIRED}
     return Envelope(doc["node"], doc["seq"], doc["body"], doc["id"], doc["ts"], VERSION, extra)
+
+
+def depth(doc: Any) -> int:
+    """How deeply objects and lists nest in ``doc`` (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        elif not isinstance(value, list):
+            continue
+        deepest = max(deepest, level)
+        stack.extend((v, level + 1) for v in value if isinstance(v, (dict, list)))
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _integer(value: Any) -> bool:
