@@ -21,8 +21,10 @@ cloudsync.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 import platform
 import queue
 import random
@@ -45,10 +47,19 @@ from cloudsync.commands import Command, Refused, Verifier, load_anchors
 from cloudsync.config import Config
 from cloudsync.delivery import Delivery
 from cloudsync.exporter import Exporter
-from cloudsync.mqtt.envelope import Envelope, EnvelopeError, decode, now_ms, printable
+from cloudsync.mqtt.envelope import (
+    MAX_BODY_BYTES,
+    MAX_BYTES,
+    Envelope,
+    EnvelopeError,
+    canonical,
+    decode,
+    now_ms,
+    printable,
+)
 from cloudsync.mqtt.sync import tls_context
 from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
-from cloudsync.outbox import Item, Outbox
+from cloudsync.outbox import Item, Outbox, OutboxError
 from edged.client import Client, ClientError
 from edged.events import CAPACITY, EventLog
 from edged.link import backoff_delay
@@ -69,6 +80,11 @@ COMMANDS = (
 RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
 ACK_TIMEOUT_S = 120.0  # a record published this long ago with no PUBACK is published again
+# the largest MQTT packet cloudsync takes (MQTT 5's Maximum Packet Size: the broker does not
+# send a larger one): an envelope and its topic. The fleet's broker has the same limit.
+MAX_PACKET = MAX_BYTES + 4096
+MAX_EVENT_TEXT = 16384  # characters of one text field of an edged event that are forwarded
+RESTART_MAX_S = 30.0  # a thread that failed is started again after 1, 2, 4 ... up to this
 
 
 def node_name(configured: str) -> str:
@@ -106,8 +122,12 @@ class Agent:
         self.connected = False
         self.inflight: dict[int, int] = {}  # MQTT message id -> outbox seq
         self.sent_at: dict[int, float] = {}  # MQTT message id -> when it went (monotonic)
-        self.acked: list[int] = []
-        self.seq = now_ms()  # sequence of what does not go through the outbox: increasing
+        self.acked: list[int] = []  # PUBACKed, to leave the outbox (kept while it cannot)
+        self.refused: dict[int, str] = {}  # refused by the broker: to the dead letters
+        self.unsendable: set[int] = set()  # seqs that cannot be sent nor dead-lettered now
+        self.write_again = 0.0  # after an ack the disk could not take: when to try again
+        # the sequence of what does not go through the outbox: increasing (next() is atomic)
+        self.seq = itertools.count(now_ms() + 1)
         self.attempt = 0
         self.next_connect = 0.0  # time.monotonic() of the next connection attempt
         self.connecting_since: float | None = None  # a socket is open, no CONNACK yet
@@ -135,6 +155,7 @@ class Agent:
         log.addHandler(self.events)
         self.offline_since: float | None = time.monotonic()  # None while connected
         self.poison = 0  # messages whose handling failed (a bug): acknowledged, logged, counted
+        self.restarts: dict[str, int] = {}  # thread name -> times it failed and was restarted
         # model -> time.time() of its last rollback, kept across restarts (ModelRolledBack)
         self.rollbacks: dict[str, float] = json.loads(self.outbox.get_state(ROLLBACKS) or "{}")
         self.alerts = Evaluator(config.alerts)
@@ -168,6 +189,7 @@ class Agent:
         client.enable_logger(logging.getLogger("cloudsync.paho"))
         properties = Properties(PacketTypes.CONNECT)
         properties.SessionExpiryInterval = mq.session_expiry_s
+        properties.MaximumPacketSize = MAX_PACKET
         client.connect_async(  # only remembers where: ``_connect`` dials
             mq.host, mq.port, mq.keepalive_s, clean_start=False, properties=properties
         )
@@ -177,8 +199,7 @@ class Agent:
         return Client(str(self.config.edged.socket), timeout=timeout or self.config.edged.timeout_s)
 
     def _envelope(self, body: dict[str, Any]) -> Envelope:
-        self.seq += 1
-        return Envelope(self.node, self.seq, body)
+        return Envelope(self.node, next(self.seq), body)
 
     def _connect(self) -> None:
         mq = self.config.mqtt
@@ -232,7 +253,7 @@ class Agent:
             return
         if rc.is_failure:
             log.error("the broker refused record %d: %s; it goes to the dead letters", seq, rc)
-            self.outbox.dead_letter(seq, str(rc))
+            self.refused[seq] = str(rc)
         else:
             self.acked.append(seq)
 
@@ -249,7 +270,8 @@ class Agent:
     def _handle(self, message: Any) -> None:
         try:
             topic = parse(message.topic)
-        except TopicError:
+        except TopicError as exc:  # only a node's own topics reach it (the broker's ACL)
+            self.refuse(None, printable(f"topic {message.topic!r}: {exc}"))
             return
         if topic.kind == "desired-models":
             if message.payload:  # an empty retained message clears it: nothing to do
@@ -263,22 +285,39 @@ class Agent:
         try:
             command = self.verifier.check(topic.cmd_id, message.payload)
         except Refused as exc:
-            why = printable(str(exc))  # it may quote what the sender wrote: any text at all
-            log.warning("command %s refused: %s", topic.cmd_id, why)
-            self.report(topic.cmd_id, {"ok": False, "error": f"refused: {why}"})
-            self.outbox.put(
-                "events",
-                {"alert": "command refused", "command": topic.cmd_id, "why": why},
-                priority="alert",
-            )
+            self.refuse(topic.cmd_id, printable(str(exc)))  # it may quote the sender's text
             return
         log.info("command %s (%s) from %s (key %s)", command.id, command.name,
                  command.issuer, command.kid)  # fmt: skip
         self.orders.put(command)
 
+    def refuse(self, cmd_id: str | None, why: str) -> None:
+        """A command refused: its result says why (when it has a topic to go to), and an alert
+        for the fleet, in one transaction."""
+        log.warning("command %s refused: %s", cmd_id or "(no id)", why)
+        alert = {"alert": "command refused", "command": cmd_id, "why": why}
+        items = [Item("events", alert, "alert")]
+        if cmd_id is not None:
+            items.insert(0, result_item(cmd_id, {"ok": False, "error": f"refused: {why}"}))
+        self.keep(items)
+
     def report(self, cmd_id: str, result: dict[str, Any]) -> None:
         """A command's result, through the outbox (it reaches the operator once connected)."""
-        self.outbox.put(f"{RESULT}{cmd_id}", result, priority="event")
+        self.keep([result_item(cmd_id, result)])
+
+    def keep(self, items: list[Item]) -> None:
+        """Records into the outbox, in one transaction. When it cannot take them (a full disk)
+        they are published now, once, without its guarantees, if the broker is there (the
+        operator hears why a command did not run); logged either way."""
+        try:
+            self.outbox.put_many(items)
+            return
+        except OutboxError as exc:
+            log.error("%s: %d record(s) %s", exc, len(items),
+                      "published without it" if self.connected else "lost")  # fmt: skip
+        for item in items if self.connected else []:
+            payload = self._envelope(item.body).encode()
+            self.client.publish(self._topic_of(item.kind), payload, qos=1)
 
     def work(self) -> None:
         """The worker thread: commands, one at a time."""
@@ -370,11 +409,21 @@ class Agent:
             reply = self.events.after(0, CAPACITY)
         floor = LEVELS.index(level)
         found = [
-            {**e, "message": e["message"][:MAX_LOG_MESSAGE]}
+            {**e, "message": printable(str(e.get("message")), MAX_LOG_MESSAGE)}
             for e in reply["events"]
-            if LEVELS.index(e["level"]) >= floor and contains in e["message"]
-        ]
-        return {"source": source, "epoch": reply["epoch"], "lines": found[-lines:]}
+            if e.get("level") in LEVELS
+            and LEVELS.index(e["level"]) >= floor
+            and contains in str(e.get("message"))
+        ][-lines:]
+        # the newest lines that fit in one record (1,000 long lines would not)
+        room, kept = MAX_BODY_BYTES - 1024, 0
+        for line in reversed(found):
+            room -= len(canonical(line)) + 1
+            if room < 0:
+                break
+            kept += 1
+        result = {"source": source, "epoch": reply["epoch"], "lines": found[len(found) - kept :]}
+        return {**result, "left_out": len(found) - kept} if kept < len(found) else result
 
     # ---- what the node says ----------------------------------------------------------------
 
@@ -414,6 +463,8 @@ class Agent:
             },
             "edged": self.edged.reachability(),
             "outbox": self.outbox.stats(),
+            "poison_messages": self.poison,
+            "thread_restarts": dict(self.restarts),
         }
 
     def status(self) -> dict[str, Any]:
@@ -426,6 +477,7 @@ class Agent:
             "heartbeats": self.heartbeats,
             "inflight": len(self.inflight),
             "poison_messages": self.poison,
+            "thread_restarts": dict(self.restarts),
             "edged": self.edged.reachability(),
             "outbox": self.outbox.stats(),
         }
@@ -433,11 +485,24 @@ class Agent:
     # ---- the loops -------------------------------------------------------------------------
 
     def pump(self) -> None:
-        """Acknowledge what the broker has (one transaction), then publish more records."""
-        if self.acked:
-            self.outbox.ack(self.acked)
-            self.acked = []
+        """Acknowledge what the broker has (one transaction), move what it refused to the dead
+        letters, then publish more records. A write the disk cannot take now (full) is tried
+        again on the next turn; what was acknowledged is not sent meanwhile."""
         now = time.monotonic()
+        if (self.acked or self.refused) and now >= self.write_again:
+            try:
+                if self.acked:
+                    self.outbox.ack(self.acked)
+                    self.acked = []
+                while self.refused:
+                    seq, why = next(iter(self.refused.items()))
+                    self.outbox.dead_letter(seq, why)
+                    del self.refused[seq]
+                self.write_again = 0.0
+            except OutboxError as exc:  # said once, tried again every second
+                if not self.write_again:
+                    log.error("%s; the records the broker has stay until it can", exc)
+                self.write_again = now + 1.0
         late = [m for m, t in self.sent_at.items() if now - t > ACK_TIMEOUT_S]
         for mid in late if self.connected else []:
             # no PUBACK in all that time: sent again from the outbox (the same id); paho's own
@@ -448,13 +513,27 @@ class Agent:
         room = self.config.outbox.max_inflight - len(self.inflight)
         if not self.connected or room <= 0:
             return
-        for record in self.outbox.peek(room, exclude=self.inflight.values()):
+        held = {*self.inflight.values(), *self.acked, *self.refused, *self.unsendable}
+        for record in self.outbox.peek(room, exclude=held):
             topic = self._topic_of(record.kind)
-            info = self.client.publish(topic, record.envelope(self.node).encode(), qos=1)
+            try:
+                payload = record.envelope(self.node).encode()
+            except (EnvelopeError, ValueError) as exc:  # stored by an older cloudsync: too big
+                self._unsendable(record.seq, printable(str(exc)))
+                continue
+            info = self.client.publish(topic, payload, qos=1)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 break  # the connection just went: the outbox still has it
             self.inflight[info.mid] = record.seq
             self.sent_at[info.mid] = now
+
+    def _unsendable(self, seq: int, why: str) -> None:
+        log.error("record %d cannot be sent (%s); it goes to the dead letters", seq, why)
+        try:
+            self.outbox.dead_letter(seq, why)
+        except OutboxError as exc:  # not now: skipped until the next start
+            log.error("%s", exc)
+            self.unsendable.add(seq)
 
     def _topic_of(self, kind: str) -> str:
         if kind.startswith(RESULT):
@@ -475,8 +554,12 @@ class Agent:
             interval = self.config.heartbeat.interval_s
             # at a fixed rate (no drift from the loop's turns), unless it fell behind
             self.next_heartbeat = max(self.next_heartbeat + interval, now + interval / 2)
-            body = self.heartbeat_body()
-            self.client.publish(self.topics.heartbeat, self._envelope(body).encode(), qos=1)
+            try:
+                payload = self._envelope(self.heartbeat_body()).encode()
+            except ValueError as exc:  # what edged said cannot be sent (NaN, too large)
+                body = {"outbox": self.outbox.stats(), "error": printable(str(exc))}
+                payload = self._envelope(body).encode()
+            self.client.publish(self.topics.heartbeat, payload, qos=1)
             self.heartbeats += 1
             self.exporter.heartbeats.inc()
         self.pump()
@@ -579,15 +662,14 @@ class Agent:
         self.outbox.put_many(items, state={EDGED_METRICS: snap.to_state()})
 
     def run(self) -> None:
-        """Until ``stop``: the MQTT thread here, the edged thread beside it."""
+        """Until ``stop``: the MQTT thread here, the edged, delivery and commands threads beside
+        it, each restarted if it fails."""
         stop_metrics = self._serve_metrics()
-        threading.Thread(target=self.collect, name="edged", daemon=True).start()
-        threading.Thread(target=self.delivery.run, name="delivery", daemon=True).start()
-        worker = threading.Thread(target=self.work, name="commands", daemon=True)
-        worker.start()
+        self.start_thread("edged", self.collect)
+        self.start_thread("delivery", self.delivery.run)
+        worker = self.start_thread("commands", self.work)
         try:
-            while not self.stopping.is_set():
-                self.step()
+            self.supervise("mqtt", self._mqtt_loop)
         finally:
             self.orders.put(None)
             self.delivery.stop()
@@ -595,6 +677,35 @@ class Agent:
             if stop_metrics is not None:
                 stop_metrics()
             self._close()
+
+    def _mqtt_loop(self) -> None:
+        while not self.stopping.is_set():
+            self.step()
+
+    def start_thread(self, name: str, body: Callable[[], None]) -> threading.Thread:
+        thread = threading.Thread(target=self.supervise, args=(name, body), name=name)
+        thread.daemon = True
+        thread.start()
+        return thread
+
+    def supervise(self, name: str, body: Callable[[], None]) -> None:
+        """``body`` until it returns; when it fails (a bug, a disk): logged, counted (heartbeat,
+        status, ``cloudsync_thread_restarts_total``), and started again after a pause that
+        doubles up to RESTART_MAX_S while it keeps failing."""
+        failures = 0
+        while True:
+            started = time.monotonic()
+            try:
+                body()
+                return
+            except Exception:
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                self.exporter.restarts.labels(name).inc()
+                failures = 1 if time.monotonic() - started > RESTART_MAX_S else failures + 1
+                pause = min(RESTART_MAX_S, 2.0 ** (failures - 1))
+                log.exception("the %s thread failed; it starts again in %.0f s", name, pause)
+                if self.stopping.wait(pause):
+                    return
 
     def _serve_metrics(self) -> Callable[[], None] | None:
         """/metrics on ``[metrics] port``; a port that cannot be had is logged: the agent's
@@ -648,10 +759,41 @@ def _reloaded(reply: dict[str, Any]) -> dict[str, Any]:
 
 def event_item(epoch: str, event: dict[str, Any]) -> Item:
     """An edged event as an outbox record: errors are alerts; its id is stable across
-    retries (the epoch and the event's id)."""
+    retries (the epoch and the event's id). Its text is cut to MAX_EVENT_TEXT characters with a
+    marker (``truncated``: the fields cut); an event still too large for a record keeps only its
+    id, time, level and source."""
     level = event.get("level", "info")
     priority = "alert" if level in ("error", "critical") else "event"
-    return Item("events", {"from": "edged", **event}, priority, f"edged-{epoch[:16]}-{event['id']}")
+    body: dict[str, Any] = {"from": "edged"}
+    cut = []
+    for key, value in event.items():
+        if isinstance(value, bool) or value is None or _finite(value):
+            body[printable(key, 64)] = value
+            continue
+        text = value if isinstance(value, str) else json.dumps(value)  # escapes what it must
+        body[printable(key, 64)] = printable(text, MAX_EVENT_TEXT)
+        if len(text) > MAX_EVENT_TEXT:
+            cut.append(key)
+    if cut:
+        body["truncated"] = cut
+    if len(canonical(body)) > MAX_BODY_BYTES - 1024:
+        keep = ("from", "id", "ts", "level", "source")
+        body = {k: body[k] for k in keep if isinstance(body.get(k), (str, int))}
+        body["truncated"] = sorted(set(event) - set(keep))
+    return Item("events", body, priority, f"edged-{epoch[:16]}-{event['id']}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+
+
+def result_item(cmd_id: str, result: dict[str, Any]) -> Item:
+    """A command's result as an outbox record; one too large for a record says so instead."""
+    size = len(canonical(result))
+    if size > MAX_BODY_BYTES - 1024:
+        error = f"the result is {size} bytes, over the {MAX_BODY_BYTES - 1024} a record may carry"
+        result = {"name": result.get("name"), "ok": False, "error": error}
+    return Item(f"{RESULT}{cmd_id}", result, "event")
 
 
 def _cpus() -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from cloudsync import __version__
 from cloudsync import config as config_module
 from cloudsync.agent import Agent, node_name
 from cloudsync.local import LocalServer
+from cloudsync.outbox import OutboxError
 from edged.errors import ConfigError
 from edged.logs import setup_logging
 
@@ -43,8 +45,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     level = args.log_level or config.log_level
     setup_logging(level, config.log_format, node_name(config.node.name), "cloudsync")
-    agent = Agent(config)
-    local = LocalServer(config.local.socket, config.local.socket_mode, agent)
+    try:
+        agent = Agent(config)
+    except (OutboxError, sqlite3.Error, OSError) as exc:  # the outbox, nonces, trust dir
+        print(f"cloudsync: cannot start: {exc}", file=sys.stderr)
+        return 1
+    try:
+        local = LocalServer(config.local.socket, config.local.socket_mode, agent)
+    except OSError as exc:
+        print(f"cloudsync: cannot serve the local API on {config.local.socket}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     local.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())

@@ -84,7 +84,10 @@ def load_anchors(trust_dir: Path) -> dict[str, Ed25519PublicKey]:
     if not trust_dir.is_dir():
         return anchors
     for path in sorted(trust_dir.glob("*.pub")):
-        key = serialization.load_pem_public_key(path.read_bytes())
+        try:
+            key = serialization.load_pem_public_key(path.read_bytes())
+        except ValueError:
+            raise OSError(f"trust anchor {path}: not a PEM public key") from None
         if isinstance(key, Ed25519PublicKey):
             anchors[path.stem] = key
     return anchors
@@ -104,12 +107,15 @@ class Verifier:
         self.anchors = anchors
         self.max_lifetime_ms = int(1000 * max_lifetime_s)
         self._lock = threading.Lock()
-        self.db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS nonces (nonce TEXT PRIMARY KEY, exp INTEGER NOT NULL)"
-        )
+        try:
+            self.db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS nonces (nonce TEXT PRIMARY KEY, exp INTEGER NOT NULL)"
+            )
+        except sqlite3.Error as exc:
+            raise OSError(f"cannot open the command nonces at {db_path}: {exc}") from None
 
     def close(self) -> None:
         self.db.close()
@@ -150,9 +156,11 @@ class Verifier:
         if exp - env.ts > self.max_lifetime_ms:
             raise Refused(f"valid for more than {self.max_lifetime_ms // 1000} s")
         with self._lock:
-            self.db.execute("DELETE FROM nonces WHERE exp < ?", [now])
             try:
+                self.db.execute("DELETE FROM nonces WHERE exp < ?", [now])
                 self.db.execute("INSERT INTO nonces VALUES (?, ?)", [nonce, exp])
             except sqlite3.IntegrityError:
                 raise Refused("replayed: this nonce was already used") from None
+            except sqlite3.Error as exc:  # a full disk: unless the nonce is kept, no replay check
+                raise Refused(f"its nonce cannot be kept ({exc}): not run") from None
         return Command(env.id, name, args, env.node, kid)

@@ -59,6 +59,17 @@ class AgentCollector(Collector):
             float(stats["budget_bytes"]),
         )
         yield GaugeMetricFamily(
+            "cloudsync_outbox_disk_full",
+            "1 while the outbox's disk is full: new local records are refused (507), what the"
+            " outbox holds is still delivered",
+            float(stats["disk_full"]),
+        )
+        yield CounterMetricFamily(
+            "cloudsync_poison_messages",
+            "Messages from the broker whose handling failed (acknowledged, logged)",
+            float(agent.poison),
+        )
+        yield GaugeMetricFamily(
             "cloudsync_outbox_dead_letters",
             "Records the broker refused (kept aside, never sent again)",
             float(stats["dead_letters"]),
@@ -112,6 +123,13 @@ class Exporter:
             "cloudsync_mqtt_connections", "Sessions established with the broker", registry=r
         )
         self.heartbeats = Counter("cloudsync_heartbeats", "Heartbeats published", registry=r)
+        self.restarts = Counter(
+            "cloudsync_thread_restarts",
+            "Times a thread of cloudsync failed and was started again (a bug or the disk: see"
+            " the log)",
+            ["thread"],
+            registry=r,
+        )
         self.rollbacks = Counter(
             "cloudsync_model_rollbacks", "Model versions rolled back on this node", ["model"],
             registry=r,

@@ -11,6 +11,12 @@ disk, a power cut does not take it back). One process owns the file.
 - **Leaves only on acknowledgement**: ``ack`` deletes records, and the sender calls it from the
   PUBACK. A record the broker refuses goes to the ``dead`` table with the reason
   (``dead_letter``), never silently.
+- **Streams**: each record also gets a number in its stream, the topic it goes to and its
+  priority (``telemetry/telemetry``, ``events/alert``, ``result/event`` ...): 1, 2, 3 ... with
+  no number skipped, in the outbox's ``epoch`` (a random id made with the file; a new outbox
+  starts new streams). The envelope's ``seq`` is that number, beside ``epoch`` and
+  ``priority``: a consumer of one topic sees a gap in a stream exactly where the node dropped
+  a stored record (TTL, budget) or the broker refused one, each counted below.
 - **TTL**: a record may carry an expiry; expired records are dropped before sending and counted
   (``dropped_ttl``).
 - **Disk budget**: the records' bytes stay under ``budget_bytes``. To make room, the oldest
@@ -36,7 +42,9 @@ import sqlite_utils
 from cloudsync.mqtt.envelope import Envelope, canonical, new_id, now_ms
 
 PRIORITIES = {"alert": 0, "event": 1, "telemetry": 2}
+PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
 ROW_OVERHEAD = 64  # bytes a row costs beyond its body, for the budget
+SQLITE_FULL = 13  # sqlite3.SQLITE_FULL from Python 3.11 on (sqlite_errorcode: 3.11 too)
 COUNTERS = ("put", "duplicate", "acked", "dropped_budget", "dropped_ttl", "dead")
 
 
@@ -51,17 +59,26 @@ class OutboxError(Exception):
 
 @dataclass(frozen=True)
 class Record:
-    seq: int
+    seq: int  # the outbox's own order (every stream), for ack and peek
     id: str
     priority: int
-    kind: str  # the topic leaf it goes to: telemetry, events
+    kind: str  # the topic leaf it goes to: telemetry, events, result/{command id}
     body: dict[str, Any]
     created_ms: int
     size: int
+    stream_seq: int = 0  # its number in its stream
+    epoch: str = ""
 
     def envelope(self, node: str) -> Envelope:
         """The same bytes every time it is sent: id, seq and ts are the record's."""
-        return Envelope(node, self.seq, self.body, self.id, self.created_ms)
+        extra = {"epoch": self.epoch, "priority": PRIORITY_NAMES[self.priority]}
+        return Envelope(node, self.stream_seq, self.body, self.id, self.created_ms, extra=extra)
+
+
+def stream_of(kind: str, priority: str) -> str:
+    """The stream of a record: the topic leaf it goes to (every result is ``result``) and its
+    priority."""
+    return f"{kind.partition('/')[0]}/{priority}"
 
 
 @dataclass(frozen=True)
@@ -78,14 +95,19 @@ class Item:
 class Outbox:
     def __init__(self, path: str | Path, budget_bytes: int = 256 << 20) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self.db = sqlite_utils.Database(conn)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
         self.budget = budget_bytes
         self._lock = threading.Lock()
-        self._create()
+        self.full = False  # the last write failed for a full disk (and none succeeded since)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+            self.db = sqlite_utils.Database(conn)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self._create()
+        except (OSError, sqlite3.Error) as exc:
+            raise OutboxError(f"cannot open the outbox at {self.path}: {exc}") from None
+        self.epoch = self._epoch()
         self.bytes = int(self.db.execute("SELECT total(size) FROM outbox").fetchone()[0])
         self.counters = {
             row[0]: int(row[1]) for row in self.db.execute("SELECT name, value FROM counters")
@@ -124,9 +146,33 @@ class Outbox:
                 pk="seq",
             )
         self.db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY, last INTEGER)")
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(outbox)")}
+        if "stream_seq" not in columns:  # an outbox of an older cloudsync: numbered now
+            self.db.execute("ALTER TABLE outbox ADD COLUMN stream_seq INTEGER NOT NULL DEFAULT 0")
+            last: dict[str, int] = {}
+            for seq, kind, priority in self.db.execute(
+                "SELECT seq, kind, priority FROM outbox ORDER BY seq"
+            ).fetchall():
+                stream = stream_of(kind, PRIORITY_NAMES[priority])
+                last[stream] = last.get(stream, 0) + 1
+                self.db.execute(
+                    "UPDATE outbox SET stream_seq = ? WHERE seq = ?", [last[stream], seq]
+                )
+            self.db.conn.executemany("INSERT INTO streams VALUES (?, ?)", last.items())
         if "counters" not in self.db.table_names():
             self.db.table("counters").create({"name": str, "value": int}, pk="name")
             self.db.table("counters").insert_all([{"name": n, "value": 0} for n in COUNTERS])
+
+    def _epoch(self) -> str:
+        """The id of this outbox's streams, made once with the file."""
+        with self._lock, self._transaction():
+            row = self.db.execute("SELECT value FROM state WHERE key = 'epoch'").fetchone()
+            if row is not None:
+                return str(row[0])
+            epoch = new_id()[:16]
+            self.db.execute("INSERT INTO state VALUES ('epoch', ?)", [epoch])
+            return epoch
 
     def close(self) -> None:
         with self._lock:
@@ -174,6 +220,7 @@ class Outbox:
             self.db.execute("BEGIN IMMEDIATE")
             yield
             self.db.execute("COMMIT")
+            self.full = False
         except BaseException as exc:
             try:
                 if self.db.conn.in_transaction:
@@ -183,7 +230,8 @@ class Outbox:
                 pass
             if isinstance(exc, sqlite3.Error):
                 code = getattr(exc, "sqlite_errorcode", None)
-                full = code == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+                full = code == SQLITE_FULL or "disk is full" in str(exc)
+                self.full = self.full or full
                 raise OutboxError(f"the outbox at {self.path} cannot store: {exc}", full) from exc
             raise
 
@@ -206,10 +254,15 @@ class Outbox:
             counts["dropped_budget"] += 1
             return None
         expires = None if item.ttl_s is None else now + int(1000 * item.ttl_s)
+        (number,) = self.db.execute(
+            "INSERT INTO streams VALUES (?, 1) ON CONFLICT (name) DO UPDATE SET last = last + 1"
+            " RETURNING last",
+            [stream_of(item.kind, item.priority)],
+        ).fetchone()
         self.db.execute(
-            "INSERT INTO outbox (id, priority, kind, body, size, created_ms, expires_ms)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [record_id, priority, item.kind, body, size, now, expires],
+            "INSERT INTO outbox (id, priority, kind, body, size, created_ms, expires_ms,"
+            " stream_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [record_id, priority, item.kind, body, size, now, expires, number],
         )
         self.bytes += size
         return record_id
@@ -253,12 +306,15 @@ class Outbox:
         skip = list(exclude)
         with self._lock:
             self._expire()
-            sql = "SELECT seq, id, priority, kind, body, created_ms, size FROM outbox"
+            sql = "SELECT seq, id, priority, kind, body, created_ms, size, stream_seq FROM outbox"
             if skip:
                 sql += f" WHERE seq NOT IN ({','.join('?' * len(skip))})"
             sql += " ORDER BY priority, seq LIMIT ?"
             rows = self.db.execute(sql, [*skip, limit]).fetchall()
-        return [Record(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
+        return [
+            Record(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], self.epoch)
+            for r in rows
+        ]
 
     def _expire(self) -> None:
         now = now_ms()
@@ -346,5 +402,6 @@ class Outbox:
             "bytes": self.bytes,
             "budget_bytes": self.budget,
             "dead_letters": dead,
+            "disk_full": self.full,
             "counters": dict(self.counters),
         }

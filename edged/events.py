@@ -5,7 +5,8 @@ Events are log records of the ``edged`` loggers (a model ready or unavailable, t
 or down, a config reload, an error): one source of truth, nothing to keep in step. Ids start at
 1 for each run of the daemon, which has its own ``epoch`` (a random id): a reader that sees a new
 epoch starts again from 0. A reader whose cursor fell out of the ring (``capacity`` events) is
-told how many it missed.
+told how many it missed. A message is kept to its first MAX_MESSAGE characters, with a marker
+that says how many were cut.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import uuid
 from typing import Any
 
 CAPACITY = 10_000
+MAX_MESSAGE = 16384  # characters of a message kept; a longer one is cut, with a marker
 
 
 class EventLog(logging.Handler):
@@ -32,6 +34,8 @@ class EventLog(logging.Handler):
             message = record.getMessage()
         except Exception:  # a bad format string must not break the daemon's logging
             message = str(record.msg)
+        if len(message) > MAX_MESSAGE:  # the ring holds 10,000: bounded, as what it forwards
+            message = f"{message[:MAX_MESSAGE]}... [{len(message) - MAX_MESSAGE} more characters]"
         with self._ring_lock:
             self.last += 1
             self.ring.append(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peer import free_port
+from cloudsync.agent import MAX_PACKET
 from tests.pki import issue
 
 OPERATOR = "operator"  # the CN of the operators' certificate: the fleet's whole tree
@@ -41,9 +42,11 @@ def render_config(
     data: Path,
     websockets_port: int | None = None,
     user: str = "mosquitto",
+    max_packet_size: int | None = MAX_PACKET,
 ) -> str:
-    """mosquitto.conf: a TLS 1.3 listener with client certificates, ACLs, persistence; run as
-    ``user`` (started as root, mosquitto drops to it, and it must own ``data``)."""
+    """mosquitto.conf: a TLS 1.3 listener with client certificates, ACLs, persistence, and the
+    largest packet a node takes (None: Mosquitto's default, none); run as ``user`` (started as
+    root, mosquitto drops to it, and it must own ``data``)."""
     tls = f"""\
 cafile {pki}/ca.pem
 certfile {pki}/broker.pem
@@ -61,6 +64,7 @@ persistence true
 persistence_location {data}/
 autosave_interval 1
 max_queued_messages 100000
+{f"max_packet_size {max_packet_size}" if max_packet_size else ""}
 log_dest stderr
 log_type error
 log_type warning
@@ -127,6 +131,7 @@ class Broker:
     port: int = 0
     websockets_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
+    max_packet_size: int | None = MAX_PACKET
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -137,7 +142,15 @@ class Broker:
         data.mkdir(exist_ok=True)
         self.config = self.workdir / "mosquitto.conf"
         self.config.write_text(
-            render_config(self.port, self.pki, acl, data, self.websockets_port, getpass.getuser())
+            render_config(
+                self.port,
+                self.pki,
+                acl,
+                data,
+                self.websockets_port,
+                getpass.getuser(),
+                self.max_packet_size,
+            )
         )
         self.log = self.workdir / "mosquitto.log"
 

@@ -44,8 +44,12 @@ def now_ms() -> int:
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
-    """The one byte form of a JSON object: sorted keys, no spaces, UTF-8."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """The one byte form of a JSON object: sorted keys, no spaces, UTF-8; ValueError for what
+    JSON cannot carry (NaN, infinities, text UTF-8 cannot encode)."""
+    data = json.dumps(
+        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    return data.encode()
 
 
 @dataclass(frozen=True)
@@ -135,4 +139,4 @@ def printable(text: str, limit: int = 500) -> str:
     """Text safe to keep and send: what UTF-8 cannot encode (a lone surrogate) escaped, and at
     most ``limit`` characters (a refusal may quote a sender's text)."""
     safe = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return safe if len(safe) <= limit else safe[:limit] + "..."
+    return safe if len(safe) <= limit else f"{safe[:limit]}... [{len(safe) - limit} more]"

@@ -29,7 +29,63 @@ def test_priorities_then_order_and_only_acks_remove(tmp_path: Path) -> None:
     assert box.depth() == {"alert": 0, "event": 0, "telemetry": 4}
     env = box.peek(1)[0].envelope("node-1")
     assert env == box.peek(1)[0].envelope("node-1")  # a resend is the same message
-    assert env.id == ids[1] and env.seq == box.peek(1)[0].seq
+    assert env.id == ids[1] and env.seq == 2  # the second of the telemetry stream
+    assert env.extra == {"epoch": box.epoch, "priority": "telemetry"}
+
+
+def test_each_stream_counts_1_2_3_and_a_gap_is_a_record_the_node_dropped(tmp_path: Path) -> None:
+    """The contract of docs/PROTOCOL.md: per topic and priority, seq runs 1, 2, 3 ... in the
+    outbox's epoch; a consumer of one topic sees a gap exactly where a stored record expired,
+    was pushed out by the budget or refused by the broker, and nowhere else."""
+    path = tmp_path / "outbox.db"
+    box = Outbox(path)
+    box.put_many(
+        [Item("telemetry", {"n": i}, ttl_s=0.05 if i == 3 else None) for i in range(6)]
+        + [Item("events", {"n": i}, "alert") for i in range(3)]
+        + [Item("events", {"n": i}, "event", id=f"e{i % 2}") for i in range(3)]  # a duplicate
+        + [Item(f"result/cmd-{i}", {"ok": True}, "event") for i in range(2)]
+    )
+    time.sleep(0.1)
+    refused = next(r for r in box.peek(100) if r.kind == "events" and r.body["n"] == 1)
+    box.dead_letter(refused.seq, "broker: not authorized")
+    streams: dict[tuple[str, str], list[int]] = {}
+    for r in box.peek(100):
+        env = r.envelope("n1")
+        assert env.extra["epoch"] == box.epoch
+        streams.setdefault((r.kind.partition("/")[0], env.extra["priority"]), []).append(env.seq)
+    assert streams == {
+        ("telemetry", "telemetry"): [1, 2, 3, 5, 6],  # 4 expired
+        ("events", "alert"): [1, 3],  # 2 refused by the broker
+        ("events", "event"): [1, 2],  # the duplicate has no number of its own
+        ("result", "event"): [1, 2],  # every command's result topic: one stream
+    }
+    assert box.counters["dropped_ttl"] == 1 and box.counters["dead"] == 1
+    box.close()
+    again = Outbox(path)
+    assert again.epoch == box.epoch
+    assert again.put("telemetry", {"n": 6}) and again.peek(100)[-1].envelope("n1").seq == 7
+    again.close()
+    path.unlink()
+    fresh = Outbox(path)  # a new file: new streams, told apart by the epoch
+    fresh.put("telemetry", {"n": 0})
+    env = fresh.peek(1)[0].envelope("n1")
+    assert env.seq == 1 and env.extra["epoch"] != box.epoch
+
+
+def test_an_outbox_of_an_older_cloudsync_keeps_its_records_and_numbers_new_ones(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "outbox.db"
+    box = Outbox(path)
+    box.put_many([Item("telemetry", {"n": 0}), Item("events", {}, "alert")])
+    box.put("telemetry", {"n": 1})
+    box.db.execute("ALTER TABLE outbox DROP COLUMN stream_seq")  # as an older cloudsync made it
+    box.db.execute("DROP TABLE streams")
+    box.close()
+    again = Outbox(path)
+    again.put("telemetry", {"n": 2})
+    numbers = [(r.kind, r.envelope("n1").seq) for r in again.peek(10)]
+    assert numbers == [("events", 1), ("telemetry", 1), ("telemetry", 2), ("telemetry", 3)]
 
 
 def test_a_duplicate_id_is_stored_once(tmp_path: Path) -> None:
