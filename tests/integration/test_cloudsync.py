@@ -279,6 +279,17 @@ def test_10000_records_through_20_broker_restarts_and_5_sigkills_lose_nothing(
         by_priority.setdefault(record(e.body["i"])["priority"], []).append(e.body["i"])
     for priority, order in by_priority.items():
         assert order == sorted(order), f"{priority} records out of order"
+    # the stream contract (docs/PROTOCOL.md): per topic and priority, seq runs 1..n in one
+    # epoch, one number per record; nothing was dropped here, so there is no gap
+    # (each priority is one topic here: alerts and events on events, telemetry on telemetry)
+    streams: dict[tuple[str, str], dict[int, str]] = {}
+    for e in seen:
+        stream = streams.setdefault((e.extra["epoch"], e.extra["priority"]), {})
+        assert stream.setdefault(e.seq, e.id) == e.id  # a number is one record
+    assert len({epoch for epoch, _ in streams}) == 1
+    assert {priority: sorted(numbers) for (_, priority), numbers in streams.items()} == {
+        p: list(range(1, len(order) + 1)) for p, order in by_priority.items()
+    }
     print(
         f"{total} records, {len(seen) - total} duplicates, {agent.status()['outbox']['counters']}"
     )
