@@ -85,7 +85,20 @@ class DeliveryConfig(Section):
         " version moves in by a rename)",
     )
     ca_file: Path | None = Field(None, description="CA of the download server (default: system)")
-    threshold: int = Field(1, ge=1, description="fleet keys that must have signed a manifest")
+    allow_http_loopback: bool = Field(
+        False,
+        description="also take plain http:// URLs whose host is loopback (127.0.0.0/8, ::1,"
+        " localhost): for tests; otherwise every URL must be https:// (TLS 1.3)",
+    )
+    state_file: Path | None = Field(
+        None,
+        description="each model's delivery state (the rollback floor: the highest version"
+        " accepted; the version that failed), JSON, kept apart from the outbox (default:"
+        " delivery.json beside the outbox's file, /var/lib/edged/delivery.json)",
+    )
+    threshold: int = Field(
+        1, ge=1, description="distinct fleet keys (not kids) that must have signed a manifest"
+    )
     timeout_s: float = Field(30.0, gt=0, description="a download stalled this long is retried")
     attempts: int = Field(5, ge=1, description="tries of a file before the step fails")
     retry_s: float = Field(300.0, gt=0, description="a failed delivery is tried again after this")

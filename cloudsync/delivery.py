@@ -7,15 +7,19 @@ The operator publishes, retained, on ``.../desired/models``::
 
 For each entry the delivery thread, in order, reporting each step as an event:
 
-1. **verifies** the manifest (``cloudsync.manifest``: a threshold of the fleet's keys, not
-   expired), checks it targets this node, and that its version is not below the highest one
-   this node ever accepted for the model (the floor, kept in the outbox's state: TUF's rollback
-   attack). A version already active, or one that already failed here, is left alone;
+1. **verifies** the manifest (``cloudsync.manifest``: a threshold of the fleet's distinct keys,
+   not expired), checks it targets this node, and that its version is not below the floor: the
+   highest of the versions this node ever accepted for the model (kept in a state file of its
+   own, ``[delivery] state_file``, not in the outbox: an outbox recreated must not lower it),
+   edged's active version and the highest version edged has on disk (TUF's rollback attack).
+   A version already active, or one that already failed here, is left alone. Each URL must be
+   ``https://`` (plain ``http://`` only to a loopback host, and only with
+   ``allow_http_loopback``): ``file://`` and the rest are refused before anything is written;
 2. **downloads** each file from its signed, expiring URL into ``{staging_dir}/{model}-{version}``
-   as ``{path}.part``: a restart resumes with a Range request from what is on disk (the bytes
-   not fetched again are counted), a server that sends more than the listed length is cut off
-   (endless data), the SHA-256 must match, and only then is the file renamed to its name. The
-   free space is checked before it starts;
+   as ``{path}.part``, over TLS 1.3 and following no redirect: a restart resumes with a Range
+   request from what is on disk (the bytes not fetched again are counted), a server that sends
+   more than the listed length is cut off (endless data), the SHA-256 must match, and only then
+   is the file renamed to its name. The free space is checked before it starts;
 3. asks edged to **install** it (``POST /v1/admin/models/{m}/install``): edged checks the files
    again, moves the directory in, smoke-tests the version and switches to it, or keeps the old
    one serving and says why;
@@ -24,22 +28,33 @@ For each entry the delivery thread, in order, reporting each step as an event:
    edged to roll back to the version before, and reports it.
 
 Nothing here blocks the MQTT thread: a new desired state replaces the one waiting.
+
+What a report says may reach whoever serves the files, so a download's failure is reported as a
+category ("cannot connect to the download server", "TLS handshake failed", "the server answered
+404"), never with the addresses, ports or OS errors behind it (those go to the local log), and
+every text in a report that may come from outside goes through ``printable``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
+import http.client
+import ipaddress
 import json
 import logging
 import math
 import os
 import platform
+import re
 import shutil
+import sqlite3
 import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,7 +66,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cloudsync import metrics
 from cloudsync.config import DeliveryConfig
 from cloudsync.manifest import FileEntry, Manifest, ManifestError, verify
+from cloudsync.mqtt.envelope import printable
 from cloudsync.outbox import Item, Outbox
+from edged.atomic import write_atomic
 from edged.client import Client, ClientError
 from edged.link import backoff_delay
 from edged.models.install import sha256_of
@@ -59,7 +76,9 @@ from edged.models.install import sha256_of
 log = logging.getLogger("cloudsync.delivery")
 CHUNK = 1 << 16
 EDGED_RETRY_S = 5.0  # edged not up yet (it starts beside cloudsync): asked again this soon
-STATE = "delivery/"  # outbox state key per model: {"floor": V, "failed": V}
+STATE = "delivery/"  # an older cloudsync's outbox state key per model, read once (migration)
+STATE_FILE = "delivery.json"  # beside the outbox's file unless [delivery] state_file says
+REDIRECT = "a redirect (not followed)"
 
 
 class DeliveryError(Exception):
@@ -71,16 +90,124 @@ class DeliveryError(Exception):
         self.retry = retry
 
 
+class StateError(Exception):
+    """The delivery state file cannot be read or is not what cloudsync writes: without its
+    floors a rollback could pass, so deliveries stop until it is repaired or removed."""
+
+
 @dataclass
 class Counters:
     downloaded: int = 0  # bytes fetched
     resumed: int = 0  # bytes already on disk, not fetched again
 
 
+# ---- URLs and downloads --------------------------------------------------------------------
+
+
+def check_url(url: str, allow_http_loopback: bool = False) -> None:
+    """DeliveryError (not retried) unless ``url`` is https, or plain http to a loopback host
+    with ``allow_http_loopback``: no file, ftp, data or other scheme."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        _ = parts.port  # one that is not a number raises here
+    except ValueError:
+        raise DeliveryError("the URL is not valid", retry=False) from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("https", "http"):
+        shown = printable(scheme, 20) if scheme else "(none)"
+        raise DeliveryError(f"URL scheme '{shown}' refused: https only", retry=False)
+    if not host or any(c.isspace() or ord(c) < 32 for c in url):
+        raise DeliveryError("the URL is not valid", retry=False)
+    if scheme == "http" and not allow_http_loopback:
+        raise DeliveryError("plain http refused: https only", retry=False)
+    if scheme == "http" and not _loopback(host):
+        raise DeliveryError(
+            "plain http to a host that is not loopback refused: https only", retry=False
+        )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def opener(context: ssl.SSLContext, allow_http: bool) -> urllib.request.OpenerDirector:
+    """urllib with https (``context``) and, when allowed, http only: no file, ftp or data
+    handler, and no redirect handler (a 3xx is an HTTPError, not followed)."""
+    director = urllib.request.OpenerDirector()
+    handlers: list[urllib.request.BaseHandler] = [
+        urllib.request.ProxyHandler(),  # the environment's, as urlopen does
+        urllib.request.UnknownHandler(),
+        urllib.request.HTTPDefaultErrorHandler(),
+        urllib.request.HTTPErrorProcessor(),
+        urllib.request.HTTPSHandler(context=context),
+    ]
+    if allow_http:
+        handlers.append(urllib.request.HTTPHandler())
+    for handler in handlers:
+        director.add_handler(handler)
+    return director
+
+
+def category(exc: BaseException, reading: bool = False) -> tuple[str, bool]:
+    """What failed in a download, in words that can go to the fleet (no address, port or OS
+    error: the local log has those), and whether trying again may mend it."""
+    if isinstance(exc, urllib.error.HTTPError):
+        if 300 <= exc.code < 400:
+            return REDIRECT, False
+        if exc.code in (403, 410):
+            return f"the server answered {exc.code}: the signed URL expired or is not valid", False
+        return f"the server answered {exc.code}", exc.code >= 500
+    if isinstance(exc, urllib.error.URLError):
+        if not isinstance(exc.reason, BaseException):  # a proxy's tunnel, say
+            return "cannot connect to the download server", True
+        exc = exc.reason
+    if isinstance(exc, TimeoutError):
+        return "the download timed out", True
+    if isinstance(exc, ssl.SSLCertVerificationError):  # a ValueError too: before those
+        return "TLS handshake failed: the server's certificate does not verify", True
+    if isinstance(exc, ssl.SSLError) and not reading:
+        return "TLS handshake failed", True
+    if isinstance(exc, (ValueError, http.client.InvalidURL)):
+        return "the URL is not valid", False
+    if isinstance(exc, (OSError, http.client.HTTPException)) and reading:
+        return "the download broke off", True
+    if isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError)):
+        return "the download server closed the connection", True
+    if isinstance(exc, http.client.HTTPException):
+        return "the download server's answer is not HTTP", True
+    return "cannot connect to the download server", True
+
+
+def _failed(entry: FileEntry, exc: BaseException, reading: bool = False) -> DeliveryError:
+    """The DeliveryError to report for ``exc``; its detail only in the local log."""
+    what, retry = category(exc, reading)
+    if isinstance(exc, urllib.error.HTTPError):
+        location = exc.headers.get("Location") if exc.headers else None
+        detail = f"HTTP {exc.code} {exc.reason}" + (f", Location: {location}" if location else "")
+        exc.close()
+    else:
+        cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        detail = f"{type(cause).__name__}: {cause}"
+    log.warning("delivery: %s: %s (%s)", entry.path, what, printable(detail, 300))
+    return DeliveryError(f"{entry.path}: {what}", retry)
+
+
 def fetch(
-    url: str, dest: Path, entry: FileEntry, context: ssl.SSLContext | None, timeout: float
+    url: str,
+    dest: Path,
+    entry: FileEntry,
+    context: ssl.SSLContext,
+    timeout: float,
+    allow_http_loopback: bool = False,
 ) -> Counters:
     """One file to ``dest``, resumed from ``dest.part``; checked before it takes its name."""
+    check_url(url, allow_http_loopback)
     counters = Counters()
     if dest.exists():
         if dest.stat().st_size == entry.length and sha256_of(dest).hexdigest() == entry.sha256:
@@ -98,15 +225,9 @@ def fetch(
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         request = urllib.request.Request(url, headers=headers)
         try:
-            response = urllib.request.urlopen(request, timeout=timeout, context=context)
-        except urllib.error.HTTPError as exc:
-            why = "the signed URL expired or is not valid" if exc.code in (403, 410) else exc.reason
-            raise DeliveryError(
-                f"{entry.path}: the server answered {exc.code}: {why}", retry=exc.code >= 500
-            ) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            raise DeliveryError(f"{entry.path}: cannot download: {reason}") from None
+            response = opener(context, allow_http_loopback).open(request, timeout=timeout)
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError: an OSError
+            raise _failed(entry, exc) from None
         with response, part.open("r+b" if part.exists() else "wb") as f:
             if offset and response.status != 206:  # the server ignored the range: start again
                 offset, digest, counters.resumed = 0, hashlib.sha256(), 0
@@ -125,12 +246,12 @@ def fetch(
                     digest.update(chunk)
                     written += len(chunk)
                     counters.downloaded += len(chunk)
-            except (OSError, TimeoutError) as exc:
+            except (OSError, http.client.HTTPException) as exc:
                 if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                     raise DeliveryError(
                         f"{entry.path}: no space left on the staging disk"
                     ) from None
-                raise DeliveryError(f"{entry.path}: the download broke off: {exc}") from None
+                raise _failed(entry, exc, reading=True) from None
             finally:
                 f.flush()
                 os.fsync(f.fileno())
@@ -143,7 +264,94 @@ def fetch(
     return counters
 
 
+# ---- the delivery state --------------------------------------------------------------------
+
+
+class DeliveryState:
+    """Per model ``{"floor": V, "failed": V}``: the highest version accepted here (no version
+    below it is installed) and the last version that failed or was rolled back (not installed
+    again from the same desired state). A JSON file of its own, written whole and fsynced
+    (``write_atomic``) before the event that reports it; a floor never goes down. Created from
+    an older cloudsync's outbox state keys when it does not exist yet."""
+
+    def __init__(self, path: Path, outbox: Outbox) -> None:
+        self.path = path
+        self.outbox = outbox
+        self.lock = threading.RLock()  # the delivery thread, and the command worker's rollback
+
+    def get(self, model: str) -> dict[str, int]:
+        """The model's state ({} when none); StateError when the file cannot be trusted."""
+        return dict(self._load().get(model, {}))
+
+    def set(self, model: str, state: dict[str, int]) -> None:
+        """The model's new state, on disk before this returns; its floor only goes up."""
+        with self.lock:
+            doc = self._load()
+            floor = max(int(doc.get(model, {}).get("floor", 0)), int(state.get("floor", 0)))
+            doc[model] = {**state, "floor": floor} if floor else dict(state)
+            write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+    def _load(self) -> dict[str, dict[str, int]]:
+        with self.lock:
+            try:
+                raw = self.path.read_bytes()
+            except FileNotFoundError:
+                return self._migrate()
+            except OSError as exc:
+                raise StateError(
+                    f"the delivery state file {self.path} cannot be read ({exc.strerror})"
+                ) from None
+            try:
+                doc = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                raise StateError(f"the delivery state file {self.path} is not JSON") from None
+            if not _state_doc(doc):
+                raise StateError(
+                    f"the delivery state file {self.path} does not hold"
+                    ' {model: {"floor": V, "failed": V}}'
+                )
+            return dict(doc)
+
+    def _migrate(self) -> dict[str, dict[str, int]]:
+        """The outbox's ``delivery/{model}`` state keys (where an older cloudsync kept them),
+        written to the file once; {} (no file yet) when there are none."""
+        doc: dict[str, dict[str, int]] = {}
+        uri = f"file:{urllib.parse.quote(str(self.outbox.path))}?mode=ro"
+        try:
+            with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+                rows = db.execute(
+                    "SELECT key, value FROM state WHERE substr(key, 1, ?) = ?",
+                    [len(STATE), STATE],
+                ).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("delivery: the outbox's delivery state cannot be read: %s", exc)
+            rows = []
+        for key, value in rows:
+            with contextlib.suppress(ValueError, TypeError):
+                state = json.loads(value)
+                if _state_doc({key: state}):
+                    doc[key[len(STATE) :]] = state
+        if doc:
+            write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            log.info("delivery: the state of %d model(s) moved from the outbox to %s",
+                     len(doc), self.path)  # fmt: skip
+        return doc
+
+
+def _state_doc(doc: Any) -> bool:
+    def version(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    return isinstance(doc, dict) and all(
+        isinstance(state, dict)
+        and all(version(state[k]) for k in ("floor", "failed") if k in state)
+        for state in doc.values()
+    )
+
+
 class Delivery:
+    """The delivery thread of one node (``run``), fed desired states by the MQTT thread."""
+
     def __init__(
         self,
         config: DeliveryConfig,
@@ -161,16 +369,19 @@ class Delivery:
         self.edged = edged  # a client of edged with the given timeout
         self.quick = edged_timeout_s  # for the calls that only ask
         self.pending: list[dict[str, Any]] | None = None
+        self.current: list[dict[str, Any]] = []  # the desired state being applied
         self.wake = threading.Condition()
         self.stopping = False
         self.on_rollback: Callable[[str], None] | None = None  # a version was rolled back
         self.context = self._tls()
+        path = config.state_file or Path(outbox.path).with_name(STATE_FILE)
+        self.states = DeliveryState(path, outbox)
 
     def _tls(self) -> ssl.SSLContext:
         context = ssl.create_default_context(
             cafile=str(self.config.ca_file) if self.config.ca_file else None
         )
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.minimum_version = ssl.TLSVersion.TLSv1_3  # as every other link of the device
         return context
 
     # ---- the thread ------------------------------------------------------------------------
@@ -191,8 +402,11 @@ class Delivery:
             self.wake.notify()
 
     def run(self) -> None:
-        retry_at: float | None = None
-        current: list[dict[str, Any]] = []
+        """Until ``stop``: each desired state, entry by entry, and again after a failure. When
+        it fails itself (a report the disk cannot take) the agent starts it again, and the
+        desired state it was on is tried again at once."""
+        current = self.current
+        retry_at: float | None = time.monotonic() if current else None
         while True:
             with self.wake:
                 timeout = None if retry_at is None else max(0.0, retry_at - time.monotonic())
@@ -202,6 +416,7 @@ class Delivery:
                     return
                 if self.pending is not None:
                     current, self.pending = self.pending, None
+                    self.current = current
                 elif retry_at is None or time.monotonic() < retry_at:
                     continue
             retry_at = None
@@ -219,7 +434,8 @@ class Delivery:
     # ---- one model -------------------------------------------------------------------------
 
     def state(self, model: str) -> dict[str, Any]:
-        return dict(json.loads(self.outbox.get_state(STATE + model) or "{}"))
+        """The model's stored state (``DeliveryState``); StateError when it cannot be read."""
+        return dict(self.states.get(model))
 
     def report(
         self,
@@ -228,20 +444,19 @@ class Delivery:
         state: dict[str, Any] | None = None,
         **fields: Any,
     ) -> None:
-        """A step, as an event (a failure as an alert), with the model's new ``state`` stored
-        in the same transaction."""
-        doc = {"step": step, **fields}
+        """A step, as an event (a failure as an alert); the model's new ``state`` is on disk
+        first (a floor is never below what was reported). Every text is ``printable``: it may
+        quote what came from outside."""
+        doc = _printable({"step": step, **fields})
         if manifest is not None:
             doc = {"model": manifest.model, "version": manifest.version, **doc}
+        if state is not None:
+            self.states.set(str(doc["model"]), state)
         bad = step in ("refused", "failed", "rolled-back")
         if step == "rolled-back" and self.on_rollback is not None:
             self.on_rollback(str(doc["model"]))
         log.log(logging.WARNING if bad else logging.INFO, "delivery: %s", json.dumps(doc))
-        item = Item("events", {"delivery": doc}, "alert" if bad else "event")
-        extra = None
-        if state is not None:
-            extra = {STATE + str(doc["model"]): json.dumps(state)}
-        self.outbox.put_many([item], state=extra)
+        self.outbox.put_many([Item("events", {"delivery": doc}, "alert" if bad else "event")])
 
     def apply(self, entry: Any) -> bool | float:
         """One desired model: True when done with it, False to try again after ``retry_s``, or
@@ -258,8 +473,14 @@ class Delivery:
             log.info("delivery: %s %d is not for this node: %s", manifest.model,
                      manifest.version, why_not)  # fmt: skip
             return True
-        state = self.state(manifest.model)
-        floor = int(state.get("floor", 0))
+        try:
+            state = self.state(manifest.model)
+        except StateError as exc:  # fail closed: without the floor a rollback could pass
+            log.error("delivery: %s", exc)
+            why = f"{exc}: no delivery until it is repaired or removed (removed: the floor"
+            self.report("refused", manifest, why=why + " is edged's highest version)")
+            return False  # asked again after retry_s: a repaired file is taken then
+        stored = int(state.get("floor", 0))
         if state.get("failed") == manifest.version:
             return True  # reported when it failed; a new version is needed
         try:
@@ -275,14 +496,24 @@ class Delivery:
         if active == manifest.version or (
             active is None and [manifest.version] == versions.get("serving")
         ):
-            if floor < manifest.version:
+            if stored < manifest.version:
                 self.report("active", manifest, {**state, "floor": manifest.version})
             return True  # (a desired version below the floor that is active: a rollback's)
+        # the floor: what was accepted here, and what edged has (the state file may be new)
+        floor = max([stored, *_versions(versions)])
         if manifest.version < floor:
-            why = f"version {manifest.version} is below {floor}, already accepted here (rollback)"
+            why = (
+                f"version {manifest.version} is below {floor}, already accepted or installed"
+                " here (rollback)"
+            )
             self.report("refused", manifest, why=why)
             return True
-        if floor < manifest.version:  # accepted: nothing older is taken from now on
+        try:  # before anything is written: a URL that is refused is refused as a whole
+            self.check_urls(manifest, entry["urls"])
+        except DeliveryError as exc:
+            self.report("refused", manifest, why=str(exc))
+            return True
+        if stored < manifest.version:  # accepted: nothing older is taken from now on
             state = {**state, "floor": manifest.version}
             self.report("accepted", manifest, state, bytes=manifest.size, signed_by=manifest.kids)
         if manifest.version in versions.get("on_disk", []):
@@ -304,20 +535,36 @@ class Delivery:
 
     def rolled_back(self, model: str, version: int, by: str) -> None:
         """An operator's rollback: this version is not installed again from the same state."""
-        state = {**self.state(model), "failed": version}
+        try:
+            state: dict[str, Any] | None = {**self.state(model), "failed": version}
+        except StateError as exc:  # the rollback happened: said, without the state
+            log.error("delivery: %s", exc)
+            state = None
         self.report("rolled-back", None, state, model=model, version=version, why=by)
 
     def staged(self, manifest: Manifest) -> Path:
         return self.config.staging_dir / f"{manifest.model}-{manifest.version}"
 
-    def download(self, manifest: Manifest, urls: dict[str, Any]) -> tuple[Path, Counters]:
-        staged = self.staged(manifest)
+    def check_urls(self, manifest: Manifest, urls: dict[str, Any]) -> None:
+        """DeliveryError (not retried) when a file has no URL or one that is refused."""
         missing = [f.path for f in manifest.files if not isinstance(urls.get(f.path), str)]
         if missing:
-            raise DeliveryError(f"no URL for {', '.join(missing)}")
+            raise DeliveryError(f"no URL for {', '.join(missing)}", retry=False)
+        for file in manifest.files:
+            try:
+                check_url(urls[file.path], self.config.allow_http_loopback)
+            except DeliveryError as exc:
+                raise DeliveryError(f"{file.path}: {exc}", retry=False) from None
+
+    def download(self, manifest: Manifest, urls: dict[str, Any]) -> tuple[Path, Counters]:
+        """Each file into the model's staging directory (resumed, checked); older stagings of
+        this model (``{model}-{digits}``, no other model's) go first."""
+        self.check_urls(manifest, urls)
+        staged = self.staged(manifest)
         staged.mkdir(parents=True, exist_ok=True)
-        for old in self.config.staging_dir.iterdir():  # older stagings of this model
-            if old != staged and old.name.startswith(f"{manifest.model}-"):
+        older = re.compile(re.escape(manifest.model) + r"-[0-9]+")
+        for old in self.config.staging_dir.iterdir():
+            if old != staged and older.fullmatch(old.name) and not old.is_symlink():
                 shutil.rmtree(old, ignore_errors=True)
         need = manifest.size - sum(_on_disk(staged / f.path) for f in manifest.files)
         free = shutil.disk_usage(staged).free
@@ -332,7 +579,7 @@ class Delivery:
                 try:
                     got = fetch(
                         urls[file.path], staged / file.path, file, self.context,
-                        self.config.timeout_s,
+                        self.config.timeout_s, self.config.allow_http_loopback,
                     )  # fmt: skip
                 except DeliveryError as exc:
                     if attempt + 1 == self.config.attempts or not exc.retry:
@@ -358,8 +605,14 @@ class Delivery:
             if exc.status == 0 or (exc.status >= 500 and exc.status != 503):
                 self.report("failed", manifest, stage="install", why=exc.message)
                 return False  # edged away or broken: tried again later
+            why = exc.message
+            if "installs only from there" in why:  # edged's words (edged.models.install)
+                why += (
+                    f"; cloudsync's [delivery] staging_dir ({self.config.staging_dir}) must be"
+                    " edged's own staging directory, {state_dir}/staging"
+                )
             state = {**self.state(manifest.model), "failed": manifest.version}
-            self.report("failed", manifest, state, stage="install", why=exc.message)
+            self.report("failed", manifest, state, stage="install", why=why)
             return True
         self.report(
             "active",
@@ -413,3 +666,21 @@ def _on_disk(path: Path) -> int:
         if candidate.exists():
             return candidate.stat().st_size
     return 0
+
+
+def _versions(doc: dict[str, Any]) -> list[int]:
+    """edged's versions of a model (``model_versions``): the active one, those serving, those on
+    disk."""
+    found = [doc.get("active"), *doc.get("serving", []), *doc.get("on_disk", [])]
+    return [v for v in found if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _printable(value: Any) -> Any:
+    """``value`` with each text in it (nested too) ``printable``."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(str(k), 100): _printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_printable(v) for v in value]
+    return value

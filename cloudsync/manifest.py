@@ -14,10 +14,11 @@ A manifest is ``{"signed": {...}, "signatures": [{"kid", "sig"}, ...]}``. ``sign
   manifest forever, TUF's freeze attack).
 
 Each signature is Ed25519 over the canonical bytes of ``signed`` (compact JSON, sorted keys) by a
-trust anchor (``{trust_dir}/{kid}.pub``, the same keys as commands); ``threshold`` distinct
-anchors must verify. The version floor (no version below one already accepted: TUF's rollback
-attack) and the files' lengths and digests (endless data, corruption) are checked by delivery,
-which knows what is installed and what arrived.
+trust anchor (``{trust_dir}/{kid}.pub``, the same keys as commands); signatures by ``threshold``
+distinct keys must verify: one key filed under two kids counts once. The version floor (no
+version below one already accepted or installed: TUF's rollback attack) and the files' lengths
+and digests (endless data, corruption) are checked by delivery, which knows what is installed
+and what arrived.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from cloudsync.mqtt.envelope import canonical, now_ms
 from edged.models.install import sha256_of
 
 SPEC = 1
 MAX_FILES = 64
+MAX_SIGNATURES = 16  # each is an Ed25519 verification: bounded
 MAX_FILE_BYTES = 8 << 30
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 FILE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
@@ -62,7 +65,7 @@ class Manifest:
     expires: int
     targets: dict[str, Any] = field(default_factory=dict)
     smoke: list[dict[str, Any]] = field(default_factory=list)
-    kids: tuple[str, ...] = ()  # the anchors whose signatures verified
+    kids: tuple[str, ...] = ()  # the anchors whose signatures verified and counted
 
     @property
     def size(self) -> int:
@@ -183,12 +186,20 @@ def verify(
     threshold: int = 1,
     now: int | None = None,
 ) -> Manifest:
-    """The manifest, when ``threshold`` trust anchors signed it and it has not expired."""
+    """The manifest, when ``threshold`` distinct trust anchor keys signed it and it has not
+    expired. Keys are told apart by their raw public bytes, not by kid: one key filed under two
+    kids (two trust files) is one signer."""
     if not isinstance(doc, dict) or not isinstance(doc.get("signatures"), list):
         raise ManifestError('a manifest is {"signed": {...}, "signatures": [...]}')
+    if len(doc["signatures"]) > MAX_SIGNATURES:
+        raise ManifestError(f"more than {MAX_SIGNATURES} signatures")
     signed = doc.get("signed")
-    message = canonical(signed) if isinstance(signed, dict) else b""
-    good: list[str] = []
+    try:
+        message = canonical(signed) if isinstance(signed, dict) else b""
+    except ValueError as exc:  # text UTF-8 cannot encode, NaN: nothing a fleet key signed
+        raise ManifestError(f"'signed' is not JSON that can be signed: {exc}") from None
+    good: list[str] = []  # a kid for each distinct key that verified
+    signers: dict[bytes, str] = {}  # a key's raw public bytes -> the kid it first counted under
     why: list[str] = []
     for row in doc["signatures"]:
         kid, sig = (row.get("kid"), row.get("sig")) if isinstance(row, dict) else (None, None)
@@ -201,12 +212,17 @@ def verify(
         except (InvalidSignature, binascii.Error, ValueError):
             why.append(f"{kid}'s signature does not verify")
             continue
-        if kid not in good:
+        raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        if raw not in signers:
+            signers[raw] = kid
             good.append(kid)
+        elif signers[raw] != kid:
+            why.append(f"'{kid}' is the same key as '{signers[raw]}'")
     if len(good) < threshold:
         detail = f" ({'; '.join(why)})" if why else ""
         raise ManifestError(
-            f"{len(good)} valid signature(s) by trust anchors, {threshold} needed{detail}"
+            f"{len(good)} valid signature(s) by distinct trust anchor keys, {threshold}"
+            f" needed{detail}"
         )
     manifest = parse_signed(signed)
     now = now_ms() if now is None else now

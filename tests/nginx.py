@@ -2,6 +2,8 @@
 signed expiring URLs checked by its secure_link module (403 for a bad signature, 410 once
 expired), an optional rate limit so that downloads last long enough to be interrupted, and an
 access log of what it sent (URI, status, body bytes, Range) to count the bytes fetched.
+Beside it, for what a client must refuse: ``/moved/...`` answers a redirect to ``/...``; the
+same files over TLS 1.2 only (``tls12_base``) and over plain HTTP on loopback (``http_base``).
 Started and stopped by PID."""
 
 from __future__ import annotations
@@ -40,17 +42,30 @@ http {{
         ssl_certificate {pki}/broker.pem;
         ssl_certificate_key {pki}/broker.key;
         ssl_protocols TLSv1.2 TLSv1.3;
-        location /models/ {{
+        location /moved/ {{ rewrite ^/moved(/.*)$ $1 redirect; }}
+        {models}
+    }}
+    server {{
+        listen 127.0.0.1:{tls12_port} ssl;
+        ssl_certificate {pki}/broker.pem;
+        ssl_certificate_key {pki}/broker.key;
+        ssl_protocols TLSv1.2;
+        {models}
+    }}
+    server {{
+        listen 127.0.0.1:{http_port};
+        {models}
+    }}
+}}
+"""
+MODELS = """location /models/ {{
             root {root};
             secure_link $arg_md5,$arg_expires;
             secure_link_md5 "$secure_link_expires$uri {secret}";
             if ($secure_link = "") {{ return 403; }}
             if ($secure_link = "0") {{ return 410; }}
             limit_rate {rate};
-        }}
-    }}
-}}
-"""
+        }}"""
 
 
 @dataclass
@@ -63,6 +78,7 @@ class Cdn:
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
+        self.tls12_port, self.http_port = free_port(), free_port()
         self.root = self.workdir / "root"
         (self.root / "models").mkdir(parents=True, exist_ok=True)
         (self.workdir / "tmp").mkdir(exist_ok=True)
@@ -76,14 +92,25 @@ class Cdn:
     def write_config(self) -> None:
         # as root the workers would be nobody, who cannot read pytest's directories (0700)
         user = "user root;" if os.geteuid() == 0 else ""
+        models = MODELS.format(root=self.root, secret=SECRET, rate=self.rate)
         self.config.write_text(CONFIG.format(
-            user=user, work=self.workdir, port=self.port, pki=self.pki, root=self.root,
-            secret=SECRET, rate=self.rate,
+            user=user, work=self.workdir, port=self.port, pki=self.pki, models=models,
+            tls12_port=self.tls12_port, http_port=self.http_port,
         ))  # fmt: skip
 
     @property
     def base(self) -> str:
         return f"https://localhost:{self.port}"
+
+    @property
+    def tls12_base(self) -> str:
+        """The same files over TLS 1.2 only."""
+        return f"https://localhost:{self.tls12_port}"
+
+    @property
+    def http_base(self) -> str:
+        """The same files over plain HTTP (loopback)."""
+        return f"http://127.0.0.1:{self.http_port}"
 
     def put(self, relative: str, data: bytes) -> str:
         """A file under /models/: its path in URLs."""

@@ -6,10 +6,12 @@ switching. The model is a real ONNX graph whose answers say which version gave t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from bench.peer import free_port
 from cloudsync.fleet import secure_link_url
 from cloudsync.manifest import file_entry, make, sign
 from cloudsync.mqtt import envelope
@@ -67,7 +70,10 @@ class Fleet:
         return sign(signed, {"fleet-1": self.key}), urls, path
 
     def deliver(self, manifest: dict[str, Any], urls: dict[str, str]) -> None:
-        body = {"models": [{"manifest": manifest, "urls": urls}]}
+        self.deliver_body({"models": [{"manifest": manifest, "urls": urls}]})
+
+    def deliver_body(self, body: dict[str, Any]) -> None:
+        """A desired state, retained."""
         payload = envelope.Envelope(OPERATOR, int(time.time() * 1000), body).encode()
         assert not self.consumer.publish(NODE.desired_models, payload, retain=True).is_failure
 
@@ -89,6 +95,36 @@ class Fleet:
         row = found()
         assert row is not None
         return row
+
+    def outcome(self, version: int, after: int, timeout: float = 30) -> dict[str, Any]:
+        """The first step of ``version`` after the first ``after`` steps that ends a try:
+        refused, failed or active."""
+
+        def found() -> dict[str, Any] | None:
+            for row in self.steps()[after:]:
+                if row.get("version") == version and row["step"] in ENDS:
+                    return row
+            return None
+
+        wait_for(found, timeout, f"the outcome of version {version}: {self.steps()[after:]}")
+        row = found()
+        assert row is not None
+        return row
+
+    def restart(self, change: tuple[str, str] = ("", ""), remove: tuple[str, ...] = ()) -> None:
+        """cloudsync stopped, ``change`` made to its config (old text, new text), the files
+        ``remove`` names removed from its directory, started."""
+        assert self.agent.signal(signal.SIGTERM) == 0
+        if change[0]:
+            text = self.agent.config.read_text()
+            assert change[0] in text
+            self.agent.config.write_text(text.replace(change[0], change[1]))
+        for name in remove:
+            (self.agent.workdir / name).unlink(missing_ok=True)
+        self.agent.start()
+
+
+ENDS = ("refused", "failed", "active")
 
 
 def staging_of(fleet: Fleet) -> Path:
@@ -127,6 +163,11 @@ def fleet(tmp_path: Path, pki: Path, make_daemon: type[Daemon]) -> Iterator[Flee
 
 
 def test_a_signed_version_is_downloaded_installed_and_serves(fleet: Fleet) -> None:
+    # an older staging of this model (cut short) goes; another model's, named alike, stays
+    staging = staging_of(fleet)
+    for name in (f"{MODEL}-1", f"{MODEL}-det-3", f"{MODEL}-1x", f"{MODEL}-3-1"):
+        (staging / name).mkdir()
+        (staging / name / "model.onnx.part").write_bytes(b"partial")
     manifest, urls, path = fleet.version(2, 2.0)
     fleet.deliver(manifest, urls)
     active = fleet.wait_step("active", 2)
@@ -136,8 +177,11 @@ def test_a_signed_version_is_downloaded_installed_and_serves(fleet: Fleet) -> No
     assert accepted["signed_by"] == ["fleet-1"] and accepted["bytes"] == path.stat().st_size
     served = [row for row in fleet.cdn.served() if row[0].endswith("/2/model.onnx")]
     assert served == [(f"/models/{MODEL}/2/model.onnx", 200, path.stat().st_size, "-")]
-    # the staging directory was moved in, nothing is left behind
-    assert not any(staging_of(fleet).iterdir())
+    # the staging directory was moved in, nothing of this model is left behind
+    assert sorted(p.name for p in staging.iterdir()) == [
+        f"{MODEL}-1x", f"{MODEL}-3-1", f"{MODEL}-det-3",
+    ]  # fmt: skip
+    assert (staging / f"{MODEL}-det-3" / "model.onnx.part").read_bytes() == b"partial"
 
 
 def test_every_bad_manifest_and_file_is_refused_and_the_old_version_keeps_serving(
@@ -350,3 +394,111 @@ def test_a_delivery_waits_for_edged_to_start_and_refuses_a_model_edged_lacks(
     fleet.deliver(other, {"model.onnx": secure_link_url(fleet.cdn.base, uri, SECRET, 600)})
     refused = fleet.wait_step("refused", 1)
     assert "edged has no model 'other'" in refused["why"]
+
+
+def test_a_rollback_is_refused_when_the_outbox_or_the_delivery_state_is_lost(
+    fleet: Fleet,
+) -> None:
+    """Version 2 serves; a validly signed manifest of version 1 is refused as a rollback after
+    the outbox file is recreated (the floor is in delivery.json), after both are gone (edged's
+    versions are the floor), from an older cloudsync's floor in the outbox (moved to the file
+    once), and while delivery.json is corrupt (no delivery at all: fail closed)."""
+    manifest, urls, _ = fleet.version(2, 2.0)
+    fleet.deliver(manifest, urls)
+    fleet.wait_step("active", 2)
+    client = fleet.edged.client
+    state_file = fleet.agent.workdir / "delivery.json"
+    assert json.loads(state_file.read_text()) == {MODEL: {"floor": 2}}
+    old, urls1, _ = fleet.version(1, 1.0)
+    outbox = ("outbox.db", "outbox.db-wal", "outbox.db-shm")
+
+    def refused(remove: tuple[str, ...], says: str) -> None:
+        after = len(fleet.steps())
+        fleet.restart(remove=remove)
+        fleet.deliver(old, urls1)
+        row = fleet.outcome(1, after)
+        assert row["step"] == "refused" and says in row["why"], row
+        assert answer(client) == ("2", 2.0)
+        assert client.model_versions(MODEL)["active"] == 2
+
+    refused(outbox, "version 1 is below 2, already accepted or installed here (rollback)")
+    refused((*outbox, "delivery.json"), "version 1 is below 2")
+    assert not state_file.exists()  # nothing accepted since: edged's versions were the floor
+
+    # an older cloudsync kept the floor in the outbox's state: it is moved to delivery.json
+    with contextlib.closing(sqlite3.connect(fleet.agent.workdir / "outbox.db")) as db, db:
+        db.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [f"delivery/{MODEL}",
+                   json.dumps({"floor": 7})])  # fmt: skip
+    refused((), "version 1 is below 7")
+    assert json.loads(state_file.read_text()) == {MODEL: {"floor": 7}}
+
+    state_file.write_text('{"scale": {"floor": ')  # cut short: cannot be trusted
+    after = len(fleet.steps())
+    fleet.restart()
+    newer, urls9, _ = fleet.version(9, 9.0)
+    fleet.deliver(newer, urls9)
+    row = fleet.outcome(9, after)
+    assert row["step"] == "refused" and "delivery.json is not JSON" in row["why"], row
+    assert "no delivery until it is repaired or removed" in row["why"]
+    assert answer(client) == ("2", 2.0)
+
+
+def test_urls_other_than_https_redirects_and_tls_1_2_are_refused_without_local_detail(
+    fleet: Fleet,
+) -> None:
+    """Each refused or failed with a category in ``why``, no address, port or OS error; a
+    refused URL leaves nothing on disk. Plain http to loopback only with the setting."""
+    manifest, urls, path = fleet.version(2, 2.0)
+    signed = urls["model.onnx"].removeprefix(fleet.cdn.base)  # /models/...?md5=...&expires=...
+    closed = free_port()
+    missing = secure_link_url(fleet.cdn.base, f"/models/{MODEL}/none/model.onnx", SECRET, 600)
+
+    def why(url: str, step: str) -> str:
+        after = len(fleet.steps())
+        fleet.deliver(manifest, {"model.onnx": url})
+        row = fleet.outcome(2, after)
+        assert row["step"] == step, row
+        text = str(row["why"])
+        for detail in ("Errno", "refused by", "Connection refused", "127.0.0.1", "localhost",
+                       str(closed), str(fleet.cdn.port), "SSL", "/models/"):  # fmt: skip
+            assert detail not in text, row
+        return text
+
+    data = "data:application/octet-stream;base64,AAAA"
+    assert why(path.as_uri(), "refused") == "model.onnx: URL scheme 'file' refused: https only"
+    assert why(data, "refused") == "model.onnx: URL scheme 'data' refused: https only"
+    assert "scheme 'ftp' refused" in why("ftp://cdn.example" + signed, "refused")
+    assert why("http://cdn.example" + signed, "refused").endswith("plain http refused: https only")
+    assert "plain http refused" in why(fleet.cdn.http_base + signed, "refused")
+    assert not (staging_of(fleet) / f"{MODEL}-2").exists()  # refused before anything on disk
+    assert why(fleet.cdn.base + "/moved" + signed, "failed").endswith("a redirect (not followed)")
+    assert why(fleet.cdn.tls12_base + signed, "failed").endswith("TLS handshake failed")
+    assert why(f"https://localhost:{closed}{signed}", "failed").endswith(
+        "cannot connect to the download server"
+    )
+    assert why(missing, "failed").endswith("the server answered 404")
+    assert [r[1] for r in fleet.cdn.served() if r[0].endswith("/2/model.onnx")] == [302]
+    assert answer(fleet.edged.client) == ("1", 1.0)
+
+    fleet.deliver_body({"models": []})  # nothing waiting when it starts again
+    fleet.restart(("[delivery]\n", "[delivery]\nallow_http_loopback = true\n"))
+    assert why("http://cdn.example" + signed, "refused").endswith(
+        "plain http to a host that is not loopback refused: https only"
+    )
+    fleet.deliver(manifest, {"model.onnx": fleet.cdn.http_base + signed})
+    fleet.wait_step("active", 2)
+    assert answer(fleet.edged.client) == ("2", 2.0)
+
+
+def test_a_staging_dir_that_is_not_edgeds_is_named_in_the_report(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    staging = f'staging_dir = "{staging_of(fleet)}"'
+    fleet.restart((staging, f'staging_dir = "{tmp_path / "elsewhere"}"'))
+    manifest, urls, _ = fleet.version(2, 2.0)
+    fleet.deliver(manifest, urls)
+    failed = fleet.wait_step("failed", 2)
+    assert failed["stage"] == "install"
+    assert "installs only from there" in failed["why"]
+    assert "[delivery] staging_dir" in failed["why"] and "{state_dir}/staging" in failed["why"]
+    assert answer(fleet.edged.client) == ("1", 1.0)

@@ -101,3 +101,15 @@ def test_targets_by_hardware_and_nodes() -> None:
     assert found.for_node("any", "n1", "aarch64") == ""
     assert "hardware aarch64" in found.for_node("any", "n1", "x86_64")
     assert "not among its nodes" in found.for_node("any", "n3", "aarch64")
+
+
+def test_one_key_filed_under_two_kids_counts_once_toward_the_threshold() -> None:
+    """Two trust files holding the same public key are one signer: threshold 2 needs two keys."""
+    key = KEYS["fleet-1"]
+    anchors = {**ANCHORS, "fleet-1-copy": key.public_key()}
+    doc = sign(manifest(), {"fleet-1": key, "fleet-1-copy": key})
+    with pytest.raises(ManifestError, match=r"1 valid signature.*'fleet-1-copy' is the same key"):
+        verify(doc, anchors, threshold=2)
+    assert verify(doc, anchors, threshold=1).kids == ("fleet-1",)
+    two = sign(manifest(), {"fleet-1": key, "fleet-2": KEYS["fleet-2"]})
+    assert verify(two, anchors, threshold=2).kids == ("fleet-1", "fleet-2")
