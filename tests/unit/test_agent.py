@@ -1,0 +1,99 @@
+"""The agent's own nets, without a broker: a thread body that fails is started again and
+counted; a record too large to send goes to the dead letters instead of stopping the MQTT loop;
+acks the disk cannot take are kept and not sent again meanwhile."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudsync.agent import Agent
+from cloudsync.config import Config
+from cloudsync.outbox import OutboxError
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Agent:
+    config = Config.model_validate(
+        {
+            "node": {"fleet": "f1", "name": "n1"},
+            "outbox": {"path": str(tmp_path / "outbox.db")},
+            "commands": {"trust_dir": str(tmp_path / "trust")},
+            "edged": {"socket": str(tmp_path / "no-edged.sock")},
+        }
+    )
+    return Agent(config)
+
+
+def test_a_failing_thread_is_started_again_and_counted(
+    agent: Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+
+    def body() -> None:
+        calls.append(len(calls))
+        if len(calls) < 3:
+            raise RuntimeError(f"failure {len(calls)}")
+
+    with caplog.at_level(logging.ERROR, "cloudsync"):
+        agent.supervise("worker", body)  # 1 s, then 2 s between the tries
+    assert calls == [0, 1, 2] and agent.restarts == {"worker": 2}
+    assert agent.status()["thread_restarts"] == {"worker": 2}
+    assert (
+        'cloudsync_thread_restarts_total{thread="worker"} 2.0' in agent.exporter.render().decode()
+    )
+    assert [r.message for r in caplog.records].count(
+        "the worker thread failed; it starts again in 1 s"
+    ) == 1
+
+
+def test_a_stop_ends_the_pause_between_tries(agent: Agent) -> None:
+    def body() -> None:
+        agent.stop()
+        raise RuntimeError("failing while stopping")
+
+    agent.supervise("edged", body)  # returns: no second try
+    assert agent.restarts == {"edged": 1}
+
+
+def test_a_record_too_large_to_send_is_dead_lettered_and_acks_wait_for_the_disk(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    published: list[str] = []
+
+    class Sent:
+        rc, mid = 0, 0
+
+    def publish(topic: str, payload: bytes, qos: int) -> Any:
+        published.append(topic)
+        Sent.mid += 1
+        return Sent
+
+    monkeypatch.setattr(agent.client, "publish", publish)  # no broker in a unit test
+    agent.connected = True
+    agent.outbox.put("telemetry", {"n": 1})
+    # as an older cloudsync could store it: a body over what an envelope may carry
+    agent.outbox.db.execute("UPDATE outbox SET body = ?", ['{"pad":"' + "x" * 300_000 + '"}'])
+    agent.outbox.put("telemetry", {"n": 2})
+    agent.pump()
+    assert published == ["edge/v1/f1/n1/telemetry"]  # the second record only
+    assert agent.outbox.stats()["dead_letters"] == 1
+    # PUBACKed, and the disk cannot take the delete: kept, tried again, not sent twice
+    agent.acked = list(agent.inflight.values())
+    agent.inflight.clear()
+
+    def full(seqs: Any) -> int:
+        raise OutboxError("database or disk is full", full=True)
+
+    monkeypatch.setattr(agent.outbox, "ack", full)
+    agent.pump()
+    agent.pump()
+    assert published == ["edge/v1/f1/n1/telemetry"] and agent.acked
+    monkeypatch.undo()
+    monkeypatch.setattr(agent.client, "publish", publish)
+    agent.write_again = 0.0
+    agent.pump()
+    assert not agent.acked and agent.outbox.stats()["pending"] == 0
