@@ -5,6 +5,8 @@ acks the disk cannot take are kept and not sent again meanwhile."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,34 @@ def test_a_record_too_large_to_send_is_dead_lettered_and_acks_wait_for_the_disk(
     agent.write_again = 0.0
     agent.pump()
     assert not agent.acked and agent.outbox.stats()["pending"] == 0
+
+
+@pytest.mark.parametrize(
+    "what, says",
+    [
+        ("outbox", "cannot start: cannot open the outbox at"),
+        ("trust", "cannot start: trust anchor"),
+        ("socket", "cannot serve the local API on"),
+    ],
+)
+def test_what_cannot_be_had_at_start_is_one_line(tmp_path: Path, what: str, says: str) -> None:
+    """Before: an outbox that could not be opened ended cloudsync with a raw traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    (tmp_path / "trust").mkdir()
+    if what == "trust":
+        (tmp_path / "trust" / "fleet-1.pub").write_text("not a key")
+    outbox = blocker / "outbox.db" if what == "outbox" else tmp_path / "outbox.db"
+    socket = blocker / "cloudsync.sock" if what == "socket" else tmp_path / "cloudsync.sock"
+    config = tmp_path / "cloudsync.toml"
+    config.write_text(
+        f'[outbox]\npath = "{outbox}"\n[commands]\ntrust_dir = "{tmp_path}/trust"\n'
+        f'[local]\nsocket = "{socket}"\n[mqtt]\nhost = "127.0.0.1"\nport = 1\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "cloudsync.cli", "--config", str(config), "--log-level", "error"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"cloudsync: {says}") and "Traceback" not in done.stderr, line
