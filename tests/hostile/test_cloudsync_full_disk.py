@@ -14,53 +14,19 @@ could not be stored ended the commands thread silently.
 
 from __future__ import annotations
 
-import errno
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from cloudsync.commands import sign
 from cloudsync.mqtt import envelope
 from cloudsync.mqtt.sync import SyncClient
 from cloudsync.mqtt.topics import parse
 from edged.client import ClientError
-from tests.conftest import skip_or_fail, wait_for
+from tests.conftest import wait_for
+from tests.hostile.conftest import fill
 from tests.hostile.test_cloudsync_poison import _results_by_id
 from tests.integration.test_cloudsync import NODE, Agent, _last_status, operator
 from tests.mosquitto import OPERATOR, Broker
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        skip_or_fail("mounting a tmpfs needs root (make test runs as root)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
-
-
-def fill(disk: Path) -> Path:
-    """A file that takes every free byte of ``disk``."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (65536, 512, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
 
 
 def post(agent: Agent, first: int, count: int) -> tuple[int, dict[str, Any]]:

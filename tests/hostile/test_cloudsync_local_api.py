@@ -16,7 +16,6 @@ whole answer; after all of it, the same process answers, with its memory bounded
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import signal
@@ -39,8 +38,9 @@ from hypothesis import strategies as st
 from cloudsync.local import MAX_BODY, MAX_CONNECTIONS, MAX_READING, MAX_RECORDS, LocalServer
 from cloudsync.mqtt.envelope import MAX_BODY_BYTES
 from cloudsync.outbox import Outbox
-from tests.conftest import skip_or_fail, wait_for
-from tests.mosquitto import Broker, cloudsync_config, make_pki
+from tests.conftest import wait_for
+from tests.hostile.conftest import fill
+from tests.mosquitto import Broker, cloudsync_config
 
 FUZZ = settings(
     max_examples=300,
@@ -123,14 +123,6 @@ def config_for(workdir: Path, pki: Path, outbox: Path | None = None) -> str:
     if outbox is not None:
         text = text.replace(f'path = "{workdir}/outbox.db"', f'path = "{outbox}"')
     return text
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    why = Broker.available()
-    if why:
-        skip_or_fail(why)
-    return make_pki(tmp_path_factory.mktemp("pki"), ["n1"])
 
 
 @pytest.fixture(scope="module")
@@ -604,31 +596,6 @@ def test_a_stalled_or_slow_request_is_a_408_within_the_read_timeout(
     assert took < 2.5, took  # the trickle is cut at the deadline, not when it would end (2 s)
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        skip_or_fail("mounting a tmpfs needs root (make test runs as root)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def fill(path: Path) -> None:
-    """Fill the disk ``path`` is on, to the last byte."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC, exc
-    finally:
-        os.close(fd)
-
-
 def test_a_full_disk_is_a_507_that_stores_nothing_and_a_retry_succeeds(
     tmp_path: Path, pki: Path, small_disk: Path
 ) -> None:
@@ -637,8 +604,7 @@ def test_a_full_disk_is_a_507_that_stores_nothing_and_a_retry_succeeds(
     agent = Cloudsync(workdir, config_for(workdir, pki, small_disk / "outbox.db")).start()
     try:
         before = agent.figures()
-        filler = small_disk / "filler"
-        fill(filler)
+        filler = fill(small_disk)
         answer = exchange(agent.socket, request(records(record(body={"b": "x" * 100_000}))))
         assert answer is not None and answer.status == 507, answer
         assert "full" in answer.doc()["error"]

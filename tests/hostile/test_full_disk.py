@@ -6,41 +6,14 @@ from __future__ import annotations
 
 import errno
 import json
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from edged.atomic import write_atomic
 from edged.client import ClientError
-from tests.conftest import Daemon, skip_or_fail
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        skip_or_fail("mounting a tmpfs needs root (make test runs as root)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
-
-
-def fill(directory: Path) -> None:
-    """Fill the disk to the last byte."""
-    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
+from tests.conftest import Daemon
+from tests.hostile.conftest import fill
 
 
 def test_a_state_file_on_a_full_disk_keeps_its_old_content(small_disk: Path) -> None:

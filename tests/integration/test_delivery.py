@@ -14,7 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,28 +85,29 @@ class Fleet:
         ]
 
     def wait_step(self, step: str, version: int | None, timeout: float = 30) -> dict[str, Any]:
-        def found() -> dict[str, Any] | None:
-            for row in self.steps():
-                if row["step"] == step and row.get("version") == version:
-                    return row
-            return None
-
-        wait_for(found, timeout, f"delivery step {step} of version {version}: {self.steps()}")
-        row = found()
-        assert row is not None
-        return row
+        return self._first(
+            f"delivery step {step} of version {version}",
+            lambda row: row["step"] == step and row.get("version") == version,
+            timeout,
+        )
 
     def outcome(self, version: int, after: int, timeout: float = 30) -> dict[str, Any]:
         """The first step of ``version`` after the first ``after`` steps that ends a try:
         refused, failed or active."""
+        return self._first(
+            f"the outcome of version {version}",
+            lambda row: row.get("version") == version and row["step"] in ENDS,
+            timeout,
+            after,
+        )
 
+    def _first(
+        self, what: str, matches: Callable[[dict[str, Any]], bool], timeout: float, after: int = 0
+    ) -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
-            for row in self.steps()[after:]:
-                if row.get("version") == version and row["step"] in ENDS:
-                    return row
-            return None
+            return next((row for row in self.steps()[after:] if matches(row)), None)
 
-        wait_for(found, timeout, f"the outcome of version {version}: {self.steps()[after:]}")
+        wait_for(found, timeout, f"{what}: {self.steps()[after:]}")
         row = found()
         assert row is not None
         return row
