@@ -61,8 +61,8 @@ from cloudsync.mqtt.sync import tls_context
 from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
 from cloudsync.outbox import Item, Outbox, OutboxError
 from edged.client import Client, ClientError
+from edged.common.backoff import backoff_delay
 from edged.events import CAPACITY, EventLog
-from edged.link import backoff_delay
 
 log = logging.getLogger("cloudsync")
 EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"

@@ -70,8 +70,8 @@ from cloudsync.mqtt.envelope import printable
 from cloudsync.outbox import Item, Outbox
 from edged.atomic import write_atomic
 from edged.client import Client, ClientError
-from edged.link import backoff_delay
-from edged.models.install import sha256_of
+from edged.common.backoff import backoff_delay
+from edged.common.digest import sha256_of
 
 log = logging.getLogger("cloudsync.delivery")
 CHUNK = 1 << 16

@@ -38,7 +38,7 @@ from cloudsync.mqtt import envelope
 from cloudsync.mqtt.envelope import EnvelopeError
 from cloudsync.mqtt.sync import SyncClient
 from cloudsync.mqtt.topics import LEAVES, TopicError, Topics, fleet_filter, parse
-from edged.edgectl import UsageError, key_values
+from edged.common.cli import UsageError, key_values
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_TIMEOUT = range(5)
 OFFLINE_AFTER = 3  # heartbeat intervals without one: offline

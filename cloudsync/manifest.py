@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from cloudsync.mqtt.envelope import canonical, now_ms
-from edged.models.install import sha256_of
+from edged.common.digest import sha256_of
 
 SPEC = 1
 MAX_FILES = 64

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edged.client import Client, ClientError, default_socket
+from edged.common.cli import UsageError, key_values
 from edged.knowledge.text import split_for_requests
 
 if TYPE_CHECKING:
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
     from edged.top import Scrape
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NOT_READY = range(6)
-
-
-class UsageError(Exception):
-    """The command line cannot be carried out as given (exit code 2)."""
 
 
 def exit_code(error: ClientError) -> int:
@@ -114,21 +111,6 @@ def _cloud_line(cloud: dict[str, Any] | None) -> str:
         f"cloud: {cloud['url']} link {'up' if link['up'] else 'DOWN'}{rtt},"
         f" circuit {cloud['breaker']}, serves {', '.join(cloud['catalog']) or 'nothing'}\n"
     )
-
-
-def key_values(items: list[str]) -> dict[str, Any]:
-    """``name=value`` arguments as a mapping: JSON values (50, true, null, [...]) as such, any
-    other value as text."""
-    out: dict[str, Any] = {}
-    for item in items:
-        name, equals, value = item.partition("=")
-        if not name or not equals:
-            raise UsageError(f"'{item}' is not name=value")
-        try:
-            out[name] = json.loads(value)
-        except ValueError:
-            out[name] = value
-    return out
 
 
 def cmd_routing(client: Client, args: argparse.Namespace) -> tuple[Any, str]:

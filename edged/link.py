@@ -26,19 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from edged.background import Background
+from edged.common.backoff import backoff_delay
 from edged.stats import ewma, percentile
 
 log = logging.getLogger(__name__)
 
 Probe = Callable[[], Awaitable[None]]  # one round trip; raises when the endpoint failed
 MIN_BANDWIDTH_BYTES = 64 * 1024  # smaller payloads are all latency
-
-
-def backoff_delay(step: int, low: float, high: float, rng: random.Random | None = None) -> float:
-    """Exponential backoff with jitter: ``low * 2**step`` capped at ``high``, then half to all
-    of it (so that many waiting clients do not retry in step)."""
-    delay = min(high, low * 2 ** min(step, 30))
-    return delay / 2 + (rng.uniform if rng else random.uniform)(0, delay / 2)
 
 
 @dataclass(frozen=True)

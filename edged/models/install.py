@@ -38,22 +38,6 @@ SMOKE_ATOL = 1e-4
 CHUNK = 1 << 20
 
 
-def sha256_of(path: Path, limit: int | None = None) -> Any:
-    """The SHA-256 of a file (its first ``limit`` bytes), read in chunks: the hash object, so
-    a download can go on feeding it."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        left = limit
-        while left is None or left > 0:
-            chunk = f.read(CHUNK if left is None else min(CHUNK, left))
-            if not chunk:
-                break
-            digest.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return digest
-
-
 def regular_files(directory: Path) -> dict[str, os.stat_result]:
     """Every file under ``directory`` by its relative path (with its ``lstat``); InvalidRequest
     for anything but directories and regular files with one link."""

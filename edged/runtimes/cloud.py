@@ -38,9 +38,10 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from edged.background import Background
 from edged.breaker import CircuitBreaker
+from edged.common.backoff import backoff_delay
 from edged.config import CloudConfig
 from edged.errors import ConfigError
-from edged.link import LinkMonitor, backoff_delay
+from edged.link import LinkMonitor
 
 log = logging.getLogger(__name__)
 
