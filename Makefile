@@ -43,7 +43,7 @@ help:
 	@echo "make bench-knowledge - knowledge store: search at 10k/100k vs numpy, RSS, ingest (bench/knowledge.py)"
 	@echo "make models - (re)build the default model repository in models/"
 	@echo "make deb    - build the Debian package into build/deb/ and lint it"
-	@echo "make monitoring - regenerate the Prometheus alerting rules from cloudsync/alerts.py"
+	@echo "make monitoring - regenerate the Prometheus alerting rules from cloudsync/agent/alerts.py"
 
 $(STAMPS):
 	@mkdir -p $(STAMPS)
@@ -118,7 +118,7 @@ $(PROMTOOL):
 	$@ --version | head -1
 
 monitoring: $(STAMPS)/venv $(PROMTOOL)
-	$(PY) -m cloudsync.alerts > docs/monitoring/edged-alerts.rules.yml
+	$(PY) -m cloudsync.agent.alerts > docs/monitoring/edged-alerts.rules.yml
 	$(PROMTOOL) check rules docs/monitoring/edged-alerts.rules.yml
 
 lint: $(STAMPS)/venv

@@ -30,9 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cloudsync.mqtt import envelope  # noqa: E402
-from cloudsync.mqtt.sync import SyncClient  # noqa: E402
-from cloudsync.mqtt.topics import Topics  # noqa: E402
+from cloudsync.protocol import envelope  # noqa: E402
+from cloudsync.protocol.mqtt import SyncClient  # noqa: E402
+from cloudsync.protocol.topics import Topics  # noqa: E402
 from edged.client import Client  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki  # noqa: E402
@@ -91,7 +91,7 @@ def main() -> None:
         assert consumer.connect()
         consumer.subscribe(NODE.heartbeat)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "cloudsync.cli", "--config", str(work / "cloudsync.toml")]
+            [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(work / "cloudsync.toml")]
         ))  # fmt: skip
         consumer.wait_messages(1, 30)
         half = args.seconds / 2

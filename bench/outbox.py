@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 import paho.mqtt.client as mqtt  # noqa: E402
 from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
 
-from cloudsync.mqtt.envelope import Envelope  # noqa: E402
-from cloudsync.mqtt.sync import SyncClient, tls_context  # noqa: E402
-from cloudsync.mqtt.topics import Topics  # noqa: E402
-from cloudsync.outbox import Item, Outbox  # noqa: E402
+from cloudsync.agent.outbox import Item, Outbox  # noqa: E402
+from cloudsync.protocol.envelope import Envelope  # noqa: E402
+from cloudsync.protocol.mqtt import SyncClient, tls_context  # noqa: E402
+from cloudsync.protocol.topics import Topics  # noqa: E402
 from edged.client import Client  # noqa: E402
 from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki  # noqa: E402
 
@@ -102,7 +102,7 @@ def through_cloudsync(broker: Broker, work: Path, records: int) -> tuple[float, 
     assert consumer.connect()
     consumer.subscribe(NODE.telemetry)
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "cloudsync.cli", "--config", str(config)])
+    proc = subprocess.Popen([sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config)])
     try:
         local = Client(str(work / "cloudsync.sock"), timeout=5)
         drained = None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peer import free_port
-from cloudsync.agent import MAX_PACKET
+from cloudsync.agent.session import MAX_PACKET
 from tests.pki import issue
 
 OPERATOR = "operator"  # the CN of the operators' certificate: the fleet's whole tree
@@ -119,7 +119,7 @@ def edgefleet(
 
 def edgefleet_command(broker: Broker, *args: str, fleet: str = "f1") -> list[str]:
     common = ["--host", "127.0.0.1", "--port", str(broker.port), "--pki", str(broker.pki)]
-    return [sys.executable, "-m", "cloudsync.fleet", *common, "--fleet", fleet, *args]
+    return [sys.executable, "-m", "cloudsync.fleet.cli", *common, "--fleet", fleet, *args]
 
 
 @dataclass

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cloudsync.commands import sign
-from cloudsync.mqtt import envelope
-from cloudsync.mqtt.sync import SyncClient
-from cloudsync.mqtt.topics import parse
+from cloudsync.protocol import envelope
+from cloudsync.protocol.commands import sign
+from cloudsync.protocol.mqtt import SyncClient
+from cloudsync.protocol.topics import parse
 from edged.client import ClientError
 from tests.conftest import wait_for
 from tests.hostile.conftest import fill

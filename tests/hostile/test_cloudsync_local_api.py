@@ -35,9 +35,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudsync.local import MAX_BODY, MAX_CONNECTIONS, MAX_READING, MAX_RECORDS, LocalServer
-from cloudsync.mqtt.envelope import MAX_BODY_BYTES
-from cloudsync.outbox import Outbox
+from cloudsync.agent.local_api import (
+    MAX_BODY,
+    MAX_CONNECTIONS,
+    MAX_READING,
+    MAX_RECORDS,
+    LocalServer,
+)
+from cloudsync.agent.outbox import Outbox
+from cloudsync.protocol.envelope import MAX_BODY_BYTES
 from tests.conftest import wait_for
 from tests.hostile.conftest import fill
 from tests.mosquitto import Broker, cloudsync_config
@@ -66,7 +72,7 @@ class Answer:
 
 @dataclass
 class Cloudsync:
-    """A real ``python -m cloudsync.cli`` (offline), its socket and log."""
+    """A real ``python -m cloudsync.agent.cli`` (offline), its socket and log."""
 
     workdir: Path
     config: str
@@ -83,7 +89,7 @@ class Cloudsync:
         config = self.workdir / "cloudsync.toml"
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cloudsync.cli", "--config", str(config)],
+                [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

@@ -24,10 +24,10 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cloudsync.commands import sign
-from cloudsync.mqtt import envelope
-from cloudsync.mqtt.sync import SyncClient
-from cloudsync.mqtt.topics import Topic, TopicError, parse
+from cloudsync.protocol import envelope
+from cloudsync.protocol.commands import sign
+from cloudsync.protocol.mqtt import SyncClient
+from cloudsync.protocol.topics import Topic, TopicError, parse
 from tests.conftest import wait_for
 from tests.integration.test_cloudsync import NODE, Agent, online
 from tests.mosquitto import OPERATOR, Broker

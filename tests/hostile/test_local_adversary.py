@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from cloudsync.manifest import file_entry
+from cloudsync.protocol.manifest import file_entry
 from edged.client import ClientError
 from tests.conftest import ROOT, Daemon, wait_for
 from tests.modelfiles import add_model, scale_model

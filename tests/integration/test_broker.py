@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from cloudsync.mqtt.sync import SyncClient
-from cloudsync.mqtt.topics import Topics
+from cloudsync.protocol.mqtt import SyncClient
+from cloudsync.protocol.topics import Topics
 from tests.conftest import skip_or_fail, wait_for
 from tests.mosquitto import OPERATOR, Broker, make_pki
 

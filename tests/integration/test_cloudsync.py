@@ -25,10 +25,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench.peer import free_port
-from cloudsync.commands import sign
-from cloudsync.mqtt import envelope
-from cloudsync.mqtt.sync import SyncClient
-from cloudsync.mqtt.topics import Topics, parse
+from cloudsync.protocol import envelope
+from cloudsync.protocol.commands import sign
+from cloudsync.protocol.mqtt import SyncClient
+from cloudsync.protocol.topics import Topics, parse
 from edged.client import Client, ClientError
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, skip_or_fail, wait_for
@@ -88,7 +88,7 @@ class Agent:
     def start(self) -> Agent:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cloudsync.cli", "--config", str(self.config)],
+                [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

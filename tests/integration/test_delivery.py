@@ -23,10 +23,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench.peer import free_port
-from cloudsync.fleet import secure_link_url
-from cloudsync.manifest import file_entry, make, sign
-from cloudsync.mqtt import envelope
-from cloudsync.mqtt.sync import SyncClient
+from cloudsync.fleet.cli import secure_link_url
+from cloudsync.protocol import envelope
+from cloudsync.protocol.manifest import file_entry, make, sign
+from cloudsync.protocol.mqtt import SyncClient
 from tests.conftest import Daemon, skip_or_fail, wait_for
 from tests.integration.test_cloudsync import NODE, Agent, bodies, operator
 from tests.integration.test_model_install import answer, smoke

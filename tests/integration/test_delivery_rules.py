@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudsync.delivery import REDIRECT, DeliveryError, DeliveryState, StateError, category
-from cloudsync.delivery import check_url as check
-from cloudsync.outbox import Outbox
+from cloudsync.agent.delivery import REDIRECT, DeliveryError, DeliveryState, StateError, category
+from cloudsync.agent.delivery import check_url as check
+from cloudsync.agent.outbox import Outbox
 
 
 @pytest.mark.parametrize(

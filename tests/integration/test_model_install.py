@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cloudsync.manifest import file_entry
+from cloudsync.protocol.manifest import file_entry
 from edged.client import Client, ClientError
 from tests.conftest import Daemon
 from tests.integration.test_admin import edgectl

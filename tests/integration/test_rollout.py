@@ -90,7 +90,7 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
         ))  # fmt: skip
         with (work / "cloudsync.log").open("wb") as log:
             agents.append(subprocess.Popen(
-                [sys.executable, "-m", "cloudsync.cli", "--config", str(config)],
+                [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config)],
                 stdout=log, stderr=subprocess.STDOUT,
             ))  # fmt: skip
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from cloudsync.agent import Agent
-from cloudsync.config import Config
-from cloudsync.outbox import OutboxError
+from cloudsync.agent.config import Config
+from cloudsync.agent.outbox import OutboxError
+from cloudsync.agent.session import Agent
 
 
 @pytest.fixture
@@ -124,7 +124,8 @@ def test_what_cannot_be_had_at_start_is_one_line(tmp_path: Path, what: str, says
         f'[local]\nsocket = "{socket}"\n[mqtt]\nhost = "127.0.0.1"\nport = 1\n'
     )
     done = subprocess.run(
-        [sys.executable, "-m", "cloudsync.cli", "--config", str(config), "--log-level", "error"],
+        [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config), "--log-level",
+         "error"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1

@@ -1,5 +1,5 @@
 """The alerts, both ways: the shipped Prometheus rules (checked and unit-tested by the real
-promtool) and the device's evaluator (cloudsync.alerts) fire at the same minutes on the same
+promtool) and the device's evaluator (cloudsync.agent.alerts) fire at the same minutes on the same
 series."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudsync.alerts import RULES, Evaluator, Facts, prometheus_rules, record_id
-from cloudsync.config import AlertsConfig
+from cloudsync.agent.alerts import RULES, Evaluator, Facts, prometheus_rules, record_id
+from cloudsync.agent.config import AlertsConfig
 from tests.conftest import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cloudsync.commands import Refused, Verifier, load_anchors, sign
-from cloudsync.mqtt.envelope import canonical
+from cloudsync.protocol.commands import Refused, Verifier, load_anchors, sign
+from cloudsync.protocol.envelope import canonical
 
 TARGET = "f1/n1"
 

@@ -200,7 +200,7 @@ trust_dir = "{workdir}/trust"
     log = workdir / "cloudsync.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cloudsync.cli", "--config", str(config)],
+            [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
         )

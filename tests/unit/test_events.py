@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from cloudsync.agent import event_item, result_item
-from cloudsync.mqtt.envelope import MAX_BODY_BYTES, canonical
+from cloudsync.agent.session import event_item, result_item
+from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical
 from edged.events import MAX_MESSAGE, EventLog
 
 

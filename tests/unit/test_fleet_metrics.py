@@ -1,12 +1,12 @@
-"""edged's metrics as fleet telemetry (cloudsync.metrics), read from the text that edged's own
-Prometheus registry (edged.metrics.Metrics) renders."""
+"""edged's metrics as fleet telemetry (cloudsync.protocol.telemetry), read from the text that
+edged's own Prometheus registry (edged.metrics.Metrics) renders."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from cloudsync.metrics import LATENCY, Snapshot, parse, telemetry
+from cloudsync.protocol.telemetry import LATENCY, Snapshot, parse, telemetry
 from edged.errors import DeadlineExceeded, Unavailable
 from edged.metrics import Metrics
 from edged.stats import quantile

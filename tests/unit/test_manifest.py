@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cloudsync.manifest import ManifestError, file_entry, make, sign, verify
+from cloudsync.protocol.manifest import ManifestError, file_entry, make, sign, verify
 
 KEYS = {kid: Ed25519PrivateKey.generate() for kid in ("fleet-1", "fleet-2", "fleet-3")}
 ANCHORS = {kid: key.public_key() for kid, key in KEYS.items()}

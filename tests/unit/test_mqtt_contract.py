@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cloudsync.mqtt import envelope, topics
-from cloudsync.mqtt.envelope import Envelope, EnvelopeError
-from cloudsync.mqtt.topics import Topic, TopicError, Topics
+from cloudsync.protocol import envelope, topics
+from cloudsync.protocol.envelope import Envelope, EnvelopeError
+from cloudsync.protocol.topics import Topic, TopicError, Topics
 
 NAMES = st.from_regex(r"[A-Za-z0-9-][A-Za-z0-9_-]{0,63}", fullmatch=True)
 

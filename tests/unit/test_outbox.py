@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudsync.outbox import Item, Outbox, OutboxError
+from cloudsync.agent.outbox import Item, Outbox, OutboxError
 
 
 def test_priorities_then_order_and_only_acks_remove(tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ def test_dead_letters_and_reopen(tmp_path: Path) -> None:
 
 WRITER = """
 import sys
-from cloudsync.outbox import Item, Outbox
+from cloudsync.agent.outbox import Item, Outbox
 box = Outbox(sys.argv[1])
 n = 0
 while True:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from cloudsync.fleet import main
-from cloudsync.mqtt import envelope
-from cloudsync.rollout import FleetView, Gates, Rollout, breached, pick
+from cloudsync.fleet.cli import main
+from cloudsync.fleet.rollout import FleetView, Gates, Rollout, breached, pick
+from cloudsync.protocol import envelope
 
 NODES = [f"n{i}" for i in range(1, 21)]
 

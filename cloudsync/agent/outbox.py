@@ -39,7 +39,7 @@ from typing import Any
 
 import sqlite_utils
 
-from cloudsync.mqtt.envelope import Envelope, canonical, new_id, now_ms
+from cloudsync.protocol.envelope import Envelope, canonical, new_id, now_ms
 
 PRIORITIES = {"alert": 0, "event": 1, "telemetry": 2}
 PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}

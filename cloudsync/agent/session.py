@@ -10,13 +10,13 @@ letters). When the connection drops it reconnects after 1, 2, 4 ... 64 s, each d
 between half and all of it (jitter, so a fleet does not reconnect in step). It starts and keeps
 working with no network: records wait in the outbox.
 
-Commands on ``.../cmd/{id}`` are verified in the MQTT thread (``cloudsync.commands``: a
+Commands on ``.../cmd/{id}`` are verified in the MQTT thread (``cloudsync.protocol.commands``: a
 refused one is reported, never run) and run by a worker thread; results go through the outbox.
 A third thread asks edged (its socket API, a short timeout) for its status, capabilities and
 metrics, keeps the last answer, moves edged's new events into the outbox (``read_events``) and
-turns its metrics into telemetry records (``cloudsync.metrics``): the MQTT thread never waits on
-edged, so a busy or stopped edged does not delay a heartbeat, and edged never waits on
-cloudsync.
+turns its metrics into telemetry records (``cloudsync.protocol.telemetry``): the MQTT thread
+never waits on edged, so a busy or stopped edged does not delay a heartbeat, and edged never
+waits on cloudsync.
 """
 
 from __future__ import annotations
@@ -41,13 +41,15 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from cloudsync import __version__, metrics
-from cloudsync.alerts import Evaluator, Facts, record_id
-from cloudsync.commands import Command, Refused, Verifier, load_anchors
-from cloudsync.config import Config
-from cloudsync.delivery import Delivery
-from cloudsync.exporter import Exporter
-from cloudsync.mqtt.envelope import (
+from cloudsync import __version__
+from cloudsync.agent.alerts import Evaluator, Facts, record_id
+from cloudsync.agent.config import Config
+from cloudsync.agent.delivery import Delivery
+from cloudsync.agent.metrics import Exporter
+from cloudsync.agent.outbox import Item, Outbox, OutboxError
+from cloudsync.protocol import telemetry
+from cloudsync.protocol.commands import COMMANDS, Command, Refused, Verifier, load_anchors
+from cloudsync.protocol.envelope import (
     MAX_BODY_BYTES,
     MAX_BYTES,
     Envelope,
@@ -57,9 +59,8 @@ from cloudsync.mqtt.envelope import (
     now_ms,
     printable,
 )
-from cloudsync.mqtt.sync import tls_context
-from cloudsync.mqtt.topics import TopicError, Topics, check_name, parse
-from cloudsync.outbox import Item, Outbox, OutboxError
+from cloudsync.protocol.mqtt import tls_context
+from cloudsync.protocol.topics import TopicError, Topics, check_name, parse
 from edged.client import Client, ClientError
 from edged.common.backoff import backoff_delay
 from edged.events import CAPACITY, EventLog
@@ -73,10 +74,6 @@ LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_LOG_LINES = 1000
 MAX_LOG_MESSAGE = 500  # characters of one line in a ``logs`` result
 MAX_DRAIN_WAIT_S = 600.0  # the command worker waits no longer for a drain
-COMMANDS = (
-    "ping, status, models, versions, activate, rollback, cloud-ab, routing, set-routing,"
-    " reset-routing, reload, drain, resume, logs"
-)
 RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
 ACK_TIMEOUT_S = 120.0  # a record published this long ago with no PUBACK is published again
@@ -580,7 +577,7 @@ class Agent:
         try:
             status = client.status()
             capabilities = client.capabilities()
-            snap = metrics.parse(client.metrics(), time.time(), status.get("epoch") or "")
+            snap = telemetry.parse(client.metrics(), time.time(), status.get("epoch") or "")
             self.edged = EdgedView(status, capabilities, "", now_ms(), snap.route_totals())
             self.read_events(client)
             self.report_metrics(snap)
@@ -591,7 +588,7 @@ class Agent:
         if self.config.alerts.enabled:
             self.check_alerts(snap)
 
-    def facts(self, snap: metrics.Snapshot | None) -> Facts:
+    def facts(self, snap: telemetry.Snapshot | None) -> Facts:
         """What the alerts are evaluated on, now."""
         now = time.monotonic()
         facts = Facts(
@@ -608,7 +605,7 @@ class Agent:
             facts.cloud_errors = sum(v for k, v in snap.cloud.items() if k[2] == "error")
         return facts
 
-    def check_alerts(self, snap: metrics.Snapshot | None) -> None:
+    def check_alerts(self, snap: telemetry.Snapshot | None) -> None:
         """Evaluate the alerts; each change goes to the fleet through the outbox."""
         items = []
         wall, mono = now_ms(), time.monotonic()
@@ -648,15 +645,15 @@ class Agent:
             if cursor >= reply["last"]:
                 return
 
-    def report_metrics(self, snap: metrics.Snapshot) -> None:
+    def report_metrics(self, snap: telemetry.Snapshot) -> None:
         """Every ``telemetry.interval_s``: what edged served since the read behind the last
         record (kept in the outbox with the record, in one transaction)."""
         interval = self.config.telemetry.interval_s
         if not interval or time.monotonic() < self.next_telemetry:
             return
         self.next_telemetry = time.monotonic() + interval
-        before = metrics.Snapshot.from_state(self.outbox.get_state(EDGED_METRICS))
-        body = metrics.telemetry(snap, before)
+        before = telemetry.Snapshot.from_state(self.outbox.get_state(EDGED_METRICS))
+        body = telemetry.telemetry(snap, before)
         record = f"metrics-{snap.epoch[:16]}-{int(snap.at * 1000)}"
         items = [Item("telemetry", body, "telemetry", record)] if body else []
         self.outbox.put_many(items, state={EDGED_METRICS: snap.to_state()})

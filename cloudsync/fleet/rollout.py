@@ -40,13 +40,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cloudsync import commands
-from cloudsync.manifest import parse_signed
-from cloudsync.metrics import FAILED_OUTCOMES
-from cloudsync.mqtt import envelope
-from cloudsync.mqtt.envelope import EnvelopeError
-from cloudsync.mqtt.sync import SyncClient
-from cloudsync.mqtt.topics import PREFIX, TopicError, Topics, check_name, parse
+from cloudsync.protocol import commands, envelope
+from cloudsync.protocol.envelope import EnvelopeError
+from cloudsync.protocol.manifest import parse_signed
+from cloudsync.protocol.mqtt import SyncClient
+from cloudsync.protocol.telemetry import FAILED_OUTCOMES
+from cloudsync.protocol.topics import PREFIX, TopicError, Topics, check_name, parse
 
 log = logging.getLogger("cloudsync.rollout")
 FLEET_LEVEL = "_fleet"  # no node is named so: names starting with _ are the fleet's

@@ -31,13 +31,12 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cloudsync import manifest, rollout
-from cloudsync.agent import COMMANDS
-from cloudsync.commands import sign
-from cloudsync.mqtt import envelope
-from cloudsync.mqtt.envelope import EnvelopeError
-from cloudsync.mqtt.sync import SyncClient
-from cloudsync.mqtt.topics import LEAVES, TopicError, Topics, fleet_filter, parse
+from cloudsync.fleet import rollout
+from cloudsync.protocol import envelope, manifest
+from cloudsync.protocol.commands import COMMANDS, sign
+from cloudsync.protocol.envelope import EnvelopeError
+from cloudsync.protocol.mqtt import SyncClient
+from cloudsync.protocol.topics import LEAVES, TopicError, Topics, fleet_filter, parse
 from edged.common.cli import UsageError, key_values
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_TIMEOUT = range(5)

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from cloudsync.mqtt.topics import check_name
+from cloudsync.protocol.topics import check_name
 from edged.config import LogFormat, MetricsConfig, Section, load_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/cloudsync.toml")
@@ -66,7 +66,7 @@ class HeartbeatConfig(Section):
 
 
 class TelemetryConfig(Section):
-    """edged's metrics as telemetry records (cloudsync.metrics)."""
+    """edged's metrics as telemetry records (cloudsync.protocol.telemetry)."""
 
     interval_s: float = Field(
         60.0,
@@ -77,7 +77,7 @@ class TelemetryConfig(Section):
 
 
 class DeliveryConfig(Section):
-    """Model delivery (cloudsync.delivery): manifests, downloads, installs, health."""
+    """Model delivery (cloudsync.agent.delivery): manifests, downloads, installs, health."""
 
     staging_dir: Path = Field(
         Path("/var/lib/edged/staging"),
@@ -143,7 +143,7 @@ class LocalConfig(Section):
 
 
 class AlertsConfig(Section):
-    """Alerts evaluated on the device (cloudsync.alerts), so they fire while offline: each
+    """Alerts evaluated on the device (cloudsync.agent.alerts), so they fire while offline: each
     change (firing, resolved) is an event through the outbox. The Prometheus rules shipped in
     docs/monitoring/ are the same alerts with these defaults."""
 

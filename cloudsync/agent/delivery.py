@@ -7,10 +7,11 @@ The operator publishes, retained, on ``.../desired/models``::
 
 For each entry the delivery thread, in order, reporting each step as an event:
 
-1. **verifies** the manifest (``cloudsync.manifest``: a threshold of the fleet's distinct keys,
-   not expired), checks it targets this node, and that its version is not below the floor: the
-   highest of the versions this node ever accepted for the model (kept in a state file of its
-   own, ``[delivery] state_file``, not in the outbox: an outbox recreated must not lower it),
+1. **verifies** the manifest (``cloudsync.protocol.manifest``: a threshold of the fleet's
+   distinct keys, not expired), checks it targets this node, and that its version is not below
+   the floor: the highest of the versions this node ever accepted for the model (kept in a
+   state file of its own, ``[delivery] state_file``, not in the outbox: an outbox recreated
+   must not lower it),
    edged's active version and the highest version edged has on disk (TUF's rollback attack).
    A version already active, or one that already failed here, is left alone. Each URL must be
    ``https://`` (plain ``http://`` only to a loopback host, and only with
@@ -63,11 +64,11 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from cloudsync import metrics
-from cloudsync.config import DeliveryConfig
-from cloudsync.manifest import FileEntry, Manifest, ManifestError, verify
-from cloudsync.mqtt.envelope import printable
-from cloudsync.outbox import Item, Outbox
+from cloudsync.agent.config import DeliveryConfig
+from cloudsync.agent.outbox import Item, Outbox
+from cloudsync.protocol import telemetry
+from cloudsync.protocol.envelope import printable
+from cloudsync.protocol.manifest import FileEntry, Manifest, ManifestError, verify
 from edged.atomic import write_atomic
 from edged.client import Client, ClientError
 from edged.common.backoff import backoff_delay
@@ -597,7 +598,7 @@ class Delivery:
         files = [{"path": f.path, "sha256": f.sha256, "length": f.length} for f in manifest.files]
         client = self.edged(self.config.install_timeout_s)
         try:
-            before = metrics.parse(client.metrics(), time.time())
+            before = telemetry.parse(client.metrics(), time.time())
             done = client.install(
                 manifest.model, manifest.version, str(staged), files, manifest.smoke
             )
@@ -624,27 +625,29 @@ class Delivery:
         self.watch(manifest, before, done.get("previous"))
         return True
 
-    def watch(self, manifest: Manifest, before: metrics.Snapshot, previous: int | None) -> None:
+    def watch(self, manifest: Manifest, before: telemetry.Snapshot, previous: int | None) -> None:
         """The new version's failure rate over the health window, against the version before's
         (its figures in this run of edged until the switch): a rollback when it is worse by
         more than ``max_error_rate``. Failures are errors, timeouts, and rejected inputs (a new
         version that refuses what the old one took is broken too)."""
         baseline = 0.0
-        old = metrics.row_of(metrics.telemetry(before, None), manifest.model, previous or 0)
+        old = telemetry.row_of(telemetry.telemetry(before, None), manifest.model, previous or 0)
         if old is not None and old["requests"]:
-            baseline = metrics.failure_rate(old)
+            baseline = telemetry.failure_rate(old)
         deadline = time.monotonic() + self.config.health_window_s
         client = self.edged(self.quick)
         while time.monotonic() < deadline and not self.stopping:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             try:
-                now = metrics.parse(client.metrics(), time.time())
+                now = telemetry.parse(client.metrics(), time.time())
             except ClientError:
                 continue
-            row = metrics.row_of(metrics.telemetry(now, before), manifest.model, manifest.version)
+            row = telemetry.row_of(
+                telemetry.telemetry(now, before), manifest.model, manifest.version
+            )
             if row is None or row["requests"] < self.config.health_min_requests:
                 continue
-            rate = metrics.failure_rate(row)
+            rate = telemetry.failure_rate(row)
             if rate - baseline <= self.config.max_error_rate:
                 continue
             why = (

@@ -22,7 +22,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from cloudsync.agent import Agent
+    from cloudsync.agent.session import Agent
 
 disable_created_metrics()  # no *_created series: they double the series of every counter
 
@@ -101,7 +101,7 @@ class AgentCollector(Collector):
         yield last
         firing = GaugeMetricFamily(
             "cloudsync_alerts_firing",
-            "Alerts firing on the device (cloudsync.alerts), by rule: how many (a rule fires"
+            "Alerts firing on the device (cloudsync.agent.alerts), by rule: how many (a rule fires"
             " once per label set, e.g. per model)",
             labels=["alertname", "severity"],
         )

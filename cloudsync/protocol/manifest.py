@@ -34,7 +34,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from cloudsync.mqtt.envelope import canonical, now_ms
+from cloudsync.protocol.envelope import canonical, now_ms
 from edged.common.digest import sha256_of
 
 SPEC = 1

@@ -1,6 +1,6 @@
 """Signed commands: only the fleet's keys give orders, each order once, for a short while.
 
-A command is an envelope (``cloudsync.mqtt.envelope``) on ``.../cmd/{id}`` whose ``id`` is the
+A command is an envelope (``cloudsync.protocol.envelope``) on ``.../cmd/{id}`` whose ``id`` is the
 command id and whose body is ``{"name", "args", "target": "{fleet}/{node}", "exp", "nonce"}``;
 beside the body, ``kid`` names the signing key and ``sig`` is the Ed25519 signature (base64) of
 the canonical bytes of the envelope without ``sig``. A node runs it only when:
@@ -31,8 +31,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from cloudsync.mqtt.envelope import Envelope, EnvelopeError, canonical, decode, new_id, now_ms
+from cloudsync.protocol.envelope import Envelope, EnvelopeError, canonical, decode, new_id, now_ms
 
+# the commands a node runs (docs/PROTOCOL.md lists them; the operators' tools offer these)
+COMMANDS = (
+    "ping, status, models, versions, activate, rollback, cloud-ab, routing, set-routing,"
+    " reset-routing, reload, drain, resume, logs"
+)
 MAX_LIFETIME_S = 3600.0
 CLOCK_SKEW_S = 60.0
 

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 from cloudsync import __version__
-from cloudsync import config as config_module
-from cloudsync.agent import Agent, node_name
-from cloudsync.local import LocalServer
-from cloudsync.outbox import OutboxError
+from cloudsync.agent import config as config_module
+from cloudsync.agent.local_api import LocalServer
+from cloudsync.agent.outbox import OutboxError
+from cloudsync.agent.session import Agent, node_name
 from edged.errors import ConfigError
 from edged.logs import setup_logging
 

@@ -5,7 +5,7 @@
         -> {"stored": n, "dropped": n}: each record is on disk (fsynced) when this answers;
            ``dropped``: the disk budget could not take them (counted in the outbox figures)
     GET  /v1/status   -> the agent: connected, node, heartbeats, outbox figures
-    GET  /metrics     -> cloudsync's Prometheus metrics (cloudsync.exporter)
+    GET  /metrics     -> cloudsync's Prometheus metrics (cloudsync.agent.metrics)
 
 A record: ``kind`` telemetry or events; ``body`` a JSON object, at most 260,096 bytes as
 canonical JSON (envelope.MAX_BODY_BYTES: with its envelope it must fit one 256 KiB message) and
@@ -58,7 +58,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from cloudsync.mqtt.envelope import (
+from cloudsync.agent.outbox import PRIORITIES, Item, OutboxError
+from cloudsync.protocol.envelope import (
     MAX_BODY_BYTES,
     MAX_BYTES,
     MAX_DEPTH,
@@ -66,10 +67,9 @@ from cloudsync.mqtt.envelope import (
     depth,
     printable,
 )
-from cloudsync.outbox import PRIORITIES, Item, OutboxError
 
 if TYPE_CHECKING:
-    from cloudsync.agent import Agent
+    from cloudsync.agent.session import Agent
 
 log = logging.getLogger("cloudsync")
 

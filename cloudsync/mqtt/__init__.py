@@ -1,1 +1,0 @@
-"""The MQTT contract: topics and the envelope (docs/PROTOCOL.md)."""
