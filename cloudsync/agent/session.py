@@ -11,12 +11,10 @@ between half and all of it (jitter, so a fleet does not reconnect in step). It s
 working with no network: records wait in the outbox.
 
 Commands on ``.../cmd/{id}`` are verified in the MQTT thread (``cloudsync.protocol.commands``: a
-refused one is reported, never run) and run by a worker thread; results go through the outbox.
-A third thread asks edged (its socket API, a short timeout) for its status, capabilities and
-metrics, keeps the last answer, moves edged's new events into the outbox (``read_events``) and
-turns its metrics into telemetry records (``cloudsync.protocol.telemetry``): the MQTT thread
-never waits on edged, so a busy or stopped edged does not delay a heartbeat, and edged never
-waits on cloudsync.
+refused one is reported, never run) and run by the commands thread (``handlers``); results go
+through the outbox. The edged thread (``collector``) reads edged; the delivery thread
+(``delivery``) installs models. The MQTT thread never waits on edged. Every thread runs under
+``supervise``: one that fails is logged, counted and started again.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import platform
 import queue
 import random
@@ -33,7 +30,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -42,13 +38,14 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from cloudsync import __version__
-from cloudsync.agent.alerts import Evaluator, Facts, record_id
+from cloudsync.agent.alerts import Evaluator
+from cloudsync.agent.collector import ALERTS, Collector, EdgedView
 from cloudsync.agent.config import Config
 from cloudsync.agent.delivery import Delivery
+from cloudsync.agent.handlers import Handlers
 from cloudsync.agent.metrics import Exporter
 from cloudsync.agent.outbox import Item, Outbox, OutboxError
-from cloudsync.protocol import telemetry
-from cloudsync.protocol.commands import COMMANDS, Command, Refused, Verifier, load_anchors
+from cloudsync.protocol.commands import Command, Refused, Verifier, load_anchors
 from cloudsync.protocol.envelope import (
     MAX_BODY_BYTES,
     MAX_BYTES,
@@ -61,26 +58,18 @@ from cloudsync.protocol.envelope import (
 )
 from cloudsync.protocol.mqtt import tls_context
 from cloudsync.protocol.topics import TopicError, Topics, check_name, parse
-from edged.client import Client, ClientError
+from edged.client import Client
 from edged.common.backoff import backoff_delay
-from edged.events import CAPACITY, EventLog
+from edged.events import EventLog
 
 log = logging.getLogger("cloudsync")
-EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"
-EDGED_METRICS = "edged_metrics"  # the outbox's state key: the read behind the last record
 ROLLBACKS = "rollbacks"  # the outbox's state key: when each model was last rolled back
-ALERTS = "alerts"  # the outbox's state key: the alerts firing (with their events)
-LEVELS = ("debug", "info", "warning", "error", "critical")
-MAX_LOG_LINES = 1000
-MAX_LOG_MESSAGE = 500  # characters of one line in a ``logs`` result
-MAX_DRAIN_WAIT_S = 600.0  # the command worker waits no longer for a drain
 RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
 ACK_TIMEOUT_S = 120.0  # a record published this long ago with no PUBACK is published again
 # the largest MQTT packet cloudsync takes (MQTT 5's Maximum Packet Size: the broker does not
 # send a larger one): an envelope and its topic. The fleet's broker has the same limit.
 MAX_PACKET = MAX_BYTES + 4096
-MAX_EVENT_TEXT = 16384  # characters of one text field of an edged event that are forwarded
 RESTART_MAX_S = 30.0  # a thread that failed is started again after 1, 2, 4 ... up to this
 
 
@@ -90,21 +79,6 @@ def node_name(configured: str) -> str:
         return configured
     host = "".join(c if c.isalnum() or c in "_-" else "-" for c in socket.gethostname())
     return check_name("node", host[:64] or "node")
-
-
-@dataclass
-class EdgedView:
-    """What the agent last heard from edged (the collector thread replaces the whole view, the
-    MQTT thread reads it: an attribute assignment is atomic)."""
-
-    status: dict[str, Any] | None = None
-    capabilities: list[dict[str, Any]] = field(default_factory=list)
-    error: str = "not asked yet"
-    at_ms: int = 0
-    routes: dict[str, int] = field(default_factory=dict)  # decisions since edged started
-
-    def reachability(self) -> dict[str, Any]:
-        return {"reachable": self.status is not None, "error": self.error}
 
 
 class Agent:
@@ -158,6 +132,8 @@ class Agent:
         self.alerts = Evaluator(config.alerts)
         self.alerts.restore(self.outbox.get_state(ALERTS), time.monotonic(), now_ms())
         self.exporter = Exporter(self)
+        self.collector = Collector(self)
+        self.handlers = Handlers(self)
         self.client = self._client()
 
     # ---- the MQTT client -----------------------------------------------------------------
@@ -320,7 +296,7 @@ class Agent:
         """The worker thread: commands, one at a time."""
         while (command := self.orders.get()) is not None:
             try:
-                result = {"ok": True, "result": self.run_command(command)}
+                result = {"ok": True, "result": self.handlers.run(command)}
             except Exception as exc:  # a command that fails says so; the agent goes on
                 result = {"ok": False, "error": printable(str(exc))}
             try:
@@ -328,99 +304,6 @@ class Agent:
             except Exception:  # a result the outbox cannot take: said here, the thread goes on
                 self.poison += 1
                 log.exception("the result of command %s cannot be kept", command.id)
-
-    def run_command(self, command: Command) -> Any:
-        """One verified command (docs/PROTOCOL.md lists them); raising fails it."""
-        name, args = command.name, command.args
-        edged = self.edged_client()
-        calls: dict[str, Callable[[], Any]] = {
-            "ping": lambda: {"pong": True, "node": self.node, "ts": now_ms()},
-            "status": self.status,
-            "models": lambda: edged.call("POST", "/v2/repository/index"),
-            "routing": edged.routing,
-            "set-routing": lambda: edged.set_routing(args),
-            "reset-routing": edged.reset_routing,
-            "reload": lambda: _reloaded(edged.reload()),
-            "drain": lambda: self.drain(args),
-            "resume": edged.resume,
-            "rollback": lambda: self.rollback(edged, command, args),
-            "activate": lambda: edged.activate(_text(args, "model"), _version(args)),
-            "versions": lambda: edged.model_versions(_text(args, "model")),
-            "cloud-ab": lambda: edged.call(
-                "PUT",
-                f"/v1/admin/cloud/{_text(args, 'model')}/ab",
-                {k: v for k, v in args.items() if k != "model"},
-            ),
-            "logs": lambda: self.logs(args),
-        }
-        if name not in calls:
-            raise ValueError(f"unknown command '{name}' ({COMMANDS})")
-        try:
-            return calls[name]()
-        except ClientError as exc:
-            raise RuntimeError(f"edged: {exc}") from None
-
-    def rollback(self, edged: Client, command: Command, args: dict[str, Any]) -> Any:
-        """The version before of ``model`` serves again; with ``from``, only when that version
-        is the active one (a rollout's rollback must not take a node that never got it back
-        further)."""
-        model, wrong = _text(args, "model"), args.get("from")
-        active = edged.model_versions(model).get("active")
-        if wrong is not None and active != wrong:
-            return {"rolled_back": False, "active": active, "why": f"{wrong} is not active"}
-        reply = edged.activate(model)
-        if isinstance(active, int):
-            self.delivery.rolled_back(model, active, f"command {command.id} by {command.issuer}")
-        return {"rolled_back": True, **reply}
-
-    def drain(self, args: dict[str, Any]) -> Any:
-        """edged checks the arguments; the call waits as long as the drain may."""
-        wait = args.get("timeout_s", 30.0)
-        if isinstance(wait, (int, float)) and not isinstance(wait, bool):
-            args = {**args, "timeout_s": min(float(wait), MAX_DRAIN_WAIT_S)}
-            wait = args["timeout_s"]
-        else:
-            wait = 0.0
-        edged = self.edged_client(self.config.edged.timeout_s + wait)
-        return edged.call("POST", "/v1/admin/drain", args)
-
-    def logs(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The last ``lines`` of edged's (or cloudsync's) log at ``level`` and above, with
-        ``contains`` in them when given."""
-        source = args.get("source", "edged")
-        lines, level = args.get("lines", 100), args.get("level", "info")
-        contains = args.get("contains", "")
-        if source not in ("edged", "cloudsync"):
-            raise ValueError("'source' must be edged or cloudsync")
-        if isinstance(lines, bool) or not isinstance(lines, int) or not 1 <= lines <= MAX_LOG_LINES:
-            raise ValueError(f"'lines' must be 1 to {MAX_LOG_LINES}")
-        if level not in LEVELS:
-            raise ValueError(f"'level' must be one of {', '.join(LEVELS)}")
-        if not isinstance(contains, str):
-            raise ValueError("'contains' must be text")
-        if source == "edged":
-            edged = self.edged_client()
-            last = edged.events(0, 1)["last"]
-            reply = edged.events(max(0, last - CAPACITY), CAPACITY)
-        else:
-            reply = self.events.after(0, CAPACITY)
-        floor = LEVELS.index(level)
-        found = [
-            {**e, "message": printable(str(e.get("message")), MAX_LOG_MESSAGE)}
-            for e in reply["events"]
-            if e.get("level") in LEVELS
-            and LEVELS.index(e["level"]) >= floor
-            and contains in str(e.get("message"))
-        ][-lines:]
-        # the newest lines that fit in one record (1,000 long lines would not)
-        room, kept = MAX_BODY_BYTES - 1024, 0
-        for line in reversed(found):
-            room -= len(canonical(line)) + 1
-            if room < 0:
-                break
-            kept += 1
-        result = {"source": source, "epoch": reply["epoch"], "lines": found[len(found) - kept :]}
-        return {**result, "left_out": len(found) - kept} if kept < len(found) else result
 
     # ---- what the node says ----------------------------------------------------------------
 
@@ -561,108 +444,16 @@ class Agent:
             self.exporter.heartbeats.inc()
         self.pump()
 
-    def collect(self) -> None:
-        """The edged thread: its status and capabilities, and its events into the outbox,
-        every heartbeat interval."""
-        client = self.edged_client()
-        while not self.stopping.is_set():
-            try:
-                self.collect_once(client)
-            except Exception:  # a full disk, a bug: logged, and the next turn tries again
-                log.exception("reading edged or evaluating the alerts failed")
-            self.stopping.wait(self.config.heartbeat.interval_s)
-
-    def collect_once(self, client: Client) -> None:
-        snap = None
-        try:
-            status = client.status()
-            capabilities = client.capabilities()
-            snap = telemetry.parse(client.metrics(), time.time(), status.get("epoch") or "")
-            self.edged = EdgedView(status, capabilities, "", now_ms(), snap.route_totals())
-            self.read_events(client)
-            self.report_metrics(snap)
-        except ValueError as exc:  # not edged's metrics: say so, keep going
-            log.error("edged's /metrics cannot be read: %s", exc)
-        except ClientError as exc:
-            self.edged = EdgedView(None, [], exc.message, now_ms())
-        if self.config.alerts.enabled:
-            self.check_alerts(snap)
-
-    def facts(self, snap: telemetry.Snapshot | None) -> Facts:
-        """What the alerts are evaluated on, now."""
-        now = time.monotonic()
-        facts = Facts(
-            now,
-            edged_up=self.edged.status is not None,
-            offline_s=0.0 if self.offline_since is None else now - self.offline_since,
-            outbox_age_s=self.outbox.oldest_age_s(),
-            rollbacks={model: time.time() - at for model, at in list(self.rollbacks.items())},
-        )
-        if snap is not None:
-            facts.epoch = snap.epoch
-            facts.local_load = snap.local_load
-            facts.cloud_calls = sum(snap.cloud.values())
-            facts.cloud_errors = sum(v for k, v in snap.cloud.items() if k[2] == "error")
-        return facts
-
-    def check_alerts(self, snap: telemetry.Snapshot | None) -> None:
-        """Evaluate the alerts; each change goes to the fleet through the outbox."""
-        items = []
-        wall, mono = now_ms(), time.monotonic()
-        for state, alert in self.alerts.evaluate(self.facts(snap)):
-            since = wall - int((mono - alert.since) * 1000)
-            body = self.alerts.event(state, alert, wall, since)
-            level = logging.WARNING if state == "firing" else logging.INFO
-            log.log(level, "alert %s %s: %s", alert.rule.name, state, body["summary"])
-            items.append(Item("events", body, "alert", record_id(body)))
-        if items:  # the events and the alerts firing now, in one transaction
-            self.outbox.put_many(items, state={ALERTS: self.alerts.saved(mono, wall)})
-
     def _rolled_back(self, model: str) -> None:
         self.rollbacks[model] = time.time()
         self.outbox.put_many([], state={ROLLBACKS: json.dumps(self.rollbacks)})
         self.exporter.rollbacks.labels(model).inc()
 
-    def read_events(self, client: Client) -> None:
-        """edged's events after the cursor kept in the outbox, stored with the cursor's advance
-        in one transaction: none lost, none twice (a new edged epoch starts from 0)."""
-        epoch, _, last = (self.outbox.get_state(EDGED_CURSOR) or ":0").partition(":")
-        cursor = int(last or 0)
-        while True:
-            reply = client.events(cursor)
-            if reply["epoch"] != epoch:  # a new edged, or the first read: from its start
-                if cursor:
-                    reply = client.events(0)
-                epoch, cursor = reply["epoch"], 0
-            if not reply["events"]:
-                return
-            items = [event_item(epoch, e) for e in reply["events"]]
-            if reply["missed"]:
-                items.insert(0, Item("events", {"alert": "edged events missed",
-                                                "missed": reply["missed"]}, "alert"))  # fmt: skip
-            cursor = reply["events"][-1]["id"]
-            self.outbox.put_many(items, state={EDGED_CURSOR: f"{epoch}:{cursor}"})
-            if cursor >= reply["last"]:
-                return
-
-    def report_metrics(self, snap: telemetry.Snapshot) -> None:
-        """Every ``telemetry.interval_s``: what edged served since the read behind the last
-        record (kept in the outbox with the record, in one transaction)."""
-        interval = self.config.telemetry.interval_s
-        if not interval or time.monotonic() < self.next_telemetry:
-            return
-        self.next_telemetry = time.monotonic() + interval
-        before = telemetry.Snapshot.from_state(self.outbox.get_state(EDGED_METRICS))
-        body = telemetry.telemetry(snap, before)
-        record = f"metrics-{snap.epoch[:16]}-{int(snap.at * 1000)}"
-        items = [Item("telemetry", body, "telemetry", record)] if body else []
-        self.outbox.put_many(items, state={EDGED_METRICS: snap.to_state()})
-
     def run(self) -> None:
         """Until ``stop``: the MQTT thread here, the edged, delivery and commands threads beside
         it, each restarted if it fails."""
         stop_metrics = self._serve_metrics()
-        self.start_thread("edged", self.collect)
+        self.start_thread("edged", self.collector.run)
         self.start_thread("delivery", self.delivery.run)
         worker = self.start_thread("commands", self.work)
         try:
@@ -732,56 +523,6 @@ class Agent:
             self.client.disconnect()
         self.outbox.close()
         self.verifier.close()
-
-
-def _text(args: dict[str, Any], key: str) -> str:
-    value = args.get(key)
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"'{key}' must be given (text)")
-    return value
-
-
-def _version(args: dict[str, Any]) -> int:
-    value = args.get("version")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError("'version' must be given (an integer)")
-    return value
-
-
-def _reloaded(reply: dict[str, Any]) -> dict[str, Any]:
-    if not reply["reloaded"]:
-        raise RuntimeError(f"edged's reload failed: {reply['error']}")
-    return reply
-
-
-def event_item(epoch: str, event: dict[str, Any]) -> Item:
-    """An edged event as an outbox record: errors are alerts; its id is stable across
-    retries (the epoch and the event's id). Its text is cut to MAX_EVENT_TEXT characters with a
-    marker (``truncated``: the fields cut); an event still too large for a record keeps only its
-    id, time, level and source."""
-    level = event.get("level", "info")
-    priority = "alert" if level in ("error", "critical") else "event"
-    body: dict[str, Any] = {"from": "edged"}
-    cut = []
-    for key, value in event.items():
-        if isinstance(value, bool) or value is None or _finite(value):
-            body[printable(key, 64)] = value
-            continue
-        text = value if isinstance(value, str) else json.dumps(value)  # escapes what it must
-        body[printable(key, 64)] = printable(text, MAX_EVENT_TEXT)
-        if len(text) > MAX_EVENT_TEXT:
-            cut.append(key)
-    if cut:
-        body["truncated"] = cut
-    if len(canonical(body)) > MAX_BODY_BYTES - 1024:
-        keep = ("from", "id", "ts", "level", "source")
-        body = {k: body[k] for k in keep if isinstance(body.get(k), (str, int))}
-        body["truncated"] = sorted(set(event) - set(keep))
-    return Item("events", body, priority, f"edged-{epoch[:16]}-{event['id']}")
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def result_item(cmd_id: str, result: dict[str, Any]) -> Item:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from cloudsync.agent.session import event_item, result_item
+from cloudsync.agent.collector import event_item
+from cloudsync.agent.session import result_item
 from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical
 from edged.events import MAX_MESSAGE, EventLog
 

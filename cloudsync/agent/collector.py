@@ -1,0 +1,176 @@
+"""The edged collector: the agent's thread that asks edged (its socket API, a short timeout)
+for its status, capabilities and metrics every heartbeat interval, keeps the last answer
+(``EdgedView``), moves edged's new events into the outbox (each cut to MAX_EVENT_TEXT a field),
+turns its metrics into telemetry records (``cloudsync.protocol.telemetry``) and evaluates the
+device's alerts. The MQTT thread never waits on edged, and edged never waits on cloudsync.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cloudsync.agent.alerts import Facts, record_id
+from cloudsync.agent.outbox import Item
+from cloudsync.protocol import telemetry
+from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical, now_ms, printable
+from edged.client import Client, ClientError
+
+if TYPE_CHECKING:
+    from cloudsync.agent.session import Agent
+
+log = logging.getLogger("cloudsync")
+EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"
+EDGED_METRICS = "edged_metrics"  # the outbox's state key: the read behind the last record
+ALERTS = "alerts"  # the outbox's state key: the alerts firing (with their events)
+MAX_EVENT_TEXT = 16384  # characters of one text field of an edged event that are forwarded
+
+
+@dataclass
+class EdgedView:
+    """What the agent last heard from edged (the collector thread replaces the whole view, the
+    MQTT thread reads it: an attribute assignment is atomic)."""
+
+    status: dict[str, Any] | None = None
+    capabilities: list[dict[str, Any]] = field(default_factory=list)
+    error: str = "not asked yet"
+    at_ms: int = 0
+    routes: dict[str, int] = field(default_factory=dict)  # decisions since edged started
+
+    def reachability(self) -> dict[str, Any]:
+        return {"reachable": self.status is not None, "error": self.error}
+
+
+class Collector:
+    """The edged thread of one agent (``run``); what it learns goes to ``agent.edged``, the
+    outbox and the alerts."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.next_telemetry = 0.0
+
+    def run(self) -> None:
+        """The edged thread: its status and capabilities, and its events into the outbox,
+        every heartbeat interval."""
+        client = self.agent.edged_client()
+        while not self.agent.stopping.is_set():
+            try:
+                self.once(client)
+            except Exception:  # a full disk, a bug: logged, and the next turn tries again
+                log.exception("reading edged or evaluating the alerts failed")
+            self.agent.stopping.wait(self.agent.config.heartbeat.interval_s)
+
+    def once(self, client: Client) -> None:
+        snap = None
+        try:
+            status = client.status()
+            capabilities = client.capabilities()
+            snap = telemetry.parse(client.metrics(), time.time(), status.get("epoch") or "")
+            self.agent.edged = EdgedView(status, capabilities, "", now_ms(), snap.route_totals())
+            self.read_events(client)
+            self.report_metrics(snap)
+        except ValueError as exc:  # not edged's metrics: say so, keep going
+            log.error("edged's /metrics cannot be read: %s", exc)
+        except ClientError as exc:
+            self.agent.edged = EdgedView(None, [], exc.message, now_ms())
+        if self.agent.config.alerts.enabled:
+            self.check_alerts(snap)
+
+    def facts(self, snap: telemetry.Snapshot | None) -> Facts:
+        """What the alerts are evaluated on, now."""
+        now = time.monotonic()
+        facts = Facts(
+            now,
+            edged_up=self.agent.edged.status is not None,
+            offline_s=0.0 if self.agent.offline_since is None else now - self.agent.offline_since,
+            outbox_age_s=self.agent.outbox.oldest_age_s(),
+            rollbacks={model: time.time() - at for model, at in list(self.agent.rollbacks.items())},
+        )
+        if snap is not None:
+            facts.epoch = snap.epoch
+            facts.local_load = snap.local_load
+            facts.cloud_calls = sum(snap.cloud.values())
+            facts.cloud_errors = sum(v for k, v in snap.cloud.items() if k[2] == "error")
+        return facts
+
+    def check_alerts(self, snap: telemetry.Snapshot | None) -> None:
+        """Evaluate the alerts; each change goes to the fleet through the outbox."""
+        items = []
+        wall, mono = now_ms(), time.monotonic()
+        for state, alert in self.agent.alerts.evaluate(self.facts(snap)):
+            since = wall - int((mono - alert.since) * 1000)
+            body = self.agent.alerts.event(state, alert, wall, since)
+            level = logging.WARNING if state == "firing" else logging.INFO
+            log.log(level, "alert %s %s: %s", alert.rule.name, state, body["summary"])
+            items.append(Item("events", body, "alert", record_id(body)))
+        if items:  # the events and the alerts firing now, in one transaction
+            self.agent.outbox.put_many(items, state={ALERTS: self.agent.alerts.saved(mono, wall)})
+
+    def read_events(self, client: Client) -> None:
+        """edged's events after the cursor kept in the outbox, stored with the cursor's advance
+        in one transaction: none lost, none twice (a new edged epoch starts from 0)."""
+        epoch, _, last = (self.agent.outbox.get_state(EDGED_CURSOR) or ":0").partition(":")
+        cursor = int(last or 0)
+        while True:
+            reply = client.events(cursor)
+            if reply["epoch"] != epoch:  # a new edged, or the first read: from its start
+                if cursor:
+                    reply = client.events(0)
+                epoch, cursor = reply["epoch"], 0
+            if not reply["events"]:
+                return
+            items = [event_item(epoch, e) for e in reply["events"]]
+            if reply["missed"]:
+                items.insert(0, Item("events", {"alert": "edged events missed",
+                                                "missed": reply["missed"]}, "alert"))  # fmt: skip
+            cursor = reply["events"][-1]["id"]
+            self.agent.outbox.put_many(items, state={EDGED_CURSOR: f"{epoch}:{cursor}"})
+            if cursor >= reply["last"]:
+                return
+
+    def report_metrics(self, snap: telemetry.Snapshot) -> None:
+        """Every ``telemetry.interval_s``: what edged served since the read behind the last
+        record (kept in the outbox with the record, in one transaction)."""
+        interval = self.agent.config.telemetry.interval_s
+        if not interval or time.monotonic() < self.next_telemetry:
+            return
+        self.next_telemetry = time.monotonic() + interval
+        before = telemetry.Snapshot.from_state(self.agent.outbox.get_state(EDGED_METRICS))
+        body = telemetry.telemetry(snap, before)
+        record = f"metrics-{snap.epoch[:16]}-{int(snap.at * 1000)}"
+        items = [Item("telemetry", body, "telemetry", record)] if body else []
+        self.agent.outbox.put_many(items, state={EDGED_METRICS: snap.to_state()})
+
+
+def event_item(epoch: str, event: dict[str, Any]) -> Item:
+    """An edged event as an outbox record: errors are alerts; its id is stable across
+    retries (the epoch and the event's id). Its text is cut to MAX_EVENT_TEXT characters with a
+    marker (``truncated``: the fields cut); an event still too large for a record keeps only its
+    id, time, level and source."""
+    level = event.get("level", "info")
+    priority = "alert" if level in ("error", "critical") else "event"
+    body: dict[str, Any] = {"from": "edged"}
+    cut = []
+    for key, value in event.items():
+        if isinstance(value, bool) or value is None or _finite(value):
+            body[printable(key, 64)] = value
+            continue
+        text = value if isinstance(value, str) else json.dumps(value)  # escapes what it must
+        body[printable(key, 64)] = printable(text, MAX_EVENT_TEXT)
+        if len(text) > MAX_EVENT_TEXT:
+            cut.append(key)
+    if cut:
+        body["truncated"] = cut
+    if len(canonical(body)) > MAX_BODY_BYTES - 1024:
+        keep = ("from", "id", "ts", "level", "source")
+        body = {k: body[k] for k in keep if isinstance(body.get(k), (str, int))}
+        body["truncated"] = sorted(set(event) - set(keep))
+    return Item("events", body, priority, f"edged-{epoch[:16]}-{event['id']}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
