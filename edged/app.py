@@ -20,6 +20,7 @@ from aiohttp import web
 from edged import logs, systemd
 from edged.admin import ADMIN_FILE, Admin
 from edged.config import Config
+from edged.dataplane.plane import DataPlane
 from edged.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
 from edged.events import EventLog
 from edged.knowledge.answer import ChatAnswer
@@ -40,10 +41,10 @@ from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
 from edged.runtimes.worker import ProcessRuntime, wants_process
 from edged.server import connections
 from edged.server.access import Access
-from edged.server.dataplane import DataPlane
 from edged.server.grpc import GrpcServer
 from edged.server.grpc import start_server as start_grpc
 from edged.server.rest import create_app, metrics_handler
+from edged.server.services import Services
 from edged.tasks.run import TaskRunner
 
 log = logging.getLogger("edged")
@@ -129,7 +130,7 @@ class Daemon:
         self.metrics.state.models = self.manager.index
         self.metrics.state.runtimes = self._runtimes
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
-        self.plane = DataPlane(self.manager, self.router, self.load)
+        self.plane = DataPlane(self.manager, self.router, self.load, self.events)
         self.admin = Admin(
             config.state_dir / ADMIN_FILE,
             self.router,
@@ -138,7 +139,6 @@ class Daemon:
             config.models.keep_versions,
             lambda: self.plane.ready,
         )
-        self.plane.events = self.events
         knowledge = config.knowledge
         token = read_token(knowledge.token_file) or ""
         self.chat = (  # an OpenAI-compatible answer model, when one is configured
@@ -152,7 +152,7 @@ class Daemon:
         )
         # question, passages -> answer: the endpoint, else the OIP model through the router
         self.answerer = self.chat or self._answer
-        self.plane.knowledge = KnowledgeService(
+        self.knowledge = KnowledgeService(
             knowledge.uri or config.state_dir / "knowledge.db",
             self._embed,
             self._embedding_dim,
@@ -172,7 +172,8 @@ class Daemon:
                 knowledge.answer_timeout_s,
             ),
         )
-        self.plane.tasks = self.task_runner(config)
+        # what the REST adapter serves beside the data plane (/v1/kb, /v1/tasks)
+        self.services = Services(self.plane.check_ready, self.knowledge, self.task_runner(config))
         # who may call and who is admin, on both sockets; SIGHUP changes the settings in place
         self.access = Access(config.server)
         self.grpc: GrpcServer | None = None
@@ -290,7 +291,7 @@ class Daemon:
         self.manager.max_queue_size = fresh.scheduler.max_queue_size  # for later loads
         self.config.routing = fresh.routing
         self.admin.configure(fresh.routing)  # with the operator's overrides over it
-        self.plane.tasks = tasks
+        self.services.tasks = tasks
         self.config.tasks = fresh.tasks
 
     def task_runner(self, config: Config) -> TaskRunner:
@@ -298,7 +299,10 @@ class Daemon:
         answer_model = config.knowledge.answer_model
         answer = self.answerer if answer_model else None
         private_namespaces = config.knowledge.private_namespaces
-        return TaskRunner(self.plane, config.tasks, answer, answer_model, private_namespaces)
+        return TaskRunner(
+            self.plane, self.router, config.tasks, self.knowledge, answer, answer_model,
+            private_namespaces,
+        )  # fmt: skip
 
     async def reload(self) -> str | None:
         """SIGHUP (and POST /v1/admin/reload): re-read the config and poll the repository; never
@@ -390,7 +394,7 @@ class Daemon:
             loop.add_signal_handler(signal.SIGUSR2, time.sleep, hang)
             log.warning("test hooks on: SIGUSR2 hangs the event loop for %.1f s", hang)
         runner = web.AppRunner(
-            create_app(self.plane, self.config.server, self.admin, self.access),
+            create_app(self.plane, self.config.server, self.admin, self.access, self.services),
             handle_signals=False,
             access_log=None,
             # A client that hangs up cancels its request instead of leaving the work running.
@@ -524,8 +528,7 @@ class Daemon:
                 await task
         await self.load.stop()
         self.router.save_state(self.learner_state)
-        if self.plane.knowledge is not None:
-            await self.plane.knowledge.close()
+        await self.knowledge.close()
         if self.chat is not None:
             await self.chat.close()
         if self.cloud is not None:

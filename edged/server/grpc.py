@@ -41,6 +41,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from edged.config import ServerConfig
+from edged.dataplane.plane import DataPlane
 from edged.errors import ConfigError, EdgedError, Forbidden, InvalidRequest, NotFound, retry_after
 from edged.protocol.tensors import (
     DATATYPES,
@@ -54,7 +55,6 @@ from edged.protocol.tensors import (
     to_binary,
 )
 from edged.server.access import Access, Peer, peer_of
-from edged.server.dataplane import DataPlane
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

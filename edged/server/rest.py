@@ -15,6 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from edged import logs
 from edged.admin import Admin
 from edged.config import ServerConfig
+from edged.dataplane import default_models
+from edged.dataplane.plane import DataPlane
 from edged.errors import EdgedError, InvalidRequest, PayloadTooLarge, retry_after
 from edged.metrics import Metrics
 from edged.protocol.tensors import (
@@ -25,9 +27,9 @@ from edged.protocol.tensors import (
     is_count,
     parse_json,
 )
-from edged.server import connections, tasks
+from edged.server import connections
 from edged.server.access import Access, Peer, peer_of
-from edged.server.dataplane import DataPlane
+from edged.server.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -245,9 +247,11 @@ def create_app(
     settings: ServerConfig,
     admin: Admin | None = None,
     access: Access | None = None,
+    services: Services | None = None,
 ) -> web.Application:
-    """The aiohttp application with every route (/v1/admin with ``admin``); ``access`` checks
-    the callers (by default over ``settings``)."""
+    """The aiohttp application with every route (/v1/admin with ``admin``, /v1/kb and /v1/tasks
+    with ``services``); ``access`` checks the callers (by default over ``settings``)."""
+    services = services if services is not None else Services(plane.check_ready)
     app = web.Application(middlewares=[guard], client_max_size=settings.max_request_bytes)
     app[PLANE] = plane
     app[SETTINGS] = settings
@@ -325,12 +329,12 @@ def create_app(
         return ok(plane.events_after(query.get("after", "0"), query.get("limit", "1000")))
 
     async def kb_list(request: web.Request) -> web.Response:
-        return ok({"namespaces": await plane.kb().namespaces()})
+        return ok({"namespaces": await services.kb().namespaces()})
 
     async def kb_ingest(request: web.Request) -> web.Response:
         doc = await read_json(request)
         documents = doc.get("documents") if isinstance(doc, dict) else None
-        return ok(await plane.kb().ingest(request.match_info["ns"], documents))
+        return ok(await services.kb().ingest(request.match_info["ns"], documents))
 
     async def kb_search(request: web.Request) -> web.Response:
         doc = await read_json(request)
@@ -340,7 +344,7 @@ def create_app(
         if isinstance(k, bool) or not isinstance(k, int):
             raise InvalidRequest("'k' must be an integer")
         where = doc.get("filter", "")
-        return ok(await plane.kb().search(request.match_info["ns"], doc.get("query"), k, where))
+        return ok(await services.kb().search(request.match_info["ns"], doc.get("query"), k, where))
 
     async def kb_ask(request: web.Request) -> web.Response:
         doc = await read_json(request)
@@ -353,9 +357,9 @@ def create_app(
             raise InvalidRequest("'threshold' must be a number (a cosine score, -1 to 1)")
         params = query_parameters(request)
         # an escalation to the answer model may take seconds: the ask's own default deadline
-        params.setdefault("timeout", round(plane.kb().ask_settings.timeout_s * 1e6))
+        params.setdefault("timeout", round(services.kb().ask_settings.timeout_s * 1e6))
         _, route = plane.take_parameters(params)
-        reply = await plane.kb().ask(
+        reply = await services.kb().ask(
             request.match_info["ns"],
             doc.get("question"),
             threshold,
@@ -367,23 +371,23 @@ def create_app(
         return ok(reply)
 
     async def kb_stats(request: web.Request) -> web.Response:
-        return ok(await plane.kb().stats(request.match_info["ns"]))
+        return ok(await services.kb().stats(request.match_info["ns"]))
 
     async def kb_delete(request: web.Request) -> web.Response:
         doc = await read_json(request)
         if not isinstance(doc, dict):
             raise InvalidRequest('the body must be {"ids": [...]} or {"source": "..."}')
-        return ok(await plane.kb().delete(request.match_info["ns"], doc))
+        return ok(await services.kb().delete(request.match_info["ns"], doc))
 
     async def capabilities(request: web.Request) -> web.Response:
         return ok(plane.capabilities())
 
     async def tasks_catalog(request: web.Request) -> web.Response:
-        return ok({"templates": plane.task_runner().catalog()})
+        return ok({"templates": services.task_runner().catalog()})
 
     async def tasks_run(request: web.Request) -> web.StreamResponse:
         logs.set_fields(request_id=logs.short_id())  # one id for every node's log lines
-        runner = plane.task_runner()
+        runner = services.task_runner()
         doc, params = await read_json(request), query_parameters(request)
         streamed = params.pop("stream", False)
         plan = await runner.plan(doc, params)  # a request that does not check out: a plain 400
@@ -419,16 +423,24 @@ def create_app(
         return stream
 
     async def embed(request: web.Request) -> web.Response:
-        return ok(await tasks.embed(plane, await read_json(request), query_parameters(request)))
+        return ok(
+            await default_models.embed(plane, await read_json(request), query_parameters(request))
+        )
 
     async def intent(request: web.Request) -> web.Response:
-        return ok(await tasks.intent(plane, await read_json(request), query_parameters(request)))
+        return ok(
+            await default_models.intent(plane, await read_json(request), query_parameters(request))
+        )
 
     async def ocr(request: web.Request) -> web.Response:
-        return ok(await tasks.ocr(plane, await read_body(request), query_parameters(request)))
+        return ok(
+            await default_models.ocr(plane, await read_body(request), query_parameters(request))
+        )
 
     async def vad(request: web.Request) -> web.Response:
-        return ok(await tasks.vad(plane, await read_body(request), query_parameters(request)))
+        return ok(
+            await default_models.vad(plane, await read_body(request), query_parameters(request))
+        )
 
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"

@@ -1,8 +1,8 @@
 """The task types a graph node may have: what each takes, what it gives, how it runs.
 
-Each runs through the same data plane as the task API (/v1/ocr, /v1/intent...), so each node is
-routed by the path decision on its own: the router sees the node's privacy, priority, deadline
-and route override as request parameters.
+Each runs through the same data plane as the default models' calls (/v1/ocr, /v1/intent...), so
+each node is routed by the path decision on its own: the router sees the node's privacy,
+priority, deadline and route override as request parameters.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from edged.dataplane import default_models
 from edged.errors import InvalidRequest, Unavailable
-from edged.server import tasks as task_api
 
 if TYPE_CHECKING:
-    from edged.server.dataplane import DataPlane
+    from edged.dataplane.plane import DataPlane
+    from edged.knowledge.service import KnowledgeService
     from edged.tasks.graph import Node
 
 # question, passages -> (answer, route, reason): the daemon's answer model (knowledge.answer_model)
@@ -26,11 +27,18 @@ LOCAL_RULES = {"route": "local", "reason": "rules on the device (no model)"}
 
 @dataclass
 class Context:
-    """What a node runs with: the data plane, the answer model, its routing parameters."""
+    """What a node runs with: the data plane, the knowledge store, the answer model, its
+    routing parameters."""
 
     plane: DataPlane
+    knowledge: KnowledgeService | None
     answer: Answer | None
     params: dict[str, Any]  # private, route, priority, timeout (microseconds)
+
+    def kb(self) -> KnowledgeService:
+        if self.knowledge is None:
+            raise Unavailable("this edged has no knowledge store")
+        return self.knowledge
 
 
 Outputs = dict[str, Any]
@@ -96,14 +104,14 @@ def _route(reply: Mapping[str, Any]) -> dict[str, Any]:
 
 async def _ocr(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Outputs, dict[str, Any]]:
     image = _bytes(node, "image", values["image"])
-    reply = await task_api.ocr(ctx.plane, image, ctx.params)
+    reply = await default_models.ocr(ctx.plane, image, ctx.params)
     lines = reply["lines"]
     return {"lines": lines, "text": "\n".join(line["text"] for line in lines)}, _route(reply)
 
 
 async def _vad(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Outputs, dict[str, Any]]:
     audio = _bytes(node, "audio", values["audio"])
-    reply = await task_api.vad(ctx.plane, audio, ctx.params)
+    reply = await default_models.vad(ctx.plane, audio, ctx.params)
     segments = reply["segments"]
     return {"segments": segments, "speech": bool(segments)}, _route(reply)
 
@@ -112,7 +120,7 @@ async def _intent(
     ctx: Context, node: Node, values: dict[str, Any]
 ) -> tuple[Outputs, dict[str, Any]]:
     text = _text(node, "text", values["text"])
-    reply = await task_api.intent(ctx.plane, {"texts": [text]}, ctx.params)
+    reply = await default_models.intent(ctx.plane, {"texts": [text]}, ctx.params)
     (first,) = reply["intents"]
     return {"intent": first["intent"], "score": first["score"]}, _route(reply)
 
@@ -121,7 +129,7 @@ async def _embed(
     ctx: Context, node: Node, values: dict[str, Any]
 ) -> tuple[Outputs, dict[str, Any]]:
     text = _text(node, "text", values["text"])
-    reply = await task_api.embed(ctx.plane, {"texts": [text]}, ctx.params)
+    reply = await default_models.embed(ctx.plane, {"texts": [text]}, ctx.params)
     return {"embedding": reply["embeddings"][0]}, _route(reply)
 
 
@@ -181,7 +189,7 @@ async def _search(
 ) -> tuple[Outputs, dict[str, Any]]:
     query = _text(node, "query", values["query"])
     namespace = node.params.get("namespace", "default")
-    reply = await ctx.plane.kb().search(namespace, query, node.params.get("k", 5))
+    reply = await ctx.kb().search(namespace, query, node.params.get("k", 5))
     hits = reply["hits"]
     outputs = {"hits": hits, "context": [h["text"] for h in hits]}
     route: dict[str, Any] = {"route": "local", "reason": "the knowledge store is on the device"}
@@ -198,7 +206,7 @@ def _any_private(hits: list[dict[str, Any]]) -> bool:
 async def _ask(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Outputs, dict[str, Any]]:
     question = _text(node, "question", values["question"])
     namespace = node.params.get("namespace", "default")
-    reply = await ctx.plane.kb().ask(namespace, question, private=bool(ctx.params.get("private")))
+    reply = await ctx.kb().ask(namespace, question, private=bool(ctx.params.get("private")))
     outputs = {k: reply[k] for k in ("answer", "sources", "answered_by")}
     route = _route(reply)
     if _any_private(reply["passages"]):  # the answer may be a private passage's text
@@ -242,10 +250,10 @@ async def _report(
 
 
 KINDS: dict[str, Kind] = {
-    "ocr": Kind(("image",), ("lines", "text"), _ocr, models=(task_api.OCR_MODEL,)),
-    "vad": Kind(("audio",), ("segments", "speech"), _vad, models=(task_api.VAD_MODEL,)),
-    "intent": Kind(("text",), ("intent", "score"), _intent, models=(task_api.INTENT_MODEL,)),
-    "embed": Kind(("text",), ("embedding",), _embed, models=(task_api.EMBED_MODEL,)),
+    "ocr": Kind(("image",), ("lines", "text"), _ocr, models=(default_models.OCR_MODEL,)),
+    "vad": Kind(("audio",), ("segments", "speech"), _vad, models=(default_models.VAD_MODEL,)),
+    "intent": Kind(("text",), ("intent", "score"), _intent, models=(default_models.INTENT_MODEL,)),
+    "embed": Kind(("text",), ("embedding",), _embed, models=(default_models.EMBED_MODEL,)),
     "extract": Kind(("text",), ("fields",), _extract),
     "search": Kind(
         ("query",), ("hits", "context"), _search, params={"namespace": _is_text, "k": _is_k}

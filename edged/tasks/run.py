@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edged.config import TasksConfig
+from edged.dataplane import default_models
+from edged.dataplane.plane import DataPlane
 from edged.errors import DeadlineExceeded, EdgedError, InvalidRequest
-from edged.server import tasks as task_api
-from edged.server.dataplane import DataPlane
+from edged.knowledge.service import KnowledgeService
+from edged.router import Router
 from edged.tasks.graph import Graph, Node, parse_graph
 from edged.tasks.kinds import KINDS, Answer, Context
 from edged.tasks.templates import Template, load_templates
@@ -135,12 +137,18 @@ class TaskRunner:
     def __init__(
         self,
         plane: DataPlane,
+        router: Router,
         config: TasksConfig,
+        knowledge: KnowledgeService | None = None,
         answer: Answer | None = None,
         answer_model: str | None = None,
         private_namespaces: Iterable[str] = (),
     ) -> None:
+        """``plane`` runs each node's model; ``router`` says where a node would run (and what
+        is private); ``knowledge`` serves the search and ask nodes."""
         self.plane = plane
+        self.router = router
+        self.knowledge = knowledge
         self.config = config
         self.answer = answer  # question, passages -> answer (knowledge.answer_model)
         self.answer_model = answer_model
@@ -212,7 +220,7 @@ class TaskRunner:
     def _private_node(self, node: Node) -> bool:
         """Are a node's outputs private by what it runs: a private model (or one with private
         steps), or the knowledge store's private namespace?"""
-        privacy = self.plane.router.privacy
+        privacy = self.router.privacy
         models = [m for m in KINDS[node.task].models if m != "answer"]
         if any(privacy.why(m) for m in models):
             return True
@@ -224,7 +232,9 @@ class TaskRunner:
         if not isinstance(text, str) or not text.strip():
             raise InvalidRequest("'text' must be a non-empty string")
         # what the user wrote is read on the device: private, whatever the request says
-        reply = await task_api.intent(self.plane, {"texts": [text]}, {**params, "private": True})
+        reply = await default_models.intent(
+            self.plane, {"texts": [text]}, {**params, "private": True}
+        )
         label, score = reply["intents"][0]["intent"], reply["intents"][0]["score"]
         intent = {"label": label, "score": score, "route": reply.get("route")}
         template = self.config.intents.get(label)
@@ -273,7 +283,7 @@ class TaskRunner:
             if self.answer_model is None:
                 return {"model": None, "why_not": "no answer model (knowledge.answer_model)"}
             model = self.answer_model
-        return self.plane.router.tiers(model)[0]
+        return self.router.tiers(model)[0]
 
     async def execute(
         self, plan: Plan, params: Mapping[str, Any], progress: Progress | None = None
@@ -315,7 +325,7 @@ class TaskRunner:
                 node_params["route"] = node.route
             elif params.get("route") in ("local", "cloud", "hedged"):
                 node_params["route"] = params["route"]
-            ctx = Context(self.plane, self.answer, node_params)
+            ctx = Context(self.plane, self.knowledge, self.answer, node_params)
             try:
                 self.plane.take_parameters(node_params)  # this node's routing facts
                 outcome.outputs, outcome.route = await asyncio.wait_for(

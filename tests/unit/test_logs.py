@@ -29,7 +29,7 @@ from edged.protocol.tensors import InferRequest
 from edged.router import Router
 from edged.runtimes.base import Runtime, Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
-from edged.server.dataplane import DataPlane
+from edged.dataplane.plane import DataPlane
 from tests.modelfiles import add_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from edged.dataplane.plane import DataPlane
 from edged.errors import InvalidRequest
 from edged.protocol.tensors import bytes_tensor, text_tensor
-from edged.server.dataplane import DataPlane
 
 EMBED_MODEL = "text-embedding"
 EMBED_MODELS = (EMBED_MODEL, "text-embedding-int8")

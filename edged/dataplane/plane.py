@@ -9,23 +9,19 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from edged import __version__, logs
 from edged.errors import InvalidRequest, NotFound, Unavailable
 from edged.events import EventLog
-from edged.knowledge.service import KnowledgeService
 from edged.load import LoadMonitor
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
 from edged.router import ROUTE, ROUTE_PARAMETERS, RouteContext, Router, route_context
 from edged.scheduler import REQUEST, RequestQos, qos_from_parameters
-
-if TYPE_CHECKING:
-    from edged.tasks.run import TaskRunner
 
 # Request parameters that the scheduler (Triton's names) and the router take; the model never
 # sees them.
@@ -73,19 +69,22 @@ def parse_version(version: str | None) -> int | None:
 
 
 class DataPlane:
-    """Health, metadata, inference, repository control and the task API."""
+    """Health, metadata, inference and repository control, whatever the transport."""
 
     def __init__(
-        self, manager: ModelManager, router: Router, monitor: LoadMonitor | None = None
+        self,
+        manager: ModelManager,
+        router: Router,
+        monitor: LoadMonitor | None = None,
+        events: EventLog | None = None,
     ) -> None:
         """The manager's metrics also count the API requests in flight; ``router`` decides where
-        each call runs; ``monitor`` gives the device's load for the status."""
+        each call runs; ``monitor`` gives the device's load for the status; ``events``: the
+        daemon's event log (/v1/events)."""
         self.manager = manager
         self.router = router
         self.monitor = monitor
-        self.knowledge: KnowledgeService | None = None  # /v1/kb, set by the daemon
-        self.events: EventLog | None = None  # /v1/events, set by the daemon
-        self.tasks: TaskRunner | None = None  # /v1/tasks, set by the daemon
+        self.events = events
         self.ready = False
         self.stopping = False
         self.inflight = 0
@@ -182,20 +181,6 @@ class DataPlane:
         if self.events is None:
             raise Unavailable("this edged keeps no events")
         return self.events.after(int(cursor), int(limit))
-
-    def kb(self) -> KnowledgeService:
-        """The knowledge service, once edged is ready (its embeddings need the models)."""
-        self.check_ready()
-        if self.knowledge is None:
-            raise Unavailable("this edged has no knowledge store")
-        return self.knowledge
-
-    def task_runner(self) -> TaskRunner:
-        """The task graphs' runner, once edged is ready."""
-        self.check_ready()
-        if self.tasks is None:
-            raise Unavailable("this edged runs no task graphs")
-        return self.tasks
 
     def capabilities(self) -> list[dict[str, Any]]:
         """GET /v1/capabilities: task types, the models serving them and on which tier."""
