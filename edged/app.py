@@ -33,7 +33,8 @@ from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.pipelines.factory import create_pipeline
 from edged.protocol.tensors import text_tensor
-from edged.router import ROUTE, RouteContext, Router
+from edged.request import ROUTE, RouteContext
+from edged.router import Router
 from edged.runtimes.base import Runtime
 from edged.runtimes.cloud import CloudEndpoint, CloudError, read_token
 from edged.runtimes.onnxruntime import OnnxRuntime

@@ -20,7 +20,6 @@ plane returns it with the answer. Privacy is checked again right before a cloud 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 import pathlib
@@ -34,85 +33,24 @@ import numpy as np
 from edged import logs
 from edged.atomic import write_atomic
 from edged.config import RoutingConfig
-from edged.errors import EdgedError, InvalidRequest, NotFound, Unavailable
+from edged.errors import EdgedError, NotFound, Unavailable
 from edged.load import LoadMonitor
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.privacy import Privacy
 from edged.protocol.tensors import payload_bytes
+from edged.request import ROUTE, RouteContext
 from edged.routing import Decision, Estimates, Path, RouteRequest, decide
 from edged.routing.learned import Learner
 from edged.runtimes.base import Tensors
 from edged.runtimes.cloud import CloudEndpoint, CloudError
-from edged.scheduler import REQUEST
 
 log = logging.getLogger(__name__)
 
 CLOUD_VERSION = "cloud"  # the model_version of an answer the cloud gave
 NO_CLOUD = Path(False, "no cloud tier is configured")
 MIN_LOCAL_RESERVE_S = 0.02  # time kept for a local fallback when the local path is unmeasured
-ROUTE_PARAMETERS = ("private", "route", "explain")
-
-
-@dataclass
-class RouteContext:
-    """Routing facts of one API request, shared with the steps of a pipeline."""
-
-    deadline: float  # time.monotonic()
-    private: bool = False  # once true, for every later call of the request (make_private)
-    private_why: str = ""
-    override: str | None = None  # "local" | "cloud" | "hedged"
-    request_id: str = ""
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    # edged's own calls (a pipeline's warm-up when it loads): a drain does not stop them, or a
-    # pipeline loaded while drained would stay unavailable after the resume
-    internal: bool = False
-
-    def make_private(self, why: str) -> None:
-        """From now on everything this request derives stays on the device (never undone)."""
-        if not self.private:
-            self.private, self.private_why = True, why
-
-    def summary(self) -> dict[str, Any]:
-        """The decision that tells most about where the work ran: the first that left the
-        device, else the first one that had a choice, else the first."""
-        if not self.decisions:
-            return {}
-        for row in self.decisions:
-            if row["route"] != "local":
-                return row
-        for row in self.decisions:
-            if row["basis"] != "unavailable":
-                return row
-        return self.decisions[0]
-
-
-ROUTE: contextvars.ContextVar[RouteContext | None] = contextvars.ContextVar(
-    "edged_route", default=None
-)
-
-
-def route_context(
-    parameters: Mapping[str, Any], default_deadline_s: float, request_id: str = ""
-) -> RouteContext:
-    """Read ``private``, ``route`` and the deadline from request parameters."""
-    private = parameters.get("private", False)
-    if not isinstance(private, bool):
-        raise InvalidRequest("parameter 'private' must be true or false")
-    override = parameters.get("route", "auto")
-    if override not in ("local", "cloud", "hedged", "auto"):
-        raise InvalidRequest("parameter 'route' must be 'auto', 'local', 'cloud' or 'hedged'")
-    deadline = REQUEST.get().deadline
-    if deadline is None:
-        deadline = time.monotonic() + default_deadline_s
-    return RouteContext(
-        deadline=deadline,
-        private=private,
-        private_why="the request is private" if private else "",
-        override=None if override == "auto" else override,
-        request_id=request_id,
-    )
 
 
 def confidence(array: np.ndarray) -> float:

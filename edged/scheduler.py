@@ -28,7 +28,7 @@ import contextvars
 import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,40 +37,11 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from edged.errors import DeadlineExceeded, InvalidRequest, ModelLoadError, Overloaded, Unavailable
 from edged.models.config import ModelConfig
+from edged.request import REQUEST, RequestQos
 from edged.runtimes.base import Tensors
 from edged.stats import ewma
 
 REJECT = pb.ModelQueuePolicy.TimeoutAction.REJECT
-
-
-@dataclass(frozen=True)
-class RequestQos:
-    """What a request asks of the scheduler: its priority level and its deadline."""
-
-    priority: int = 0  # 0: the model's default level
-    deadline: float | None = None  # time.monotonic() by which the answer is of use
-
-
-REQUEST: contextvars.ContextVar[RequestQos] = contextvars.ContextVar(
-    "edged_request_qos",
-    default=RequestQos(),  # noqa: B039 (frozen: immutable)
-)
-
-
-def qos_from_parameters(parameters: Mapping[str, Any]) -> RequestQos:
-    """Triton's request parameters ``priority`` and ``timeout`` (microseconds)."""
-
-    def count(key: str) -> int:
-        value = parameters.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise InvalidRequest(f"parameter '{key}' must be a non-negative integer")
-        if isinstance(value, float) and not value.is_integer():
-            raise InvalidRequest(f"parameter '{key}' must be a non-negative integer")
-        return int(value)
-
-    priority, timeout_us = count("priority"), count("timeout")
-    deadline = time.monotonic() + timeout_us / 1e6 if timeout_us else None
-    return RequestQos(priority, deadline)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,16 @@ from edged.load import LoadMonitor
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
-from edged.router import ROUTE, ROUTE_PARAMETERS, RouteContext, Router, route_context
-from edged.scheduler import REQUEST, RequestQos, qos_from_parameters
+from edged.request import (
+    REQUEST,
+    ROUTE,
+    ROUTE_PARAMETERS,
+    RequestQos,
+    RouteContext,
+    qos_from_parameters,
+    route_context,
+)
+from edged.router import Router
 
 # Request parameters that the scheduler (Triton's names) and the router take; the model never
 # sees them.

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from edged.errors import Unavailable
-from edged.router import ROUTE
+from edged.request import ROUTE
 
 SYSTEM = (
     "Answer the question from the numbered passages only, in a few sentences. If they do not"

@@ -21,6 +21,7 @@ import pytest
 
 from edged import logs
 from edged.config import ModelsConfig, OnnxRuntimeConfig, RoutingConfig
+from edged.dataplane.plane import DataPlane
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
@@ -29,7 +30,6 @@ from edged.protocol.tensors import InferRequest
 from edged.router import Router
 from edged.runtimes.base import Runtime, Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
-from edged.dataplane.plane import DataPlane
 from tests.modelfiles import add_model
 
 ROOT = Path(__file__).resolve().parents[2]

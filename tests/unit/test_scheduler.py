@@ -22,9 +22,10 @@ from edged.errors import (
     Unavailable,
 )
 from edged.models.config import read_config
+from edged.request import REQUEST, RequestQos, qos_from_parameters
 from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
-from edged.scheduler import REQUEST, RequestQos, Scheduler, Settings, qos_from_parameters
+from edged.scheduler import Scheduler, Settings
 from tests.unit.test_repository import add_model
 
 Scenario = Callable[["Bench"], Awaitable[None]]

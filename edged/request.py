@@ -1,0 +1,114 @@
+"""The request context: what one API request carries through every call it makes, in two
+context variables (asyncio copies them into each task the request starts):
+
+- ``REQUEST``: its QoS for the scheduler, Triton's ``priority`` and ``timeout`` (the deadline);
+- ``ROUTE``: its routing facts for the router: privacy (sticky: once private, every later call
+  of the request is), a route override, the request id and every decision taken (the answer's
+  ``route_trace``).
+
+A leaf: the data plane sets them, the scheduler, the router, the knowledge store and the task
+graphs read them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from edged.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class RequestQos:
+    """What a request asks of the scheduler: its priority level and its deadline."""
+
+    priority: int = 0  # 0: the model's default level
+    deadline: float | None = None  # time.monotonic() by which the answer is of use
+
+
+REQUEST: contextvars.ContextVar[RequestQos] = contextvars.ContextVar(
+    "edged_request_qos",
+    default=RequestQos(),  # noqa: B039 (frozen: immutable)
+)
+
+
+def qos_from_parameters(parameters: Mapping[str, Any]) -> RequestQos:
+    """Triton's request parameters ``priority`` and ``timeout`` (microseconds)."""
+
+    def count(key: str) -> int:
+        value = parameters.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise InvalidRequest(f"parameter '{key}' must be a non-negative integer")
+        if isinstance(value, float) and not value.is_integer():
+            raise InvalidRequest(f"parameter '{key}' must be a non-negative integer")
+        return int(value)
+
+    priority, timeout_us = count("priority"), count("timeout")
+    deadline = time.monotonic() + timeout_us / 1e6 if timeout_us else None
+    return RequestQos(priority, deadline)
+
+
+ROUTE_PARAMETERS = ("private", "route", "explain")
+
+
+@dataclass
+class RouteContext:
+    """Routing facts of one API request, shared with the steps of a pipeline."""
+
+    deadline: float  # time.monotonic()
+    private: bool = False  # once true, for every later call of the request (make_private)
+    private_why: str = ""
+    override: str | None = None  # "local" | "cloud" | "hedged"
+    request_id: str = ""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    # edged's own calls (a pipeline's warm-up when it loads): a drain does not stop them, or a
+    # pipeline loaded while drained would stay unavailable after the resume
+    internal: bool = False
+
+    def make_private(self, why: str) -> None:
+        """From now on everything this request derives stays on the device (never undone)."""
+        if not self.private:
+            self.private, self.private_why = True, why
+
+    def summary(self) -> dict[str, Any]:
+        """The decision that tells most about where the work ran: the first that left the
+        device, else the first one that had a choice, else the first."""
+        if not self.decisions:
+            return {}
+        for row in self.decisions:
+            if row["route"] != "local":
+                return row
+        for row in self.decisions:
+            if row["basis"] != "unavailable":
+                return row
+        return self.decisions[0]
+
+
+ROUTE: contextvars.ContextVar[RouteContext | None] = contextvars.ContextVar(
+    "edged_route", default=None
+)
+
+
+def route_context(
+    parameters: Mapping[str, Any], default_deadline_s: float, request_id: str = ""
+) -> RouteContext:
+    """Read ``private``, ``route`` and the deadline from request parameters."""
+    private = parameters.get("private", False)
+    if not isinstance(private, bool):
+        raise InvalidRequest("parameter 'private' must be true or false")
+    override = parameters.get("route", "auto")
+    if override not in ("local", "cloud", "hedged", "auto"):
+        raise InvalidRequest("parameter 'route' must be 'auto', 'local', 'cloud' or 'hedged'")
+    deadline = REQUEST.get().deadline
+    if deadline is None:
+        deadline = time.monotonic() + default_deadline_s
+    return RouteContext(
+        deadline=deadline,
+        private=private,
+        private_why="the request is private" if private else "",
+        override=None if override == "auto" else override,
+        request_id=request_id,
+    )
