@@ -19,14 +19,15 @@ from aiohttp import web
 
 from edged import logs, systemd
 from edged.admin import ADMIN_FILE, Admin
+from edged.cloud import CloudEndpoint, CloudError, read_token
 from edged.config import Config
 from edged.dataplane.plane import DataPlane
+from edged.device import LoadMonitor
+from edged.device.power import IdlePowerMode
 from edged.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
 from edged.events import EventLog
 from edged.knowledge.answer import ChatAnswer
 from edged.knowledge.service import AskSettings, KnowledgeService
-from edged.load import LoadMonitor
-from edged.load.power import IdlePowerMode
 from edged.metrics import Metrics
 from edged.models import install
 from edged.models.config import ModelConfig
@@ -36,10 +37,9 @@ from edged.protocol.tensors import text_tensor
 from edged.request import ROUTE, RouteContext
 from edged.router import Router
 from edged.runtimes.base import Runtime
-from edged.runtimes.cloud import CloudEndpoint, CloudError, read_token
 from edged.runtimes.onnxruntime import OnnxRuntime
+from edged.runtimes.process import ProcessRuntime, wants_process
 from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
-from edged.runtimes.worker import ProcessRuntime, wants_process
 from edged.server import connections
 from edged.server.access import Access
 from edged.server.grpc import GrpcServer

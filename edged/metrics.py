@@ -23,8 +23,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from edged.device.monitor import LoadSnapshot
 from edged.errors import EdgedError
-from edged.load.monitor import LoadSnapshot
 from edged.scheduler import Observer, Scheduler
 
 log = logging.getLogger(__name__)

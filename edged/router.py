@@ -32,9 +32,10 @@ import numpy as np
 
 from edged import logs
 from edged.atomic import write_atomic
+from edged.cloud import CloudEndpoint, CloudError
 from edged.config import RoutingConfig
+from edged.device import LoadMonitor
 from edged.errors import EdgedError, NotFound, Unavailable
-from edged.load import LoadMonitor
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
@@ -44,7 +45,6 @@ from edged.request import ROUTE, RouteContext
 from edged.routing import Decision, Estimates, Path, RouteRequest, decide
 from edged.routing.learned import Learner
 from edged.runtimes.base import Tensors
-from edged.runtimes.cloud import CloudEndpoint, CloudError
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from edged import __version__, logs
+from edged.device import LoadMonitor
 from edged.errors import InvalidRequest, NotFound, Unavailable
 from edged.events import EventLog
-from edged.load import LoadMonitor
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from edged.cloud import read_token
 from edged.config import CloudConfig, KnowledgeConfig
 from edged.errors import ConfigError, InvalidRequest, PayloadTooLarge
 from edged.models.install import check_files
@@ -28,7 +29,6 @@ from edged.protocol.tensors import (
     is_count,
     parse_json,
 )
-from edged.runtimes.cloud import read_token
 
 
 def body(datatype: str, shape: list[int], data: Any) -> bytes:

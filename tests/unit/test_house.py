@@ -32,8 +32,8 @@ EDGED_LAYERS = [
     ),
     (
         "parts",
-        ["edged.config", "edged.load", "edged.link", "edged.runtimes", "edged.knowledge",
-         "edged.systemd"],
+        ["edged.config", "edged.device", "edged.link", "edged.runtimes", "edged.cloud",
+         "edged.knowledge", "edged.systemd"],
     ),
     (
         "core",

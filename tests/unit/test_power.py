@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from edged.load.power import IdlePowerMode
+from edged.device.power import IdlePowerMode
 from tests.integration.test_idle_unload import NVPMODEL
 
 

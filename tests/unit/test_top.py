@@ -9,11 +9,11 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
+from edged.cloud import CloudEndpoint
 from edged.config import CloudConfig
+from edged.device.monitor import LoadSnapshot
 from edged.errors import DeadlineExceeded, InvalidRequest
-from edged.load.monitor import LoadSnapshot
 from edged.metrics import Metrics
-from edged.runtimes.cloud import CloudEndpoint
 from edged.top import Scrape, render_frame, render_unreachable
 
 GIB = 1024**3

@@ -4,7 +4,7 @@ here. The live connection to jtop.service is unverified until a Jetson runs the 
 
 from __future__ import annotations
 
-from edged.load.jtop import Jtop, from_jtop
+from edged.device.jtop import Jtop, from_jtop
 
 STATS = {"time": 0, "uptime": 100, "CPU1": 20, "CPU2": 40, "CPU3": "OFF", "CPU4": 60,
          "RAM": 0.5, "GPU": 30.0, "nvp model": "MAXN"}  # fmt: skip
@@ -47,6 +47,6 @@ def test_jtop_stays_out_without_the_package_or_its_service() -> None:
 def test_nvml_stays_out_without_a_driver() -> None:
     """No NVIDIA driver on this machine: NVML is absent, which is logged, not fatal. Its
     readings are unverified until a GPU machine runs the suite (the device tool lent none)."""
-    from edged.load.nvml import Nvml
+    from edged.device.nvml import Nvml
 
     assert not Nvml().available()

@@ -68,10 +68,10 @@ class Provider(Protocol):
 
 def default_providers(root: Path = Path("/")) -> list[Provider]:
     """The providers for this machine, most specific first (``root``: for tests)."""
-    from edged.load.jetson import JetsonSysfs
-    from edged.load.jtop import Jtop
-    from edged.load.nvml import Nvml
-    from edged.load.procfs import ProcFs
+    from edged.device.jetson import JetsonSysfs
+    from edged.device.jtop import Jtop
+    from edged.device.nvml import Nvml
+    from edged.device.procfs import ProcFs
 
     candidates: list[Provider] = [JetsonSysfs(root), ProcFs(root)]
     if root == Path("/"):  # these read services and drivers, not files under root

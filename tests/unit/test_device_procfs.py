@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from edged.load import LoadMonitor
-from edged.load.procfs import ProcFs
+from edged.device import LoadMonitor
+from edged.device.procfs import ProcFs
 
 MEMINFO = "MemTotal:        8000000 kB\nMemFree:         1000000 kB\nMemAvailable:    6000000 kB\n"
 STAT = (

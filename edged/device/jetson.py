@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from edged.load.procfs import read_or_none
+from edged.device.procfs import read_or_none
 
 GPU_NODES = {"ga10b", "gv11b", "gp10b", "gpu", "gb10b"}
 TOTAL_RAILS = ("VDD_IN", "POM_5V_IN")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edged.load import LoadMonitor
-from edged.load.jetson import JetsonSysfs
-from edged.load.procfs import ProcFs
+from edged.device import LoadMonitor
+from edged.device.jetson import JetsonSysfs
+from edged.device.procfs import ProcFs
 
 
 def write(root: Path, files: dict[str, str | bytes]) -> None:

@@ -9,6 +9,6 @@ that has it. An absent provider is logged, not fatal.
 
 from __future__ import annotations
 
-from edged.load.monitor import LoadMonitor, LoadSnapshot, Provider, default_providers
+from edged.device.monitor import LoadMonitor, LoadSnapshot, Provider, default_providers
 
 __all__ = ["LoadMonitor", "LoadSnapshot", "Provider", "default_providers"]

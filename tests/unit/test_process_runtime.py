@@ -26,7 +26,7 @@ from edged.errors import EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import read_config
 from edged.runtimes.base import Runtime, Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
-from edged.runtimes.worker import ProcessRuntime, rss_bytes, wants_process
+from edged.runtimes.process import ProcessRuntime, rss_bytes, wants_process
 from tests.conftest import MODELS, require_models
 
 # y = 2x and t = s (a BYTES tensor), batched, four instances: requests overlap in the worker.
@@ -302,7 +302,7 @@ from pathlib import Path
 import numpy as np
 from edged.config import OnnxRuntimeConfig
 from edged.models.config import read_config
-from edged.runtimes.worker import ProcessRuntime
+from edged.runtimes.process import ProcessRuntime
 
 channel = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)
