@@ -38,316 +38,33 @@ every text in a report that may come from outside goes through ``printable``.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
-import http.client
-import ipaddress
 import json
 import logging
 import math
-import os
 import platform
 import re
 import shutil
-import sqlite3
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from cloudsync.agent.config import DeliveryConfig
+from cloudsync.agent.delivery_state import STATE_FILE, DeliveryState, StateError
+from cloudsync.agent.download import Counters, DeliveryError, check_url, fetch
 from cloudsync.agent.outbox import Item, Outbox
 from cloudsync.protocol import telemetry
 from cloudsync.protocol.envelope import printable
-from cloudsync.protocol.manifest import FileEntry, Manifest, ManifestError, verify
-from edged.atomic import write_atomic
+from cloudsync.protocol.manifest import Manifest, ManifestError, verify
 from edged.client import Client, ClientError
 from edged.common.backoff import backoff_delay
-from edged.common.digest import sha256_of
 
 log = logging.getLogger("cloudsync.delivery")
-CHUNK = 1 << 16
 EDGED_RETRY_S = 5.0  # edged not up yet (it starts beside cloudsync): asked again this soon
-STATE = "delivery/"  # an older cloudsync's outbox state key per model, read once (migration)
-STATE_FILE = "delivery.json"  # beside the outbox's file unless [delivery] state_file says
-REDIRECT = "a redirect (not followed)"
-
-
-class DeliveryError(Exception):
-    """A step that failed; the message says why (and it is reported). ``retry``: whether
-    trying again soon may mend it (a broken connection) or not (a refusal, corruption)."""
-
-    def __init__(self, message: str, retry: bool = True) -> None:
-        super().__init__(message)
-        self.retry = retry
-
-
-class StateError(Exception):
-    """The delivery state file cannot be read or is not what cloudsync writes: without its
-    floors a rollback could pass, so deliveries stop until it is repaired or removed."""
-
-
-@dataclass
-class Counters:
-    downloaded: int = 0  # bytes fetched
-    resumed: int = 0  # bytes already on disk, not fetched again
-
-
-# ---- URLs and downloads --------------------------------------------------------------------
-
-
-def check_url(url: str, allow_http_loopback: bool = False) -> None:
-    """DeliveryError (not retried) unless ``url`` is https, or plain http to a loopback host
-    with ``allow_http_loopback``: no file, ftp, data or other scheme."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        host = parts.hostname or ""
-        _ = parts.port  # one that is not a number raises here
-    except ValueError:
-        raise DeliveryError("the URL is not valid", retry=False) from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("https", "http"):
-        shown = printable(scheme, 20) if scheme else "(none)"
-        raise DeliveryError(f"URL scheme '{shown}' refused: https only", retry=False)
-    if not host or any(c.isspace() or ord(c) < 32 for c in url):
-        raise DeliveryError("the URL is not valid", retry=False)
-    if scheme == "http" and not allow_http_loopback:
-        raise DeliveryError("plain http refused: https only", retry=False)
-    if scheme == "http" and not _loopback(host):
-        raise DeliveryError(
-            "plain http to a host that is not loopback refused: https only", retry=False
-        )
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def opener(context: ssl.SSLContext, allow_http: bool) -> urllib.request.OpenerDirector:
-    """urllib with https (``context``) and, when allowed, http only: no file, ftp or data
-    handler, and no redirect handler (a 3xx is an HTTPError, not followed)."""
-    director = urllib.request.OpenerDirector()
-    handlers: list[urllib.request.BaseHandler] = [
-        urllib.request.ProxyHandler(),  # the environment's, as urlopen does
-        urllib.request.UnknownHandler(),
-        urllib.request.HTTPDefaultErrorHandler(),
-        urllib.request.HTTPErrorProcessor(),
-        urllib.request.HTTPSHandler(context=context),
-    ]
-    if allow_http:
-        handlers.append(urllib.request.HTTPHandler())
-    for handler in handlers:
-        director.add_handler(handler)
-    return director
-
-
-def category(exc: BaseException, reading: bool = False) -> tuple[str, bool]:
-    """What failed in a download, in words that can go to the fleet (no address, port or OS
-    error: the local log has those), and whether trying again may mend it."""
-    if isinstance(exc, urllib.error.HTTPError):
-        if 300 <= exc.code < 400:
-            return REDIRECT, False
-        if exc.code in (403, 410):
-            return f"the server answered {exc.code}: the signed URL expired or is not valid", False
-        return f"the server answered {exc.code}", exc.code >= 500
-    if isinstance(exc, urllib.error.URLError):
-        if not isinstance(exc.reason, BaseException):  # a proxy's tunnel, say
-            return "cannot connect to the download server", True
-        exc = exc.reason
-    if isinstance(exc, TimeoutError):
-        return "the download timed out", True
-    if isinstance(exc, ssl.SSLCertVerificationError):  # a ValueError too: before those
-        return "TLS handshake failed: the server's certificate does not verify", True
-    if isinstance(exc, ssl.SSLError) and not reading:
-        return "TLS handshake failed", True
-    if isinstance(exc, (ValueError, http.client.InvalidURL)):
-        return "the URL is not valid", False
-    if isinstance(exc, (OSError, http.client.HTTPException)) and reading:
-        return "the download broke off", True
-    if isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError)):
-        return "the download server closed the connection", True
-    if isinstance(exc, http.client.HTTPException):
-        return "the download server's answer is not HTTP", True
-    return "cannot connect to the download server", True
-
-
-def _failed(entry: FileEntry, exc: BaseException, reading: bool = False) -> DeliveryError:
-    """The DeliveryError to report for ``exc``; its detail only in the local log."""
-    what, retry = category(exc, reading)
-    if isinstance(exc, urllib.error.HTTPError):
-        location = exc.headers.get("Location") if exc.headers else None
-        detail = f"HTTP {exc.code} {exc.reason}" + (f", Location: {location}" if location else "")
-        exc.close()
-    else:
-        cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        detail = f"{type(cause).__name__}: {cause}"
-    log.warning("delivery: %s: %s (%s)", entry.path, what, printable(detail, 300))
-    return DeliveryError(f"{entry.path}: {what}", retry)
-
-
-def fetch(
-    url: str,
-    dest: Path,
-    entry: FileEntry,
-    context: ssl.SSLContext,
-    timeout: float,
-    allow_http_loopback: bool = False,
-) -> Counters:
-    """One file to ``dest``, resumed from ``dest.part``; checked before it takes its name."""
-    check_url(url, allow_http_loopback)
-    counters = Counters()
-    if dest.exists():
-        if dest.stat().st_size == entry.length and sha256_of(dest).hexdigest() == entry.sha256:
-            counters.resumed = entry.length
-            return counters
-        dest.unlink()
-    part = dest.with_name(dest.name + ".part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    offset = part.stat().st_size if part.exists() else 0
-    if offset > entry.length:
-        offset = 0
-    digest = sha256_of(part, offset) if offset else hashlib.sha256()
-    counters.resumed = offset
-    if offset < entry.length:
-        headers = {"Range": f"bytes={offset}-"} if offset else {}
-        request = urllib.request.Request(url, headers=headers)
-        try:
-            response = opener(context, allow_http_loopback).open(request, timeout=timeout)
-        except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError: an OSError
-            raise _failed(entry, exc) from None
-        with response, part.open("r+b" if part.exists() else "wb") as f:
-            if offset and response.status != 206:  # the server ignored the range: start again
-                offset, digest, counters.resumed = 0, hashlib.sha256(), 0
-            f.seek(offset)
-            f.truncate()
-            written = offset
-            try:
-                while chunk := response.read(CHUNK):
-                    if written + len(chunk) > entry.length:
-                        raise DeliveryError(
-                            f"{entry.path}: the server sends more than the {entry.length} bytes"
-                            " the manifest lists (endless data): cut off",
-                            retry=False,
-                        )
-                    f.write(chunk)
-                    digest.update(chunk)
-                    written += len(chunk)
-                    counters.downloaded += len(chunk)
-            except (OSError, http.client.HTTPException) as exc:
-                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                    raise DeliveryError(
-                        f"{entry.path}: no space left on the staging disk"
-                    ) from None
-                raise _failed(entry, exc, reading=True) from None
-            finally:
-                f.flush()
-                os.fsync(f.fileno())
-        if written < entry.length:
-            raise DeliveryError(f"{entry.path}: {written} of {entry.length} bytes; to resume")
-    if digest.hexdigest() != entry.sha256:
-        part.unlink()
-        raise DeliveryError(f"{entry.path}: its SHA-256 is not the manifest's: corrupted", False)
-    os.replace(part, dest)
-    return counters
-
-
-# ---- the delivery state --------------------------------------------------------------------
-
-
-class DeliveryState:
-    """Per model ``{"floor": V, "failed": V}``: the highest version accepted here (no version
-    below it is installed) and the last version that failed or was rolled back (not installed
-    again from the same desired state). A JSON file of its own, written whole and fsynced
-    (``write_atomic``) before the event that reports it; a floor never goes down. Created from
-    an older cloudsync's outbox state keys when it does not exist yet."""
-
-    def __init__(self, path: Path, outbox: Outbox) -> None:
-        self.path = path
-        self.outbox = outbox
-        self.lock = threading.RLock()  # the delivery thread, and the command worker's rollback
-
-    def get(self, model: str) -> dict[str, int]:
-        """The model's state ({} when none); StateError when the file cannot be trusted."""
-        return dict(self._load().get(model, {}))
-
-    def set(self, model: str, state: dict[str, int]) -> None:
-        """The model's new state, on disk before this returns; its floor only goes up."""
-        with self.lock:
-            doc = self._load()
-            floor = max(int(doc.get(model, {}).get("floor", 0)), int(state.get("floor", 0)))
-            doc[model] = {**state, "floor": floor} if floor else dict(state)
-            write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-
-    def _load(self) -> dict[str, dict[str, int]]:
-        with self.lock:
-            try:
-                raw = self.path.read_bytes()
-            except FileNotFoundError:
-                return self._migrate()
-            except OSError as exc:
-                raise StateError(
-                    f"the delivery state file {self.path} cannot be read ({exc.strerror})"
-                ) from None
-            try:
-                doc = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
-                raise StateError(f"the delivery state file {self.path} is not JSON") from None
-            if not _state_doc(doc):
-                raise StateError(
-                    f"the delivery state file {self.path} does not hold"
-                    ' {model: {"floor": V, "failed": V}}'
-                )
-            return dict(doc)
-
-    def _migrate(self) -> dict[str, dict[str, int]]:
-        """The outbox's ``delivery/{model}`` state keys (where an older cloudsync kept them),
-        written to the file once; {} (no file yet) when there are none."""
-        doc: dict[str, dict[str, int]] = {}
-        uri = f"file:{urllib.parse.quote(str(self.outbox.path))}?mode=ro"
-        try:
-            with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-                rows = db.execute(
-                    "SELECT key, value FROM state WHERE substr(key, 1, ?) = ?",
-                    [len(STATE), STATE],
-                ).fetchall()
-        except sqlite3.Error as exc:
-            log.warning("delivery: the outbox's delivery state cannot be read: %s", exc)
-            rows = []
-        for key, value in rows:
-            with contextlib.suppress(ValueError, TypeError):
-                state = json.loads(value)
-                if _state_doc({key: state}):
-                    doc[key[len(STATE) :]] = state
-        if doc:
-            write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-            log.info("delivery: the state of %d model(s) moved from the outbox to %s",
-                     len(doc), self.path)  # fmt: skip
-        return doc
-
-
-def _state_doc(doc: Any) -> bool:
-    def version(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-    return isinstance(doc, dict) and all(
-        isinstance(state, dict)
-        and all(version(state[k]) for k in ("floor", "failed") if k in state)
-        for state in doc.values()
-    )
 
 
 class Delivery:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudsync.agent.delivery import REDIRECT, DeliveryError, DeliveryState, StateError, category
-from cloudsync.agent.delivery import check_url as check
+from cloudsync.agent.delivery_state import DeliveryState, StateError
+from cloudsync.agent.download import REDIRECT, DeliveryError, category
+from cloudsync.agent.download import check_url as check
 from cloudsync.agent.outbox import Outbox
 
 
