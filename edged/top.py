@@ -2,8 +2,8 @@
 
 Pure functions from what edged answers (``GET /v1/status`` and ``GET /metrics``, parsed into a
 ``Scrape``) to a rich renderable, so that a frame can be drawn and checked without a terminal;
-the loop that reads, draws and takes keys is ``edgectl top``. Rates and latency percentiles come
-from the difference between two reads; a frame without a previous read shows totals.
+the loop that reads, draws and takes keys is ``edged.top_live``. Rates and latency percentiles
+come from the difference between two reads; a frame without a previous read shows totals.
 A figure that edged does not report is left out of the frame, never shown as 0.
 """
 

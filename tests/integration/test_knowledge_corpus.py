@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from edged.client import Client, ClientError
-from edged.edgectl import KB_REQUEST_CHARS
+from edged.edgectl.kb import KB_REQUEST_CHARS
 from edged.knowledge import KnowledgeStore, chunk_text, content_id
 from edged.knowledge.text import split_for_requests
 from tests.conftest import Daemon, skip_or_fail, wait_for

@@ -45,7 +45,7 @@ EDGED_LAYERS = [
     ("adapters", ["edged.server"]),
     ("composition root", ["edged.app", "edged.cli", "edged.__main__"]),
 ]  # fmt: skip
-TOOLS = ["edged.client", "edged.edgectl", "edged.top"]
+TOOLS = ["edged.client", "edged.edgectl", "edged.top", "edged.top_live"]
 TOOLS_MAY_IMPORT = ["edged.client", "edged.knowledge.text"]
 CLOUDSYNC_MAY_IMPORT = [
     "edged", "edged.client", "edged.common", "edged.config", "edged.logs", "edged.events",
