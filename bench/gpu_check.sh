@@ -17,6 +17,6 @@ if [ -n "${GPU_WHEELS:-}" ] && ! $PY -c 'import onnxruntime as o, sys; sys.exit(
   $PY -m pip install -q --no-index --find-links "$GPU_WHEELS" onnxruntime-gpu
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
-$PY -m pytest -q -rs -p no:cacheprovider tests/unit/test_gpu_options.py tests/unit/test_tensorrt_runtime.py \
-  tests/unit/test_process_runtime.py
+$PY -m pytest -q -rs -p no:cacheprovider tests/unit/edged/test_gpu_options.py tests/unit/edged/test_tensorrt_runtime.py \
+  tests/unit/edged/test_process_runtime.py
 $PY bench/gpu_providers.py "$@"

@@ -25,7 +25,7 @@ from edged.client import ClientError
 from tests.conftest import wait_for
 from tests.hostile.conftest import fill
 from tests.hostile.test_cloudsync_poison import _results_by_id
-from tests.integration.test_cloudsync import NODE, Agent, _last_status, operator
+from tests.integration.cloudsync.test_cloudsync import NODE, Agent, _last_status, operator
 from tests.mosquitto import OPERATOR, Broker
 
 

@@ -201,7 +201,8 @@ def test_nobody_reaches_no_admin_call_on_either_socket_with_the_admin_lists_left
     lines = refusal_lines(daemon)
     assert 1 <= len(lines) <= 3, lines
     assert "ERROR" not in daemon.logs() and "Traceback" not in daemon.logs()
-    # root is admin, and the lists set explicitly keep working (tests/integration/test_admin.py)
+    # root is admin, and the lists set explicitly keep working
+    # (tests/integration/edged/test_admin.py)
     client.unload(MODEL)
     assert not daemon.model_ready()
     client.load(MODEL)

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edged.client import Client
 from tests.conftest import Daemon, skip_or_fail, wait_for
-from tests.integration.test_model_install import answer, smoke
+from tests.integration.edged.test_model_install import answer, smoke
 from tests.modelfiles import add_model, scale_model
 from tests.mosquitto import Broker, cloudsync_config, edgefleet, edgefleet_command, make_pki
 from tests.nginx import SECRET, Cdn

@@ -28,8 +28,8 @@ from cloudsync.protocol import envelope
 from cloudsync.protocol.manifest import file_entry, make, sign
 from cloudsync.protocol.mqtt import SyncClient
 from tests.conftest import Daemon, skip_or_fail, wait_for
-from tests.integration.test_cloudsync import NODE, Agent, bodies, operator
-from tests.integration.test_model_install import answer, smoke
+from tests.integration.cloudsync.test_cloudsync import NODE, Agent, bodies, operator
+from tests.integration.edged.test_model_install import answer, smoke
 from tests.modelfiles import add_model, scale_model
 from tests.mosquitto import OPERATOR, Broker, make_pki
 from tests.nginx import SECRET, Cdn

@@ -31,7 +31,7 @@ import pytest
 
 from tests.conftest import Daemon, linked_repository, skip_or_fail
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 JOURNALD = Path("/lib/systemd/systemd-journald")
 # tmpfs over what journald writes: its sockets and state, the volatile and the persistent journal
 PRIVATE_JOURNAL = (

@@ -32,7 +32,7 @@ from cloudsync.protocol.topics import Topics, parse
 from edged.client import Client, ClientError
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, skip_or_fail, wait_for
-from tests.integration.test_routing import ask, edged_with_cloud
+from tests.integration.edged.test_routing import ask, edged_with_cloud
 from tests.mosquitto import OPERATOR, Broker, cloudsync_config, edgefleet, make_pki
 
 NODE = Topics("f1", "n1")

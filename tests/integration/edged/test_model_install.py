@@ -19,7 +19,7 @@ import pytest
 from cloudsync.protocol.manifest import file_entry
 from edged.client import Client, ClientError
 from tests.conftest import Daemon
-from tests.integration.test_admin import edgectl
+from tests.integration.edged.test_admin import edgectl
 from tests.modelfiles import add_model, scale_model
 
 MODEL = "scale"

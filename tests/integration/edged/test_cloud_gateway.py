@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import CLOUD_MODEL, Cloud, Daemon, LoopThread, wait_for
-from tests.integration.test_routing import ask, cloud_state
+from tests.integration.edged.test_routing import ask, cloud_state
 from tests.pki import issue
 
 TOKEN = "Bearer s3cret-fleet-token"

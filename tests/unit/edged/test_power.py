@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from edged.device.power import IdlePowerMode
-from tests.integration.test_idle_unload import NVPMODEL
+from tests.integration.edged.test_idle_unload import NVPMODEL
 
 
 def tool(tmp_path: Path, mode: int = 0, slow: float = 0.0) -> IdlePowerMode:

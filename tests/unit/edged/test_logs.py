@@ -32,7 +32,7 @@ from edged.runtimes.base import Runtime, Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
 from tests.modelfiles import add_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 log = logging.getLogger("edged.test-logs")
 

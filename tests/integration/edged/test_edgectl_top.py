@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, Daemon, linked_repository, skip_or_fail, wait_for
-from tests.integration.test_edgectl import edgectl
+from tests.integration.edged.test_edgectl import edgectl
 
 
 class Terminal:

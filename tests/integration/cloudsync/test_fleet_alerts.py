@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.peer import free_port
 from cloudsync.protocol.envelope import Envelope
 from tests.conftest import wait_for
-from tests.integration.test_cloudsync import Agent, bodies, operator, pki  # noqa: F401
+from tests.integration.cloudsync.test_cloudsync import Agent, bodies, operator, pki  # noqa: F401
 from tests.mosquitto import Broker
 
 

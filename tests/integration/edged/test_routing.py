@@ -24,7 +24,7 @@ from edged.client import Client, ClientError
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import CLOUD_MODEL_B as MODEL_B
 from tests.conftest import MODELS, Cloud, Daemon, copy_model, linked_repository, wait_for
-from tests.integration.test_scheduling import metric
+from tests.integration.edged.test_scheduling import metric
 
 DIM = 384
 PRIVATE_HEAD = [0.0625, -0.125, 0.25, -0.5]  # the first values of every private input

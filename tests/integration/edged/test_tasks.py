@@ -18,7 +18,7 @@ import pytest
 
 from edged.client import Client, ClientError
 from tests.conftest import ANSWER_MODEL, MODELS, Cloud, Daemon, wait_for
-from tests.integration.test_admin import edgectl as edgectl_of
+from tests.integration.edged.test_admin import edgectl as edgectl_of
 from tests.media import text_image
 
 INVOICE = ["INVOICE 2041", "Date: 2026-11-30", "Total: $1,234.50", "Pay to: billing@acme.example"]

@@ -18,7 +18,7 @@ from edged.pipelines import ocr_ops
 from tests.conftest import skip_or_fail
 from tests.media import FONT, char_accuracy
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MODELS = Path(os.environ.get("EDGED_TEST_MODELS", REPO / "models"))
 LINES = [
     "The quick brown fox jumps over the lazy dog.",

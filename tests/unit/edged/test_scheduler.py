@@ -26,7 +26,7 @@ from edged.request import REQUEST, RequestQos, qos_from_parameters
 from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.scheduler import Scheduler, Settings
-from tests.unit.test_repository import add_model
+from tests.unit.edged.test_repository import add_model
 
 Scenario = Callable[["Bench"], Awaitable[None]]
 

@@ -19,7 +19,7 @@ from edged.errors import InvalidRequest
 from edged.pipelines import vad_ops
 from tests.conftest import skip_or_fail
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MODELS = Path(os.environ.get("EDGED_TEST_MODELS", REPO / "models"))
 SENTENCE = "Hello, this is a test of the edge inference daemon voice activity detector."
 TOLERANCE_S = 0.1

@@ -16,7 +16,7 @@ import pytest
 
 from edged.client import ClientError
 from tests.conftest import Cloud, Daemon, wait_for
-from tests.integration.test_routing import ask, edged_with_cloud
+from tests.integration.edged.test_routing import ask, edged_with_cloud
 
 CLOUD_RULE = {"name": "cloud-first", "task_type": "text-classification", "action": "cloud"}
 
@@ -158,7 +158,7 @@ def test_admin_is_for_root_and_the_listed_users(make_daemon: type[Daemon]) -> No
         daemon.start()
         nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
         command = [sys.executable, "-m", "edged.edgectl", "--socket", str(daemon.socket)]
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
 
         def run(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
