@@ -28,7 +28,7 @@ from edged.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
 from edged.events import EventLog
 from edged.knowledge.answer import ChatAnswer
 from edged.knowledge.service import AskSettings, KnowledgeService
-from edged.metrics import Metrics
+from edged.metrics import Metrics, StateCollector
 from edged.models import install
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
@@ -102,34 +102,36 @@ class Daemon:
         log.addHandler(self.events)  # edged's loggers' records, for GET /v1/events
         threads = max(4, 2 * (os.cpu_count() or 1))
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="infer")
-        self.metrics = Metrics()
+        # every part gets what it reads at construction; the lambdas read the parts made below
+        self.metrics = Metrics(
+            StateCollector(  # read when Prometheus scrapes
+                load=lambda: self.load.latest,
+                cloud=lambda: self.cloud.state() if self.cloud else None,
+                models=lambda: self.manager.index(),
+                runtimes=self._runtimes,
+            )
+        )
+        self.load = LoadMonitor(interval=config.load.interval_s)
+        self.power = (
+            IdlePowerMode(config.models.idle_power_mode, config.state_dir / "power-mode")
+            if config.models.idle_power_mode is not None
+            else None
+        )
         self.manager = ModelManager(
             config.models.repository,
             self.make_runtime,
             self.metrics,
             config.scheduler.max_queue_size,
             config.models.idle_unload_s,
+            config.models.min_free_mb,
+            memory_free=lambda: self.load.latest.memory_available,
+            before_load=self.power.busy if self.power is not None else None,
         )
-        self.power = (
-            IdlePowerMode(config.models.idle_power_mode, config.state_dir / "power-mode")
-            if config.models.idle_power_mode is not None
-            else None
-        )
-        if self.power is not None:
-            self.manager.before_load = self.power.busy
-        self.manager.min_free_mb = config.models.min_free_mb
-        self.load = LoadMonitor(interval=config.load.interval_s)
         self.cloud = (
             CloudEndpoint(config.cloud, lambda: list(self.manager.entries))
             if config.cloud.url
             else None
         )
-        self.manager.memory_free = lambda: self.load.latest.memory_available
-        # read when Prometheus scrapes
-        self.metrics.state.load = lambda: self.load.latest
-        self.metrics.state.cloud = lambda: self.cloud.state() if self.cloud else None
-        self.metrics.state.models = self.manager.index
-        self.metrics.state.runtimes = self._runtimes
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load, self.events)
         self.admin = Admin(

@@ -61,12 +61,19 @@ class StateCollector(Collector):
     the cloud tier (link, breaker) and the model versions. A figure that no provider can tell
     has no sample (absent, not 0)."""
 
-    def __init__(self) -> None:
-        self.load: Callable[[], LoadSnapshot] = LoadSnapshot
-        self.cloud: Callable[[], dict[str, Any] | None] = lambda: None
-        self.models: Callable[[], list[dict[str, Any]]] = list
-        # (model, version, runtime metadata) of the loaded tensor-model versions
-        self.runtimes: Callable[[], list[tuple[str, int, dict[str, Any]]]] = list
+    def __init__(
+        self,
+        load: Callable[[], LoadSnapshot] = LoadSnapshot,
+        cloud: Callable[[], dict[str, Any] | None] = lambda: None,
+        models: Callable[[], list[dict[str, Any]]] = list,
+        runtimes: Callable[[], list[tuple[str, int, dict[str, Any]]]] = list,
+    ) -> None:
+        """The sources, read at each scrape: ``runtimes`` gives (model, version, runtime
+        metadata) of the loaded tensor-model versions."""
+        self.load = load
+        self.cloud = cloud
+        self.models = models
+        self.runtimes = runtimes
         self.failed: set[str] = set()
 
     def _read(self, what: str, source: Callable[[], T], default: T) -> T:
@@ -215,11 +222,12 @@ class StateCollector(Collector):
 class Metrics:
     """Every metric edged exports."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: StateCollector | None = None) -> None:
+        """``state``: the figures read at scrape time, from their sources (none by default)."""
         self.registry = CollectorRegistry()
         r, model = self.registry, ["model", "version"]
         ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open fds
-        self.state = StateCollector()
+        self.state = state or StateCollector()
         r.register(self.state)
         self.requests = Counter(
             "edged_inference_requests",

@@ -101,19 +101,22 @@ class ModelManager:
         metrics: Metrics | None = None,
         max_queue_size: int = 256,
         idle_unload_s: float = 0.0,
+        min_free_mb: int = 0,
+        memory_free: Callable[[], int | None] | None = None,
+        before_load: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``max_queue_size`` bounds every queue that a model's config leaves unbounded;
         tensor models not called for ``idle_unload_s`` are unloaded by ``unload_idle`` (0:
-        never)."""
+        never); a load must leave ``min_free_mb`` of the ``memory_free()`` bytes free (None:
+        unknown); ``before_load`` runs before any load (the power-mode hint)."""
         self.repository = repository
         self.factory = factory
         self.metrics = metrics or Metrics()
         self.max_queue_size = max_queue_size
         self.idle_unload_s = idle_unload_s
-        self.before_load: Callable[[], Awaitable[None]] | None = None  # the power-mode hint
-        # bytes of memory free now (None: unknown), and what a load must leave free
-        self.memory_free: Callable[[], int | None] = lambda: None
-        self.min_free_mb = 0
+        self.before_load = before_load
+        self.memory_free: Callable[[], int | None] = memory_free or (lambda: None)
+        self.min_free_mb = min_free_mb
         self.entries: dict[str, ModelEntry] = {}
         # the version that serves a model's requests, whatever its version policy says (set by
         # an activation, edged.admin): a staged version never serves before it is activated
