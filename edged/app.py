@@ -34,7 +34,7 @@ from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.pipelines.factory import create_pipeline
 from edged.protocol.tensors import text_tensor
-from edged.request import ROUTE, RouteContext
+from edged.request import CONTEXT, RouteContext, current_route, set_route
 from edged.router import Router
 from edged.runtimes.base import Runtime
 from edged.runtimes.onnxruntime import OnnxRuntime
@@ -188,13 +188,13 @@ class Daemon:
     async def _embed(self, texts: list[str]) -> Any:
         """Embeddings for the knowledge store, from the local model; private: what is being
         indexed never leaves the device."""
-        token = ROUTE.set(RouteContext(deadline=time.monotonic() + 60.0, private=True))
+        token = set_route(RouteContext(deadline=time.monotonic() + 60.0, private=True))
         try:
             _, outputs = await self.router.infer(
                 self.config.knowledge.embedding_model, None, {"text": text_tensor("texts", texts)}
             )
         finally:
-            ROUTE.reset(token)  # the request's own routing context, for what follows
+            CONTEXT.reset(token)  # the request's own routing context, for what follows
         return outputs["embedding"]
 
     async def _answer(self, question: str, passages: list[str]) -> tuple[str, str, str]:
@@ -216,7 +216,7 @@ class Daemon:
             raise Unavailable(f"the answer model '{model}' gave no 'answer' output")
         first = answer.ravel()[0]
         text = first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first)
-        ctx = ROUTE.get()
+        ctx = current_route()
         last = ctx.decisions[-1] if ctx is not None and ctx.decisions else {}
         return text, str(last.get("route", "local")), str(last.get("reason", ""))
 

@@ -1,10 +1,14 @@
-"""The request context: what one API request carries through every call it makes, in two
-context variables (asyncio copies them into each task the request starts):
+"""The request context: what one API request carries through every call it makes, in one
+context variable (``CONTEXT``; asyncio copies it into each task the request starts):
 
-- ``REQUEST``: its QoS for the scheduler, Triton's ``priority`` and ``timeout`` (the deadline);
-- ``ROUTE``: its routing facts for the router: privacy (sticky: once private, every later call
-  of the request is), a route override, the request id and every decision taken (the answer's
-  ``route_trace``).
+- ``qos`` (``current_qos()``): its QoS for the scheduler, Triton's ``priority`` and
+  ``timeout`` (the deadline);
+- ``route`` (``current_route()``, ``set_route``): its routing facts for the router: privacy
+  (sticky: once private, every later call of the request is), a route override, the request id
+  and every decision taken (the answer's ``route_trace``).
+
+The log fields (request id, model, route, reason) are ``edged.logs``' own context, shared with
+cloudsync.
 
 A leaf: the data plane sets them, the scheduler, the router, the knowledge store and the task
 graphs read them.
@@ -27,12 +31,6 @@ class RequestQos:
 
     priority: int = 0  # 0: the model's default level
     deadline: float | None = None  # time.monotonic() by which the answer is of use
-
-
-REQUEST: contextvars.ContextVar[RequestQos] = contextvars.ContextVar(
-    "edged_request_qos",
-    default=RequestQos(),  # noqa: B039 (frozen: immutable)
-)
 
 
 def qos_from_parameters(parameters: Mapping[str, Any]) -> RequestQos:
@@ -87,22 +85,20 @@ class RouteContext:
         return self.decisions[0]
 
 
-ROUTE: contextvars.ContextVar[RouteContext | None] = contextvars.ContextVar(
-    "edged_route", default=None
-)
-
-
 def route_context(
-    parameters: Mapping[str, Any], default_deadline_s: float, request_id: str = ""
+    parameters: Mapping[str, Any],
+    default_deadline_s: float,
+    request_id: str = "",
+    deadline: float | None = None,
 ) -> RouteContext:
-    """Read ``private``, ``route`` and the deadline from request parameters."""
+    """Read ``private`` and ``route`` from request parameters; the deadline is the QoS's
+    (``deadline``), else ``default_deadline_s`` from now."""
     private = parameters.get("private", False)
     if not isinstance(private, bool):
         raise InvalidRequest("parameter 'private' must be true or false")
     override = parameters.get("route", "auto")
     if override not in ("local", "cloud", "hedged", "auto"):
         raise InvalidRequest("parameter 'route' must be 'auto', 'local', 'cloud' or 'hedged'")
-    deadline = REQUEST.get().deadline
     if deadline is None:
         deadline = time.monotonic() + default_deadline_s
     return RouteContext(
@@ -112,3 +108,37 @@ def route_context(
         override=None if override == "auto" else override,
         request_id=request_id,
     )
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """One request's context: its QoS for the scheduler and its routing facts for the router
+    (None for edged's own calls outside a request, until the router gives them some)."""
+
+    qos: RequestQos = field(default_factory=RequestQos)
+    route: RouteContext | None = None
+
+
+CONTEXT: contextvars.ContextVar[RequestContext] = contextvars.ContextVar(
+    "edged_request",
+    default=RequestContext(),  # noqa: B039 (frozen: immutable)
+)
+
+
+def enter(qos: RequestQos, route: RouteContext) -> contextvars.Token[RequestContext]:
+    """The context of a request that starts here (its pipeline steps inherit it)."""
+    return CONTEXT.set(RequestContext(qos, route))
+
+
+def current_qos() -> RequestQos:
+    return CONTEXT.get().qos
+
+
+def current_route() -> RouteContext | None:
+    return CONTEXT.get().route
+
+
+def set_route(ctx: RouteContext) -> contextvars.Token[RequestContext]:
+    """Routing facts for what follows in this context (the QoS kept); ``CONTEXT.reset`` with
+    the token puts the ones before back."""
+    return CONTEXT.set(RequestContext(CONTEXT.get().qos, ctx))

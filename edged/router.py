@@ -41,7 +41,7 @@ from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.privacy import Privacy
 from edged.protocol.tensors import payload_bytes
-from edged.request import ROUTE, RouteContext
+from edged.request import RouteContext, current_route, set_route
 from edged.routing import Decision, Estimates, Path, RouteRequest, decide
 from edged.routing.learned import Learner
 from edged.runtimes.base import Tensors
@@ -262,11 +262,11 @@ class Router:
         parameters: Mapping[str, Any] | None = None,
     ) -> tuple[str, Tensors]:
         """Run one model call where the decision says: (the version that served, outputs)."""
-        ctx = ROUTE.get()
+        ctx = current_route()
         if ctx is None:  # a call from outside a request: default deadline, no private label
             deadline = time.monotonic() + self.policy.default_deadline_s
             ctx = RouteContext(deadline=deadline, internal=True)
-            ROUTE.set(ctx)
+            set_route(ctx)
         payload = payload_bytes(inputs)
         local, config, local_error = self._local_path(name, version, payload, ctx.internal)
         cloud = self._cloud_path(name, version, payload)

@@ -17,7 +17,8 @@ level that are still in time instead (and still counts against the queue's size)
 
 Priority and timeout come from the request, as Triton takes them: parameters ``priority``
 (0: the model's default level) and ``timeout`` (microseconds). They are set once per request in
-``REQUEST`` (a context variable), so the steps a pipeline calls inherit them.
+the request context (``edged.request``, a context variable), so the steps a pipeline calls
+inherit them.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from edged.errors import DeadlineExceeded, InvalidRequest, ModelLoadError, Overloaded, Unavailable
 from edged.models.config import ModelConfig
-from edged.request import REQUEST, RequestQos
+from edged.request import RequestQos, current_qos
 from edged.runtimes.base import Tensors
 from edged.stats import ewma
 
@@ -235,7 +236,7 @@ class Scheduler:
 
     async def submit(self, inputs: Tensors) -> Tensors:
         """Queue a request and wait for its outputs (or its error)."""
-        qos = REQUEST.get()
+        qos = current_qos()
         level = self._level(qos)
         policy = self.settings.policies[level]
         now = time.monotonic()

@@ -21,11 +21,10 @@ from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
 from edged.request import (
-    REQUEST,
-    ROUTE,
     ROUTE_PARAMETERS,
     RequestQos,
     RouteContext,
+    enter,
     qos_from_parameters,
     route_context,
 )
@@ -267,9 +266,9 @@ class DataPlane:
         qos = qos_from_parameters(parameters)
         if deadline is not None and (qos.deadline is None or deadline < qos.deadline):
             qos = RequestQos(qos.priority, deadline)
-        REQUEST.set(qos)
-        route = route_context(parameters, self.router.policy.default_deadline_s, request_id or "")
-        ROUTE.set(route)
+        default = self.router.policy.default_deadline_s
+        route = route_context(parameters, default, request_id or "", qos.deadline)
+        enter(qos, route)
         return {k: v for k, v in parameters.items() if k not in TAKEN_PARAMETERS}, route
 
     # ---- repository ------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from edged.errors import Unavailable
-from edged.request import ROUTE
+from edged.request import current_route
 
 SYSTEM = (
     "Answer the question from the numbered passages only, in a few sentences. If they do not"
@@ -52,7 +52,7 @@ class ChatAnswer:
             self._session = None
 
     async def __call__(self, question: str, passages: list[str]) -> tuple[str, str, str]:
-        ctx = ROUTE.get()
+        ctx = current_route()
         if ctx is not None and ctx.private:  # the last guard: this endpoint is off the device
             raise Unavailable(
                 f"the input is private: nothing is sent to the answer endpoint {self.url}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,10 +121,27 @@ def _left(cloud: Cloud) -> bytes:
     return cloud.proxy.sent()
 
 
+def _settle(cloud: Cloud, quiet_s: float = 0.5, limit_s: float = 10.0) -> None:
+    """Forget what was sent, once nothing /infer has been sent for ``quiet_s``: a control call
+    that hedged may leave its losing path's steps running after it answered (a pipeline's later
+    chunks reach the cloud a moment later), and those are not the next step's."""
+    deadline = time.monotonic() + limit_s
+    last = time.monotonic()
+    while time.monotonic() < deadline:
+        if b"/infer" in _left(cloud):
+            last = time.monotonic()
+        elif time.monotonic() - last >= quiet_s:
+            return
+        time.sleep(0.05)
+
+
 def _assert_nothing_left(cloud: Cloud, what: str, only: bytes = b"/infer") -> None:
     """Nothing derived from the private input left: no inference request at all (``only``:
-    none to that path), and not the marker."""
+    none to that path), and not the marker, neither while the call ran nor in the second after
+    it answered (what it may have left running)."""
     sent = _left(cloud)
+    time.sleep(1.0)
+    sent += _left(cloud)
     assert MARK.encode() not in sent.lower(), f"{what}: the marker reached the cloud"
     assert only not in sent, f"{what}: a request to {only.decode()} reached the cloud"
 
@@ -148,7 +166,7 @@ def test_request_flag_keeps_every_step_and_template_on_the_device(
         for model in PIPELINES:
             for route in ROUTES:
                 what = f"{model} over {transport}, route {route}"
-                _left(quiet)
+                _settle(quiet)
                 reply = _call(daemon, transport, model, inputs[model], route=route, private=True)
                 _assert_nothing_left(quiet, f"private {what}")
                 assert reply["route"] == "local" and reply["private"] is True, (what, reply)
@@ -160,7 +178,7 @@ def test_request_flag_keeps_every_step_and_template_on_the_device(
     image = {"base64": base64.b64encode(inputs["ocr"]).decode()}
     for route in ROUTES:
         doc = {"template": "image-report", "inputs": {"image": image}}
-        _left(quiet)
+        _settle(quiet)
         with pytest.raises(ClientError):  # the report needs the answer model: not on the device
             daemon.client.run_task(doc, route=route, private=True)
         _assert_nothing_left(quiet, f"image-report, route {route}")
@@ -188,7 +206,7 @@ def test_a_private_model_makes_its_steps_and_what_follows_private(
         for model in PIPELINES:
             for route in ROUTES:
                 what = f"{model} ({source}) over {transport}, route {route}"
-                _left(quiet)
+                _settle(quiet)
                 reply = _call(daemon, transport, model, inputs[model], route=route)
                 _assert_nothing_left(quiet, what)
                 assert reply["route"] == "local" and reply["private"] is True, (what, reply)

@@ -22,7 +22,7 @@ from edged.errors import (
     Unavailable,
 )
 from edged.models.config import read_config
-from edged.request import REQUEST, RequestQos, qos_from_parameters
+from edged.request import CONTEXT, RequestContext, RequestQos, qos_from_parameters
 from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.scheduler import Scheduler, Settings
@@ -61,7 +61,9 @@ class Bench:
         x = np.full((rows, 2), value, np.float32)
 
         async def call() -> Tensors:
-            REQUEST.set(qos_from_parameters({"priority": priority, "timeout": timeout_us}))
+            CONTEXT.set(
+                RequestContext(qos_from_parameters({"priority": priority, "timeout": timeout_us}))
+            )
             return await self.scheduler.submit({"x": x})
 
         return asyncio.ensure_future(call())
