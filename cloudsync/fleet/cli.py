@@ -4,7 +4,9 @@
                                                 (install it on nodes as /etc/edged/trust/)
     edgefleet nodes                             a table of the fleet's nodes: online or offline
                                                 (retained status, or no heartbeat for 3 intervals),
-                                                last heartbeat, outbox depth, models
+                                                last heartbeat, outbox depth, models; every
+                                                node, or exit 4 and "partial list" if the
+                                                broker did not hand every retained status
     edgefleet watch                             every message of the fleet as it arrives
     edgefleet cmd NODE ping [--arg k=v ...]     a signed command; prints the node's result
                                                 (ping, status, models, routing, set-routing,
@@ -36,7 +38,7 @@ from cloudsync.protocol import envelope, manifest
 from cloudsync.protocol.commands import COMMANDS, sign
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.mqtt import SyncClient
-from cloudsync.protocol.topics import LEAVES, TopicError, Topics, fleet_filter, parse
+from cloudsync.protocol.topics import LEAVES, TopicError, Topics, barrier, fleet_filter, parse
 from edged.common.cli import UsageError, key_values
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_TIMEOUT = range(5)
@@ -89,13 +91,24 @@ def cmd_keygen(args: argparse.Namespace) -> str:
     return f"{private} (secret: signs commands)\n{public} (install on nodes: /etc/edged/trust/)"
 
 
-def collect(args: argparse.Namespace) -> list[tuple[str, bytes]]:
+def collect(args: argparse.Namespace) -> tuple[list[tuple[str, bytes]], bool]:
+    """The fleet's retained statuses and the heartbeats of ``--wait`` seconds, and whether every
+    retained status came (the barrier came back within ``--timeout``)."""
     client = connect(args)
+    marker, token = barrier(args.fleet), envelope.new_id()
     try:
-        for kind in ("status", "heartbeat"):
-            client.subscribe(fleet_filter(args.fleet, kind))
-        time.sleep(args.wait)  # retained statuses come at once; heartbeats within an interval
-        return list(client.received)
+        # subscribe and publish the marker back to back: the broker queues the subscription's
+        # retained statuses, then the marker (topics.barrier)
+        kinds = ("status", "heartbeat")
+        client.client.subscribe([(fleet_filter(args.fleet, kind), 1) for kind in kinds])
+        client.client.publish(marker, json.dumps({"barrier": token}).encode(), qos=1)
+        with client.changed:
+            complete = client.changed.wait_for(
+                lambda: any(t == marker and token.encode() in p for t, p in client.received),
+                args.timeout,
+            )
+        time.sleep(args.wait)  # heartbeats come within an interval
+        return [(t, p) for t, p in client.received if t != marker], complete
     finally:
         client.close()
 
@@ -123,7 +136,16 @@ def nodes_table(messages: list[tuple[str, bytes]], now_ms: int) -> list[dict[str
 
 
 def cmd_nodes(args: argparse.Namespace) -> tuple[Any, str]:
-    rows = nodes_table(collect(args), envelope.now_ms())
+    messages, complete = collect(args)
+    rows = nodes_table(messages, envelope.now_ms())
+    if not complete:  # the table is printed, the exit code says it is partial
+        print(
+            f"edgefleet: partial list ({len(rows)} nodes): the broker did not hand every"
+            f" retained status within {args.timeout:g} s (its max_queued_messages must hold"
+            " the fleet's statuses; --timeout waits longer)",
+            file=sys.stderr,
+        )
+        args.exit_code = EXIT_TIMEOUT
     for row in rows:
         age = row["heartbeat_age_s"]
         if row["state"] == "online" and age is not None and age > OFFLINE_AFTER * args.interval:
@@ -300,7 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--dir", default=".", help="where to write it")
     keygen.set_defaults(fn=lambda args: (None, cmd_keygen(args)))
     nodes = sub.add_parser("nodes", help="the fleet's nodes, online or offline")
-    nodes.add_argument("--wait", type=float, default=2.0, help="seconds to listen")
+    nodes.add_argument(
+        "--wait", type=float, default=2.0,
+        help="seconds to listen for heartbeats once every retained status has come",
+    )  # fmt: skip
     nodes.add_argument("--interval", type=float, default=10.0, help="the heartbeat interval")
     nodes.set_defaults(fn=cmd_nodes)
     watch = sub.add_parser("watch", help="every message of the fleet")
@@ -376,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(reply, indent=2))
     elif text:
         print(text)
-    return EXIT_OK
+    return int(getattr(args, "exit_code", EXIT_OK))
 
 
 if __name__ == "__main__":

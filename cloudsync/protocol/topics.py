@@ -100,6 +100,15 @@ class Topics:
         return f"{self.base}/#"
 
 
+def barrier(fleet: str) -> str:
+    """Where an operator's tool publishes a marker after subscribing to the fleet's statuses
+    (``fleet_filter(fleet, "status")`` matches it; no node is named ``_fleet``): the broker
+    queues a new subscription's retained messages before what comes after, so the marker
+    coming back says every retained status has come, and not coming back says some were not
+    (a broker that drops what its queue cannot hold drops the marker too)."""
+    return f"{PREFIX}/{check_name('fleet', fleet)}/_fleet/status"
+
+
 def fleet_filter(fleet: str, kind: str) -> str:
     """An operator's subscription to one leaf of every node of a fleet (``status``...)."""
     if kind not in LEAVES:
