@@ -11,11 +11,11 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from cloudsync.agent.alerts import Facts, record_id
-from cloudsync.agent.outbox import Item
+from cloudsync.agent.outbox import Item, OutboxError
 from cloudsync.protocol import telemetry
 from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical, now_ms, printable
 from edged.client import Client, ClientError
@@ -101,14 +101,20 @@ class Collector:
         """Evaluate the alerts; each change goes to the fleet through the outbox."""
         items = []
         wall, mono = now_ms(), time.monotonic()
-        for state, alert in self.agent.alerts.evaluate(self.facts(snap)):
+        evaluator = self.agent.alerts
+        before = {key: replace(alert) for key, alert in evaluator.alerts.items()}
+        for state, alert in evaluator.evaluate(self.facts(snap)):
             since = wall - int((mono - alert.since) * 1000)
             body = self.agent.alerts.event(state, alert, wall, since)
             level = logging.WARNING if state == "firing" else logging.INFO
             log.log(level, "alert %s %s: %s", alert.rule.name, state, body["summary"])
             items.append(Item("events", body, "alert", record_id(body)))
         if items:  # the events and the alerts firing now, in one transaction
-            self.agent.outbox.put_many(items, state={ALERTS: self.agent.alerts.saved(mono, wall)})
+            try:
+                self.agent.outbox.put_many(items, state={ALERTS: evaluator.saved(mono, wall)})
+            except OutboxError:  # a full disk: the changes come again on the next turn
+                evaluator.alerts = before
+                raise
 
     def read_events(self, client: Client) -> None:
         """edged's events after the cursor kept in the outbox, stored with the cursor's advance

@@ -64,6 +64,7 @@ from edged.client import Client, ClientError
 from edged.common.backoff import backoff_delay
 
 log = logging.getLogger("cloudsync.delivery")
+MAX_DESIRED = 256  # models in one desired state
 EDGED_RETRY_S = 5.0  # edged not up yet (it starts beside cloudsync): asked again this soon
 
 
@@ -110,6 +111,9 @@ class Delivery:
         if not isinstance(entries, list):
             self.report("refused", why="the desired state has no 'models' list")
             return
+        if len(entries) > MAX_DESIRED:  # one report, not one alert per junk entry
+            self.report("refused", why=f"{len(entries)} models: at most {MAX_DESIRED}")
+            return
         with self.wake:
             self.pending = entries
             self.wake.notify()
@@ -143,7 +147,8 @@ class Delivery:
                     outcome = self.apply(entry)
                 except Exception as exc:  # a bug or the disk (permissions): said, tried again
                     log.exception("delivery: an entry failed")
-                    self.report("failed", why=f"{type(exc).__name__}: {exc}")
+                    # the detail (paths, errno) stays in the local log above
+                    self.report("failed", why=f"{type(exc).__name__} on the node (see its log)")
                     outcome = False
                 if outcome is not True:
                     delay = self.config.retry_s if outcome is False else outcome
@@ -215,7 +220,7 @@ class Delivery:
             active is None and [manifest.version] == versions.get("serving")
         ):
             if stored < manifest.version:
-                self.report("active", manifest, {**state, "floor": manifest.version})
+                self.report("active", manifest, {"floor": manifest.version})
             return True  # (a desired version below the floor that is active: a rollback's)
         # the floor: what was accepted here, and what edged has (the state file may be new)
         floor = max([stored, *_versions(versions)])
@@ -232,8 +237,10 @@ class Delivery:
             self.report("refused", manifest, why=str(exc))
             return True
         if stored < manifest.version:  # accepted: nothing older is taken from now on
-            state = {**state, "floor": manifest.version}
-            self.report("accepted", manifest, state, bytes=manifest.size, signed_by=manifest.kids)
+            accepted = {"floor": manifest.version}
+            self.report(
+                "accepted", manifest, accepted, bytes=manifest.size, signed_by=manifest.kids
+            )
         if manifest.version in versions.get("on_disk", []):
             # moved in before an install was cut short (edged stopped): edged checks it there
             self.report("downloaded", manifest, bytes=0, resumed_bytes=manifest.size)
@@ -254,11 +261,11 @@ class Delivery:
     def rolled_back(self, model: str, version: int, by: str) -> None:
         """An operator's rollback: this version is not installed again from the same state."""
         try:
-            state: dict[str, Any] | None = {**self.state(model), "failed": version}
+            self.report("rolled-back", None, {"failed": version}, model=model, version=version,
+                        why=by)  # fmt: skip
         except StateError as exc:  # the rollback happened: said, without the state
             log.error("delivery: %s", exc)
-            state = None
-        self.report("rolled-back", None, state, model=model, version=version, why=by)
+            self.report("rolled-back", None, None, model=model, version=version, why=by)
 
     def staged(self, manifest: Manifest) -> Path:
         return self.config.staging_dir / f"{manifest.model}-{manifest.version}"
@@ -312,6 +319,8 @@ class Delivery:
         return staged, total
 
     def install(self, manifest: Manifest, staged: Path) -> bool:
+        if self.state(manifest.model).get("failed") == manifest.version:
+            return True  # rolled back by an operator meanwhile (the commands thread)
         files = [{"path": f.path, "sha256": f.sha256, "length": f.length} for f in manifest.files]
         client = self.edged(self.config.install_timeout_s)
         try:
@@ -329,7 +338,7 @@ class Delivery:
                     f"; cloudsync's [delivery] staging_dir ({self.config.staging_dir}) must be"
                     " edged's own staging directory, {state_dir}/staging"
                 )
-            state = {**self.state(manifest.model), "failed": manifest.version}
+            state = {"failed": manifest.version}
             self.report("failed", manifest, state, stage="install", why=why)
             return True
         self.report(
@@ -376,7 +385,7 @@ class Delivery:
             except ClientError as exc:
                 self.report("failed", manifest, stage="rollback", why=exc.message)
                 return
-            state = {**self.state(manifest.model), "failed": manifest.version}
+            state = {"failed": manifest.version}
             self.report("rolled-back", manifest, state, why=why, active=back.get("active"))
             return
 

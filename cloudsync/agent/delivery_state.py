@@ -43,11 +43,14 @@ class DeliveryState:
         return dict(self._load().get(model, {}))
 
     def set(self, model: str, state: dict[str, int]) -> None:
-        """The model's new state, on disk before this returns; its floor only goes up."""
+        """The keys of the model's state that change (``floor``, ``failed``), merged into what
+        is on disk under the lock (the delivery thread and a command's rollback both write),
+        on disk before this returns; the floor only goes up."""
         with self.lock:
             doc = self._load()
+            merged = {**doc.get(model, {}), **state}
             floor = max(int(doc.get(model, {}).get("floor", 0)), int(state.get("floor", 0)))
-            doc[model] = {**state, "floor": floor} if floor else dict(state)
+            doc[model] = {**merged, "floor": floor} if floor else merged
             write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
     def _load(self) -> dict[str, dict[str, int]]:

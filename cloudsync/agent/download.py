@@ -5,6 +5,7 @@ to the fleet (``category``), its detail only in the local log."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import http.client
@@ -191,8 +192,9 @@ def fetch(
                     ) from None
                 raise _failed(entry, exc, reading=True) from None
             finally:
-                f.flush()
-                os.fsync(f.fileno())
+                with contextlib.suppress(OSError):  # a full disk: the error above is the one
+                    f.flush()
+                    os.fsync(f.fileno())
         if written < entry.length:
             raise DeliveryError(f"{entry.path}: {written} of {entry.length} bytes; to resume")
     if digest.hexdigest() != entry.sha256:

@@ -148,18 +148,21 @@ class Outbox:
         self.db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
         self.db.execute("CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY, last INTEGER)")
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(outbox)")}
-        if "stream_seq" not in columns:  # an outbox of an older cloudsync: numbered now
-            self.db.execute("ALTER TABLE outbox ADD COLUMN stream_seq INTEGER NOT NULL DEFAULT 0")
-            last: dict[str, int] = {}
-            for seq, kind, priority in self.db.execute(
-                "SELECT seq, kind, priority FROM outbox ORDER BY seq"
-            ).fetchall():
-                stream = stream_of(kind, PRIORITY_NAMES[priority])
-                last[stream] = last.get(stream, 0) + 1
+        if "stream_seq" not in columns:  # an outbox of an older cloudsync: numbered now, whole
+            with self._lock, self._transaction():  # (a crash part-way leaves it as it was)
                 self.db.execute(
-                    "UPDATE outbox SET stream_seq = ? WHERE seq = ?", [last[stream], seq]
+                    "ALTER TABLE outbox ADD COLUMN stream_seq INTEGER NOT NULL DEFAULT 0"
                 )
-            self.db.conn.executemany("INSERT INTO streams VALUES (?, ?)", last.items())
+                last: dict[str, int] = {}
+                numbered = []
+                for seq, kind, priority in self.db.execute(
+                    "SELECT seq, kind, priority FROM outbox ORDER BY seq"
+                ).fetchall():
+                    stream = stream_of(kind, PRIORITY_NAMES[priority])
+                    last[stream] = last.get(stream, 0) + 1
+                    numbered.append((last[stream], seq))
+                self.db.conn.executemany("UPDATE outbox SET stream_seq = ? WHERE seq = ?", numbered)
+                self.db.conn.executemany("INSERT INTO streams VALUES (?, ?)", last.items())
         if "counters" not in self.db.table_names():
             self.db.table("counters").create({"name": str, "value": int}, pk="name")
             self.db.table("counters").insert_all([{"name": n, "value": 0} for n in COUNTERS])
@@ -305,19 +308,23 @@ class Outbox:
         dropped (and counted) first; ``exclude``: the seqs in flight."""
         skip = list(exclude)
         with self._lock:
-            self._expire()
-            sql = "SELECT seq, id, priority, kind, body, created_ms, size, stream_seq FROM outbox"
+            now = now_ms()
+            with contextlib.suppress(OutboxError):  # a full disk: dropped later, not sent now
+                self._expire(now)
+            sql = (
+                "SELECT seq, id, priority, kind, body, created_ms, size, stream_seq FROM outbox"
+                " WHERE (expires_ms IS NULL OR expires_ms >= ?)"
+            )
             if skip:
-                sql += f" WHERE seq NOT IN ({','.join('?' * len(skip))})"
+                sql += f" AND seq NOT IN ({','.join('?' * len(skip))})"
             sql += " ORDER BY priority, seq LIMIT ?"
-            rows = self.db.execute(sql, [*skip, limit]).fetchall()
+            rows = self.db.execute(sql, [now, *skip, limit]).fetchall()
         return [
             Record(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], self.epoch)
             for r in rows
         ]
 
-    def _expire(self) -> None:
-        now = now_ms()
+    def _expire(self, now: int) -> None:
         found = self.db.execute(
             "SELECT count(*), total(size) FROM outbox WHERE expires_ms < ?", [now]
         ).fetchone()

@@ -70,6 +70,9 @@ ACK_TIMEOUT_S = 120.0  # a record published this long ago with no PUBACK is publ
 # the largest MQTT packet cloudsync takes (MQTT 5's Maximum Packet Size: the broker does not
 # send a larger one): an envelope and its topic. The fleet's broker has the same limit.
 MAX_PACKET = MAX_BYTES + 4096
+# while the disk cannot take acks, at most this many times max_inflight records are sent and
+# held in memory; then sending waits for the disk
+HELD_FACTOR = 4
 RESTART_MAX_S = 30.0  # a thread that failed is started again after 1, 2, 4 ... up to this
 
 
@@ -205,8 +208,11 @@ class Agent:
             "resumed" if flags.session_present else "new",
         )  # fmt: skip
         client.subscribe([(self.topics.commands, 1), (self.topics.desired_models, 1)])
-        birth = self._envelope({"state": "online", **self.capabilities()})
-        client.publish(self.topics.status, birth.encode(), qos=1, retain=True)
+        try:
+            birth = self._envelope({"state": "online", **self.capabilities()}).encode()
+        except ValueError as exc:  # what edged said cannot be sent (NaN, too large)
+            birth = self._envelope({"state": "online", "error": printable(str(exc))}).encode()
+        client.publish(self.topics.status, birth, qos=1, retain=True)
         self.next_heartbeat = time.monotonic()  # a heartbeat right after the birth
         # paho sends again what was in flight: its PUBACK clock starts now
         self.sent_at = dict.fromkeys(self.sent_at, time.monotonic())
@@ -238,7 +244,8 @@ class Agent:
             self._handle(message)
         except Exception:  # a bug here: logged, counted; the message is acknowledged all the same
             self.poison += 1
-            log.exception("a message on %s could not be handled", printable(message.topic, 200))
+            topic = getattr(message, "_topic", b"")  # bytes: .topic decodes (and may fail)
+            log.exception("a message on %r could not be handled", bytes(topic)[:200])
 
     def _handle(self, message: Any) -> None:
         try:
@@ -391,8 +398,13 @@ class Agent:
                         self.inflight.pop(mid), ACK_TIMEOUT_S)  # fmt: skip
             del self.sent_at[mid]
         room = self.config.outbox.max_inflight - len(self.inflight)
-        if not self.connected or room <= 0:
-            return
+        waiting = len(self.acked) + len(self.refused)  # the broker has them, the disk not yet
+        if (
+            not self.connected
+            or room <= 0
+            or waiting >= HELD_FACTOR * self.config.outbox.max_inflight
+        ):
+            return  # (bounded: what is held is excluded from each peek)
         held = {*self.inflight.values(), *self.acked, *self.refused, *self.unsendable}
         for record in self.outbox.peek(room, exclude=held):
             topic = self._topic_of(record.kind)

@@ -102,11 +102,15 @@ def collect(args: argparse.Namespace) -> tuple[list[tuple[str, bytes]], bool]:
         kinds = ("status", "heartbeat")
         client.client.subscribe([(fleet_filter(args.fleet, kind), 1) for kind in kinds])
         client.client.publish(marker, json.dumps({"barrier": token}).encode(), qos=1)
+        scanned = 0
+
+        def came() -> bool:  # what arrived since the last look only (thousands of statuses)
+            nonlocal scanned
+            new, scanned = client.received[scanned:], len(client.received)
+            return any(t == marker and token.encode() in p for t, p in new)
+
         with client.changed:
-            complete = client.changed.wait_for(
-                lambda: any(t == marker and token.encode() in p for t, p in client.received),
-                args.timeout,
-            )
+            complete = client.changed.wait_for(came, args.timeout)
         time.sleep(args.wait)  # heartbeats come within an interval
         return [(t, p) for t, p in client.received if t != marker], complete
     finally:

@@ -36,6 +36,7 @@ class Context:
     params: dict[str, Any]  # private, route, priority, timeout (microseconds)
 
     def kb(self) -> KnowledgeService:
+        self.plane.check_ready()  # not while edged stops
         if self.knowledge is None:
             raise Unavailable("this edged has no knowledge store")
         return self.knowledge

@@ -126,6 +126,11 @@ def test_the_floor_only_goes_up_and_is_on_disk(tmp_path: Path) -> None:
         "ocr": {"floor": 5, "failed": 5}
     }
     assert DeliveryState(tmp_path / "delivery.json", outbox).get("ocr") == {"floor": 5, "failed": 5}
+    # each writer gives only what changes: an operator's rollback (the commands thread) and a
+    # floor raised by the delivery thread from a snapshot taken before it both stay
+    states.set("ocr", {"failed": 6})
+    states.set("ocr", {"floor": 6})
+    assert states.get("ocr") == {"floor": 6, "failed": 6}
 
 
 def test_an_older_outboxs_floors_move_to_the_file_once(tmp_path: Path) -> None:

@@ -176,3 +176,20 @@ def test_sigkill_while_writing_loses_no_stored_record(tmp_path: Path) -> None:
     assert len(numbers) >= confirmed and len(numbers) % 50 == 0  # whole batches, none lost
     assert numbers == list(range(len(numbers)))  # in order, no gap, no duplicate
     assert box.counters["put"] == len(numbers)
+
+
+def test_expired_records_are_not_sent_while_the_disk_cannot_drop_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    box = Outbox(tmp_path / "outbox.db")
+    box.put("telemetry", {"n": 1}, ttl_s=0.05)
+    keep = box.put("telemetry", {"n": 2})
+    time.sleep(0.1)
+
+    def full(now: int) -> None:
+        raise OutboxError("database or disk is full", full=True)
+
+    monkeypatch.setattr(box, "_expire", full)
+    assert [r.id for r in box.peek(10)] == [keep]  # no error, and the expired one not sent
+    monkeypatch.undo()
+    assert [r.id for r in box.peek(10)] == [keep] and box.counters["dropped_ttl"] == 1
