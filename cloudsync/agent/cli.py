@@ -51,7 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cloudsync: cannot start: {exc}", file=sys.stderr)
         return 1
     try:
-        local = LocalServer(config.local.socket, config.local.socket_mode, agent)
+        local = LocalServer(
+            config.local.socket,
+            config.local.socket_mode,
+            agent,
+            config.local.read_timeout_s,
+            config.local.max_connections,
+        )
     except OSError as exc:
         print(f"cloudsync: cannot serve the local API on {config.local.socket}: {exc}",
               file=sys.stderr)  # fmt: skip

@@ -140,6 +140,15 @@ class LocalConfig(Section):
         Path("/run/edged/cloudsync.sock"), description="Unix socket of the local API"
     )
     socket_mode: int = Field(0o660, description="permission bits of the socket file")
+    read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="a request that stalls this long, or whose body takes longer, is a 408",
+    )
+    max_connections: int = Field(
+        32, ge=1, le=4096, description="connections served at once; more are answered 503"
+    )
 
 
 class AlertsConfig(Section):

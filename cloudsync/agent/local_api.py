@@ -25,11 +25,12 @@ size before the body is read. An error is ``{"error": "...", "field": "records[3
   is wrong, or holds text UTF-8 cannot encode (a lone surrogate such as \\ud800)
 - 404: no such route
 - 408: nothing came for 30 s before the request was whole, or its body took over 30 s
+  (``[local] read_timeout_s``)
 - 411: no Content-Length (Transfer-Encoding, chunked, is not taken)
 - 413: a body over 8 MiB (refused before it is read), over 10,000 records, a record's body over
   260,096 bytes
-- 503 (with Retry-After): over 32 connections at once, or a body that would take those being
-  read at once over 32 MiB
+- 503 (with Retry-After): over 32 connections at once (``[local] max_connections``), or a
+  body that would take those being read at once over 32 MiB
 - 507: the outbox's disk is full; nothing was stored, retry once there is space
 - 500: a fault of cloudsync's own, logged with its traceback
 - and what HTTP itself refuses: a request line or headers that do not parse (400), too long

@@ -657,3 +657,32 @@ def test_after_everything_the_same_process_answers_with_bounded_memory(agent: Cl
     print(f"VmRSS {rss >> 20} -> {agent.rss() >> 20} MiB; {FUZZED}; {sorted(SEEN.items())}")
     assert grown < RSS_GROWTH, grown
     assert "Traceback" not in agent.logs(), agent.logs()[-3000:]
+
+
+def test_the_cap_and_the_read_timeout_are_settings(tmp_path: Path, pki: Path) -> None:
+    """``[local] max_connections`` and ``read_timeout_s`` in the config file, read by a real
+    process: the third of two allowed connections is a 503, a stalled request a 408."""
+    workdir = tmp_path / "agent"
+    workdir.mkdir()
+    text = config_for(workdir, pki).replace(
+        f'socket = "{workdir}/cloudsync.sock"',
+        f'socket = "{workdir}/cloudsync.sock"\nread_timeout_s = 1\nmax_connections = 2',
+    )
+    agent = Cloudsync(workdir, text).start()
+    held = []
+    try:
+        for _ in range(3):
+            sock = socket.socket(socket.AF_UNIX)
+            held.append(sock)
+            sock.connect(str(agent.socket))
+            sock.settimeout(10)
+        over = receive(held[2])
+        assert over is not None and over.status == 503, over
+        started = time.monotonic()
+        stalled = receive(held[0])  # it sends nothing: cut after read_timeout_s
+        assert stalled is not None and stalled.status == 408, stalled
+        assert time.monotonic() - started < 5
+    finally:
+        for sock in held:
+            sock.close()
+        assert agent.stop() == 0, agent.logs()[-3000:]
