@@ -7,9 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import sqlite3
 import threading
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -78,17 +76,7 @@ class DeliveryState:
         """The outbox's ``delivery/{model}`` state keys (where an older cloudsync kept them),
         written to the file once; {} (no file yet) when there are none."""
         doc: dict[str, dict[str, int]] = {}
-        uri = f"file:{urllib.parse.quote(str(self.outbox.path))}?mode=ro"
-        try:
-            with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-                rows = db.execute(
-                    "SELECT key, value FROM state WHERE substr(key, 1, ?) = ?",
-                    [len(STATE), STATE],
-                ).fetchall()
-        except sqlite3.Error as exc:
-            log.warning("delivery: the outbox's delivery state cannot be read: %s", exc)
-            rows = []
-        for key, value in rows:
+        for key, value in self.outbox.states(STATE).items():
             with contextlib.suppress(ValueError, TypeError):
                 state = json.loads(value)
                 if _state_doc({key: state}):

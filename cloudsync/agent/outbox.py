@@ -301,6 +301,14 @@ class Outbox:
             row = self.db.execute("SELECT value FROM state WHERE key = ?", [key]).fetchone()
         return None if row is None else str(row[0])
 
+    def states(self, prefix: str) -> dict[str, str]:
+        """Every state key that starts with ``prefix``, with its value."""
+        with self._lock:
+            rows = self.db.execute(
+                "SELECT key, value FROM state WHERE substr(key, 1, ?) = ?", [len(prefix), prefix]
+            ).fetchall()
+        return {str(k): str(v) for k, v in rows}
+
     # ---- out ---------------------------------------------------------------------------------
 
     def peek(self, limit: int = 100, exclude: Iterable[int] = ()) -> list[Record]:
