@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from cloudsync.protocol.labels import check_labels
 from cloudsync.protocol.topics import check_name
 from edged.config import LogFormat, MetricsConfig, Section, load_file
 
@@ -19,11 +20,21 @@ class NodeConfig(Section):
 
     fleet: str = Field("default", description="the fleet's name (a topic level)")
     name: str = Field("", description="this node's name (default: the host name)")
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="this node's labels (site, tier...): the fleet service's deployments select"
+        " nodes by them; up to 32, keys and values 1 to 63 of letters, digits, . _ / -",
+    )
 
     @field_validator("fleet", "name")
     @classmethod
     def _name(cls, value: str) -> str:
         return check_name("name", value) if value else value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_labels(value)
 
 
 class MqttConfig(Section):

@@ -331,6 +331,7 @@ class Agent:
             ],
             "capabilities": self.edged.capabilities,
             "edged": self.edged.reachability(),
+            "labels": self.config.node.labels,
         }
 
     def heartbeat_body(self) -> dict[str, Any]:

@@ -12,9 +12,19 @@
                                                 (ping, status, models, routing, set-routing,
                                                 reset-routing, reload, drain, resume, logs)
 
-The broker: --host, --port, and a directory (--pki) holding ca.pem and the operator's
-certificate {--cert-name}.pem/.key (its CN has the operators' ACL). Exit codes: 0 ok, 1 the
-command failed or was refused, 2 usage, 3 the broker cannot be reached, 4 no answer in time.
+With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET_TOKEN):
+
+    edgefleet serve [--config F]                run the service (docs/OPERATIONS.md)
+    edgefleet token --name N --role R           a new API token and its config lines
+    edgefleet --service URL nodes               every node, from the service's registry
+    edgefleet --service URL label NODE k=v ...  set a node's operator labels (none: clear)
+    edgefleet --service URL deploy create ID --manifest F --url PATH=URL [--selector k=v]
+                                                [--priority N]; deploy list; deploy delete ID
+
+Without --service, the broker: --host, --port, and a directory (--pki) holding ca.pem and the
+operator's certificate {--cert-name}.pem/.key (its CN has the operators' ACL). Exit codes: 0 ok,
+1 the command failed or was refused, 2 usage, 3 the broker (or the service) cannot be reached,
+4 no answer in time.
 """
 
 from __future__ import annotations
@@ -33,7 +43,8 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cloudsync.fleet import rollout
+from cloudsync.fleet import daemon, rollout
+from cloudsync.fleet.client import ServiceClient, ServiceError, nodes_text
 from cloudsync.protocol import envelope, manifest
 from cloudsync.protocol.commands import COMMANDS, sign
 from cloudsync.protocol.envelope import EnvelopeError
@@ -65,6 +76,11 @@ def connect(args: argparse.Namespace) -> SyncClient:
     if not client.connect(timeout=args.timeout):
         raise Failure(f"cannot connect to {args.host}:{args.port}", EXIT_UNREACHABLE)
     return client
+
+
+def cmd_serve(args: argparse.Namespace) -> tuple[Any, str]:
+    daemon.serve(args.config, args.log_level)
+    return None, ""
 
 
 def cmd_keygen(args: argparse.Namespace) -> str:
@@ -140,6 +156,8 @@ def nodes_table(messages: list[tuple[str, bytes]], now_ms: int) -> list[dict[str
 
 
 def cmd_nodes(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.service:
+        return service_nodes(args)
     messages, complete = collect(args)
     rows = nodes_table(messages, envelope.now_ms())
     if not complete:  # the table is printed, the exit code says it is partial
@@ -161,6 +179,55 @@ def cmd_nodes(args: argparse.Namespace) -> tuple[Any, str]:
         models = ", ".join(str(m) for m in r.get("models", [])) or "-"
         lines.append(f"{r['node']:20} {r['state']:24} {age:>10} {outbox:>7}  {models}")
     return rows, "\n".join(lines)
+
+
+def service(args: argparse.Namespace) -> ServiceClient:
+    if not args.service:
+        raise Failure(f"{args.command} needs the fleet service: --service URL", EXIT_USAGE)
+    return ServiceClient.from_args(args.service, args.token_file, args.service_ca, args.timeout)
+
+
+def service_nodes(args: argparse.Namespace) -> tuple[Any, str]:
+    """Every node from the service's registry (complete: the service knows every node)."""
+    filters = {"state": args.state, "selector": ",".join(args.selector)}
+    rows = list(service(args).nodes(**filters))
+    return rows, nodes_text(rows, envelope.now_ms())
+
+
+def cmd_label(args: argparse.Namespace) -> tuple[Any, str]:
+    labels = dict(item.partition("=")[::2] for item in args.labels)
+    done = service(args).call("PUT", f"/v1/nodes/{args.node}/labels", {"labels": labels})
+    return done, f"{args.node}: operator labels {done['operator_labels']}"
+
+
+def cmd_deploy(args: argparse.Namespace) -> tuple[Any, str]:
+    client = service(args)
+    if args.action == "list":
+        found = client.call("GET", "/v1/deployments")["deployments"]
+        lines = [f"{'ID':20} {'PRIORITY':>8}  {'SELECTOR':30} VERSIONS"]
+        for d in found:
+            selector = ",".join(f"{k}={v}" for k, v in sorted(d["selector"].items())) or "*"
+            versions = ", ".join(f"{m}:{v}" for m, v in sorted(d["versions"].items()))
+            lines.append(f"{d['id']:20} {d['priority']:>8}  {selector:30} {versions}")
+        return found, "\n".join(lines)
+    if not args.id:
+        raise Failure(f"deploy {args.action}: the deployment's id", EXIT_USAGE)
+    if args.action == "delete":
+        return client.call("DELETE", f"/v1/deployments/{args.id}"), f"deleted {args.id}"
+    if args.action == "show":
+        found = client.call("GET", f"/v1/deployments/{args.id}")
+        return found, json.dumps(found, indent=1)
+    if not args.manifest:
+        raise Failure("deploy create: --manifest (edgefleet manifest makes one)", EXIT_USAGE)
+    doc = json.loads(Path(args.manifest).read_text())
+    body = {
+        "id": args.id,
+        "selector": dict(item.partition("=")[::2] for item in args.selector),
+        "priority": args.priority,
+        "models": [{"manifest": doc, "urls": desired_urls(args, doc)}],
+    }
+    made = client.call("POST", "/v1/deployments", body)
+    return made, f"deployment {made['id']}: {made['versions']} to {made['selector'] or 'all'}"
 
 
 def cmd_watch(args: argparse.Namespace) -> tuple[Any, str]:
@@ -320,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fleet", default="default")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    parser.add_argument("--service", help="the fleet service's URL (http[s]://host:port)")
+    parser.add_argument("--token-file", help="the service's API token (else $EDGEFLEET_TOKEN)")
+    parser.add_argument("--service-ca", help="the CA of the service's HTTPS certificate")
     sub = parser.add_subparsers(dest="command", required=True)
     keygen = sub.add_parser("keygen", help="a fleet signing key pair")
     keygen.add_argument("--kid", required=True, help="the key's name (nodes trust {kid}.pub)")
@@ -331,7 +401,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to listen for heartbeats once every retained status has come",
     )  # fmt: skip
     nodes.add_argument("--interval", type=float, default=10.0, help="the heartbeat interval")
+    nodes.add_argument("--state", choices=["online", "offline", "stale"],
+                       help="with --service: only these")  # fmt: skip
+    nodes.add_argument("--selector", action="append", default=[],
+                       help="with --service: only nodes with this label (k=v, repeat)")  # fmt: skip
     nodes.set_defaults(fn=cmd_nodes)
+    serve = sub.add_parser("serve", help="run the fleet service")
+    serve.add_argument("--config", type=Path, help="TOML (default /etc/edgefleet/edgefleet.toml)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(fn=cmd_serve)
+    tok = sub.add_parser("token", help="a new API token for the fleet service")
+    tok.add_argument("--name", required=True, help="who holds it (the audit log's actor)")
+    tok.add_argument("--role", required=True, choices=["viewer", "operator", "admin"])
+    tok.set_defaults(fn=lambda args: (None, daemon.token(args.name, args.role)))
+    label = sub.add_parser("label", help="set a node's operator labels (service)")
+    label.add_argument("node")
+    label.add_argument("labels", nargs="*", help="k=v (none: clear the operators' labels)")
+    label.set_defaults(fn=cmd_label)
+    deploy = sub.add_parser("deploy", help="continuous deployments to labels (service)")
+    deploy.add_argument("action", choices=["create", "list", "show", "delete"])
+    deploy.add_argument("id", nargs="?", help="the deployment's id (a name)")
+    deploy.add_argument("--manifest", help="create: the signed manifest")
+    deploy.add_argument("--url", action="append", default=[], help="create: PATH=signed URL")
+    deploy.add_argument("--cdn", help="create: base URL of a CDN checking secure links")
+    deploy.add_argument("--cdn-prefix", default="/models", help="create: the files' URI prefix")
+    deploy.add_argument("--secure-link-secret-file", help="create: the CDN's secret")
+    deploy.add_argument("--url-lifetime", type=float, default=30 * 24 * 3600.0, help="seconds")
+    deploy.add_argument("--selector", action="append", default=[], help="create: k=v (repeat;"
+                        " none: every node)")  # fmt: skip
+    deploy.add_argument("--priority", type=int, default=0, help="create: the higher wins")
+    deploy.set_defaults(fn=cmd_deploy)
     watch = sub.add_parser("watch", help="every message of the fleet")
     watch.add_argument("--wait", type=float, default=0, help="stop after this (0: Ctrl-C)")
     watch.set_defaults(fn=cmd_watch)
@@ -398,6 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     except Failure as exc:
         print(f"edgefleet: {exc}", file=sys.stderr)
         return exc.code
+    except ServiceError as exc:
+        print(f"edgefleet: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE if exc.status == 0 else EXIT_FAILED
+    except daemon.CannotStart as exc:
+        print(f"edgefleet: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except (TopicError, OSError, ValueError) as exc:
         print(f"edgefleet: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,321 @@
+"""The fleet service's HTTP API: JSON over HTTP(S), described by docs/fleet-api.json (OpenAPI
+3.1; ``GET /v1/openapi.json`` serves it).
+
+Every call but ``/healthz``, ``/metrics`` and ``/v1/openapi.json`` carries
+``Authorization: Bearer <token>``: the token's SHA-256 is looked up in ``[api] tokens`` (the
+service never keeps a token itself), which gives the caller's name and role:
+
+- **viewer** reads: nodes, their history, deployments;
+- **operator** also acts: sets labels, creates and deletes deployments, reads the audit log;
+- **admin** may do everything.
+
+No token, or an unknown one: 401. A role too low: 403, naming the role needed. Every action
+(each call that changes something, and each one refused for its role or its body) goes into the
+audit log with the caller, the target and the outcome. A body is at most ``[api] max_body_kb``
+(413), must be JSON (400) and its fields are checked before anything is done (422 naming the
+field). The database is called from a thread pool, never from the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from cloudsync.fleet.config import Token
+from cloudsync.fleet.deployments import Invalid, check
+from cloudsync.fleet.service import Service
+from cloudsync.fleet.store import dumps
+from cloudsync.protocol.commands import load_anchors
+from cloudsync.protocol.labels import LabelError, check_labels
+
+log = logging.getLogger("edgefleet.api")
+ROLES = {"viewer": 0, "operator": 1, "admin": 2}
+OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "fleet-api.json"
+PUBLIC = {"/healthz", "/metrics", "/v1/openapi.json"}
+MAX_AUDIT_DETAIL = 2000
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class Api:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.tokens: dict[str, Token] = {t.sha256: t for t in service.config.api.tokens}
+        trust = service.config.service.trust_dir
+        self.anchors = load_anchors(trust) if trust else None
+
+    async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn`` on the thread pool (the database never blocks the event loop)."""
+        return await asyncio.get_running_loop().run_in_executor(None, partial(fn, *args, **kwargs))
+
+    # ---- who calls -------------------------------------------------------------------------
+
+    def caller(self, request: web.Request) -> Token | None:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return None
+        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        for known, who in self.tokens.items():  # constant time, whichever matches
+            if hmac.compare_digest(known, digest):
+                return who
+        return None
+
+    def audit(self, who: Token, action: str, target: str, outcome: str,
+              detail: Any = None) -> None:  # fmt: skip
+        text = dumps(detail if detail is not None else {})
+        if len(text) > MAX_AUDIT_DETAIL:
+            text = dumps({"truncated": text[:MAX_AUDIT_DETAIL]})
+        with self.service.store.transaction() as tx:
+            tx.execute(
+                "INSERT INTO audit (ts, actor, role, action, target, outcome, detail)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (self.service.clock(), who.name, who.role, action, target, outcome, text),
+            )
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in PUBLIC:
+            return await handler(request)
+        who = self.caller(request)
+        if who is None:
+            return error(401, "Authorization: Bearer <token> (an [api] tokens entry)")
+        request["who"] = who
+        need = getattr(handler, "role", "viewer")  # unrouted: 404 or 405 follows
+        if ROLES[who.role] < ROLES[need]:
+            if request.method != "GET":
+                await self.db(
+                    self.audit,
+                    who,
+                    f"{request.method} {request.path}",
+                    request.match_info.get("id", request.path),
+                    f"denied: {need}",
+                )
+            return error(403, f"role {who.role} may not do this: {need} needed")
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception:  # one call's failure is a 500, the service goes on
+            log.exception("%s %s", request.method, request.path)
+            return error(500, "internal error (the service's log says more)")
+
+    async def body(self, request: web.Request, action: str, target: str) -> Any:
+        """The JSON body, or a 400/413 raised (and audited)."""
+        who = request["who"]
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            await self.db(self.audit, who, action, target, "refused: body too large")
+            raise
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            await self.db(self.audit, who, action, target, "refused: body is not JSON")
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": f"body: not JSON ({type(exc).__name__})"}),
+                content_type="application/json",
+            ) from None
+
+    async def refuse(self, request: web.Request, action: str, target: str,
+                     status: int, message: str) -> web.Response:  # fmt: skip
+        await self.db(self.audit, request["who"], action, target, f"refused: {message}")
+        return error(status, message)
+
+    # ---- public ----------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        try:
+            await self.db(self.service.store.query, "SELECT 1 AS ok")
+            database = True
+        except Exception:  # health says it, does not raise
+            database = False
+        ok = database and self.service.client.is_connected()
+        return web.json_response(
+            {"ok": ok, "database": database, "broker": self.service.client.is_connected(),
+             "runner": self.service.holds_lease, "replica": self.service.replica},
+            status=200 if ok else 503,
+        )  # fmt: skip
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.service.metrics.registry),
+                            content_type="text/plain")  # fmt: skip
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=OPENAPI.read_bytes(), content_type="application/json")
+
+    # ---- nodes -----------------------------------------------------------------------------
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        q = request.query
+        state = q.get("state")
+        if state not in (None, "online", "offline", "stale", "unknown"):
+            return error(400, "state: online, offline, stale or unknown")
+        try:
+            limit = int(q.get("limit", "100"))
+            selector = check_labels(
+                dict(p.split("=", 1) for p in q.get("selector", "").split(",") if p), "selector"
+            )
+        except (ValueError, LabelError) as exc:
+            return error(400, f"limit or selector: {exc}")
+        now = self.service.clock()
+        page, after = await self.db(
+            self.service.registry.nodes, now, state, selector, q.get("contains", ""),
+            q.get("after", ""), limit,
+        )  # fmt: skip
+        counts = await self.db(self.service.registry.counts, now)
+        return web.json_response({"nodes": page, "next": after, "counts": counts})
+
+    async def node(self, request: web.Request) -> web.Response:
+        row = await self.db(self.service.registry.node, request.match_info["node"],
+                            self.service.clock())  # fmt: skip
+        return error(404, "no such node") if row is None else web.json_response(row)
+
+    async def history(self, request: web.Request) -> web.Response:
+        rows = await self.db(self.service.registry.history, request.match_info["node"])
+        return web.json_response({"history": rows})
+
+    async def labels(self, request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        action = "set labels"
+        doc = await self.body(request, action, node)
+        try:
+            if not isinstance(doc, dict) or set(doc) != {"labels"}:
+                raise LabelError('body: {"labels": {label: value}}')
+            labels = check_labels(doc["labels"])
+        except LabelError as exc:
+            return await self.refuse(request, action, node, 422, str(exc))
+        if not await self.db(self.service.registry.set_labels, node, labels):
+            return await self.refuse(request, action, node, 404, "no such node")
+        await self.db(self.audit, request["who"], action, node, "done", labels)
+        self.service.reconcile_soon({node})
+        return web.json_response({"node": node, "operator_labels": labels})
+
+    # ---- deployments -----------------------------------------------------------------------
+
+    async def deployments(self, request: web.Request) -> web.Response:
+        found = await self.db(self.service.deployments.all)
+        return web.json_response({"deployments": [d.as_dict() for d in found]})
+
+    async def deployment(self, request: web.Request) -> web.Response:
+        found = await self.db(self.service.deployments.get, request.match_info["id"])
+        if found is None:
+            return error(404, "no such deployment")
+        doc = found.as_dict()
+        doc["nodes"] = await self.db(self.progress, found.id)
+        return web.json_response(doc)
+
+    def progress(self, ident: str) -> dict[str, int]:
+        """How many nodes the deployment gives each of its models to, and their last steps."""
+        rows = self.service.store.query(
+            "SELECT m.models AS managed, d.models AS desired FROM managed m JOIN desired d"
+            " ON d.node = m.node"
+        )
+        found = self.service.deployments.get(ident)
+        counts: dict[str, int] = {"targeted": 0}
+        if found is None:
+            return counts
+        wanted = {json.dumps(e, sort_keys=True) for e in found.models}
+        for row in rows:
+            entries = {json.dumps(e, sort_keys=True) for e in json.loads(row["desired"])}
+            if entries & wanted:
+                counts["targeted"] += 1
+        return counts
+
+    async def create_deployment(self, request: web.Request) -> web.Response:
+        doc = await self.body(request, "create deployment", "-")
+        target = str(doc.get("id", "-"))[:64] if isinstance(doc, dict) else "-"
+        try:
+            dep = check(doc, self.anchors, self.service.clock())
+        except Invalid as exc:
+            return await self.refuse(request, "create deployment", target, 422, str(exc))
+        who = request["who"]
+        if not await self.db(self.service.deployments.create, dep, who.name):
+            return await self.refuse(request, "create deployment", dep.id, 409,
+                                     f"deployment {dep.id} exists")  # fmt: skip
+        await self.db(self.audit, who, "create deployment", dep.id, "done",
+                      {"selector": dep.selector, "priority": dep.priority,
+                       "versions": dep.as_dict()["versions"]})  # fmt: skip
+        self.service.reconcile_soon()
+        created = await self.db(self.service.deployments.get, dep.id)
+        return web.json_response(created.as_dict(), status=201)
+
+    async def delete_deployment(self, request: web.Request) -> web.Response:
+        ident = request.match_info["id"]
+        if not await self.db(self.service.deployments.delete, ident):
+            return await self.refuse(request, "delete deployment", ident, 404,
+                                     "no such deployment")  # fmt: skip
+        await self.db(self.audit, request["who"], "delete deployment", ident, "done")
+        self.service.reconcile_soon()
+        return web.json_response({"deleted": ident})
+
+    # ---- audit -----------------------------------------------------------------------------
+
+    async def audit_log(self, request: web.Request) -> web.Response:
+        try:
+            after = int(request.query.get("after", "0"))
+            limit = max(1, min(int(request.query.get("limit", "100")), 1000))
+        except ValueError:
+            return error(400, "after and limit: integers")
+        rows = await self.db(
+            self.service.store.query,
+            "SELECT * FROM audit WHERE id > ? ORDER BY id LIMIT ?", (after, limit),
+        )  # fmt: skip
+        for row in rows:
+            row["detail"] = json.loads(row["detail"])
+        return web.json_response(
+            {"entries": rows, "next": rows[-1]["id"] if len(rows) == limit else None}
+        )
+
+    # ---- the app ---------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        limit = self.service.config.api.max_body_kb * 1024
+        app = web.Application(middlewares=[self.guard], client_max_size=limit)
+        routes = [
+            ("GET", "/healthz", self.healthz, "viewer"),
+            ("GET", "/metrics", self.metrics, "viewer"),
+            ("GET", "/v1/openapi.json", self.openapi, "viewer"),
+            ("GET", "/v1/nodes", self.nodes, "viewer"),
+            ("GET", "/v1/nodes/{node}", self.node, "viewer"),
+            ("GET", "/v1/nodes/{node}/history", self.history, "viewer"),
+            ("PUT", "/v1/nodes/{node}/labels", self.labels, "operator"),
+            ("GET", "/v1/deployments", self.deployments, "viewer"),
+            ("POST", "/v1/deployments", self.create_deployment, "operator"),
+            ("GET", "/v1/deployments/{id}", self.deployment, "viewer"),
+            ("DELETE", "/v1/deployments/{id}", self.delete_deployment, "operator"),
+            ("GET", "/v1/audit", self.audit_log, "operator"),
+        ]
+        for method, path, handler, role in routes:
+            app.router.add_route(method, path, _with_role(handler, role))
+        return app
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        cfg = self.service.config.api
+        if cfg.tls_cert is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        return context
+
+
+def _with_role(handler: Handler, role: str) -> Handler:
+    async def call(request: web.Request) -> web.StreamResponse:
+        return await handler(request)
+
+    call.role = role  # type: ignore[attr-defined]
+    return call

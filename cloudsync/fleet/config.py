@@ -1,0 +1,124 @@
+"""The fleet service's configuration: TOML (``edgefleet serve --config``, else
+/etc/edgefleet/edgefleet.toml), strictly validated, every key described; unknown keys are errors
+that name the key."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from cloudsync.protocol.topics import check_name
+from edged.config import LogFormat, Section, load_file
+
+DEFAULT_CONFIG_PATH = Path("/etc/edgefleet/edgefleet.toml")
+Role = Literal["viewer", "operator", "admin"]
+
+
+class ServiceConfig(Section):
+    """The service: which fleet, where its state lives."""
+
+    fleet: str = Field("default", description="the fleet it serves (one service per fleet)")
+    replica: str = Field(
+        "", description="this replica's name (default: the host name): the runner lease's holder"
+    )
+    state_dir: Path = Field(Path("/var/lib/edgefleet"), description="its state (SQLite file)")
+    database: str = Field(
+        "",
+        description="sqlite:///path, or postgresql://... for several replicas (default: "
+        "sqlite:///{state_dir}/fleet.db)",
+    )
+    offline_after_s: float = Field(
+        30.0, gt=0, description="an online node without a heartbeat this long is 'stale'"
+    )
+    reconcile_s: float = Field(
+        30.0, gt=0, description="a full pass of the deployments over every node, this often"
+    )
+    lease_s: float = Field(
+        15.0,
+        ge=3,
+        description="the runner's lease: another replica takes over this long after"
+        " the runner stops renewing it",
+    )
+    trust_dir: Path | None = Field(
+        None,
+        description="the fleet's public keys ({kid}.pub): a deployment's manifests must verify"
+        " against them (as nodes will); none: checked for form only",
+    )
+    identity: str = Field(
+        "edgefleet", description="the sender of the desired states it publishes (envelope node)"
+    )
+
+    @field_validator("fleet")
+    @classmethod
+    def _fleet(cls, value: str) -> str:
+        return check_name("fleet", value)
+
+    def replica_name(self) -> str:
+        return self.replica or socket.gethostname()
+
+    def database_url(self) -> str:
+        return self.database or f"sqlite://{self.state_dir / 'fleet.db'}"
+
+
+class BrokerConfig(Section):
+    """The fleet's broker, as an operator (its certificate's CN has the operators' ACL)."""
+
+    host: str = Field("localhost", description="broker host name (the certificate names it)")
+    port: int = Field(8883, gt=0, lt=65536, description="MQTT over TLS")
+    ca_file: Path | None = Field(None, description="the fleet CA (default: the system's)")
+    cert_file: Path | None = Field(None, description="the service's client certificate")
+    key_file: Path | None = Field(None, description="its private key")
+    share_group: str = Field(
+        "edgefleet",
+        description="the MQTT 5 shared subscription group ($share/{group}/...) that replicas"
+        " split heartbeats and events in",
+    )
+    session_expiry_s: int = Field(
+        3600, ge=0, description="the broker keeps this replica's queue this long while it is away"
+    )
+    receive_maximum: int = Field(
+        10000, ge=1, le=65535, description="messages the broker sends before the service acks"
+    )
+
+    @field_validator("share_group")
+    @classmethod
+    def _group(cls, value: str) -> str:
+        return check_name("share_group", value)
+
+
+class Token(Section):
+    """An API token: its SHA-256, never the token (``edgefleet token`` makes one)."""
+
+    name: str = Field(description="who holds it (the audit log's actor)")
+    role: Role = Field(description="viewer: reads; operator: labels, deployments; admin: all")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the token")
+
+
+class ApiConfig(Section):
+    """The HTTP API (JSON; docs/fleet-api.json)."""
+
+    host: str = Field("127.0.0.1", description="listen address")
+    port: int = Field(8480, ge=0, lt=65536, description="listen port (0: any free port)")
+    tls_cert: Path | None = Field(None, description="serve HTTPS (TLS 1.3) with this certificate")
+    tls_key: Path | None = Field(None, description="its private key")
+    tokens: list[Token] = Field(default_factory=list, description="who may call it, as what")
+    max_body_kb: int = Field(1024, ge=1, description="a larger request body is refused (413)")
+
+
+class LogConfig(Section):
+    format: LogFormat = Field("auto", description="auto, journal, json or text")
+    level: str = Field("info", description="debug, info, warning, error")
+
+
+class FleetServiceConfig(Section):
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+    mqtt: BrokerConfig = Field(default_factory=BrokerConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+
+def load(path: Path | None) -> FleetServiceConfig:
+    return load_file(FleetServiceConfig, path, DEFAULT_CONFIG_PATH)

@@ -1,0 +1,83 @@
+"""``edgefleet serve``: the fleet service's process (config, logs, the HTTP server, signals)
+and ``edgefleet token``."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import signal
+from pathlib import Path
+
+from aiohttp import web
+
+from cloudsync.fleet import config as config_module
+from cloudsync.fleet.api import Api
+from cloudsync.fleet.service import Service
+from cloudsync.fleet.store import StoreError
+from edged.errors import ConfigError
+from edged.logs import setup_logging
+
+log = logging.getLogger("edgefleet")
+
+
+class CannotStart(Exception):
+    """Why the service cannot start (the exit message)."""
+
+
+async def _serve(service: Service) -> None:
+    api = Api(service)
+    runner = web.AppRunner(api.app(), access_log=None)
+    await runner.setup()
+    cfg = service.config.api
+    site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=api.ssl_context())
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise CannotStart(f"cannot listen on {cfg.host}:{cfg.port}: {exc}") from None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "fleet %s, replica %s: API on %s:%s, broker %s:%s, database %s",
+        service.fleet, service.replica, cfg.host, cfg.port, service.config.mqtt.host,
+        service.config.mqtt.port, service.store.dialect,
+    )  # fmt: skip
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve(config_path: Path | None, log_level: str | None) -> None:
+    try:
+        config = config_module.load(config_path)
+    except ConfigError as exc:
+        raise CannotStart(str(exc)) from None
+    setup_logging(log_level or config.log.level, config.log.format,
+                  config.service.replica_name(), "edgefleet")  # fmt: skip
+    if not config.api.tokens:
+        log.warning("no [api] tokens: every call but /healthz and /metrics is refused (401)")
+    try:
+        service = Service(config)
+    except (StoreError, OSError) as exc:
+        raise CannotStart(f"cannot open the database: {exc}") from None
+    service.start()
+    try:
+        asyncio.run(_serve(service))
+    finally:
+        service.stop()
+
+
+def token(name: str, role: str) -> str:
+    """A new token and the config lines that let it in (the token itself is shown once)."""
+    value = secrets.token_urlsafe(32)
+    digest = hashlib.sha256(value.encode()).hexdigest()
+    return (
+        f"token (give it to {name}; it is not kept anywhere): {value}\n\n"
+        f'# add to [api] in edgefleet.toml:\n[[api.tokens]]\nname = "{name}"\n'
+        f'role = "{role}"\nsha256 = "{digest}"'
+    )

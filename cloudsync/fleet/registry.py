@@ -1,0 +1,281 @@
+"""The node registry: every node of the fleet as its messages tell it, kept in the database.
+
+``ingest`` takes a batch of messages (topic kind, node, payload, arrival time) and writes them
+in one transaction:
+
+- ``status`` (births and wills, retained): the node's state, with its hardware, software,
+  models and labels from the birth; each change of state goes into the node's history, keyed
+  by the status's own time, so a status seen twice (a restart replays the retained ones; two
+  replicas both see every status) is written once;
+- ``heartbeat``: counted, and the last one kept, when it is newer than the last one counted
+  (a QoS 1 duplicate is not counted twice); ``last_seen`` is when the service got it;
+- ``events``: a delivery's steps per model version (what rollouts and deployments wait for);
+- ``desired-models`` (retained): what each node is told to run now, by whoever published it.
+
+A payload that is not an envelope of the contract is counted (``poison``) and dropped; it never
+ends the batch. A node's effective labels are its own (its birth) overlaid by the operators'.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from cloudsync.fleet.store import Store, Tx, dumps
+from cloudsync.protocol import envelope
+from cloudsync.protocol.envelope import EnvelopeError
+from cloudsync.protocol.labels import LabelError, check_labels, selects
+
+log = logging.getLogger("edgefleet.registry")
+MAX_PAGE = 1000
+
+
+class Message(NamedTuple):
+    kind: str  # status, heartbeat, events, desired-models
+    node: str
+    payload: bytes
+    arrived_ms: int
+
+
+@dataclass
+class Ingested:
+    """What a batch changed: the reconciler's triggers, and the figures."""
+
+    births: set[str] = field(default_factory=set)  # nodes that came online (or are new)
+    desired: set[str] = field(default_factory=set)  # nodes whose retained desired state changed
+    lags_s: list[float] = field(default_factory=list)  # heartbeats: arrival - sent
+    counted: dict[str, int] = field(default_factory=dict)
+    poison: int = 0
+
+
+def digest_models(entries: list[Any]) -> str:
+    """A desired state's identity: the same entries, the same digest."""
+    return hashlib.sha256(dumps(entries).encode()).hexdigest()[:32]
+
+
+def model_of(entry: Any) -> str | None:
+    try:
+        return str(entry["manifest"]["signed"]["model"])
+    except (KeyError, TypeError):
+        return None
+
+
+class Registry:
+    def __init__(self, store: Store, offline_after_s: float = 30.0) -> None:
+        self.store, self.offline_after_ms = store, int(offline_after_s * 1000)
+
+    # ---- ingest ----------------------------------------------------------------------------
+
+    def ingest(self, batch: Iterable[Message]) -> Ingested:
+        done = Ingested()
+        heartbeats: list[tuple[Any, ...]] = []
+        with self.store.transaction() as tx:
+            for msg in batch:
+                try:
+                    if msg.kind == "desired-models":
+                        self._desired(tx, msg, done)
+                        continue
+                    env = envelope.decode(msg.payload)
+                    if msg.kind == "status":
+                        self._status(tx, msg, env, done)
+                    elif msg.kind == "heartbeat":
+                        heartbeats.append((msg.node, msg.arrived_ms, msg.arrived_ms, env.ts,
+                                           dumps(env.body)))  # fmt: skip
+                        done.lags_s.append(max(0.0, (msg.arrived_ms - env.ts) / 1000))
+                    elif msg.kind == "events":
+                        self._event(tx, msg, env)
+                    done.counted[msg.kind] = done.counted.get(msg.kind, 0) + 1
+                except (EnvelopeError, LabelError, ValueError, TypeError, KeyError) as exc:
+                    done.poison += 1
+                    log.warning("node %s: a %s message dropped: %s", msg.node, msg.kind, exc)
+            # one statement for the batch's heartbeats: counted when newer than the last
+            tx.executemany(
+                "INSERT INTO nodes (node, state, first_seen, last_seen, heartbeats,"
+                " heartbeat_ts, heartbeat) VALUES (?, 'online', ?, ?, 1, ?, ?)"
+                " ON CONFLICT (node) DO UPDATE SET heartbeats = nodes.heartbeats + 1,"
+                " heartbeat_ts = excluded.heartbeat_ts, heartbeat = excluded.heartbeat,"
+                " last_seen = CASE WHEN excluded.last_seen > nodes.last_seen"
+                " THEN excluded.last_seen ELSE nodes.last_seen END"
+                " WHERE excluded.heartbeat_ts > nodes.heartbeat_ts",
+                heartbeats,
+            )
+        return done
+
+    def _status(self, tx: Tx, msg: Message, env: envelope.Envelope, done: Ingested) -> None:
+        body = env.body
+        state = body.get("state")
+        if state not in ("online", "offline"):
+            raise ValueError(f"status: state {state!r} is not online or offline")
+        reason = body.get("reason")
+        if state == "online":
+            labels = check_labels(body.get("labels", {}), "status.labels")
+            models = [
+                {"name": str(m.get("name")), "version": m.get("version"), "state": m.get("state")}
+                for m in body.get("models", []) if isinstance(m, dict)
+            ]  # fmt: skip
+            tx.execute(
+                "INSERT INTO nodes (node, state, reason, status_ts, first_seen, last_seen,"
+                " hardware, software, models, node_labels) VALUES (?, 'online', NULL, ?, ?, ?,"
+                " ?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET state = 'online', reason = NULL,"
+                " status_ts = excluded.status_ts, hardware = excluded.hardware,"
+                " software = excluded.software, models = excluded.models,"
+                " node_labels = excluded.node_labels, last_seen = CASE WHEN"
+                " excluded.last_seen > nodes.last_seen THEN excluded.last_seen"
+                " ELSE nodes.last_seen END",
+                (msg.node, env.ts, msg.arrived_ms, msg.arrived_ms,
+                 dumps(_mapping(body.get("hardware"))), dumps(_mapping(body.get("software"))),
+                 dumps(models), dumps(labels)),
+            )  # fmt: skip
+            done.births.add(msg.node)
+        else:
+            tx.execute(
+                "INSERT INTO nodes (node, state, reason, status_ts, first_seen)"
+                " VALUES (?, 'offline', ?, ?, ?) ON CONFLICT (node) DO UPDATE SET"
+                " state = 'offline', reason = excluded.reason, status_ts = excluded.status_ts",
+                (msg.node, envelope.printable(str(reason or "")), env.ts, msg.arrived_ms),
+            )
+        tx.execute(
+            "INSERT INTO history (node, ts, state, reason) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
+            (msg.node, env.ts, state, envelope.printable(str(reason or ""))),
+        )
+
+    def _event(self, tx: Tx, msg: Message, env: envelope.Envelope) -> None:
+        step = env.body.get("delivery")
+        if not isinstance(step, dict):
+            return  # other events: the observability issue's
+        model, version = step.get("model"), step.get("version")
+        if not isinstance(model, str) or isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError("events.delivery: model and version")
+        tx.execute(
+            "INSERT INTO steps (node, model, version, step, ts) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (node, model, version) DO UPDATE SET step = excluded.step,"
+            " ts = excluded.ts WHERE excluded.ts >= steps.ts",
+            (msg.node, model, version, envelope.printable(str(step.get("step")), 32), env.ts),
+        )
+
+    def _desired(self, tx: Tx, msg: Message, done: Ingested) -> None:
+        done.desired.add(msg.node)
+        if not msg.payload:  # the retained desired state was deleted
+            tx.execute("DELETE FROM desired WHERE node = ?", (msg.node,))
+            return
+        entries = envelope.decode(msg.payload).body.get("models", [])
+        if not isinstance(entries, list):
+            raise ValueError("desired.models: a list")
+        tx.execute(
+            "INSERT INTO desired (node, digest, models, ts) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (node) DO UPDATE SET digest = excluded.digest,"
+            " models = excluded.models, ts = excluded.ts",
+            (msg.node, digest_models(entries), dumps(entries), msg.arrived_ms),
+        )
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def row(self, raw: Mapping[str, Any], now_ms: int) -> dict[str, Any]:
+        """A node as the API shows it."""
+        own, set_by_operators = json.loads(raw["node_labels"]), json.loads(raw["labels"])
+        state = raw["state"]
+        if state == "online" and raw["last_seen"] < now_ms - self.offline_after_ms:
+            state = "stale"  # online by its status, no heartbeat for 3 intervals
+        return {
+            "node": raw["node"],
+            "state": state,
+            "reason": raw["reason"] or None,
+            "since_ms": raw["status_ts"],
+            "first_seen_ms": raw["first_seen"],
+            "last_seen_ms": raw["last_seen"] or None,
+            "heartbeats": raw["heartbeats"],
+            "heartbeat": json.loads(raw["heartbeat"]) if raw["heartbeat"] else None,
+            "hardware": json.loads(raw["hardware"]),
+            "software": json.loads(raw["software"]),
+            "models": json.loads(raw["models"]),
+            "labels": {**own, **set_by_operators},
+            "node_labels": own,
+            "operator_labels": set_by_operators,
+        }
+
+    def nodes(
+        self,
+        now_ms: int,
+        state: str | None = None,
+        selector: Mapping[str, str] | None = None,
+        contains: str = "",
+        after: str = "",
+        limit: int = 100,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of nodes by name after ``after``, and the cursor of the next page (None: the
+        last page). ``state``: online, offline, stale."""
+        limit = max(1, min(limit, MAX_PAGE))
+        page: list[dict[str, Any]] = []
+        cursor = after
+        while True:
+            raws = self.store.query(
+                "SELECT * FROM nodes WHERE node > ? ORDER BY node LIMIT ?", (cursor, MAX_PAGE)
+            )
+            for raw in raws:
+                cursor = raw["node"]
+                if contains and contains not in cursor:
+                    continue
+                row = self.row(raw, now_ms)
+                if (state is None or row["state"] == state) and selects(
+                    selector or {}, row["labels"]
+                ):
+                    page.append(row)
+                    if len(page) == limit:
+                        return page, cursor
+            if len(raws) < MAX_PAGE:
+                return page, None
+
+    def node(self, name: str, now_ms: int) -> dict[str, Any] | None:
+        raws = self.store.query("SELECT * FROM nodes WHERE node = ?", (name,))
+        if not raws:
+            return None
+        row = self.row(raws[0], now_ms)
+        row["steps"] = self.store.query(
+            "SELECT model, version, step, ts FROM steps WHERE node = ? ORDER BY model, version",
+            (name,),
+        )
+        desired = self.store.query("SELECT models, ts FROM desired WHERE node = ?", (name,))
+        row["desired"] = [
+            {"model": model_of(e), "version": e.get("manifest", {}).get("signed", {}).get(
+                "version")} for e in json.loads(desired[0]["models"])
+        ] if desired else []  # fmt: skip
+        return row
+
+    def history(self, name: str, limit: int = 100) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT ts, state, reason FROM history WHERE node = ? ORDER BY ts DESC LIMIT ?",
+            (name, max(1, min(limit, MAX_PAGE))),
+        )
+
+    def set_labels(self, name: str, labels: Mapping[str, str]) -> bool:
+        """The operators' labels of a node (all of them); False if the node is not known."""
+        with self.store.transaction() as tx:
+            done = tx.execute(
+                "UPDATE nodes SET labels = ? WHERE node = ?",
+                (dumps(check_labels(labels)), name),
+            )
+            return done.rowcount == 1
+
+    def counts(self, now_ms: int) -> dict[str, int]:
+        """Nodes by state (online, stale, offline, unknown)."""
+        raws = self.store.query(
+            "SELECT state, last_seen >= ? AS fresh, COUNT(*) AS n FROM nodes"
+            " GROUP BY state, last_seen >= ?",
+            (now_ms - self.offline_after_ms, now_ms - self.offline_after_ms),
+        )
+        counts: dict[str, int] = {}
+        for raw in raws:
+            state = raw["state"]
+            if state == "online" and not raw["fresh"]:
+                state = "stale"
+            counts[state] = counts.get(state, 0) + raw["n"]
+        return counts
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}

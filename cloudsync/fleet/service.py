@@ -1,0 +1,311 @@
+"""``edgefleet serve``: the fleet service. It keeps the node registry from the fleet's messages,
+applies the deployments, and answers the HTTP API (cloudsync.fleet.api).
+
+Three threads beside the HTTP server's event loop:
+
+- **MQTT** (paho's): every message of the fleet it needs goes on a queue. Statuses and desired
+  states are retained, and every replica subscribes to them itself (a shared subscription gets
+  no retained messages); heartbeats and events come through an MQTT 5 shared subscription
+  (``$share/{group}/...``), so replicas split them and each is handled by one replica.
+- **the writer**: takes what the queue has (up to 5,000 messages or 50 ms), writes it in one
+  transaction (cloudsync.fleet.registry), and only then acknowledges the messages to the
+  broker (manual PUBACKs, in the order they came). A replica killed before its commit gets them
+  again from its persistent session; writes are idempotent, so nothing is counted twice or lost.
+  The broker sends at most ``receive_maximum`` unacknowledged messages: a slow database holds
+  the fleet's messages on the broker, not in the service's memory.
+- **the runner**: holds the database's runner lease (one replica at a time) and, while it does,
+  reconciles the deployments: the nodes a batch names (births, desired states) at once, every
+  node every ``reconcile_s``.
+
+SIGTERM stops it cleanly; SIGKILL loses nothing that the broker acknowledged to a node.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from cloudsync.fleet.config import FleetServiceConfig
+from cloudsync.fleet.deployments import Deployments, Reconciler
+from cloudsync.fleet.registry import Ingested, Message, Registry
+from cloudsync.fleet.store import Store
+from cloudsync.protocol import envelope
+from cloudsync.protocol.mqtt import tls_context
+from cloudsync.protocol.topics import PREFIX, TopicError, Topics, parse
+
+log = logging.getLogger("edgefleet.service")
+BATCH = 5000
+BATCH_WAIT_S = 0.05
+RUNNER_LEASE = "runner"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Metrics:
+    """The service's own /metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.messages = Counter("edgefleet_messages", "messages written, by kind", ["kind"],
+                                registry=r)  # fmt: skip
+        self.poison = Counter("edgefleet_poison_messages", "messages dropped as not of the"
+                              " contract", registry=r)  # fmt: skip
+        self.lag = Histogram(
+            "edgefleet_ingest_lag_seconds", "a heartbeat's age when its batch is written",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r,
+        )  # fmt: skip
+        self.batch = Histogram("edgefleet_ingest_batch_seconds", "one batch's transaction",
+                               registry=r)  # fmt: skip
+        self.queue = Gauge("edgefleet_ingest_queue", "messages waiting for the writer",
+                           registry=r)  # fmt: skip
+        self.runner = Gauge("edgefleet_runner", "1 while this replica holds the runner lease",
+                            registry=r)  # fmt: skip
+        self.published = Counter("edgefleet_desired_published", "desired states published",
+                                 registry=r)  # fmt: skip
+        self.db_errors = Counter("edgefleet_database_errors", "database calls that failed",
+                                 registry=r)  # fmt: skip
+
+
+class Service:
+    def __init__(self, config: FleetServiceConfig, clock: Callable[[], int] = now_ms) -> None:
+        self.config, self.clock = config, clock
+        self.fleet = config.service.fleet
+        self.replica = config.service.replica_name()
+        self.store = Store(config.service.database_url())
+        self.registry = Registry(self.store, config.service.offline_after_s)
+        self.deployments = Deployments(self.store, clock)
+        self.reconciler = Reconciler(self.store, self.deployments, self.publish_desired)
+        self.metrics = Metrics()
+        self.inbox: queue.Queue[tuple[Message, int]] = queue.Queue()
+        self.stopping = threading.Event()
+        self.wake = threading.Event()
+        self.dirty: set[str] = set()
+        self.dirty_lock = threading.Lock()
+        self.holds_lease = False
+        self.seq = 0
+        self.threads: list[threading.Thread] = []
+        self.client = self._client()
+
+    # ---- MQTT ------------------------------------------------------------------------------
+
+    def _client(self) -> mqtt.Client:
+        cfg = self.config.mqtt
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"edgefleet-{self.fleet}-{self.replica}"[:64],
+            protocol=mqtt.MQTTv5,
+            manual_ack=True,
+        )
+        client.tls_set_context(tls_context(cfg.ca_file, cfg.cert_file, cfg.key_file))
+        client.reconnect_delay_set(1, 30)
+        client.on_connect = self._on_connect
+        client.on_message = self._on_message
+        return client
+
+    def filters(self) -> list[tuple[str, int]]:
+        base, group = f"{PREFIX}/{self.fleet}/+", self.config.mqtt.share_group
+        return [
+            (f"{base}/status", 1),
+            (f"{base}/desired/models", 1),
+            (f"$share/{group}/{base}/heartbeat", 1),
+            (f"$share/{group}/{base}/events", 1),
+        ]
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
+        if rc.is_failure:
+            log.error("the broker refused the connection: %s", rc)
+            return
+        log.info("connected to the broker (session present: %s)", flags.session_present)
+        client.subscribe(self.filters())
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        """On paho's thread: never raises (a bad topic is acknowledged and dropped)."""
+        try:
+            where = parse(message.topic)
+            if where.fleet != self.fleet or where.kind not in (
+                "status", "heartbeat", "events", "desired-models"
+            ):  # fmt: skip
+                raise TopicError(message.topic)
+            self.inbox.put((Message(where.kind, where.node, message.payload, self.clock()),
+                            message.mid))  # fmt: skip
+            self.metrics.queue.inc()
+        except Exception:  # a poison topic must not end paho's thread
+            self.metrics.poison.inc()
+            self._ack(message.mid)
+
+    def _ack(self, mid: int) -> None:
+        try:
+            self.client.ack(mid, 1)
+        except Exception:  # the session redelivers what was not acknowledged
+            log.debug("ack %d", mid, exc_info=True)
+
+    def publish_desired(self, node: str, entries: list[dict[str, Any]]) -> bool:
+        self.seq = max(self.seq + 1, self.clock())
+        body = {"models": entries}
+        payload = envelope.Envelope(self.config.service.identity, self.seq, body).encode()
+        info = self.client.publish(Topics(self.fleet, node).desired_models, payload, 1, True)
+        if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            return False
+        self.metrics.published.inc()
+        return True
+
+    # ---- the writer ------------------------------------------------------------------------
+
+    def take(self) -> list[tuple[Message, int]]:
+        try:
+            batch = [self.inbox.get(timeout=0.5)]
+        except queue.Empty:
+            return []
+        deadline = time.monotonic() + BATCH_WAIT_S
+        while len(batch) < BATCH:
+            try:
+                batch.append(self.inbox.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        self.metrics.queue.dec(len(batch))
+        return batch
+
+    def write(self, batch: list[tuple[Message, int]]) -> Ingested:
+        """Writes ``batch`` until the database takes it (a database that is down holds the
+        batch, and the broker the rest), then acknowledges it."""
+        delay = 0.5
+        while True:
+            try:
+                started = time.perf_counter()
+                done = self.registry.ingest(m for m, _ in batch)
+                self.metrics.batch.observe(time.perf_counter() - started)
+                break
+            except Exception:  # the database is down or full: try again
+                self.metrics.db_errors.inc()
+                log.exception("cannot write %d messages; trying again in %.1f s",
+                              len(batch), delay)  # fmt: skip
+                if self.stopping.wait(delay):
+                    return Ingested()
+                delay = min(delay * 2, 10.0)
+        for _, mid in batch:
+            self._ack(mid)
+        for kind, n in done.counted.items():
+            self.metrics.messages.labels(kind).inc(n)
+        if done.poison:
+            self.metrics.poison.inc(done.poison)
+        for lag in done.lags_s:
+            self.metrics.lag.observe(lag)
+        if done.births or done.desired:
+            with self.dirty_lock:
+                self.dirty |= done.births | done.desired
+            self.wake.set()
+        return done
+
+    def writer(self) -> None:
+        while not self.stopping.is_set():
+            batch = self.take()
+            if batch:
+                self.write(batch)
+
+    # ---- the runner ------------------------------------------------------------------------
+
+    def lease(self) -> bool:
+        """Takes or renews the runner lease; whether this replica holds it."""
+        now, cfg = self.clock(), self.config.service
+        with self.store.transaction() as tx:
+            done = tx.execute(
+                "INSERT INTO leases (name, holder, expires) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
+                " expires = excluded.expires"
+                " WHERE leases.expires < ? OR leases.holder = excluded.holder",
+                (RUNNER_LEASE, self.replica, now + int(cfg.lease_s * 1000), now),
+            )
+            held = done.rowcount == 1
+        if held != self.holds_lease:
+            log.info("%s the runner lease", "took" if held else "lost")
+        self.holds_lease = held
+        self.metrics.runner.set(1 if held else 0)
+        return held
+
+    def release(self) -> None:
+        if self.holds_lease:
+            with self.store.transaction() as tx:
+                tx.execute("DELETE FROM leases WHERE name = ? AND holder = ?",
+                           (RUNNER_LEASE, self.replica))  # fmt: skip
+            self.holds_lease = False
+
+    def runner(self) -> None:
+        cfg = self.config.service
+        renew_s = cfg.lease_s / 3
+        next_lease = next_full = 0.0
+        while not self.stopping.is_set():
+            try:
+                now = time.monotonic()
+                if now >= next_lease:
+                    self.lease()
+                    next_lease = now + renew_s
+                if self.holds_lease and self.client.is_connected():
+                    if now >= next_full:
+                        with self.dirty_lock:
+                            self.dirty.clear()
+                        self.reconciler.run()
+                        next_full = now + cfg.reconcile_s
+                    else:
+                        with self.dirty_lock:
+                            nodes, self.dirty = self.dirty, set()
+                        if nodes:
+                            self.reconciler.run(nodes)
+            except Exception:  # the database is away: the next turn tries again
+                self.metrics.db_errors.inc()
+                log.exception("the runner's turn failed")
+            self.wake.wait(min(1.0, renew_s))
+            self.wake.clear()
+
+    def reconcile_soon(self, nodes: set[str] | None = None) -> None:
+        """An API change: every node (None) at the runner's next turn, or ``nodes``."""
+        if nodes is None:
+            self.full_pass_requested()
+        else:
+            with self.dirty_lock:
+                self.dirty |= nodes
+        self.wake.set()
+
+    def full_pass_requested(self) -> None:
+        with self.dirty_lock:
+            self.dirty |= {row["node"] for row in self.store.query("SELECT node FROM nodes")}
+
+    # ---- life ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.config.mqtt
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = cfg.session_expiry_s
+        properties.ReceiveMaximum = cfg.receive_maximum
+        self.client.connect_async(cfg.host, cfg.port, keepalive=30, clean_start=False,
+                                  properties=properties)  # fmt: skip
+        self.client.loop_start()
+        for target in (self.writer, self.runner):
+            thread = threading.Thread(target=target, name=target.__name__, daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+        for thread in self.threads:
+            thread.join(10)
+        try:
+            self.release()
+        except Exception:  # stopping; the lease expires anyway
+            log.warning("the runner lease was not released", exc_info=True)
+        self.client.disconnect()
+        self.client.loop_stop()
+        self.store.close()

@@ -1,0 +1,138 @@
+"""The real fleet service (``edgefleet serve``) for the tests: a config against a test broker,
+the process started, killed and restarted by PID, and calls to its API with a token per role."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.peer import free_port
+from tests.mosquitto import OPERATOR, Broker, wait_listening
+
+TOKENS = {role: f"{role}-token-0123456789abcdef" for role in ("viewer", "operator", "admin")}
+
+
+def tokens_toml() -> str:
+    return "".join(
+        f'[[api.tokens]]\nname = "{role}-user"\nrole = "{role}"\n'
+        f'sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
+        for role, token in TOKENS.items()
+    )
+
+
+@dataclass
+class FleetService:
+    """One ``edgefleet serve`` over a work directory (config, SQLite state, log)."""
+
+    workdir: Path
+    broker: Broker
+    fleet: str = "f1"
+    database: str = ""
+    replica: str = "r1"
+    more: str = ""  # more lines of [service]
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    starts: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        pki = self.broker.pki
+        database = f'database = "{self.database}"' if self.database else ""
+        self.config = self.workdir / "edgefleet.toml"
+        self.config.write_text(f"""
+[service]
+fleet = "{self.fleet}"
+replica = "{self.replica}"
+state_dir = "{self.workdir / "state"}"
+{database}
+reconcile_s = 5
+lease_s = 3
+{self.more}
+[mqtt]
+host = "127.0.0.1"
+port = {self.broker.port}
+ca_file = "{pki}/ca.pem"
+cert_file = "{pki}/{OPERATOR}.pem"
+key_file = "{pki}/{OPERATOR}.key"
+[api]
+port = {self.port}
+{tokens_toml()}
+[log]
+format = "text"
+""")
+        self.log = self.workdir / "edgefleet.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> FleetService:
+        command = [sys.executable, "-m", "cloudsync.fleet.cli", "serve", "--config",
+                   str(self.config)]  # fmt: skip
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        self.starts.append(time.monotonic())
+        try:
+            wait_listening(self.proc, self.port, "edgefleet serve", self.logs, timeout)
+            deadline = time.monotonic() + timeout
+            while self.call("GET", "/healthz")[0] != 200:  # the broker too
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"edgefleet serve is not healthy: {self.logs()}")
+                time.sleep(0.1)
+        except RuntimeError:
+            self.kill()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(20)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def call(self, method: str, path: str, body: Any = None, role: str | None = "admin",
+             raw: bytes | None = None) -> tuple[int, Any]:  # fmt: skip
+        """(status, JSON answer) of one call as ``role`` (None: no token)."""
+        headers = {"Content-Type": "application/json"}
+        if role is not None:
+            headers["Authorization"] = f"Bearer {TOKENS[role]}"
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data, headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status, json.loads(reply.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            text = exc.read()
+            try:
+                return exc.code, json.loads(text)
+            except ValueError:
+                return exc.code, text.decode(errors="replace")
+        except OSError as exc:
+            return 0, str(exc)
+
+    def wait_for(self, what: Any, timeout: float = 30.0, step: float = 0.2) -> Any:
+        """Polls ``what()`` until it returns something true; its last answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = what()
+            if got or time.monotonic() > deadline:
+                return got
+            time.sleep(step)
