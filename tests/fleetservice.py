@@ -118,13 +118,9 @@ format = "text"
         request = urllib.request.Request(self.url + path, data, headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=30) as reply:
-                return reply.status, json.loads(reply.read() or b"null")
+                return reply.status, _json_or_text(reply.read())
         except urllib.error.HTTPError as exc:
-            text = exc.read()
-            try:
-                return exc.code, json.loads(text)
-            except ValueError:
-                return exc.code, text.decode(errors="replace")
+            return exc.code, _json_or_text(exc.read())
         except OSError as exc:
             return 0, str(exc)
 
@@ -136,3 +132,10 @@ format = "text"
             if got or time.monotonic() > deadline:
                 return got
             time.sleep(step)
+
+
+def _json_or_text(data: bytes) -> Any:
+    try:
+        return json.loads(data or b"null")
+    except ValueError:
+        return data.decode(errors="replace")

@@ -184,7 +184,11 @@ def cmd_nodes(args: argparse.Namespace) -> tuple[Any, str]:
 def service(args: argparse.Namespace) -> ServiceClient:
     if not args.service:
         raise Failure(f"{args.command} needs the fleet service: --service URL", EXIT_USAGE)
-    return ServiceClient.from_args(args.service, args.token_file, args.service_ca, args.timeout)
+    try:
+        return ServiceClient.from_args(args.service, args.token_file, args.service_ca,
+                                       args.timeout)  # fmt: skip
+    except ServiceError as exc:  # no token
+        raise Failure(str(exc), EXIT_USAGE) from None
 
 
 def service_nodes(args: argparse.Namespace) -> tuple[Any, str]:

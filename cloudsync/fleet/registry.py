@@ -6,7 +6,8 @@ in one transaction:
 - ``status`` (births and wills, retained): the node's state, with its hardware, software,
   models and labels from the birth; each change of state goes into the node's history, keyed
   by the status's own time, so a status seen twice (a restart replays the retained ones; two
-  replicas both see every status) is written once;
+  replicas both see every status) is written once. The history is in the order statuses
+  came: a will is made when its node connects, so its own time is before the birth's;``
 - ``heartbeat``: counted, and the last one kept, when it is newer than the last one counted
   (a QoS 1 duplicate is not counted twice); ``last_seen`` is when the service got it;
 - ``events``: a delivery's steps per model version (what rollouts and deployments wait for);
@@ -132,16 +133,19 @@ class Registry:
             )  # fmt: skip
             done.births.add(msg.node)
         else:
+            # a will is made when the node connects: offline since it came (the first time)
             tx.execute(
                 "INSERT INTO nodes (node, state, reason, status_ts, first_seen)"
                 " VALUES (?, 'offline', ?, ?, ?) ON CONFLICT (node) DO UPDATE SET"
-                " state = 'offline', reason = excluded.reason, status_ts = excluded.status_ts",
-                (msg.node, envelope.printable(str(reason or "")), env.ts, msg.arrived_ms),
-            )
+                " state = 'offline', reason = excluded.reason, status_ts = CASE WHEN"
+                " nodes.state = 'offline' THEN nodes.status_ts ELSE excluded.status_ts END",
+                (msg.node, envelope.printable(str(reason or "")), msg.arrived_ms,
+                 msg.arrived_ms),
+            )  # fmt: skip
         tx.execute(
-            "INSERT INTO history (node, ts, state, reason) VALUES (?, ?, ?, ?)"
+            "INSERT INTO history (node, ts, state, reason, arrived) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT DO NOTHING",
-            (msg.node, env.ts, state, envelope.printable(str(reason or ""))),
+            (msg.node, env.ts, state, envelope.printable(str(reason or "")), msg.arrived_ms),
         )
 
     def _event(self, tx: Tx, msg: Message, env: envelope.Envelope) -> None:
@@ -248,7 +252,8 @@ class Registry:
 
     def history(self, name: str, limit: int = 100) -> list[dict[str, Any]]:
         return self.store.query(
-            "SELECT ts, state, reason FROM history WHERE node = ? ORDER BY ts DESC LIMIT ?",
+            "SELECT arrived AS ts, state, reason, ts AS sent_ts FROM history WHERE node = ?"
+            " ORDER BY arrived DESC, ts DESC LIMIT ?",
             (name, max(1, min(limit, MAX_PAGE))),
         )
 
@@ -264,16 +269,11 @@ class Registry:
     def counts(self, now_ms: int) -> dict[str, int]:
         """Nodes by state (online, stale, offline, unknown)."""
         raws = self.store.query(
-            "SELECT state, last_seen >= ? AS fresh, COUNT(*) AS n FROM nodes"
-            " GROUP BY state, last_seen >= ?",
-            (now_ms - self.offline_after_ms, now_ms - self.offline_after_ms),
+            "SELECT CASE WHEN state = 'online' AND last_seen < ? THEN 'stale' ELSE state END"
+            " AS s, COUNT(*) AS n FROM nodes GROUP BY 1",
+            (now_ms - self.offline_after_ms,),
         )
-        counts: dict[str, int] = {}
-        for raw in raws:
-            state = raw["state"]
-            if state == "online" and not raw["fresh"]:
-                state = "stale"
-            counts[state] = counts.get(state, 0) + raw["n"]
+        counts = {raw["s"]: int(raw["n"]) for raw in raws}
         return counts
 
 

@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS history (
     ts BIGINT NOT NULL,
     state TEXT NOT NULL,
     reason TEXT,
+    arrived BIGINT NOT NULL,
     PRIMARY KEY (node, ts, state)
 );
 CREATE TABLE IF NOT EXISTS steps (
@@ -133,6 +134,7 @@ class Store:
                     tx.execute(statement)
 
     def _connect(self) -> Any:
+        conn: Any
         if self.dialect == "postgresql":
             import psycopg
 

@@ -1,9 +1,12 @@
-"""The fleet service's registry and deployments on a real SQLite file (issue 24): what a batch
-of messages writes, what is written once however often it comes, what a node's desired state
-becomes under several deployments, and what a deployment body may hold."""
+"""The fleet service's registry and deployments (issue 24), each test on a real SQLite file and
+on a real PostgreSQL (a cluster the module starts): what a batch of messages writes, what is
+written once however often it comes, what a node's desired state becomes under several
+deployments, and what a deployment body may hold."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,8 @@ from cloudsync.fleet.registry import Message, Registry, model_of
 from cloudsync.fleet.store import Store
 from cloudsync.protocol import manifest
 from cloudsync.protocol.envelope import Envelope
+from tests.conftest import skip_or_fail
+from tests.postgres import Postgres
 
 KEY = Ed25519PrivateKey.generate()
 NOW = 1_800_000_000_000
@@ -26,9 +31,9 @@ def entry(model: str, version: int, key: Ed25519PrivateKey = KEY) -> dict[str, A
     return {"manifest": doc, "urls": {"model.onnx": f"https://cdn/{model}/{version}"}}
 
 
-def status(node: str, ts: int, state: str = "online", **body: Any) -> Message:
+def status(node: str, ts: int, state: str = "online", arrived: int = 0, **body: Any) -> Message:
     payload = Envelope(node, ts, {"state": state, **body}, ts=ts).encode()
-    return Message("status", node, payload, ts + 5)
+    return Message("status", node, payload, arrived or ts + 5)
 
 
 def heartbeat(node: str, ts: int, arrived: int | None = None) -> Message:
@@ -36,15 +41,39 @@ def heartbeat(node: str, ts: int, arrived: int | None = None) -> Message:
     return Message("heartbeat", node, payload, arrived or ts + 100)
 
 
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
+    why = Postgres.available()
+    if why:
+        skip_or_fail(why)
+    server = Postgres(tmp_path_factory.mktemp("pg")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        url = str(tmp_path / "fleet.db")
+    else:
+        url = request.getfixturevalue("postgres").create_database(f"t{uuid.uuid4().hex[:12]}")
+    store = Store(url)
+    assert store.dialect == request.param
+    yield store
+    store.close()
+
+
 @pytest.fixture
-def registry(tmp_path: Path) -> Registry:
-    return Registry(Store(str(tmp_path / "fleet.db")), offline_after_s=30)
+def registry(store: Store) -> Registry:
+    return Registry(store, offline_after_s=30)
 
 
 def test_births_wills_and_history_are_written_once(registry: Registry) -> None:
     birth = status("n1", NOW, labels={"site": "berlin"}, hardware={"machine": "aarch64"},
                    software={"cloudsync": "1.0"}, models=[{"name": "m", "version": 2}])  # fmt: skip
-    will = status("n1", NOW - 50, "offline", reason="connection lost")  # made at connect
+    will = status(
+        "n1", NOW - 50, "offline", NOW + 1000, reason="connection lost"
+    )  # made at connect
     done = registry.ingest([birth, birth])  # a replay: the retained birth again
     assert done.births == {"n1"} and done.counted == {"status": 2}
     row = registry.node("n1", NOW + 1000)
@@ -57,9 +86,12 @@ def test_births_wills_and_history_are_written_once(registry: Registry) -> None:
     row = registry.node("n1", NOW + 1000)
     assert row is not None and (row["state"], row["reason"]) == ("offline", "connection lost")
     assert row["labels"] == {"site": "berlin"}  # a will does not forget who the node is
-    registry.ingest([will, status("n1", NOW + 9000)])
-    assert [(h["ts"], h["state"]) for h in registry.history("n1")] == [
-        (NOW + 9000, "online"), (NOW, "online"), (NOW - 50, "offline")]  # fmt: skip
+    row = registry.node("n1", NOW + 1000)
+    assert row is not None and row["since_ms"] == NOW + 1000  # when it came
+    registry.ingest([will, status("n1", NOW + 9000)])  # the will again (a replay), a birth
+    assert [(h["ts"], h["sent_ts"], h["state"]) for h in registry.history("n1")] == [
+        (NOW + 9005, NOW + 9000, "online"), (NOW + 1000, NOW - 50, "offline"),
+        (NOW + 5, NOW, "online")]  # fmt: skip
 
 
 def test_heartbeats_are_counted_once_and_keep_the_node_fresh(registry: Registry) -> None:
@@ -169,7 +201,7 @@ def test_plan_priority_ties_labels_and_what_it_leaves_alone() -> None:
     assert versions(got) == {"asr": 7} and given == set()
 
 
-def test_deployments_are_checked_field_by_field(tmp_path: Path) -> None:
+def test_deployments_are_checked_field_by_field(store: Store) -> None:
     good = {"id": "d1", "selector": {"site": "a"}, "priority": 3, "models": [entry("m", 2)]}
     made = check(good)
     assert (made.id, made.selector, made.priority) == ("d1", {"site": "a"}, 3)
@@ -195,8 +227,8 @@ def test_deployments_are_checked_field_by_field(tmp_path: Path) -> None:
     stranger = {**good, "models": [entry("m", 2, Ed25519PrivateKey.generate())]}
     with pytest.raises(Invalid, match=r"models\[0\].manifest: 0 valid signature"):
         check(stranger, anchors)
-    store = Deployments(Store(str(tmp_path / "d.db")), lambda: NOW)
-    assert store.create(made, "alice") and not store.create(made, "bob")
-    kept = store.get("d1")
-    assert kept is not None and (kept.created_by, kept.created_ts) == ("alice", NOW)
-    assert store.delete("d1") and store.get("d1") is None and not store.delete("d1")
+    kept = Deployments(store, lambda: NOW)
+    assert kept.create(made, "alice") and not kept.create(made, "bob")
+    got = kept.get("d1")
+    assert got is not None and (got.created_by, got.created_ts) == ("alice", NOW)
+    assert kept.delete("d1") and kept.get("d1") is None and not kept.delete("d1")
