@@ -149,17 +149,21 @@ def test_installs_offline_and_serves_from_the_package(deb: Path, tree: Tree) -> 
     assert {"video", "render"} <= set(tree.run("id", "-nG", "edged").split())
     conffiles = tree.run("dpkg-query", "-W", "-f=${Conffiles}", "edged")
     assert "/etc/edged/edged.toml" in conffiles and "/etc/edged/cloudsync.toml" in conffiles
+    assert "/etc/edgefleet/edgefleet.toml" in conffiles
     tree.run("edged", "validate-config", "--config", "/etc/edged/edged.toml")
     # The units, enabled as the package says: edged and its socket at boot, cloudsync by the
     # operator once the fleet is configured.
     wants = tree.path("/etc/systemd/system")
     assert (wants / "multi-user.target.wants" / "edged.service").is_symlink()
     assert (wants / "sockets.target.wants" / "edged.socket").is_symlink()
-    assert not (wants / "multi-user.target.wants" / "cloudsync.service").exists()
-    assert tree.path("/lib/systemd/system/cloudsync.service").is_file()
+    for operators in ("cloudsync.service", "edgefleet.service"):
+        assert not (wants / "multi-user.target.wants" / operators).exists()
+        assert tree.path(f"/lib/systemd/system/{operators}").is_file()
+    assert "edgefleet" in tree.run("getent", "passwd", "edgefleet")
     # The units as installed, with the commands they name in place: systemd finds nothing to say.
     units = [
-        f"/lib/systemd/system/{u}" for u in ("edged.service", "edged.socket", "cloudsync.service")
+        f"/lib/systemd/system/{u}"
+        for u in ("edged.service", "edged.socket", "cloudsync.service", "edgefleet.service")
     ]
     assert tree.run("systemd-analyze", "verify", "--man=no", *units).strip() == ""
     # The models are seeded into the repository, edged's.
