@@ -45,7 +45,7 @@ from cloudsync.agent.delivery import Delivery
 from cloudsync.agent.handlers import Handlers
 from cloudsync.agent.metrics import Exporter
 from cloudsync.agent.outbox import Item, Outbox, OutboxError
-from cloudsync.protocol.commands import Command, Refused, Verifier, load_anchors
+from cloudsync.protocol.commands import Command, Refused, Verifier, load_anchors, load_scopes
 from cloudsync.protocol.envelope import (
     MAX_BODY_BYTES,
     MAX_BYTES,
@@ -112,13 +112,14 @@ class Agent:
             load_anchors(config.commands.trust_dir),
             config.outbox.path.with_name("commands.db"),
             config.commands.max_lifetime_s,
+            load_scopes(config.commands.trust_dir),
         )
         self.orders: queue.Queue[Command | None] = queue.Queue()
         self.delivery = Delivery(
             config.delivery,
             config.node.fleet,
             self.node,
-            lambda: self.verifier.anchors,
+            self.verifier.manifest_anchors,
             self.outbox,
             self.edged_client,
             config.edged.timeout_s,

@@ -7,6 +7,9 @@ the canonical bytes of the envelope without ``sig``. A node runs it only when:
 
 - ``kid`` is one of its trust anchors (``{trust_dir}/{kid}.pub``, a PEM Ed25519 public key);
 - the signature verifies (forged, or altered in any byte: refused);
+- the key may give this command: a key with a scope file beside it (``{kid}.commands``, the
+  command names it may sign, one per line) gives only those, and signs no manifest (the fleet
+  service's deploy key: ``rollback``); a key without one gives every command;
 - ``target`` is this node (a command for another node cannot be replayed here);
 - it has not expired (``exp``, ms since the epoch), its ``ts`` is not in the future beyond the
   allowed clock skew, and ``exp - ts`` is at most ``max_lifetime_s``;
@@ -98,6 +101,18 @@ def load_anchors(trust_dir: Path) -> dict[str, Ed25519PublicKey]:
     return anchors
 
 
+def load_scopes(trust_dir: Path) -> dict[str, frozenset[str]]:
+    """The scoped keys: ``{kid}.commands`` beside ``{kid}.pub``, the commands that key may sign
+    (one name per line, ``#`` comments); a key with a scope signs no manifest."""
+    scopes: dict[str, frozenset[str]] = {}
+    if not trust_dir.is_dir():
+        return scopes
+    for path in sorted(trust_dir.glob("*.commands")):
+        lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+        scopes[path.stem] = frozenset(line for line in lines if line)
+    return scopes
+
+
 class Verifier:
     """Checks commands for one node; remembers nonces in a SQLite table until they expire."""
 
@@ -107,9 +122,11 @@ class Verifier:
         anchors: dict[str, Ed25519PublicKey],
         db_path: Path,
         max_lifetime_s: float = MAX_LIFETIME_S,
+        scopes: dict[str, frozenset[str]] | None = None,
     ) -> None:
         self.target = target
         self.anchors = anchors
+        self.scopes = scopes or {}
         self.max_lifetime_ms = int(1000 * max_lifetime_s)
         self._lock = threading.Lock()
         try:
@@ -149,6 +166,10 @@ class Verifier:
         exp, nonce = body.get("exp"), body.get("nonce")
         if not isinstance(name, str) or not isinstance(args, dict):
             raise Refused("a command needs 'name' (a string) and 'args' (an object)")
+        scope = self.scopes.get(kid)
+        if scope is not None and name not in scope:
+            allowed = ", ".join(sorted(scope)) or "no command"
+            raise Refused(f"key '{kid}' may sign only: {allowed}")
         if target != self.target:
             raise Refused(f"the command is for '{target}', this is '{self.target}'")
         if not isinstance(exp, int) or not isinstance(nonce, str) or not nonce:
@@ -169,3 +190,7 @@ class Verifier:
             except sqlite3.Error as exc:  # a full disk: unless the nonce is kept, no replay check
                 raise Refused(f"its nonce cannot be kept ({exc}): not run") from None
         return Command(env.id, name, args, env.node, kid)
+
+    def manifest_anchors(self) -> dict[str, Ed25519PublicKey]:
+        """The keys that may sign manifests: those without a command scope."""
+        return {kid: key for kid, key in self.anchors.items() if kid not in self.scopes}

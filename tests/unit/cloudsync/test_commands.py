@@ -81,3 +81,36 @@ def test_forged_altered_expired_misdirected_and_unsigned_commands_are_refused(
         with pytest.raises(Refused, match=why):
             check.check(cmd_id, payload)
     assert check.check(cid, fine).name == "ping"  # refusing others did not spend its nonce
+
+
+def test_a_scoped_key_gives_only_its_commands_and_signs_no_manifest(
+    tmp_path: Path, fleet_key: Ed25519PrivateKey
+) -> None:
+    """The fleet service's deploy key: trust/deploy-1.pub with deploy-1.commands."""
+    from cloudsync.protocol import manifest
+    from cloudsync.protocol.commands import load_scopes
+
+    deploy = Ed25519PrivateKey.generate()
+    trust = tmp_path / "trust"
+    (trust / "deploy-1.pub").write_bytes(
+        deploy.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    (trust / "deploy-1.commands").write_text("# the fleet service\nrollback\n\nping  # checks\n")
+    scopes = load_scopes(trust)
+    assert scopes == {"deploy-1": frozenset({"rollback", "ping"})}
+    check = Verifier(TARGET, load_anchors(trust), tmp_path / "nonces.db", scopes=scopes)
+    for name in ("rollback", "ping"):
+        cmd_id, payload = sign(deploy, "deploy-1", "edgefleet", TARGET, name, {})
+        assert check.check(cmd_id, payload).name == name
+    cmd_id, payload = sign(deploy, "deploy-1", "edgefleet", TARGET, "drain", {})
+    with pytest.raises(Refused, match="key 'deploy-1' may sign only: ping, rollback"):
+        check.check(cmd_id, payload)
+    cmd_id, payload = sign(fleet_key, "fleet-1", "operator", TARGET, "drain", {})
+    assert check.check(cmd_id, payload).name == "drain"  # an operator's key: every command
+    assert set(check.manifest_anchors()) == {"fleet-1"}
+    files = [{"path": "m.onnx", "sha256": "a" * 64, "length": 1}]
+    doc = manifest.sign(manifest.make("m", 2, files), {"deploy-1": deploy})
+    with pytest.raises(manifest.ManifestError, match="'deploy-1' is not a trust anchor"):
+        manifest.verify(doc, check.manifest_anchors())
