@@ -6,7 +6,8 @@ Every call but ``/healthz``, ``/metrics`` and ``/v1/openapi.json`` carries
 service never keeps a token itself), which gives the caller's name and role:
 
 - **viewer** reads: nodes, their history, deployments;
-- **operator** also acts: sets labels, creates and deletes deployments, reads the audit log;
+- **operator** also acts: sets labels, creates and deletes deployments, creates rollouts and
+  pauses, resumes, promotes or aborts them, reads the audit log;
 - **admin** may do everything.
 
 No token, or an unknown one: 401. A role too low: 403, naming the role needed. Every action
@@ -34,6 +35,8 @@ from prometheus_client import generate_latest
 
 from cloudsync.fleet.config import Token
 from cloudsync.fleet.deployments import Invalid, check
+from cloudsync.fleet.rollouts import Conflict, Rollout
+from cloudsync.fleet.rollouts import check as check_rollout
 from cloudsync.fleet.service import Service
 from cloudsync.fleet.store import dumps
 from cloudsync.protocol.commands import load_anchors
@@ -262,6 +265,67 @@ class Api:
         self.service.reconcile_soon()
         return web.json_response({"deleted": ident})
 
+    # ---- rollouts --------------------------------------------------------------------------
+
+    async def rollouts(self, request: web.Request) -> web.Response:
+        found = await self.db(self.service.rollouts.all)
+        return web.json_response({"rollouts": [summary(r) for r in found]})
+
+    async def rollout(self, request: web.Request) -> web.Response:
+        ident = request.match_info["id"]
+        found = await self.db(self.service.rollouts.get, ident)
+        if found is None:
+            return error(404, "no such rollout")
+        nodes = await self.db(self.service.rollouts.nodes, ident)
+        states: dict[str, int] = {}
+        for row in nodes:
+            states[row["state"]] = states.get(row["state"], 0) + 1
+        doc = {
+            **found.as_dict(),
+            "nodes": states,
+            "stage_sizes": [
+                sum(1 for n in nodes if n["stage"] <= k) for k in range(len(found.stages))
+            ],
+        }
+        if request.query.get("nodes") == "1":
+            doc["node_states"] = nodes
+        return web.json_response(doc)
+
+    async def create_rollout(self, request: web.Request) -> web.Response:
+        action = "create rollout"
+        doc = await self.body(request, action, "-")
+        target = str(doc.get("id", "-"))[:64] if isinstance(doc, dict) else "-"
+        try:
+            made = check_rollout(doc, self.anchors, self.service.clock())
+        except Invalid as exc:
+            return await self.refuse(request, action, target, 422, str(exc))
+        who = request["who"]
+        try:
+            made = await self.db(self.service.rollouts.create, made, who.name,
+                                 self.service.registry.offline_after_ms)  # fmt: skip
+        except Conflict as exc:
+            return await self.refuse(request, action, made.id, 409, str(exc))
+        await self.db(self.audit, who, action, made.id, "done", {
+            "model": made.model, "version": made.version, "stages": made.stages,
+            "deployment": made.deployment, "selector": made.selector})  # fmt: skip
+        self.service.wake.set()
+        return web.json_response(summary(made), status=201)
+
+    async def act_on_rollout(self, request: web.Request) -> web.Response:
+        ident, action = request.match_info["id"], request.match_info["action"]
+        if action not in ("pause", "resume", "promote", "abort"):
+            return error(404, "an action: pause, resume, promote or abort")
+        who = request["who"]
+        try:
+            done = await self.db(self.service.rollouts.act, ident, action, who.name)
+        except KeyError:
+            return await self.refuse(request, f"{action} rollout", ident, 404, "no such rollout")
+        except Conflict as exc:
+            return await self.refuse(request, f"{action} rollout", ident, 409, str(exc))
+        await self.db(self.audit, who, f"{action} rollout", ident, "done")
+        self.service.wake.set()
+        return web.json_response(summary(done))
+
     # ---- audit -----------------------------------------------------------------------------
 
     async def audit_log(self, request: web.Request) -> web.Response:
@@ -297,6 +361,10 @@ class Api:
             ("POST", "/v1/deployments", self.create_deployment, "operator"),
             ("GET", "/v1/deployments/{id}", self.deployment, "viewer"),
             ("DELETE", "/v1/deployments/{id}", self.delete_deployment, "operator"),
+            ("GET", "/v1/rollouts", self.rollouts, "viewer"),
+            ("POST", "/v1/rollouts", self.create_rollout, "operator"),
+            ("GET", "/v1/rollouts/{id}", self.rollout, "viewer"),
+            ("POST", "/v1/rollouts/{id}/{action}", self.act_on_rollout, "operator"),
             ("GET", "/v1/audit", self.audit_log, "operator"),
         ]
         for method, path, handler, role in routes:
@@ -311,6 +379,13 @@ class Api:
         context.minimum_version = ssl.TLSVersion.TLSv1_3
         context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
         return context
+
+
+def summary(rollout: Rollout) -> dict[str, Any]:
+    """A rollout without its manifest (the API's lists)."""
+    doc = rollout.as_dict()
+    doc.pop("entry")
+    return doc
 
 
 def _with_role(handler: Handler, role: str) -> Handler:

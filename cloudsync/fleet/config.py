@@ -47,6 +47,13 @@ class ServiceConfig(Section):
         description="the fleet's public keys ({kid}.pub): a deployment's manifests must verify"
         " against them (as nodes will); none: checked for form only",
     )
+    deploy_key: Path | None = Field(
+        None,
+        description="the deploy key (PEM Ed25519) that signs a rollout's rollback commands;"
+        " nodes trust it with a scope file ({kid}.commands: rollback), so it signs nothing else"
+        " and no manifest (docs/SECURITY.md); none: rollouts cannot be created",
+    )
+    deploy_kid: str = Field("deploy-1", description="its name in the nodes' trust directory")
     identity: str = Field(
         "edgefleet", description="the sender of the desired states it publishes (envelope node)"
     )

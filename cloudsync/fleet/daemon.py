@@ -63,8 +63,8 @@ def serve(config_path: Path | None, log_level: str | None) -> None:
         log.warning("no [api] tokens: every call but /healthz and /metrics is refused (401)")
     try:
         service = Service(config)
-    except (StoreError, OSError) as exc:
-        raise CannotStart(f"cannot open the database: {exc}") from None
+    except (StoreError, OSError, ValueError) as exc:  # the database, the deploy key
+        raise CannotStart(f"cannot start: {exc}") from None
     service.start()
     try:
         asyncio.run(_serve(service))

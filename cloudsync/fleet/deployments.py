@@ -117,10 +117,12 @@ def plan(
     deployments: list[Deployment],
     current: list[dict[str, Any]],
     managed: set[str],
+    held: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[list[dict[str, Any]], set[str]]:
     """A node's desired entries and the models the service now gives it, from its effective
-    ``labels``, the active ``deployments``, its ``current`` retained entries and the models
-    the service gave it before (``managed``)."""
+    ``labels``, the active ``deployments``, its ``current`` retained entries, the models
+    the service gave it before (``managed``) and those a running rollout holds (``held``:
+    kept as they are)."""
     winners: dict[str, tuple[tuple[int, int, str], dict[str, Any]]] = {}
     for dep in deployments:
         if dep.state != "active" or not selects(dep.selector, labels):
@@ -128,14 +130,17 @@ def plan(
         rank = (dep.priority, dep.created_ts, dep.id)
         for entry in dep.models:
             name = model_of(entry)
-            if name is not None and (name not in winners or winners[name][0] < rank):
+            if name is None or name in held:
+                continue
+            if name not in winners or winners[name][0] < rank:
                 winners[name] = (rank, entry)
     kept = [
         e for e in current
-        if (name := model_of(e)) is not None and name not in winners and name not in managed
+        if (name := model_of(e)) is not None and name not in winners
+        and (name not in managed or name in held)
     ]  # fmt: skip
     given = [winners[name][1] for name in sorted(winners)]
-    return kept + given, set(winners)
+    return kept + given, set(winners) | (managed & set(held))
 
 
 @dataclass
@@ -183,13 +188,16 @@ class Reconciler:
         store: Store,
         deployments: Deployments,
         publish: Callable[[str, list[dict[str, Any]]], bool],
+        holds: Callable[[], dict[str, set[str]]] = dict,
     ) -> None:
         self.store, self.deployments, self.publish = store, deployments, publish
+        self.holds = holds
         self.published = 0
 
     def run(self, nodes: set[str] | None = None) -> int:
         """Reconcile ``nodes`` (None: every node); the number of desired states published."""
         active = [d for d in self.deployments.all() if d.state == "active"]
+        holds = self.holds()
         rows = self.store.query(
             "SELECT n.node, n.node_labels, n.labels, d.models AS current, d.digest,"
             " m.models AS managed FROM nodes n LEFT JOIN desired d ON d.node = n.node"
@@ -202,7 +210,7 @@ class Reconciler:
             labels = {**json.loads(row["node_labels"]), **json.loads(row["labels"])}
             current = json.loads(row["current"]) if row["current"] else []
             before = set(json.loads(row["managed"])) if row["managed"] else set()
-            entries, given = plan(labels, active, current, before)
+            entries, given = plan(labels, active, current, before, holds.get(row["node"], set()))
             digest = digest_models(entries)
             if digest == (row["digest"] or digest_models([])) and given == before:
                 continue

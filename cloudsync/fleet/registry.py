@@ -11,6 +11,9 @@ in one transaction:
 - ``heartbeat``: counted, and the last one kept, when it is newer than the last one counted
   (a QoS 1 duplicate is not counted twice); ``last_seen`` is when the service got it;
 - ``events``: a delivery's steps per model version (what rollouts and deployments wait for);
+- ``telemetry``: per model version, the figures a rollout's gates judge (requests, failures,
+  p95, confidence; routes per model, as version ""), for the models being rolled out only
+  (``watched``);
 - ``desired-models`` (retained): what each node is told to run now, by whoever published it.
 
 A payload that is not an envelope of the contract is counted (``poison``) and dropped; it never
@@ -30,13 +33,14 @@ from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.labels import LabelError, check_labels, selects
+from cloudsync.protocol.telemetry import FAILED_OUTCOMES
 
 log = logging.getLogger("edgefleet.registry")
 MAX_PAGE = 1000
 
 
 class Message(NamedTuple):
-    kind: str  # status, heartbeat, events, desired-models
+    kind: str  # status, heartbeat, events, telemetry, desired-models
     node: str
     payload: bytes
     arrived_ms: int
@@ -48,6 +52,7 @@ class Ingested:
 
     births: set[str] = field(default_factory=set)  # nodes that came online (or are new)
     desired: set[str] = field(default_factory=set)  # nodes whose retained desired state changed
+    steps: int = 0  # delivery steps written (a rollout may move on)
     lags_s: list[float] = field(default_factory=list)  # heartbeats: arrival - sent
     counted: dict[str, int] = field(default_factory=dict)
     poison: int = 0
@@ -71,7 +76,7 @@ class Registry:
 
     # ---- ingest ----------------------------------------------------------------------------
 
-    def ingest(self, batch: Iterable[Message]) -> Ingested:
+    def ingest(self, batch: Iterable[Message], watched: frozenset[str] = frozenset()) -> Ingested:
         done = Ingested()
         heartbeats: list[tuple[Any, ...]] = []
         with self.store.transaction() as tx:
@@ -88,7 +93,9 @@ class Registry:
                                            dumps(env.body)))  # fmt: skip
                         done.lags_s.append(max(0.0, (msg.arrived_ms - env.ts) / 1000))
                     elif msg.kind == "events":
-                        self._event(tx, msg, env)
+                        done.steps += self._event(tx, msg, env)
+                    elif msg.kind == "telemetry" and watched:
+                        self._telemetry(tx, msg, env, watched)
                     done.counted[msg.kind] = done.counted.get(msg.kind, 0) + 1
                 except (EnvelopeError, LabelError, ValueError, TypeError, KeyError) as exc:
                     done.poison += 1
@@ -148,10 +155,10 @@ class Registry:
             (msg.node, env.ts, state, envelope.printable(str(reason or "")), msg.arrived_ms),
         )
 
-    def _event(self, tx: Tx, msg: Message, env: envelope.Envelope) -> None:
+    def _event(self, tx: Tx, msg: Message, env: envelope.Envelope) -> int:
         step = env.body.get("delivery")
         if not isinstance(step, dict):
-            return  # other events: the observability issue's
+            return 0  # other events: the observability issue's
         model, version = step.get("model"), step.get("version")
         if not isinstance(model, str) or isinstance(version, bool) or not isinstance(version, int):
             raise ValueError("events.delivery: model and version")
@@ -160,6 +167,37 @@ class Registry:
             " ON CONFLICT (node, model, version) DO UPDATE SET step = excluded.step,"
             " ts = excluded.ts WHERE excluded.ts >= steps.ts",
             (msg.node, model, version, envelope.printable(str(step.get("step")), 32), env.ts),
+        )
+        return 1
+
+    def _telemetry(
+        self, tx: Tx, msg: Message, env: envelope.Envelope, watched: frozenset[str]
+    ) -> None:
+        metrics = env.body.get("metrics")
+        if not isinstance(metrics, dict):
+            return  # what programs post: the observability issue's
+        rows = []
+        for row in metrics.get("models", []):
+            if not isinstance(row, dict) or row.get("model") not in watched:
+                continue
+            outcomes = row.get("outcomes", {})
+            failed = sum(int(outcomes.get(o, 0)) for o in FAILED_OUTCOMES)
+            scored = int(row.get("confidence_n") or 0)
+            p95 = row.get("p95_ms")
+            rows.append((msg.node, env.ts, str(row["model"]), str(row.get("version")),
+                         int(row.get("requests", 0)), failed,
+                         float(p95) if p95 is not None else None, scored,
+                         float(row.get("confidence_mean") or 0) * scored, 0, 0))  # fmt: skip
+        for model, routes in (metrics.get("routes") or {}).items():
+            if model in watched and isinstance(routes, dict):
+                total = sum(int(n) for n in routes.values())
+                rows.append((msg.node, env.ts, model, "", 0, 0, None, 0, 0.0, total,
+                             int(routes.get("fallback", 0))))  # fmt: skip
+        tx.executemany(
+            "INSERT INTO telemetry (node, ts, model, version, requests, failed, p95_ms, conf_n,"
+            " conf_sum, routed, fallbacks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
+            rows,
         )
 
     def _desired(self, tx: Tx, msg: Message, done: Ingested) -> None:

@@ -14,8 +14,8 @@ Three threads beside the HTTP server's event loop:
   The broker sends at most ``receive_maximum`` unacknowledged messages: a slow database holds
   the fleet's messages on the broker, not in the service's memory.
 - **the runner**: holds the database's runner lease (one replica at a time) and, while it does,
-  reconciles the deployments: the nodes a batch names (births, desired states) at once, every
-  node every ``reconcile_s``.
+  drives the rollouts one turn (cloudsync.fleet.rollouts) and reconciles the deployments: the
+  nodes a batch names (births, desired states) at once, every node every ``reconcile_s``.
 
 SIGTERM stops it cleanly; SIGKILL loses nothing that the broker acknowledged to a node.
 """
@@ -30,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -38,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from cloudsync.fleet.config import FleetServiceConfig
 from cloudsync.fleet.deployments import Deployments, Reconciler
 from cloudsync.fleet.registry import Ingested, Message, Registry
+from cloudsync.fleet.rollouts import Rollouts
 from cloudsync.fleet.store import Store
 from cloudsync.protocol import envelope
 from cloudsync.protocol.mqtt import tls_context
@@ -51,6 +54,16 @@ RUNNER_LEASE = "runner"
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def load_deploy_key(config: FleetServiceConfig) -> tuple[str, Ed25519PrivateKey] | None:
+    path = config.service.deploy_key
+    if path is None:
+        return None
+    key = serialization.load_pem_private_key(path.read_bytes(), None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise OSError(f"{path} is not an Ed25519 private key")
+    return config.service.deploy_kid, key
 
 
 class Metrics:
@@ -87,7 +100,15 @@ class Service:
         self.store = Store(config.service.database_url())
         self.registry = Registry(self.store, config.service.offline_after_s)
         self.deployments = Deployments(self.store, clock)
-        self.reconciler = Reconciler(self.store, self.deployments, self.publish_desired)
+        self.rollouts = Rollouts(
+            self.store, self.deployments, self.fleet, self.publish_desired, self.send_command,
+            load_deploy_key(config), config.service.identity, clock,
+        )  # fmt: skip
+        self.reconciler = Reconciler(
+            self.store, self.deployments, self.publish_desired, self.rollouts.held
+        )
+        self.watched: frozenset[str] = frozenset()
+        self.watched_at = 0.0
         self.metrics = Metrics()
         self.inbox: queue.Queue[tuple[Message, int]] = queue.Queue()
         self.stopping = threading.Event()
@@ -122,6 +143,7 @@ class Service:
             (f"{base}/desired/models", 1),
             (f"$share/{group}/{base}/heartbeat", 1),
             (f"$share/{group}/{base}/events", 1),
+            (f"$share/{group}/{base}/telemetry", 1),
         ]
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
@@ -136,7 +158,7 @@ class Service:
         try:
             where = parse(message.topic)
             if where.fleet != self.fleet or where.kind not in (
-                "status", "heartbeat", "events", "desired-models"
+                "status", "heartbeat", "events", "telemetry", "desired-models"
             ):  # fmt: skip
                 raise TopicError(message.topic)
             self.inbox.put((Message(where.kind, where.node, message.payload, self.clock()),
@@ -162,6 +184,10 @@ class Service:
         self.metrics.published.inc()
         return True
 
+    def send_command(self, node: str, cmd_id: str, payload: bytes) -> bool:
+        info = self.client.publish(Topics(self.fleet, node).cmd(cmd_id), payload, 1)
+        return info.rc == mqtt.MQTT_ERR_SUCCESS
+
     # ---- the writer ------------------------------------------------------------------------
 
     def take(self) -> list[tuple[Message, int]]:
@@ -185,7 +211,10 @@ class Service:
         while True:
             try:
                 started = time.perf_counter()
-                done = self.registry.ingest(m for m, _ in batch)
+                if time.monotonic() > self.watched_at:  # what running rollouts judge
+                    self.watched = frozenset(self.rollouts.watched())
+                    self.watched_at = time.monotonic() + 2.0
+                done = self.registry.ingest((m for m, _ in batch), self.watched)
                 self.metrics.batch.observe(time.perf_counter() - started)
                 break
             except Exception:  # the database is down or full: try again
@@ -206,6 +235,7 @@ class Service:
         if done.births or done.desired:
             with self.dirty_lock:
                 self.dirty |= done.births | done.desired
+        if done.births or done.desired or done.steps:
             self.wake.set()
         return done
 
@@ -253,6 +283,7 @@ class Service:
                     self.lease()
                     next_lease = now + renew_s
                 if self.holds_lease and self.client.is_connected():
+                    self.rollouts.turn()
                     if now >= next_full:
                         with self.dirty_lock:
                             self.dirty.clear()

@@ -88,6 +88,36 @@ CREATE TABLE IF NOT EXISTS audit (
     outcome TEXT NOT NULL,
     detail TEXT NOT NULL DEFAULT '{}'
 );
+CREATE TABLE IF NOT EXISTS rollouts (
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rollout_nodes (
+    rollout TEXT NOT NULL,
+    node TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    stage INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    previous TEXT,
+    sent_ts BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (rollout, node)
+);
+CREATE TABLE IF NOT EXISTS telemetry (
+    node TEXT NOT NULL,
+    ts BIGINT NOT NULL,
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    requests BIGINT NOT NULL DEFAULT 0,
+    failed BIGINT NOT NULL DEFAULT 0,
+    p95_ms DOUBLE PRECISION,
+    conf_n BIGINT NOT NULL DEFAULT 0,
+    conf_sum DOUBLE PRECISION NOT NULL DEFAULT 0,
+    routed BIGINT NOT NULL DEFAULT 0,
+    fallbacks BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (node, ts, model, version)
+);
+CREATE INDEX IF NOT EXISTS telemetry_by_model ON telemetry (model, ts);
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,

@@ -1,0 +1,499 @@
+"""Rollouts run by the fleet service: a signed model version reaches a group of nodes in stages,
+gated by their health, as a state machine kept in the database, so that the service can be
+killed at any point and the runner that holds the lease next goes on where it was.
+
+A rollout is created for the nodes that are online and that its selector (or its deployment's)
+and its manifest's targets pick; each node's stage is fixed then (``pick``: the first
+``round(share * n)`` by ``sha256(rollout id / node)``). Each runner turn (``Rollouts.turn``):
+
+- **deliver**: the stage's nodes get the version, at most ``max_unavailable`` at a time (a node
+  that was sent the version and has not reported it active is unavailable) and only inside the
+  rollout's time window, if it has one. A node's desired state before is written first, then
+  the new one is published, then the node is marked sent: killed in between, the next runner
+  publishes the same desired state again (a node leaves a version it has alone, so none
+  installs twice) and never computes the "before" from what it published itself;
+- **soak**: once every node of the stage reports the version active, the canary's telemetry
+  since then is compared with the nodes' that do not have it, by the gates of
+  ``cloudsync.fleet.rollout`` (failure rate, p95, fallbacks, confidence), until ``soak_s``
+  pass (or an operator promotes); then the next stage;
+- **abort** (a gate, a node whose install failed or rolled back, one not active within
+  ``activation_timeout_s``, or an operator): every node that was sent the version gets its
+  desired state before back and a signed ``rollback`` command (from the service's deploy key,
+  which may sign nothing else); each is marked when done, so a restart sends only what is left.
+
+With a ``deployment``, the rollout is how that deployment's model changes version: its nodes
+are the deployment's, and when the rollout is done the deployment gives the new version (to
+nodes that join later too). Without one, a model that a deployment gives cannot be rolled out.
+While a rollout runs or aborts, the deployments' reconciler leaves its model alone on its nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from cloudsync.fleet.deployments import Deployments, Invalid
+from cloudsync.fleet.deployments import check as check_deployment
+from cloudsync.fleet.registry import model_of
+from cloudsync.fleet.rollout import Gates, breached, pick
+from cloudsync.fleet.store import Store, Tx, dumps
+from cloudsync.protocol import commands
+from cloudsync.protocol.labels import check_labels, selects
+from cloudsync.protocol.manifest import parse_signed
+from cloudsync.protocol.topics import NAME
+
+log = logging.getLogger("edgefleet.rollouts")
+RUNNING = ("running", "paused", "aborting")  # the states that hold the model on the nodes
+FAILED_STEPS = ("failed", "rolled-back", "refused")
+RESEND_AFTER_MS = 30_000
+
+
+@dataclass
+class Rollout:
+    id: str
+    model: str
+    version: int
+    entry: dict[str, Any]  # {manifest, urls}
+    selector: dict[str, str]
+    deployment: str | None
+    stages: list[float]
+    soak_s: float
+    gates: Gates
+    max_unavailable: int
+    window: str | None  # "HH:MM-HH:MM" UTC
+    activation_timeout_s: float
+    state: str = "running"  # running, paused, aborting, aborted, done
+    stage: int = 0
+    phase: str = "deliver"  # deliver, soak
+    soak_since: int = 0
+    soak_until: int = 0
+    why: str = ""
+    created_by: str = ""
+    created_ts: int = 0
+    updated_ts: int = 0
+    log: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_window(text: Any) -> tuple[int, int] | None:
+    """ "HH:MM-HH:MM" (UTC) as minutes of the day; None for no window. ValueError if bad."""
+    if text is None:
+        return None
+    if not isinstance(text, str) or len(text) != 11 or text[5] != "-":
+        raise ValueError("window: HH:MM-HH:MM (UTC)")
+    start, end = (int(p[:2]) * 60 + int(p[3:]) for p in (text[:5], text[6:]))
+    if not all(0 <= m < 1440 for m in (start, end)) or start == end:
+        raise ValueError("window: HH:MM-HH:MM (UTC), two different times of day")
+    return start, end
+
+
+def in_window(window: str | None, now_ms: int) -> bool:
+    bounds = parse_window(window)
+    if bounds is None:
+        return True
+    minute = (now_ms // 60_000) % 1440
+    start, end = bounds
+    return start <= minute < end if start < end else minute >= start or minute < end
+
+
+def check(doc: Any, anchors: dict[str, Any] | None, now_ms: int) -> Rollout:
+    """A rollout from an API body (Invalid names the first bad field)."""
+    if not isinstance(doc, dict):
+        raise Invalid("body: an object {id, manifest, urls, ...}")
+    known = {"id", "manifest", "urls", "selector", "deployment", "stages", "soak_s", "gates",
+             "max_unavailable", "window", "activation_timeout_s"}  # fmt: skip
+    unknown = set(doc) - known
+    if unknown:
+        raise Invalid(f"{sorted(unknown)[0]}: not a field of a rollout")
+    ident = doc.get("id")
+    if not isinstance(ident, str) or not NAME.match(ident):
+        raise Invalid("id: 1 to 64 letters, digits, _ or -, not first _")
+    entry = {"manifest": doc.get("manifest"), "urls": doc.get("urls")}
+    probe = {"id": ident, "models": [entry]}
+    try:
+        check_deployment(probe, anchors, now_ms)
+    except Invalid as exc:
+        raise Invalid(str(exc).replace("models[0].", "").replace("models[0]", "body")) from None
+    signed = parse_signed(entry["manifest"]["signed"])  # type: ignore[index]
+    try:
+        selector = check_labels(doc.get("selector", {}), "selector")
+        window = doc.get("window")
+        parse_window(window)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from None
+    deployment = doc.get("deployment")
+    if deployment is not None and (not isinstance(deployment, str) or not NAME.match(deployment)):
+        raise Invalid("deployment: a deployment's id")
+    stages = doc.get("stages", [0.1, 1.0])
+    if (not isinstance(stages, list) or not 1 <= len(stages) <= 10
+            or not all(_number(s) and 0 < s <= 1 for s in stages)
+            or stages != sorted(stages) or stages[-1] != 1):  # fmt: skip
+        raise Invalid("stages: 1 to 10 growing shares of the nodes (0-1], the last 1")
+    soak_s, timeout_s = doc.get("soak_s", 600.0), doc.get("activation_timeout_s", 600.0)
+    if not _number(soak_s) or not 0 <= soak_s <= 7 * 86400:
+        raise Invalid("soak_s: 0 to 604800 seconds")
+    if not _number(timeout_s) or not 1 <= timeout_s <= 86400:
+        raise Invalid("activation_timeout_s: 1 to 86400 seconds")
+    most = doc.get("max_unavailable", 0)
+    if isinstance(most, bool) or not isinstance(most, int) or most < 0:
+        raise Invalid("max_unavailable: nodes installing at once (0: a tenth of the nodes)")
+    gates_doc = doc.get("gates", {})
+    try:
+        if not isinstance(gates_doc, dict):
+            raise TypeError
+        gates = Gates(**gates_doc)
+        if not all(_number(v) and v >= 0 for v in asdict(gates).values()):
+            raise TypeError
+    except TypeError:
+        raise Invalid(f"gates: an object of {', '.join(asdict(Gates()))}, numbers >= 0") from None
+    return Rollout(ident, signed.model, signed.version, entry, selector, deployment,
+                   [float(s) for s in stages], float(soak_s), gates, most, window,
+                   float(timeout_s))  # fmt: skip
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Conflict(Exception):
+    """A rollout that cannot start (409): it exists, or its model is another's."""
+
+
+class Rollouts:
+    """The rollouts in the database, and the runner's turn over them."""
+
+    def __init__(
+        self,
+        store: Store,
+        deployments: Deployments,
+        fleet: str,
+        publish: Callable[[str, list[dict[str, Any]]], bool],
+        send: Callable[[str, str, bytes], bool],
+        deploy_key: tuple[str, Ed25519PrivateKey] | None,
+        identity: str,
+        clock: Callable[[], int],
+    ) -> None:
+        self.store, self.deployments, self.fleet = store, deployments, fleet
+        self.publish, self.send, self.deploy_key = publish, send, deploy_key
+        self.identity, self.clock = identity, clock
+
+    # ---- records ---------------------------------------------------------------------------
+
+    def _load(self, row: dict[str, Any]) -> Rollout:
+        doc = json.loads(row["doc"])
+        doc["gates"] = Gates(**doc["gates"])
+        return Rollout(**doc)
+
+    def all(self) -> list[Rollout]:
+        return [self._load(r) for r in self.store.query("SELECT doc FROM rollouts ORDER BY id")]
+
+    def get(self, ident: str) -> Rollout | None:
+        rows = self.store.query("SELECT doc FROM rollouts WHERE id = ?", (ident,))
+        return self._load(rows[0]) if rows else None
+
+    def save(self, tx: Tx, rollout: Rollout, note: str = "") -> None:
+        rollout.updated_ts = self.clock()
+        if note:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rollout.updated_ts / 1000))
+            rollout.log = [*rollout.log[-199:], f"{stamp} {note}"]
+            log.info("rollout %s: %s", rollout.id, note)
+        tx.execute("UPDATE rollouts SET state = ?, doc = ? WHERE id = ?",
+                   (rollout.state, dumps(rollout.as_dict()), rollout.id))  # fmt: skip
+
+    def nodes(self, ident: str) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT node, stage, state, sent_ts FROM rollout_nodes WHERE rollout = ?"
+            " ORDER BY stage, rank", (ident,),
+        )  # fmt: skip
+
+    def held(self) -> dict[str, set[str]]:
+        """Node: the models that running rollouts hold there (the reconciler leaves them)."""
+        rows = self.store.query(
+            "SELECT n.node, r.doc FROM rollout_nodes n JOIN rollouts r ON r.id = n.rollout"
+            " WHERE r.state IN ('running', 'paused', 'aborting')"
+        )
+        held: dict[str, set[str]] = {}
+        for row in rows:
+            held.setdefault(row["node"], set()).add(json.loads(row["doc"])["model"])
+        return held
+
+    def watched(self) -> set[str]:
+        """The models whose telemetry running rollouts judge."""
+        return {r.model for r in self.all() if r.state in RUNNING}
+
+    def create(self, rollout: Rollout, actor: str, offline_after_ms: int) -> Rollout:
+        """The rollout with its nodes and their stages, saved; Conflict if it cannot start."""
+        if self.deploy_key is None:
+            raise Conflict("the service has no deploy key ([service] deploy_key): it could not"
+                           " sign the rollbacks an abort needs")  # fmt: skip
+        now = self.clock()
+        rollout.created_by, rollout.created_ts = actor, now
+        signed = parse_signed(rollout.entry["manifest"]["signed"])
+        selector = rollout.selector
+        deps = self.deployments.all()
+        if rollout.deployment is not None:
+            dep = next((d for d in deps if d.id == rollout.deployment), None)
+            if dep is None:
+                raise Conflict(f"no deployment {rollout.deployment}")
+            if not any(model_of(e) == rollout.model for e in dep.models):
+                raise Conflict(f"deployment {dep.id} does not give {rollout.model}")
+            selector = dep.selector
+        rows = self.store.query("SELECT node, node_labels, labels, hardware, state, last_seen"
+                                " FROM nodes ORDER BY node")  # fmt: skip
+        targets = []
+        for row in rows:
+            labels = {**json.loads(row["node_labels"]), **json.loads(row["labels"])}
+            machine = str(json.loads(row["hardware"]).get("machine", ""))
+            fresh = row["state"] == "online" and row["last_seen"] >= now - offline_after_ms
+            if (fresh and selects(selector, labels)
+                    and not signed.for_node(self.fleet, row["node"], machine)):  # fmt: skip
+                if rollout.deployment is None:
+                    owner = next((d.id for d in deps if selects(d.selector, labels)
+                                  and any(model_of(e) == rollout.model for e in d.models)),
+                                 None)  # fmt: skip
+                    if owner is not None:
+                        raise Conflict(f"{rollout.model} is given by deployment {owner}: roll"
+                                       f" it out through it (deployment: {owner})")  # fmt: skip
+                targets.append(row["node"])
+        if not targets:
+            raise Conflict("no online node is a target of this rollout")
+        busy = self.held()
+        taken = [n for n in targets if rollout.model in busy.get(n, set())]
+        if taken:
+            raise Conflict(f"{rollout.model} is in another rollout on {taken[0]}")
+        if not rollout.max_unavailable:
+            rollout.max_unavailable = max(1, len(targets) // 10)
+        ranked = pick(targets, rollout.id, 1.0)
+        stage_of: dict[str, int] = {}
+        for k, share in enumerate(rollout.stages):
+            for node in pick(targets, rollout.id, share):
+                stage_of.setdefault(node, k)
+        rollout.log = []
+        with self.store.transaction() as tx:
+            made = tx.execute(
+                "INSERT INTO rollouts (id, state, doc) VALUES (?, 'running', '{}')"
+                " ON CONFLICT (id) DO NOTHING", (rollout.id,),
+            )  # fmt: skip
+            if made.rowcount != 1:
+                raise Conflict(f"rollout {rollout.id} exists")
+            tx.executemany(
+                "INSERT INTO rollout_nodes (rollout, node, rank, stage, state) VALUES"
+                " (?, ?, ?, ?, 'pending')",
+                [(rollout.id, n, i, stage_of[n]) for i, n in enumerate(ranked)],
+            )
+            sizes = [sum(1 for s in stage_of.values() if s <= k)
+                     for k in range(len(rollout.stages))]  # fmt: skip
+            self.save(tx, rollout, f"created by {actor} for {len(targets)} nodes: version"
+                      f" {rollout.version} of {rollout.model}, stages of {sizes} nodes,"
+                      f" {rollout.max_unavailable} at a time")  # fmt: skip
+        return rollout
+
+    def act(self, ident: str, action: str, actor: str) -> Rollout:
+        """An operator's pause, resume, promote or abort (Conflict when it does not apply)."""
+        with self.store.transaction() as tx:
+            rows = tx.rows("SELECT doc FROM rollouts WHERE id = ?", (ident,))
+            if not rows:
+                raise KeyError(ident)
+            rollout = self._load(rows[0])
+            state = rollout.state
+            if action == "pause" and state == "running":
+                rollout.state = "paused"
+            elif action == "resume" and state == "paused":
+                rollout.state = "running"
+            elif action == "promote" and state == "running" and rollout.phase == "soak":
+                rollout.soak_until = self.clock()
+            elif action == "abort" and state in ("running", "paused"):
+                self._abort(tx, rollout, f"aborted by {actor}")
+                return rollout
+            else:
+                raise Conflict(f"cannot {action} a rollout that is {state}"
+                               + (f" ({rollout.phase})" if state == "running" else ""))  # fmt: skip
+            self.save(tx, rollout, f"{action} by {actor}")
+        return rollout
+
+    # ---- the runner's turn -----------------------------------------------------------------
+
+    def turn(self) -> None:
+        for rollout in self.all():
+            if rollout.state in ("running", "aborting"):
+                self.advance(rollout)
+
+    def advance(self, rollout: Rollout) -> None:
+        if rollout.state == "aborting":
+            self._roll_back(rollout)
+            return
+        now = self.clock()
+        rows = self.store.query(
+            "SELECT n.node, n.stage, n.state, n.sent_ts, s.step FROM rollout_nodes n"
+            " LEFT JOIN steps s ON s.node = n.node AND s.model = ? AND s.version = ?"
+            " WHERE n.rollout = ? ORDER BY n.rank",
+            (rollout.model, rollout.version, rollout.id),
+        )
+        stage = [r for r in rows if r["stage"] <= rollout.stage]
+        timeout_ms = int(rollout.activation_timeout_s * 1000)
+        for row in rows:
+            if row["state"] in ("sent", "active") and row["step"] in FAILED_STEPS:
+                return self.abort(rollout, f"node {row['node']}: the version {row['step']} there")
+            if (
+                row["state"] == "sent"
+                and row["step"] != "active"
+                and (now - row["sent_ts"] > timeout_ms)
+            ):
+                return self.abort(rollout, f"node {row['node']}: not active in"
+                                  f" {rollout.activation_timeout_s:.0f} s")  # fmt: skip
+        activated = [r["node"] for r in stage if r["state"] == "sent" and r["step"] == "active"]
+        if activated:
+            with self.store.transaction() as tx:
+                tx.executemany("UPDATE rollout_nodes SET state = 'active' WHERE rollout = ?"
+                               " AND node = ?", [(rollout.id, n) for n in activated])  # fmt: skip
+        for row in stage:
+            if row["node"] in activated:
+                row["state"] = "active"
+        self._resend(rollout, [r for r in stage if r["state"] in ("sending", "sent")], now)
+        pending = [r["node"] for r in stage if r["state"] == "pending"]
+        busy = sum(1 for r in stage if r["state"] in ("sending", "sent"))
+        if pending and in_window(rollout.window, now):
+            for node in pending[: max(0, rollout.max_unavailable - busy)]:
+                self._deliver(rollout, node)
+            return
+        if pending or busy:
+            return
+        with self.store.transaction() as tx:
+            if rollout.stage == len(rollout.stages) - 1:
+                self._done(tx, rollout, len(rows))
+            elif rollout.phase == "deliver":
+                rollout.phase, rollout.soak_since = "soak", now
+                rollout.soak_until = now + int(rollout.soak_s * 1000)
+                self.save(tx, rollout, f"stage {rollout.stage + 1}: {len(stage)} nodes active;"
+                          f" soaking {rollout.soak_s:.0f} s")  # fmt: skip
+            elif now >= rollout.soak_until:
+                rollout.stage, rollout.phase = rollout.stage + 1, "deliver"
+                self.save(tx, rollout, f"stage {rollout.stage}: soaked; stage"
+                          f" {rollout.stage + 1} begins")  # fmt: skip
+            else:
+                why = self.gates(rollout)
+                if why:
+                    self._abort(tx, rollout, why)
+
+    def gates(self, rollout: Rollout) -> str:
+        """Why the canary's telemetry since the soak began fails a gate, or ""."""
+        canary = self.figures(rollout, True)
+        baseline = self.figures(rollout, False)
+        return breached(rollout.gates, canary, baseline)
+
+    def figures(self, rollout: Rollout, canary: bool) -> dict[str, Any]:
+        """The telemetry figures of the nodes that have the version (``canary``) for it, or of
+        the nodes it has not reached, since the soak began."""
+        member = "IN" if canary else "NOT IN"
+        version = " AND t.version = ?" if canary else ""
+        params: tuple[Any, ...] = (rollout.model, rollout.soak_since, rollout.id)
+        rows = self.store.query(
+            "SELECT COALESCE(SUM(t.requests), 0) AS requests, COALESCE(SUM(t.failed), 0) AS"
+            " failed, MAX(CASE WHEN t.requests >= 5 THEN t.p95_ms END) AS p95,"
+            " COALESCE(SUM(t.conf_n), 0) AS conf_n, COALESCE(SUM(t.conf_sum), 0) AS conf_sum,"
+            " COALESCE(SUM(t.routed), 0) AS routed, COALESCE(SUM(t.fallbacks), 0) AS fallbacks"
+            " FROM telemetry t WHERE t.model = ? AND t.ts >= ? AND t.node " + member +
+            " (SELECT node FROM rollout_nodes WHERE rollout = ? AND state <> 'pending')"
+            + version,
+            params + ((str(rollout.version),) if canary else ()),
+        )  # fmt: skip
+        r = rows[0]
+        requests, routed, scored = int(r["requests"]), int(r["routed"]), int(r["conf_n"])
+        return {
+            "requests": requests,
+            "failure_rate": int(r["failed"]) / requests if requests else 0.0,
+            "p95_ms": float(r["p95"]) if r["p95"] is not None else None,
+            "fallback_rate": int(r["fallbacks"]) / routed if routed else 0.0,
+            "confidence": float(r["conf_sum"]) / scored if scored else None,
+        }
+
+    def _entries(self, rollout: Rollout, previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [e for e in previous if model_of(e) != rollout.model] + [rollout.entry]
+
+    def _deliver(self, rollout: Rollout, node: str) -> None:
+        """The node's desired state before is kept, then the new one published, then the node
+        is marked sent."""
+        rows = self.store.query("SELECT models FROM desired WHERE node = ?", (node,))
+        previous = json.loads(rows[0]["models"]) if rows else []
+        with self.store.transaction() as tx:
+            tx.execute("UPDATE rollout_nodes SET state = 'sending', previous = ?, sent_ts = ?"
+                       " WHERE rollout = ? AND node = ? AND state = 'pending'",
+                       (dumps(previous), self.clock(), rollout.id, node))  # fmt: skip
+        self._publish(rollout, node, previous)
+
+    def _publish(self, rollout: Rollout, node: str, previous: list[dict[str, Any]]) -> None:
+        if self.publish(node, self._entries(rollout, previous)):
+            with self.store.transaction() as tx:
+                tx.execute("UPDATE rollout_nodes SET state = 'sent', sent_ts = ? WHERE"
+                           " rollout = ? AND node = ? AND state = 'sending'",
+                           (self.clock(), rollout.id, node))  # fmt: skip
+
+    def _resend(self, rollout: Rollout, rows: list[dict[str, Any]], now: int) -> None:
+        """A node left 'sending' (killed between the two writes) gets the same desired state;
+        one 'sent' whose retained desired state does not hold the version (the broker lost
+        it) gets it again, after a while."""
+        for row in rows:
+            if row["state"] == "sent" and (row["step"] or now - row["sent_ts"] < RESEND_AFTER_MS):
+                continue
+            found = self.store.query(
+                "SELECT n.previous, d.models FROM rollout_nodes n LEFT JOIN desired d"
+                " ON d.node = n.node WHERE n.rollout = ? AND n.node = ?", (rollout.id, row["node"])
+            )  # fmt: skip
+            have = json.loads(found[0]["models"]) if found[0]["models"] else []
+            if row["state"] == "sent" and rollout.entry in have:
+                continue
+            self._publish(rollout, row["node"], json.loads(found[0]["previous"] or "[]"))
+
+    def abort(self, rollout: Rollout, why: str) -> None:
+        with self.store.transaction() as tx:
+            self._abort(tx, rollout, why)
+
+    def _abort(self, tx: Tx, rollout: Rollout, why: str) -> None:
+        rollout.state, rollout.why = "aborting", why
+        tx.execute("UPDATE rollout_nodes SET state = 'rollback' WHERE rollout = ? AND state IN"
+                   " ('sending', 'sent', 'active')", (rollout.id,))  # fmt: skip
+        self.save(tx, rollout, f"aborting: {why}")
+
+    def _roll_back(self, rollout: Rollout) -> None:
+        """Each node sent the version: its desired state before, and a signed rollback; marked
+        once sent (killed before, the next runner sends it again: a rollback ``from`` a version
+        that is not active does nothing)."""
+        assert self.deploy_key is not None
+        kid, key = self.deploy_key
+        rows = self.store.query("SELECT node, previous FROM rollout_nodes WHERE rollout = ?"
+                                " AND state = 'rollback'", (rollout.id,))  # fmt: skip
+        for row in rows:
+            node = row["node"]
+            if not self.publish(node, json.loads(row["previous"] or "[]")):
+                return  # the broker is away: the next turn
+            cmd_id, payload = commands.sign(
+                key, kid, self.identity, f"{self.fleet}/{node}", "rollback",
+                {"model": rollout.model, "from": rollout.version},
+            )  # fmt: skip
+            if not self.send(node, cmd_id, payload):
+                return
+            with self.store.transaction() as tx:
+                tx.execute("UPDATE rollout_nodes SET state = 'rolled-back' WHERE rollout = ?"
+                           " AND node = ?", (rollout.id, node))  # fmt: skip
+        with self.store.transaction() as tx:
+            rollout.state = "aborted"
+            self.save(tx, rollout, f"aborted: {len(rows)} nodes told to roll back")
+
+    def _done(self, tx: Tx, rollout: Rollout, count: int) -> None:
+        rollout.state = "done"
+        if rollout.deployment is not None:
+            rows = tx.rows("SELECT models FROM deployments WHERE id = ?", (rollout.deployment,))
+            if rows:
+                models = [rollout.entry if model_of(e) == rollout.model else e
+                          for e in json.loads(rows[0]["models"])]  # fmt: skip
+                tx.execute("UPDATE deployments SET models = ?, updated_ts = ? WHERE id = ?",
+                           (dumps(models), self.clock(), rollout.deployment))  # fmt: skip
+        self.save(tx, rollout, f"done: version {rollout.version} on {count} nodes")
