@@ -5,7 +5,7 @@ Every call but ``/healthz``, ``/metrics`` and ``/v1/openapi.json`` carries
 ``Authorization: Bearer <token>``: the token's SHA-256 is looked up in ``[api] tokens`` (the
 service never keeps a token itself), which gives the caller's name and role:
 
-- **viewer** reads: nodes, their history, deployments;
+- **viewer** reads: nodes, their history, deployments, rollouts;
 - **operator** also acts: sets labels, creates and deletes deployments, creates rollouts and
   pauses, resumes, promotes or aborts them, reads the audit log;
 - **admin** may do everything.
@@ -48,6 +48,7 @@ OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "fleet-api.json"
 PUBLIC = {"/healthz", "/metrics", "/v1/openapi.json"}
 MAX_AUDIT_DETAIL = 2000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+WHO = web.RequestKey("who", Token)
 
 
 def error(status: int, message: str) -> web.Response:
@@ -96,7 +97,7 @@ class Api:
         who = self.caller(request)
         if who is None:
             return error(401, "Authorization: Bearer <token> (an [api] tokens entry)")
-        request["who"] = who
+        request[WHO] = who
         need = getattr(handler, "role", "viewer")  # unrouted: 404 or 405 follows
         if ROLES[who.role] < ROLES[need]:
             if request.method != "GET":
@@ -118,12 +119,17 @@ class Api:
 
     async def body(self, request: web.Request, action: str, target: str) -> Any:
         """The JSON body, or a 400/413 raised (and audited)."""
-        who = request["who"]
+        who = request[WHO]
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             await self.db(self.audit, who, action, target, "refused: body too large")
-            raise
+            limit = self.service.config.api.max_body_kb
+            raise web.HTTPRequestEntityTooLarge(
+                max_size=limit * 1024, actual_size=request.content_length or 0,
+                text=json.dumps({"error": f"body: more than {limit} KiB"}),
+                content_type="application/json",
+            ) from None
         try:
             return json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -135,7 +141,7 @@ class Api:
 
     async def refuse(self, request: web.Request, action: str, target: str,
                      status: int, message: str) -> web.Response:  # fmt: skip
-        await self.db(self.audit, request["who"], action, target, f"refused: {message}")
+        await self.db(self.audit, request[WHO], action, target, f"refused: {message}")
         return error(status, message)
 
     # ---- public ----------------------------------------------------------------------------
@@ -203,7 +209,7 @@ class Api:
             return await self.refuse(request, action, node, 422, str(exc))
         if not await self.db(self.service.registry.set_labels, node, labels):
             return await self.refuse(request, action, node, 404, "no such node")
-        await self.db(self.audit, request["who"], action, node, "done", labels)
+        await self.db(self.audit, request[WHO], action, node, "done", labels)
         self.service.reconcile_soon({node})
         return web.json_response({"node": node, "operator_labels": labels})
 
@@ -222,7 +228,7 @@ class Api:
         return web.json_response(doc)
 
     def progress(self, ident: str) -> dict[str, int]:
-        """How many nodes the deployment gives each of its models to, and their last steps."""
+        """How many nodes the service gave this deployment's entries to (``targeted``)."""
         rows = self.service.store.query(
             "SELECT m.models AS managed, d.models AS desired FROM managed m JOIN desired d"
             " ON d.node = m.node"
@@ -245,7 +251,7 @@ class Api:
             dep = check(doc, self.anchors, self.service.clock())
         except Invalid as exc:
             return await self.refuse(request, "create deployment", target, 422, str(exc))
-        who = request["who"]
+        who = request[WHO]
         if not await self.db(self.service.deployments.create, dep, who.name):
             return await self.refuse(request, "create deployment", dep.id, 409,
                                      f"deployment {dep.id} exists")  # fmt: skip
@@ -261,7 +267,7 @@ class Api:
         if not await self.db(self.service.deployments.delete, ident):
             return await self.refuse(request, "delete deployment", ident, 404,
                                      "no such deployment")  # fmt: skip
-        await self.db(self.audit, request["who"], "delete deployment", ident, "done")
+        await self.db(self.audit, request[WHO], "delete deployment", ident, "done")
         self.service.reconcile_soon()
         return web.json_response({"deleted": ident})
 
@@ -299,7 +305,7 @@ class Api:
             made = check_rollout(doc, self.anchors, self.service.clock())
         except Invalid as exc:
             return await self.refuse(request, action, target, 422, str(exc))
-        who = request["who"]
+        who = request[WHO]
         try:
             made = await self.db(self.service.rollouts.create, made, who.name,
                                  self.service.registry.offline_after_ms)  # fmt: skip
@@ -315,7 +321,7 @@ class Api:
         ident, action = request.match_info["id"], request.match_info["action"]
         if action not in ("pause", "resume", "promote", "abort"):
             return error(404, "an action: pause, resume, promote or abort")
-        who = request["who"]
+        who = request[WHO]
         try:
             done = await self.db(self.service.rollouts.act, ident, action, who.name)
         except KeyError:

@@ -20,6 +20,9 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
     edgefleet --service URL label NODE k=v ...  set a node's operator labels (none: clear)
     edgefleet --service URL deploy create ID --manifest F --url PATH=URL [--selector k=v]
                                                 [--priority N]; deploy list; deploy delete ID
+    edgefleet --service URL rollout create ID --manifest F ...   run by the service (it goes on
+                                                when this returns); rollout status, pause,
+                                                resume, promote, abort ID
 
 Without --service, the broker: --host, --port, and a directory (--pki) holding ca.pem and the
 operator's certificate {--cert-name}.pem/.key (its CN has the operators' ACL). Exit codes: 0 ok,
@@ -30,8 +33,6 @@ operator's certificate {--cert-name}.pem/.key (its CN has the operators' ACL). E
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import json
 import os
 import sys
@@ -44,7 +45,22 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloudsync.fleet import daemon, rollout
-from cloudsync.fleet.client import ServiceClient, ServiceError, nodes_text
+from cloudsync.fleet.client import (
+    ServiceError,
+    cmd_deploy,
+    cmd_label,
+    service_nodes,
+    service_rollout,
+)
+from cloudsync.fleet.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Failure,
+    desired_urls,
+)
 from cloudsync.protocol import envelope, manifest
 from cloudsync.protocol.commands import COMMANDS, sign
 from cloudsync.protocol.envelope import EnvelopeError
@@ -52,23 +68,7 @@ from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import LEAVES, TopicError, Topics, barrier, fleet_filter, parse
 from edged.common.cli import UsageError, key_values
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_TIMEOUT = range(5)
 OFFLINE_AFTER = 3  # heartbeat intervals without one: offline
-
-
-class Failure(Exception):
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def secure_link_url(base: str, uri: str, secret: str, lifetime_s: float = 3600.0) -> str:
-    """A signed, expiring URL in the form nginx's secure_link checks (``secure_link_md5
-    "$secure_link_expires$uri SECRET"``), as CDNs sign theirs."""
-    expires = int(time.time() + lifetime_s)
-    digest = hashlib.md5(f"{expires}{uri} {secret}".encode(), usedforsecurity=False).digest()
-    token = base64.urlsafe_b64encode(digest).decode().rstrip("=")
-    return f"{base.rstrip('/')}{uri}?md5={token}&expires={expires}"
 
 
 def connect(args: argparse.Namespace) -> SyncClient:
@@ -181,59 +181,6 @@ def cmd_nodes(args: argparse.Namespace) -> tuple[Any, str]:
     return rows, "\n".join(lines)
 
 
-def service(args: argparse.Namespace) -> ServiceClient:
-    if not args.service:
-        raise Failure(f"{args.command} needs the fleet service: --service URL", EXIT_USAGE)
-    try:
-        return ServiceClient.from_args(args.service, args.token_file, args.service_ca,
-                                       args.timeout)  # fmt: skip
-    except ServiceError as exc:  # no token
-        raise Failure(str(exc), EXIT_USAGE) from None
-
-
-def service_nodes(args: argparse.Namespace) -> tuple[Any, str]:
-    """Every node from the service's registry (complete: the service knows every node)."""
-    filters = {"state": args.state, "selector": ",".join(args.selector)}
-    rows = list(service(args).nodes(**filters))
-    return rows, nodes_text(rows, envelope.now_ms())
-
-
-def cmd_label(args: argparse.Namespace) -> tuple[Any, str]:
-    labels = dict(item.partition("=")[::2] for item in args.labels)
-    done = service(args).call("PUT", f"/v1/nodes/{args.node}/labels", {"labels": labels})
-    return done, f"{args.node}: operator labels {done['operator_labels']}"
-
-
-def cmd_deploy(args: argparse.Namespace) -> tuple[Any, str]:
-    client = service(args)
-    if args.action == "list":
-        found = client.call("GET", "/v1/deployments")["deployments"]
-        lines = [f"{'ID':20} {'PRIORITY':>8}  {'SELECTOR':30} VERSIONS"]
-        for d in found:
-            selector = ",".join(f"{k}={v}" for k, v in sorted(d["selector"].items())) or "*"
-            versions = ", ".join(f"{m}:{v}" for m, v in sorted(d["versions"].items()))
-            lines.append(f"{d['id']:20} {d['priority']:>8}  {selector:30} {versions}")
-        return found, "\n".join(lines)
-    if not args.id:
-        raise Failure(f"deploy {args.action}: the deployment's id", EXIT_USAGE)
-    if args.action == "delete":
-        return client.call("DELETE", f"/v1/deployments/{args.id}"), f"deleted {args.id}"
-    if args.action == "show":
-        found = client.call("GET", f"/v1/deployments/{args.id}")
-        return found, json.dumps(found, indent=1)
-    if not args.manifest:
-        raise Failure("deploy create: --manifest (edgefleet manifest makes one)", EXIT_USAGE)
-    doc = json.loads(Path(args.manifest).read_text())
-    body = {
-        "id": args.id,
-        "selector": dict(item.partition("=")[::2] for item in args.selector),
-        "priority": args.priority,
-        "models": [{"manifest": doc, "urls": desired_urls(args, doc)}],
-    }
-    made = client.call("POST", "/v1/deployments", body)
-    return made, f"deployment {made['id']}: {made['versions']} to {made['selector'] or 'all'}"
-
-
 def cmd_watch(args: argparse.Namespace) -> tuple[Any, str]:
     client = connect(args)
     for kind in LEAVES:
@@ -283,22 +230,9 @@ def cmd_manifest(args: argparse.Namespace) -> tuple[Any, str]:
     return doc, text
 
 
-def desired_urls(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, str]:
-    """The signed URLs of a manifest's files: given (--url path=URL), or made for a CDN that
-    checks nginx-style secure links (--cdn, --cdn-prefix, --secure-link-secret-file)."""
-    urls = dict(item.partition("=")[::2] for item in args.url)
-    if args.cdn:
-        secret = Path(args.secure_link_secret_file).read_text().strip()
-        for row in doc["signed"]["files"]:
-            uri = f"{args.cdn_prefix.rstrip('/')}/{row['path']}"
-            urls.setdefault(row["path"], secure_link_url(args.cdn, uri, secret, args.url_lifetime))
-    missing = [r["path"] for r in doc["signed"]["files"] if r["path"] not in urls]
-    if missing:
-        raise Failure(f"no URL for {', '.join(missing)} (--url or --cdn)", EXIT_USAGE)
-    return urls
-
-
 def cmd_rollout(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.service:
+        return service_rollout(args)
     if args.action in ("create", "abort") and not (args.sign_key and args.kid):
         raise Failure(f"rollout {args.action} signs rollbacks: --sign-key and --kid", EXIT_USAGE)
     if args.action == "create" and not args.manifest:
@@ -467,7 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
         description=rollout.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    roll.add_argument("action", choices=["create", "status", "promote", "abort"])
+    roll.add_argument(
+        "action",
+        choices=["create", "status", "promote", "abort", "pause", "resume"],
+        help="pause, resume: --service only",
+    )
     roll.add_argument("id", help="the rollout's id (a name)")
     roll.add_argument("--manifest", help="create: the signed manifest (edgefleet manifest)")
     roll.add_argument("--url", action="append", default=[], help="create: PATH=signed URL")
@@ -490,6 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--sign-key", help="create, abort: the fleet key (signs rollbacks)")
     roll.add_argument("--kid", default="", help="its name on the nodes")
     roll.add_argument("--why", default="", help="abort: the reason recorded")
+    roll.add_argument("--deployment", help="create, --service: the deployment whose model this"
+                      " rollout changes")  # fmt: skip
+    roll.add_argument("--selector", action="append", default=[], help="create, --service: only"
+                      " nodes with this label (k=v, repeat)")  # fmt: skip
+    roll.add_argument("--max-unavailable", type=int, default=0, help="create, --service: nodes"
+                      " installing at once (0: a tenth)")  # fmt: skip
+    roll.add_argument("--window", help="create, --service: HH:MM-HH:MM (UTC) when nodes may"
+                      " get it")  # fmt: skip
     roll.set_defaults(fn=cmd_rollout)
     return parser
 

@@ -3,6 +3,7 @@ by the service's HTTP API (docs/fleet-api.json) instead of the broker."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import ssl
@@ -12,6 +13,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from cloudsync.fleet.common import EXIT_USAGE, Failure, desired_urls
+from cloudsync.protocol.envelope import now_ms
 
 TOKEN_ENV = "EDGEFLEET_TOKEN"
 
@@ -83,3 +87,92 @@ def nodes_text(rows: list[dict[str, Any]], now_ms: int) -> str:
         labels = ",".join(f"{k}={v}" for k, v in sorted(r.get("labels", {}).items())) or "-"
         lines.append(f"{r['node']:20} {r['state']:8} {age:>10}  {models:30} {labels}")
     return "\n".join(lines)
+
+
+def service(args: argparse.Namespace) -> ServiceClient:
+    if not args.service:
+        raise Failure(f"{args.command} needs the fleet service: --service URL", EXIT_USAGE)
+    try:
+        return ServiceClient.from_args(args.service, args.token_file, args.service_ca,
+                                       args.timeout)  # fmt: skip
+    except ServiceError as exc:  # no token
+        raise Failure(str(exc), EXIT_USAGE) from None
+
+
+def service_nodes(args: argparse.Namespace) -> tuple[Any, str]:
+    """Every node from the service's registry (complete: the service knows every node)."""
+    filters = {"state": args.state, "selector": ",".join(args.selector)}
+    rows = list(service(args).nodes(**filters))
+    return rows, nodes_text(rows, now_ms())
+
+
+def cmd_label(args: argparse.Namespace) -> tuple[Any, str]:
+    labels = dict(item.partition("=")[::2] for item in args.labels)
+    done = service(args).call("PUT", f"/v1/nodes/{args.node}/labels", {"labels": labels})
+    return done, f"{args.node}: operator labels {done['operator_labels']}"
+
+
+def cmd_deploy(args: argparse.Namespace) -> tuple[Any, str]:
+    client = service(args)
+    if args.action == "list":
+        found = client.call("GET", "/v1/deployments")["deployments"]
+        lines = [f"{'ID':20} {'PRIORITY':>8}  {'SELECTOR':30} VERSIONS"]
+        for d in found:
+            selector = ",".join(f"{k}={v}" for k, v in sorted(d["selector"].items())) or "*"
+            versions = ", ".join(f"{m}:{v}" for m, v in sorted(d["versions"].items()))
+            lines.append(f"{d['id']:20} {d['priority']:>8}  {selector:30} {versions}")
+        return found, "\n".join(lines)
+    if not args.id:
+        raise Failure(f"deploy {args.action}: the deployment's id", EXIT_USAGE)
+    if args.action == "delete":
+        return client.call("DELETE", f"/v1/deployments/{args.id}"), f"deleted {args.id}"
+    if args.action == "show":
+        found = client.call("GET", f"/v1/deployments/{args.id}")
+        return found, json.dumps(found, indent=1)
+    if not args.manifest:
+        raise Failure("deploy create: --manifest (edgefleet manifest makes one)", EXIT_USAGE)
+    doc = json.loads(Path(args.manifest).read_text())
+    body = {
+        "id": args.id,
+        "selector": dict(item.partition("=")[::2] for item in args.selector),
+        "priority": args.priority,
+        "models": [{"manifest": doc, "urls": desired_urls(args, doc)}],
+    }
+    made = client.call("POST", "/v1/deployments", body)
+    return made, f"deployment {made['id']}: {made['versions']} to {made['selector'] or 'all'}"
+
+
+def service_rollout(args: argparse.Namespace) -> tuple[Any, str]:
+    """A rollout run by the fleet service: created (it runs there, this returns), shown, or
+    acted on (pause, resume, promote, abort)."""
+    client = service(args)
+    if args.action == "create":
+        if not args.manifest:
+            raise Failure("rollout create needs --manifest", EXIT_USAGE)
+        doc = json.loads(Path(args.manifest).read_text())
+        body: dict[str, Any] = {
+            "id": args.id, "manifest": doc, "urls": desired_urls(args, doc),
+            "stages": [float(s) / 100 for s in args.stages.split(",")], "soak_s": args.soak,
+            "activation_timeout_s": args.activation_timeout,
+            "max_unavailable": args.max_unavailable,
+            "gates": {"max_failure": args.max_failure, "max_p95_increase": args.max_p95_increase,
+                      "max_fallback": args.max_fallback, "min_requests": args.min_requests,
+                      "max_confidence_drop": args.max_confidence_drop},
+        }  # fmt: skip
+        if args.deployment:
+            body["deployment"] = args.deployment
+        if args.selector:
+            body["selector"] = dict(item.partition("=")[::2] for item in args.selector)
+        if args.window:
+            body["window"] = args.window
+        record = client.call("POST", "/v1/rollouts", body)
+    elif args.action == "status":
+        record = client.call("GET", f"/v1/rollouts/{args.id}")
+    else:
+        record = client.call("POST", f"/v1/rollouts/{args.id}/{args.action}")
+    why = f": {record['why']}" if record.get("why") else ""
+    head = (
+        f"rollout {record['id']}: {record['model']} version {record['version']},"
+        f" {record['state']}{why}; stage {record['stage'] + 1} of {len(record['stages'])}"
+    )
+    return record, "\n".join([head, *record.get("log", [])])

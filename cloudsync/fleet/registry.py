@@ -206,8 +206,8 @@ class Registry:
             tx.execute("DELETE FROM desired WHERE node = ?", (msg.node,))
             return
         entries = envelope.decode(msg.payload).body.get("models", [])
-        if not isinstance(entries, list):
-            raise ValueError("desired.models: a list")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ValueError("desired.models: a list of objects")
         tx.execute(
             "INSERT INTO desired (node, digest, models, ts) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (node) DO UPDATE SET digest = excluded.digest,"

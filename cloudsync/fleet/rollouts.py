@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -52,6 +53,7 @@ log = logging.getLogger("edgefleet.rollouts")
 RUNNING = ("running", "paused", "aborting")  # the states that hold the model on the nodes
 FAILED_STEPS = ("failed", "rolled-back", "refused")
 RESEND_AFTER_MS = 30_000
+WINDOW = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]):([0-5][0-9])$")
 
 
 @dataclass

@@ -23,7 +23,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench.peer import free_port
-from cloudsync.fleet.cli import secure_link_url
+from cloudsync.fleet.common import secure_link_url
 from cloudsync.protocol import envelope
 from cloudsync.protocol.manifest import file_entry, make, sign
 from cloudsync.protocol.mqtt import SyncClient
