@@ -126,7 +126,8 @@ class Api:
             await self.db(self.audit, who, action, target, "refused: body too large")
             limit = self.service.config.api.max_body_kb
             raise web.HTTPRequestEntityTooLarge(
-                max_size=limit * 1024, actual_size=request.content_length or 0,
+                max_size=limit * 1024,
+                actual_size=request.content_length or 0,
                 text=json.dumps({"error": f"body: more than {limit} KiB"}),
                 content_type="application/json",
             ) from None

@@ -84,7 +84,13 @@ class BrokerConfig(Section):
         " split heartbeats and events in",
     )
     session_expiry_s: int = Field(
-        3600, ge=0, description="the broker keeps this replica's queue this long while it is away"
+        0,
+        ge=0,
+        description="the broker keeps this replica's session this long after it goes: its"
+        " share of the shared subscriptions waits there for it (Mosquitto keeps giving a gone"
+        " member its share), so keep 0 with several replicas; what a 0 loses comes again"
+        " (statuses and desired states are retained, heartbeats are periodic, a rollout reads"
+        " versions from heartbeats too)",
     )
     receive_maximum: int = Field(
         10000, ge=1, le=65535, description="messages the broker sends before the service acks"

@@ -351,6 +351,7 @@ class Rollouts:
             ):
                 return self.abort(rollout, f"node {row['node']}: not active in"
                                   f" {rollout.activation_timeout_s:.0f} s")  # fmt: skip
+        self._heartbeats_say(rollout, [r for r in stage if r["state"] == "sent"])
         activated = [r["node"] for r in stage if r["state"] == "sent" and r["step"] == "active"]
         if activated:
             with self.store.transaction() as tx:
@@ -384,6 +385,21 @@ class Rollouts:
                 why = self.gates(rollout)
                 if why:
                     self._abort(tx, rollout, why)
+
+    def _heartbeats_say(self, rollout: Rollout, rows: list[dict[str, Any]]) -> None:
+        """A node whose last heartbeat serves the version is active, whatever became of its
+        delivery events (another replica's share, held for a replica that is gone)."""
+        waiting = {r["node"]: r for r in rows if r["step"] is None or r["step"] != "active"}
+        if not waiting:
+            return
+        marks = ", ".join("?" for _ in waiting)
+        for node in self.store.query(
+            f"SELECT node, heartbeat FROM nodes WHERE node IN ({marks})", tuple(waiting)
+        ):
+            beat = json.loads(node["heartbeat"] or "{}")
+            serving = (beat.get("models") or {}).get(rollout.model)
+            if serving is not None and str(serving) == str(rollout.version):
+                waiting[node["node"]]["step"] = "active"
 
     def gates(self, rollout: Rollout) -> str:
         """Why the canary's telemetry since the soak began fails a gate, or ""."""

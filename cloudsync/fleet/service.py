@@ -9,15 +9,20 @@ Three threads beside the HTTP server's event loop:
   (``$share/{group}/...``), so replicas split them and each is handled by one replica.
 - **the writer**: takes what the queue has (up to 5,000 messages or 50 ms), writes it in one
   transaction (cloudsync.fleet.registry), and only then acknowledges the messages to the
-  broker (manual PUBACKs, in the order they came). A replica killed before its commit gets them
-  again from its persistent session; writes are idempotent, so nothing is counted twice or lost.
-  The broker sends at most ``receive_maximum`` unacknowledged messages: a slow database holds
-  the fleet's messages on the broker, not in the service's memory.
+  broker (manual PUBACKs, in the order they came). The broker sends at most
+  ``receive_maximum`` unacknowledged messages: a slow database holds the fleet's messages on
+  the broker, not in the service's memory. Writes are idempotent, so a message that comes
+  twice is counted once. A replica killed loses what it had not written (with
+  ``session_expiry_s`` 0, the default: a gone replica's session would keep taking its share
+  of the shared subscriptions); statuses and desired states are retained and come again,
+  heartbeats come every interval, and a rollout reads a node's version from its heartbeats as
+  well as from its delivery events.
 - **the runner**: holds the database's runner lease (one replica at a time) and, while it does,
   drives the rollouts one turn (cloudsync.fleet.rollouts) and reconciles the deployments: the
   nodes a batch names (births, desired states) at once, every node every ``reconcile_s``.
 
-SIGTERM stops it cleanly; SIGKILL loses nothing that the broker acknowledged to a node.
+SIGTERM stops it cleanly (the runner lease is released at once); after a SIGKILL another
+replica takes the lease when it expires, or this one at once when it comes back.
 """
 
 from __future__ import annotations
@@ -320,7 +325,8 @@ class Service:
         properties = Properties(PacketTypes.CONNECT)
         properties.SessionExpiryInterval = cfg.session_expiry_s
         properties.ReceiveMaximum = cfg.receive_maximum
-        self.client.connect_async(cfg.host, cfg.port, keepalive=30, clean_start=False,
+        self.client.connect_async(cfg.host, cfg.port, keepalive=30,
+                                  clean_start=cfg.session_expiry_s == 0,
                                   properties=properties)  # fmt: skip
         self.client.loop_start()
         for target in (self.writer, self.runner):

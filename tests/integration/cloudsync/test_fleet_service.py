@@ -24,7 +24,6 @@ import pytest
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
-from tests.conftest import skip_or_fail
 from tests.fleetservice import TOKENS, FleetService
 from tests.integration.cloudsync.test_fleet_nodes import births
 from tests.mosquitto import OPERATOR, Broker
@@ -198,16 +197,6 @@ def test_hostile_calls_are_refused_and_the_service_goes_on(service: FleetService
     assert service.call("GET", "/v1/nowhere")[0] == 404
     assert service.call("PATCH", "/v1/nodes")[0] == 405
     assert service.call("GET", "/healthz", role=None)[0] == 200
-
-
-@pytest.fixture
-def postgres(tmp_path: Path) -> Iterator[Postgres]:
-    why = Postgres.available()
-    if why:
-        skip_or_fail(why)
-    server = Postgres(tmp_path / "pg").start()
-    yield server
-    server.stop()
 
 
 def test_two_replicas_count_every_heartbeat_once_and_hand_over_the_runner(

@@ -1,0 +1,298 @@
+"""Deployments and rollouts of the fleet service (issue 24) with simulated nodes (bench/fleetsim:
+real MQTT connections, births, wills, heartbeats, telemetry, delivery events and rollbacks as
+cloudsync sends them) against a real Mosquitto; the service is the real process, SIGKILLed at
+random points of a rollout and started again.
+
+What a simulated node cannot do is download and run the model: its install is a delay, and a
+"bad" version fails installs and calls at a rate the test sets (the knobs of bench/fleetsim).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from bench.fleetsim import SimConfig, Simulator
+from cloudsync.protocol import manifest
+from tests.fleetservice import FleetService
+from tests.mosquitto import Broker
+from tests.postgres import Postgres
+
+MODEL = "intent-classifier"
+FLEET_KEY = Ed25519PrivateKey.generate()
+DONE = ("done", "aborted")
+
+
+def entry(version: int) -> dict[str, Any]:
+    files = [{"path": "model.onnx", "sha256": f"{version:x}" * 64, "length": 10}]
+    doc = manifest.sign(manifest.make(MODEL, version, files), {"fleet-1": FLEET_KEY})
+    return {"manifest": doc, "urls": {"model.onnx": f"https://cdn.example/m/{version}"}}
+
+
+@pytest.fixture
+def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
+    broker = Broker(tmp_path / "mosquitto", pki).start()
+    yield broker
+    broker.kill()
+
+
+def keys(tmp_path: Path) -> str:
+    """A deploy key and the fleet's trust directory: the lines of [service] that name them."""
+    deploy = Ed25519PrivateKey.generate()
+    key = tmp_path / "deploy-1.key"
+    key.write_bytes(deploy.private_bytes(serialization.Encoding.PEM,
+                                         serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))  # fmt: skip
+    trust = tmp_path / "trust"
+    trust.mkdir()
+    (trust / "fleet-1.pub").write_bytes(FLEET_KEY.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    return f'deploy_key = "{key}"\ntrust_dir = "{trust}"'
+
+
+@pytest.fixture
+def service(tmp_path: Path, broker: Broker) -> Iterator[FleetService]:
+    service = FleetService(tmp_path / "service", broker, more=keys(tmp_path)).start()
+    yield service
+    service.kill()
+
+
+def simulator(broker: Broker, nodes: int, **knobs: Any) -> Simulator:
+    config = SimConfig(nodes=nodes, port=broker.port, pki=broker.pki, heartbeat_s=1,
+                       telemetry_s=1, install_delay_s=0.2, models={MODEL: 1},
+                       **knobs)  # fmt: skip
+    return Simulator(config).start()
+
+
+def versions(service: FleetService) -> dict[str, Any]:
+    """Node: the version of the model its last heartbeat says it serves."""
+    _, page = service.call("GET", "/v1/nodes?limit=1000")
+    return {n["node"]: (n["heartbeat"] or {}).get("models", {}).get(MODEL)
+            for n in page["nodes"]}  # fmt: skip
+
+
+def installed(sim: Simulator, version: int) -> dict[str, int]:
+    """Node: how many times it installed ``version`` (successfully)."""
+    return Counter(i["node"] for i in sim.installs() if i["version"] == version and i["ok"])
+
+
+def test_a_deployment_reaches_nodes_that_come_back_join_later_or_gain_the_label(
+    service: FleetService, broker: Broker
+) -> None:
+    sim = simulator(broker, 12, labels={"site": ["a", "b"]})  # even: a, odd: b
+    late = None
+    try:
+        assert sim.wait_connected(timeout=30)
+        away = ["sim-00000", "sim-00002"]  # two of site a, offline when the deployment comes
+        sim.set_online(away, False)
+        body = {"id": "site-a", "selector": {"site": "a"}, "priority": 5, "models": [entry(2)]}
+        status, made = service.call("POST", "/v1/deployments", body, role="operator")
+        assert status == 201, made
+        site_a = {f"sim-{i:05d}" for i in range(0, 12, 2)}
+        online_a = site_a - set(away)
+        got = service.wait_for(lambda: set(installed(sim, 2)) >= online_a, 30)
+        assert got, sim.installs()
+        assert set(installed(sim, 2)) == online_a  # not the offline ones yet, not site b
+        sim.set_online(away, True)  # back: the retained desired state is waiting for them
+        assert service.wait_for(lambda: set(installed(sim, 2)) == site_a, 30)
+        # a node that joins the fleet later
+        late = simulator(broker, 1, prefix="late", labels={"site": ["a"]})
+        assert service.wait_for(lambda: installed(late, 2) == {"late-00000": 1}, 30)  # type: ignore[union-attr]
+        # a node of site b that an operator labels site a
+        status, _ = service.call("PUT", "/v1/nodes/sim-00001/labels",
+                                 {"labels": {"site": "a"}}, role="operator")  # fmt: skip
+        assert status == 200
+        assert service.wait_for(lambda: "sim-00001" in installed(sim, 2), 30)
+        # a node that loses the label: the deployment's model leaves its desired state (it
+        # keeps serving what it has)
+        service.call("PUT", "/v1/nodes/sim-00001/labels", {"labels": {}}, role="operator")
+        assert service.wait_for(
+            lambda: service.call("GET", "/v1/nodes/sim-00001")[1]["desired"] == [], 30
+        )
+        # a higher-priority deployment wins where both select
+        top = {"id": "top", "selector": {"site": "a"}, "priority": 9, "models": [entry(4)]}
+        assert service.call("POST", "/v1/deployments", top, role="operator")[0] == 201
+        assert service.wait_for(lambda: set(installed(sim, 4)) == site_a, 30)
+        assert all(n == 1 for n in installed(sim, 2).values())  # none installed twice
+        assert all(n == 1 for n in installed(sim, 4).values())
+        _, detail = service.call("GET", "/v1/deployments/top")
+        assert detail["nodes"]["targeted"] == len(site_a) + 1  # and late-00000
+    finally:
+        sim.stop()
+        if late is not None:
+            late.stop()
+
+
+def run_rollout(service: FleetService, body: dict[str, Any], kills: int, seed: int,
+                timeout: float = 120.0) -> dict[str, Any]:  # fmt: skip
+    """Creates the rollout, SIGKILLs the service ``kills`` times at random points while it runs
+    (starting it again each time), and waits for its end; its record."""
+    status, made = service.call("POST", "/v1/rollouts", body, role="operator")
+    assert status == 201, made
+    chance = random.Random(seed)
+    deadline = time.monotonic() + timeout
+    for _ in range(kills):
+        time.sleep(chance.uniform(0.3, 2.5))
+        service.kill()
+        service.start()
+    while time.monotonic() < deadline:
+        status, record = service.call("GET", f"/v1/rollouts/{body['id']}?nodes=1")
+        if status == 200 and record["state"] in DONE:
+            return record  # type: ignore[no-any-return]
+        time.sleep(0.5)
+    raise AssertionError(f"rollout {body['id']} did not end: {record}\n{service.logs()[-3000:]}")
+
+
+@pytest.mark.parametrize("kills", [0, 5])
+def test_rollouts_over_200_nodes_resume_after_sigkill(
+    service: FleetService, broker: Broker, kills: int
+) -> None:
+    """A good version reaches all 200 nodes, each installing it once; a bad one aborts at the
+    canary and every node that got it is rolled back; with the service SIGKILLed at 5 random
+    points of each run, the end is the same as without."""
+    sim = simulator(broker, 200, bad_version=f"{MODEL}=3", bad_fail_rate=0.3)
+    try:
+        assert sim.wait_connected(timeout=60)
+        assert service.wait_for(
+            lambda: service.call("GET", "/v1/nodes?limit=1")[1]["counts"].get("online") == 200
+        )
+        good = {"id": "good", **entry(2), "stages": [0.1, 0.5, 1.0], "soak_s": 2,
+                "max_unavailable": 40, "activation_timeout_s": 60}  # fmt: skip
+        record = run_rollout(service, good, kills, seed=1)
+        assert record["state"] == "done", record["log"]
+        assert record["nodes"] == {"active": 200} and record["stage_sizes"] == [20, 100, 200]
+        once = installed(sim, 2)
+        assert len(once) == 200 and set(once.values()) == {1}  # none twice, none skipped
+        assert service.wait_for(lambda: set(versions(service).values()) == {"2"}, 30)
+
+        bad = {"id": "bad", **entry(3), "stages": [0.1, 1.0], "soak_s": 30,
+               "max_unavailable": 20, "activation_timeout_s": 60}  # fmt: skip
+        record = run_rollout(service, bad, kills, seed=2)
+        assert record["state"] == "aborted", record["log"]
+        canary = {n["node"] for n in record["node_states"] if n["stage"] == 0}
+        sent = {n["node"] for n in record["node_states"] if n["state"] == "rolled-back"}
+        assert len(canary) == 20 and sent <= canary and sent  # it stopped at the canary
+        assert {n["state"] for n in record["node_states"] if n["stage"] > 0} == {"pending"}
+        tried = {i["node"] for i in sim.installs() if i["version"] == 3}
+        assert tried <= sent  # no node outside the canary got it
+        assert all(n == 1 for n in installed(sim, 3).values())
+        # every node serves version 2 again: those that had installed 3 were rolled back
+        assert service.wait_for(lambda: set(versions(service).values()) == {"2"}, 30), versions(
+            service
+        )
+        print(
+            f"kills {kills}: good in {len(record['log'])} log lines; bad aborted:"
+            f" {record['why']}; {len(installed(sim, 3))} canary nodes had installed it"
+        )
+    finally:
+        sim.stop()
+
+
+def edgefleet(service: FleetService, *args: str) -> Any:
+    """The real edgefleet command as a client of the service (an operator's token)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.fleetservice import TOKENS
+
+    done = subprocess.run(
+        [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service", service.url, *args],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["operator"]},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_edgefleet_drives_deployments_and_rollouts_through_the_service(
+    service: FleetService, broker: Broker, tmp_path: Path
+) -> None:
+    sim = simulator(broker, 6, labels={"site": ["a"]})
+    try:
+        assert sim.wait_connected(timeout=30)
+        assert service.wait_for(lambda: len(versions(service)) == 6)
+        two, five = tmp_path / "m2.json", tmp_path / "m5.json"
+        two.write_text(json.dumps(entry(2)["manifest"]))
+        five.write_text(json.dumps(entry(5)["manifest"]))
+        url = "model.onnx=https://cdn.example/m/x"
+        made = edgefleet(service, "deploy", "create", "base", "--manifest", str(two), "--url",
+                         url, "--selector", "site=a", "--priority", "3")  # fmt: skip
+        assert (made["id"], made["versions"], made["priority"]) == ("base", {MODEL: 2}, 3)
+        assert [d["id"] for d in edgefleet(service, "deploy", "list")] == ["base"]
+        assert service.wait_for(lambda: len(installed(sim, 2)) == 6, 30)
+        labelled = edgefleet(service, "label", "sim-00000", "ring=canary")
+        assert labelled["operator_labels"] == {"ring": "canary"}
+        # a rollout of the deployment's next version, paused before it begins, then resumed
+        record = edgefleet(service, "rollout", "create", "r5", "--manifest", str(five), "--url",
+                           url, "--deployment", "base", "--stages", "50,100", "--soak", "1",
+                           "--activation-timeout", "60")  # fmt: skip
+        assert (record["state"], record["deployment"], record["stages"]) == (
+            "running", "base", [0.5, 1.0])  # fmt: skip
+        paused = edgefleet(service, "rollout", "pause", "r5")
+        assert paused["state"] == "paused"
+        resumed = edgefleet(service, "rollout", "resume", "r5")
+        assert resumed["state"] == "running"
+        done = service.wait_for(
+            lambda: edgefleet(service, "rollout", "status", "r5")["state"] == "done", 60
+        )
+        assert done, service.logs()[-2000:]
+        assert len(installed(sim, 5)) == 6
+        shown = edgefleet(service, "deploy", "show", "base")
+        assert shown["versions"] == {MODEL: 5}  # the deployment gives the new version now
+        _, log = service.call("GET", "/v1/audit")
+        assert [e["action"] for e in log["entries"]] == [
+            "create deployment", "set labels", "create rollout", "pause rollout",
+            "resume rollout"]  # fmt: skip
+    finally:
+        sim.stop()
+
+
+def test_two_replicas_on_postgresql_one_runner_drives_a_rollout_to_the_end(
+    tmp_path: Path, broker: Broker, postgres: Postgres
+) -> None:
+    """The runner is killed mid-rollout; the other replica takes the lease and finishes it."""
+    url = postgres.create_database("fleet")
+    more = keys(tmp_path)
+    one = FleetService(tmp_path / "one", broker, database=url, replica="one", more=more).start()
+    two = FleetService(tmp_path / "two", broker, database=url, replica="two", more=more).start()
+    sim = simulator(broker, 40)
+    try:
+        assert sim.wait_connected(timeout=30)
+        assert one.wait_for(lambda: len(versions(one)) == 40, 30)
+        body = {"id": "r2", **entry(2), "stages": [0.25, 0.5, 1.0], "soak_s": 3,
+                "max_unavailable": 5, "activation_timeout_s": 60}  # fmt: skip
+        assert two.call("POST", "/v1/rollouts", body, role="operator")[0] == 201
+        runner = one if one.call("GET", "/healthz")[1]["runner"] else two
+        other = two if runner is one else one
+        assert runner.wait_for(lambda: runner.call("GET", "/v1/rollouts/r2")[1]["stage"] >= 1, 60)
+        runner.kill()
+        assert other.wait_for(lambda: other.call("GET", "/healthz")[1]["runner"], 20)
+        done = other.wait_for(lambda: other.call("GET", "/v1/rollouts/r2")[1]["state"] == "done",
+                              90)  # fmt: skip
+        assert done, other.logs()[-3000:]
+        once = installed(sim, 2)
+        assert len(once) == 40 and set(once.values()) == {1}
+
+        # one runner at a time: the killed one logged stage 1, the other the rest
+        def moves(s: FleetService) -> list[str]:
+            return [line.split("rollout r2: ")[1] for line in s.logs().splitlines()
+                    if "rollout r2: " in line and "created by" not in line]  # fmt: skip
+
+        before, after = moves(runner), moves(other)
+        assert before and after and after[-1].startswith("done")
+        assert not any(m.startswith("done") for m in before), (before, after)
+        print(f"runner {runner.replica}: {before}\nthen {other.replica}: {after}")
+    finally:
+        sim.stop()
+        one.kill()
+        two.kill()
