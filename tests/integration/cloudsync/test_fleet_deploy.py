@@ -168,6 +168,7 @@ def test_rollouts_over_200_nodes_resume_after_sigkill(
         good = {"id": "good", **entry(2), "stages": [0.1, 0.5, 1.0], "soak_s": 2,
                 "max_unavailable": 40, "activation_timeout_s": 60}  # fmt: skip
         record = run_rollout(service, good, kills, seed=1)
+        print(f"kills {kills}: good: {record['log']}")
         assert record["state"] == "done", record["log"]
         assert record["nodes"] == {"active": 200} and record["stage_sizes"] == [20, 100, 200]
         once = installed(sim, 2)
@@ -190,8 +191,8 @@ def test_rollouts_over_200_nodes_resume_after_sigkill(
             service
         )
         print(
-            f"kills {kills}: good in {len(record['log'])} log lines; bad aborted:"
-            f" {record['why']}; {len(installed(sim, 3))} canary nodes had installed it"
+            f"kills {kills}: bad aborted: {record['why']}; {len(installed(sim, 3))} canary"
+            " nodes had installed it and were rolled back"
         )
     finally:
         sim.stop()
