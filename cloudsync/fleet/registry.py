@@ -33,10 +33,12 @@ from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.labels import LabelError, check_labels, selects
+from cloudsync.protocol.manifest import MODEL_NAME
 from cloudsync.protocol.telemetry import FAILED_OUTCOMES
 
 log = logging.getLogger("edgefleet.registry")
 MAX_PAGE = 1000
+MAX_INT = 2**53  # what a count or a time in a message may be (a BIGINT holds it)
 
 
 class Message(NamedTuple):
@@ -56,6 +58,26 @@ class Ingested:
     lags_s: list[float] = field(default_factory=list)  # heartbeats: arrival - sent
     counted: dict[str, int] = field(default_factory=dict)
     poison: int = 0
+
+
+def text(value: Any, limit: int = 500) -> str:
+    """A sender's text as a column keeps it: escaped (lone surrogates, NUL, which PostgreSQL's
+    text cannot hold) and capped."""
+    return envelope.printable(str(value), limit).replace("\x00", "\\x00")
+
+
+def count(value: Any) -> int:
+    """A count from a message: an integer 0 to 2^53 (ValueError otherwise: poison)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_INT:
+        raise ValueError(f"a count: {text(value, 40)}")
+    return value
+
+
+def number(value: Any) -> float:
+    """A figure from a message: a finite number (ValueError otherwise: poison)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) > 1e300:
+        raise ValueError(f"a number: {text(value, 40)}")
+    return float(value)
 
 
 def digest_models(entries: list[Any]) -> str:
@@ -79,27 +101,15 @@ class Registry:
     def ingest(self, batch: Iterable[Message], watched: frozenset[str] = frozenset()) -> Ingested:
         done = Ingested()
         heartbeats: list[tuple[Any, ...]] = []
+        first = ""
         with self.store.transaction() as tx:
             for msg in batch:
                 try:
-                    if msg.kind == "desired-models":
-                        self._desired(tx, msg, done)
-                        continue
-                    env = envelope.decode(msg.payload)
-                    if msg.kind == "status":
-                        self._status(tx, msg, env, done)
-                    elif msg.kind == "heartbeat":
-                        heartbeats.append((msg.node, msg.arrived_ms, msg.arrived_ms, env.ts,
-                                           dumps(env.body)))  # fmt: skip
-                        done.lags_s.append(max(0.0, (msg.arrived_ms - env.ts) / 1000))
-                    elif msg.kind == "events":
-                        done.steps += self._event(tx, msg, env)
-                    elif msg.kind == "telemetry" and watched:
-                        self._telemetry(tx, msg, env, watched)
+                    self._one(tx, msg, watched, done, heartbeats)
                     done.counted[msg.kind] = done.counted.get(msg.kind, 0) + 1
                 except (EnvelopeError, LabelError, ValueError, TypeError, KeyError) as exc:
                     done.poison += 1
-                    log.warning("node %s: a %s message dropped: %s", msg.node, msg.kind, exc)
+                    first = first or f"node {msg.node}, {msg.kind}: {text(exc, 200)}"
             # one statement for the batch's heartbeats: counted when newer than the last
             tx.executemany(
                 "INSERT INTO nodes (node, state, first_seen, last_seen, heartbeats,"
@@ -111,7 +121,28 @@ class Registry:
                 " WHERE excluded.heartbeat_ts > nodes.heartbeat_ts",
                 heartbeats,
             )
+        if done.poison:  # one line a batch, whatever a node floods
+            log.warning("%d message(s) not of the contract dropped; the first: %s",
+                        done.poison, first)  # fmt: skip
         return done
+
+    def _one(self, tx: Tx, msg: Message, watched: frozenset[str], done: Ingested,
+             heartbeats: list[tuple[Any, ...]]) -> None:  # fmt: skip
+        if msg.kind == "desired-models":
+            self._desired(tx, msg, done)
+            return
+        env = envelope.decode(msg.payload)
+        if not 0 <= env.ts < MAX_INT:
+            raise ValueError(f"ts {env.ts}: out of range")
+        if msg.kind == "status":
+            self._status(tx, msg, env, done)
+        elif msg.kind == "heartbeat":
+            heartbeats.append((msg.node, msg.arrived_ms, msg.arrived_ms, env.ts, dumps(env.body)))
+            done.lags_s.append(max(0.0, (msg.arrived_ms - env.ts) / 1000))
+        elif msg.kind == "events":
+            done.steps += self._event(tx, msg, env)
+        elif msg.kind == "telemetry" and watched:
+            self._telemetry(tx, msg, env, watched)
 
     def _status(self, tx: Tx, msg: Message, env: envelope.Envelope, done: Ingested) -> None:
         body = env.body
@@ -146,13 +177,12 @@ class Registry:
                 " VALUES (?, 'offline', ?, ?, ?) ON CONFLICT (node) DO UPDATE SET"
                 " state = 'offline', reason = excluded.reason, status_ts = CASE WHEN"
                 " nodes.state = 'offline' THEN nodes.status_ts ELSE excluded.status_ts END",
-                (msg.node, envelope.printable(str(reason or "")), msg.arrived_ms,
-                 msg.arrived_ms),
+                (msg.node, text(reason or ""), msg.arrived_ms, msg.arrived_ms),
             )  # fmt: skip
         tx.execute(
             "INSERT INTO history (node, ts, state, reason, arrived) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT DO NOTHING",
-            (msg.node, env.ts, state, envelope.printable(str(reason or "")), msg.arrived_ms),
+            (msg.node, env.ts, state, text(reason or ""), msg.arrived_ms),
         )
 
     def _event(self, tx: Tx, msg: Message, env: envelope.Envelope) -> int:
@@ -160,13 +190,15 @@ class Registry:
         if not isinstance(step, dict):
             return 0  # other events: the observability issue's
         model, version = step.get("model"), step.get("version")
-        if not isinstance(model, str) or isinstance(version, bool) or not isinstance(version, int):
-            raise ValueError("events.delivery: model and version")
+        if not isinstance(model, str) or not MODEL_NAME.match(model):
+            raise ValueError("events.delivery.model: a model name")
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 < version < 2**53:
+            raise ValueError("events.delivery.version: a positive integer")
         tx.execute(
             "INSERT INTO steps (node, model, version, step, ts) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (node, model, version) DO UPDATE SET step = excluded.step,"
             " ts = excluded.ts WHERE excluded.ts >= steps.ts",
-            (msg.node, model, version, envelope.printable(str(step.get("step")), 32), env.ts),
+            (msg.node, model, version, text(step.get("step"), 32), env.ts),
         )
         return 1
 
@@ -181,18 +213,20 @@ class Registry:
             if not isinstance(row, dict) or row.get("model") not in watched:
                 continue
             outcomes = row.get("outcomes", {})
-            failed = sum(int(outcomes.get(o, 0)) for o in FAILED_OUTCOMES)
-            scored = int(row.get("confidence_n") or 0)
+            if not isinstance(outcomes, dict):
+                raise ValueError("telemetry: outcomes")
+            failed = count(sum(count(outcomes.get(o, 0)) for o in FAILED_OUTCOMES))
+            scored = count(row.get("confidence_n") or 0)
             p95 = row.get("p95_ms")
-            rows.append((msg.node, env.ts, str(row["model"]), str(row.get("version")),
-                         int(row.get("requests", 0)), failed,
-                         float(p95) if p95 is not None else None, scored,
-                         float(row.get("confidence_mean") or 0) * scored, 0, 0))  # fmt: skip
+            rows.append((msg.node, env.ts, str(row["model"]), text(row.get("version"), 32),
+                         count(row.get("requests", 0)), failed,
+                         number(p95) if p95 is not None else None, scored,
+                         number(row.get("confidence_mean") or 0) * scored, 0, 0))  # fmt: skip
         for model, routes in (metrics.get("routes") or {}).items():
             if model in watched and isinstance(routes, dict):
-                total = sum(int(n) for n in routes.values())
+                total = count(sum(count(n) for n in routes.values()))
                 rows.append((msg.node, env.ts, model, "", 0, 0, None, 0, 0.0, total,
-                             int(routes.get("fallback", 0))))  # fmt: skip
+                             count(routes.get("fallback", 0))))  # fmt: skip
         tx.executemany(
             "INSERT INTO telemetry (node, ts, model, version, requests, failed, p95_ms, conf_n,"
             " conf_sum, routed, fallbacks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"

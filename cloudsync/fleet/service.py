@@ -210,25 +210,28 @@ class Service:
         return batch
 
     def write(self, batch: list[tuple[Message, int]]) -> Ingested:
-        """Writes ``batch`` until the database takes it (a database that is down holds the
-        batch, and the broker the rest), then acknowledges it."""
+        """Writes ``batch`` until the database takes it, then acknowledges it. A batch the
+        database refuses is written message by message: one it refuses alone while it answers
+        is dropped as poison; while it does not answer (down, full), the batch waits, and the
+        broker holds the rest."""
         delay = 0.5
         while True:
+            started = time.perf_counter()
             try:
-                started = time.perf_counter()
-                if time.monotonic() > self.watched_at:  # what running rollouts judge
-                    self.watched = frozenset(self.rollouts.watched())
-                    self.watched_at = time.monotonic() + 2.0
-                done = self.registry.ingest((m for m, _ in batch), self.watched)
+                done = self.registry.ingest((m for m, _ in batch), self.watched_now())
                 self.metrics.batch.observe(time.perf_counter() - started)
                 break
-            except Exception:  # the database is down or full: try again
+            except Exception:
                 self.metrics.db_errors.inc()
-                log.exception("cannot write %d messages; trying again in %.1f s",
-                              len(batch), delay)  # fmt: skip
-                if self.stopping.wait(delay):
-                    return Ingested()
-                delay = min(delay * 2, 10.0)
+                log.exception("a batch of %d messages cannot be written", len(batch))
+            alone = self.one_by_one([m for m, _ in batch])
+            if alone is not None:
+                done = alone
+                break
+            log.error("the database does not answer; trying again in %.1f s", delay)
+            if self.stopping.wait(delay):
+                return Ingested()
+            delay = min(delay * 2, 10.0)
         for _, mid in batch:
             self._ack(mid)
         for kind, n in done.counted.items():
@@ -242,6 +245,38 @@ class Service:
                 self.dirty |= done.births | done.desired
         if done.births or done.desired or done.steps:
             self.wake.set()
+        return done
+
+    def watched_now(self) -> frozenset[str]:
+        if time.monotonic() > self.watched_at:  # what running rollouts judge
+            self.watched = frozenset(self.rollouts.watched())
+            self.watched_at = time.monotonic() + 2.0
+        return self.watched
+
+    def one_by_one(self, messages: list[Message]) -> Ingested | None:
+        """Each message in its own transaction; those refused are poison if the database
+        answers (None if it does not: nothing is dropped then)."""
+        done, refused = Ingested(), 0
+        for msg in messages:
+            try:
+                one = self.registry.ingest([msg], self.watched)
+            except Exception:
+                refused += 1
+                continue
+            done.births |= one.births
+            done.desired |= one.desired
+            done.lags_s += one.lags_s
+            done.steps += one.steps
+            done.poison += one.poison
+            for kind, n in one.counted.items():
+                done.counted[kind] = done.counted.get(kind, 0) + n
+        try:
+            self.store.query("SELECT 1 AS ok")
+        except Exception:
+            return None
+        if refused:
+            log.error("%d message(s) the database refuses dropped as poison", refused)
+        done.poison += refused
         return done
 
     def writer(self) -> None:

@@ -1,0 +1,202 @@
+"""The fleet service (issue 24) lives on whatever nodes publish and whatever callers send.
+
+- A fuzzer (hypothesis) feeds the registry batches of hostile messages on every topic it reads,
+  on a real SQLite file and a real PostgreSQL: bytes, envelopes whose bodies are any JSON,
+  numbers past a BIGINT, NUL and lone surrogates in every text. Nothing escapes ``ingest``,
+  and a good birth in the same batch is written.
+- The real service process, against a real Mosquitto, gets garbage on every topic it
+  subscribes to (empty, invalid UTF-8, nested 100,000 deep, 200 KiB, wrong types, NUL, huge
+  numbers) from a node's side: it stays healthy, counts the poison, and a node's birth and
+  heartbeat after them are in the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cloudsync.fleet.registry import Message, Registry
+from cloudsync.fleet.store import Store
+from cloudsync.protocol.envelope import Envelope
+from cloudsync.protocol.mqtt import SyncClient
+from cloudsync.protocol.topics import Topics
+from tests.conftest import skip_or_fail
+from tests.fleetservice import FleetService
+from tests.mosquitto import OPERATOR, Broker
+from tests.postgres import Postgres
+
+KINDS = ["status", "heartbeat", "events", "telemetry", "desired-models"]
+WATCHED = frozenset({"m"})
+texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=20) | st.sampled_from(
+    ["\x00", "\ud800", "m", "online", "offline", "active", "a" * 70]
+)
+numbers = st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+json_values = st.recursive(
+    st.none() | st.booleans() | numbers | texts,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+    max_leaves=20,
+)
+# bodies shaped like the real ones, with any value anywhere
+bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "state": st.sampled_from(["online", "offline"]) | json_values,
+        "labels": st.dictionaries(texts, texts | json_values, max_size=3) | json_values,
+        "models": st.lists(st.dictionaries(texts, json_values, max_size=3), max_size=3)
+        | json_values,
+        "hardware": json_values,
+        "reason": json_values,
+        "delivery": st.fixed_dictionaries(
+            {
+                "model": st.sampled_from(["m"]) | json_values,
+                "version": numbers | json_values,
+                "step": json_values,
+            }
+        )
+        | json_values,
+        "metrics": st.fixed_dictionaries(
+            {
+                "models": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "model": st.just("m"),
+                            "version": json_values,
+                            "requests": numbers | json_values,
+                            "outcomes": st.dictionaries(
+                                st.sampled_from(["error", "ok"]), numbers | json_values
+                            )
+                            | json_values,
+                            "p95_ms": numbers | json_values,
+                            "confidence_n": numbers | json_values,
+                            "confidence_mean": numbers | json_values,
+                        }
+                    ),
+                    max_size=2,
+                ),
+                "routes": st.dictionaries(
+                    st.just("m"), st.dictionaries(texts, numbers | json_values) | json_values
+                ),
+            }
+        )
+        | json_values,
+    },
+)
+
+
+def envelope_bytes(body: dict[str, Any], ts: int) -> bytes:
+    try:
+        return Envelope("n", 1, body, ts=ts).encode()
+    except (ValueError, TypeError):  # a body the envelope cannot carry: raw JSON then
+        return json.dumps({"v": 1, "id": "x", "ts": ts, "node": "n", "seq": 1,
+                           "body": body}, default=str).encode(errors="surrogatepass")  # fmt: skip
+
+
+payloads = st.one_of(
+    st.binary(max_size=200),
+    st.builds(envelope_bytes, bodies, st.integers(-(2**65), 2**65) | st.just(1_800_000_000_000)),
+)
+messages = st.lists(st.tuples(st.sampled_from(KINDS), payloads), min_size=1, max_size=8)
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
+    why = Postgres.available()
+    if why:
+        skip_or_fail(why)
+    server = Postgres(tmp_path_factory.mktemp("pg")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Registry]:
+    if request.param == "sqlite":
+        store = Store(str(tmp_path / "fleet.db"))
+    else:
+        pg = request.getfixturevalue("postgres")
+        store = Store(pg.create_database(f"h{uuid.uuid4().hex[:12]}"))
+    yield Registry(store)
+    store.close()
+
+
+def test_no_message_escapes_ingest_and_the_good_ones_are_written(registry: Registry) -> None:
+    good = Envelope("good", 1, {"state": "online", "labels": {"k": "v"}}, ts=1).encode()
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(messages)
+    def fuzz(batch: list[tuple[str, bytes]]) -> None:
+        hostile = [Message(kind, "n", payload, 1) for kind, payload in batch]
+        done = registry.ingest([*hostile, Message("status", "good", good, 2)], WATCHED)
+        assert "good" in done.births
+        assert done.poison + sum(done.counted.values()) == len(hostile) + 1
+
+    fuzz()
+    row = registry.node("good", 10)
+    assert row is not None and row["labels"] == {"k": "v"}
+
+
+GARBAGE: list[bytes] = [
+    b"", b"\xff\xfe", b"not json", b"[" * 100_000 + b"]" * 100_000, b"x" * 200_000,
+    b'{"v": 1, "id": "a", "ts": 1, "node": "n", "seq": 1, "body": []}',
+    Envelope("n", 1, {"state": "online", "labels": {"k\\u0000": "v"}}).encode(),
+    Envelope("n", 1, {"state": 5}).encode(),
+    Envelope("n", 1, {"delivery": {"model": "m\x00", "version": 2**80, "step": "x"}}).encode(),
+    Envelope("n", 2**64, {"state": "online"}).encode(),
+    Envelope("n", 1, {"metrics": {"models": [{"model": "m", "requests": 2**70}]}}).encode(),
+    Envelope("n", 1, {"models": [1, 2]}).encode(),
+]  # fmt: skip
+LEAVES = {"status": "status", "heartbeat": "heartbeat", "events": "events",
+          "telemetry": "telemetry", "desired": "desired_models"}  # fmt: skip
+
+
+@pytest.fixture
+def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
+    broker = Broker(tmp_path / "mosquitto", pki).start()
+    yield broker
+    broker.kill()
+
+
+def test_the_service_lives_on_garbage_from_the_nodes(tmp_path: Path, broker: Broker) -> None:
+    service = FleetService(tmp_path / "service", broker).start()
+    client = SyncClient(broker.port, broker.pki, OPERATOR)
+    assert client.connect()
+    try:
+        pid = service.proc.pid  # type: ignore[union-attr]
+        topics = Topics("f1", "evil")
+        sent = 0
+        for payload in GARBAGE:
+            for attribute in LEAVES.values():
+                client.publish(getattr(topics, attribute), payload)
+                sent += 1
+        now = int(time.time() * 1000)
+        good = Topics("f1", "n1")
+        client.publish(good.status, Envelope("n1", 1, {"state": "online"}, ts=now).encode(),
+                       retain=True)  # fmt: skip
+        client.publish(good.heartbeat, Envelope("n1", 2, {"uptime_s": 1}, ts=now + 1).encode())
+
+        def written() -> bool:
+            status, row = service.call("GET", "/v1/nodes/n1")
+            return status == 200 and row["heartbeats"] == 1
+
+        assert service.wait_for(written, 30), service.logs()[-3000:]
+        assert service.proc is not None and service.proc.pid == pid and service.proc.poll() is None
+        assert service.call("GET", "/healthz")[0] == 200
+        metrics = service.call("GET", "/metrics")[1]
+        poison = next(float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith("edgefleet_poison_messages_total"))  # fmt: skip
+        print(f"{sent} hostile messages, {poison:.0f} counted as poison")
+        assert poison >= len(GARBAGE) * 3  # every status, heartbeat, event one at least
+        errors = next(float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith("edgefleet_database_errors_total"))  # fmt: skip
+        assert errors == 0  # each refused before it reached the database
+    finally:
+        client.close()
+        service.kill()
