@@ -14,7 +14,8 @@ No token, or an unknown one: 401. A role too low: 403, naming the role needed. E
 (each call that changes something, and each one refused for its role or its body) goes into the
 audit log with the caller, the target and the outcome. A body is at most ``[api] max_body_kb``
 (413), must be JSON (400) and its fields are checked before anything is done (422 naming the
-field). The database is called from a thread pool, never from the event loop.
+field); a query parameter an operation does not take is a 400 naming it. The database is called
+from a thread pool, never from the event loop.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from prometheus_client import generate_latest
 
 from cloudsync.fleet.config import Token
 from cloudsync.fleet.deployments import Invalid, check
+from cloudsync.fleet.registry import MAX_INT, MAX_PAGE
 from cloudsync.fleet.rollouts import Conflict, Rollout
 from cloudsync.fleet.rollouts import check as check_rollout
 from cloudsync.fleet.service import Service
@@ -99,6 +101,9 @@ class Api:
             return error(401, "Authorization: Bearer <token> (an [api] tokens entry)")
         request[WHO] = who
         need = getattr(handler, "role", "viewer")  # unrouted: 404 or 405 follows
+        unknown = set(request.query) - getattr(handler, "query", set(request.query))
+        if unknown:
+            return error(400, f"query: no parameter {sorted(unknown)[0]!r} here")
         if ROLES[who.role] < ROLES[need]:
             if request.method != "GET":
                 await self.db(
@@ -174,13 +179,15 @@ class Api:
         state = q.get("state")
         if state not in (None, "online", "offline", "stale", "unknown"):
             return error(400, "state: online, offline, stale or unknown")
+        limit = page_size(q.get("limit", "100"))
+        if limit is None:
+            return error(400, f"limit: 1 to {MAX_PAGE}")
         try:
-            limit = int(q.get("limit", "100"))
             selector = check_labels(
                 dict(p.split("=", 1) for p in q.get("selector", "").split(",") if p), "selector"
             )
         except (ValueError, LabelError) as exc:
-            return error(400, f"limit or selector: {exc}")
+            return error(400, f"selector: k=v,k2=v2 ({exc})")
         now = self.service.clock()
         page, after = await self.db(
             self.service.registry.nodes, now, state, selector, q.get("contains", ""),
@@ -336,11 +343,15 @@ class Api:
     # ---- audit -----------------------------------------------------------------------------
 
     async def audit_log(self, request: web.Request) -> web.Response:
+        limit = page_size(request.query.get("limit", "100"))
         try:
             after = int(request.query.get("after", "0"))
-            limit = max(1, min(int(request.query.get("limit", "100")), 1000))
         except ValueError:
-            return error(400, "after and limit: integers")
+            after = -1
+        if not 0 <= after < MAX_INT:
+            limit = None
+        if limit is None:
+            return error(400, f"after: an entry's id; limit: 1 to {MAX_PAGE}")
         rows = await self.db(
             self.service.store.query,
             "SELECT * FROM audit WHERE id > ? ORDER BY id LIMIT ?", (after, limit),
@@ -357,25 +368,26 @@ class Api:
         limit = self.service.config.api.max_body_kb * 1024
         app = web.Application(middlewares=[self.guard], client_max_size=limit)
         routes = [
-            ("GET", "/healthz", self.healthz, "viewer"),
-            ("GET", "/metrics", self.metrics, "viewer"),
-            ("GET", "/v1/openapi.json", self.openapi, "viewer"),
-            ("GET", "/v1/nodes", self.nodes, "viewer"),
-            ("GET", "/v1/nodes/{node}", self.node, "viewer"),
-            ("GET", "/v1/nodes/{node}/history", self.history, "viewer"),
-            ("PUT", "/v1/nodes/{node}/labels", self.labels, "operator"),
-            ("GET", "/v1/deployments", self.deployments, "viewer"),
-            ("POST", "/v1/deployments", self.create_deployment, "operator"),
-            ("GET", "/v1/deployments/{id}", self.deployment, "viewer"),
-            ("DELETE", "/v1/deployments/{id}", self.delete_deployment, "operator"),
-            ("GET", "/v1/rollouts", self.rollouts, "viewer"),
-            ("POST", "/v1/rollouts", self.create_rollout, "operator"),
-            ("GET", "/v1/rollouts/{id}", self.rollout, "viewer"),
-            ("POST", "/v1/rollouts/{id}/{action}", self.act_on_rollout, "operator"),
-            ("GET", "/v1/audit", self.audit_log, "operator"),
-        ]
-        for method, path, handler, role in routes:
-            app.router.add_route(method, path, _with_role(handler, role))
+            ("GET", "/healthz", self.healthz, "viewer", ()),
+            ("GET", "/metrics", self.metrics, "viewer", ()),
+            ("GET", "/v1/openapi.json", self.openapi, "viewer", ()),
+            ("GET", "/v1/nodes", self.nodes, "viewer",
+             ("state", "selector", "contains", "after", "limit")),
+            ("GET", "/v1/nodes/{node}", self.node, "viewer", ()),
+            ("GET", "/v1/nodes/{node}/history", self.history, "viewer", ()),
+            ("PUT", "/v1/nodes/{node}/labels", self.labels, "operator", ()),
+            ("GET", "/v1/deployments", self.deployments, "viewer", ()),
+            ("POST", "/v1/deployments", self.create_deployment, "operator", ()),
+            ("GET", "/v1/deployments/{id}", self.deployment, "viewer", ()),
+            ("DELETE", "/v1/deployments/{id}", self.delete_deployment, "operator", ()),
+            ("GET", "/v1/rollouts", self.rollouts, "viewer", ()),
+            ("POST", "/v1/rollouts", self.create_rollout, "operator", ()),
+            ("GET", "/v1/rollouts/{id}", self.rollout, "viewer", ("nodes",)),
+            ("POST", "/v1/rollouts/{id}/{action}", self.act_on_rollout, "operator", ()),
+            ("GET", "/v1/audit", self.audit_log, "operator", ("after", "limit")),
+        ]  # fmt: skip
+        for method, path, handler, role, query in routes:
+            app.router.add_route(method, path, _with_role(handler, role, query))
         return app
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -388,6 +400,15 @@ class Api:
         return context
 
 
+def page_size(text: str) -> int | None:
+    """A page's ``limit``: 1 to MAX_PAGE, else None (400)."""
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if 1 <= value <= MAX_PAGE else None
+
+
 def summary(rollout: Rollout) -> dict[str, Any]:
     """A rollout without its manifest (the API's lists)."""
     doc = rollout.as_dict()
@@ -395,9 +416,12 @@ def summary(rollout: Rollout) -> dict[str, Any]:
     return doc
 
 
-def _with_role(handler: Handler, role: str) -> Handler:
+def _with_role(handler: Handler, role: str, query: tuple[str, ...]) -> Handler:
+    """``handler`` with the role it needs and the query parameters it takes (others: 400)."""
+
     async def call(request: web.Request) -> web.StreamResponse:
         return await handler(request)
 
     call.role = role  # type: ignore[attr-defined]
+    call.query = set(query)  # type: ignore[attr-defined]
     return call
