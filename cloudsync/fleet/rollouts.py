@@ -80,20 +80,24 @@ class Rollout:
     created_ts: int = 0
     updated_ts: int = 0
     log: list[str] = field(default_factory=list)
+    rev: int = 0  # the record's revision: a save of an older one is refused (Stale)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def parse_window(text: Any) -> tuple[int, int] | None:
-    """ "HH:MM-HH:MM" (UTC) as minutes of the day; None for no window. ValueError if bad."""
+    """The window "HH:MM-HH:MM" (UTC) as minutes of the day; None for none; ValueError if
+    bad."""
     if text is None:
         return None
-    if not isinstance(text, str) or len(text) != 11 or text[5] != "-":
-        raise ValueError("window: HH:MM-HH:MM (UTC)")
-    start, end = (int(p[:2]) * 60 + int(p[3:]) for p in (text[:5], text[6:]))
-    if not all(0 <= m < 1440 for m in (start, end)) or start == end:
-        raise ValueError("window: HH:MM-HH:MM (UTC), two different times of day")
+    found = WINDOW.match(text) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError("window: HH:MM-HH:MM (UTC), 00:00 to 23:59")
+    h1, m1, h2, m2 = (int(g) for g in found.groups())
+    start, end = h1 * 60 + m1, h2 * 60 + m2
+    if start == end:
+        raise ValueError("window: two different times of day")
     return start, end
 
 
@@ -169,6 +173,10 @@ class Conflict(Exception):
     """A rollout that cannot start (409): it exists, or its model is another's."""
 
 
+class Stale(Exception):
+    """The rollout's record changed since it was read: the turn or the action starts again."""
+
+
 class Rollouts:
     """The rollouts in the database, and the runner's turn over them."""
 
@@ -192,23 +200,35 @@ class Rollouts:
     def _load(self, row: dict[str, Any]) -> Rollout:
         doc = json.loads(row["doc"])
         doc["gates"] = Gates(**doc["gates"])
+        doc["rev"] = row["rev"]
         return Rollout(**doc)
 
     def all(self) -> list[Rollout]:
-        return [self._load(r) for r in self.store.query("SELECT doc FROM rollouts ORDER BY id")]
+        rows = self.store.query("SELECT doc, rev FROM rollouts ORDER BY id")
+        return [self._load(r) for r in rows]
 
     def get(self, ident: str) -> Rollout | None:
-        rows = self.store.query("SELECT doc FROM rollouts WHERE id = ?", (ident,))
+        rows = self.store.query("SELECT doc, rev FROM rollouts WHERE id = ?", (ident,))
         return self._load(rows[0]) if rows else None
 
     def save(self, tx: Tx, rollout: Rollout, note: str = "") -> None:
+        """The record, if nobody changed it since it was read (Stale: an operator's action or
+        another runner came first; the caller's transaction is rolled back)."""
         rollout.updated_ts = self.clock()
         if note:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rollout.updated_ts / 1000))
             rollout.log = [*rollout.log[-199:], f"{stamp} {note}"]
+        doc = rollout.as_dict()
+        doc.pop("rev")
+        done = tx.execute(
+            "UPDATE rollouts SET state = ?, doc = ?, rev = rev + 1 WHERE id = ? AND rev = ?",
+            (rollout.state, dumps(doc), rollout.id, rollout.rev),
+        )
+        if done.rowcount != 1:
+            raise Stale(rollout.id)
+        rollout.rev += 1
+        if note:
             log.info("rollout %s: %s", rollout.id, note)
-        tx.execute("UPDATE rollouts SET state = ?, doc = ? WHERE id = ?",
-                   (rollout.state, dumps(rollout.as_dict()), rollout.id))  # fmt: skip
 
     def nodes(self, ident: str) -> list[dict[str, Any]]:
         return self.store.query(
@@ -281,7 +301,7 @@ class Rollouts:
         rollout.log = []
         with self.store.transaction() as tx:
             made = tx.execute(
-                "INSERT INTO rollouts (id, state, doc) VALUES (?, 'running', '{}')"
+                "INSERT INTO rollouts (id, state, doc, rev) VALUES (?, 'running', '{}', 0)"
                 " ON CONFLICT (id) DO NOTHING", (rollout.id,),
             )  # fmt: skip
             if made.rowcount != 1:
@@ -299,9 +319,18 @@ class Rollouts:
         return rollout
 
     def act(self, ident: str, action: str, actor: str) -> Rollout:
-        """An operator's pause, resume, promote or abort (Conflict when it does not apply)."""
+        """An operator's pause, resume, promote or abort (Conflict when it does not apply),
+        read and written in one transaction (again if the runner wrote in between)."""
+        for _ in range(5):
+            try:
+                return self._act(ident, action, actor)
+            except Stale:
+                continue
+        raise Conflict(f"rollout {ident} is changing: try again")
+
+    def _act(self, ident: str, action: str, actor: str) -> Rollout:
         with self.store.transaction() as tx:
-            rows = tx.rows("SELECT doc FROM rollouts WHERE id = ?", (ident,))
+            rows = tx.rows("SELECT doc, rev FROM rollouts WHERE id = ?", (ident,))
             if not rows:
                 raise KeyError(ident)
             rollout = self._load(rows[0])
@@ -326,7 +355,10 @@ class Rollouts:
     def turn(self) -> None:
         for rollout in self.all():
             if rollout.state in ("running", "aborting"):
-                self.advance(rollout)
+                try:
+                    self.advance(rollout)
+                except Stale:  # an operator acted meanwhile: the next turn reads it again
+                    log.debug("rollout %s changed during the turn", rollout.id)
 
     def advance(self, rollout: Rollout) -> None:
         if rollout.state == "aborting":
@@ -442,9 +474,14 @@ class Rollouts:
         rows = self.store.query("SELECT models FROM desired WHERE node = ?", (node,))
         previous = json.loads(rows[0]["models"]) if rows else []
         with self.store.transaction() as tx:
-            tx.execute("UPDATE rollout_nodes SET state = 'sending', previous = ?, sent_ts = ?"
-                       " WHERE rollout = ? AND node = ? AND state = 'pending'",
-                       (dumps(previous), self.clock(), rollout.id, node))  # fmt: skip
+            marked = tx.execute(
+                "UPDATE rollout_nodes SET state = 'sending', previous = ?, sent_ts = ?"
+                " WHERE rollout = ? AND node = ? AND state = 'pending' AND EXISTS (SELECT 1"
+                " FROM rollouts WHERE id = ? AND state = 'running')",
+                (dumps(previous), self.clock(), rollout.id, node, rollout.id),
+            )
+            if marked.rowcount != 1:  # paused or aborted since the turn began
+                raise Stale(rollout.id)
         self._publish(rollout, node, previous)
 
     def _publish(self, rollout: Rollout, node: str, previous: list[dict[str, Any]]) -> None:
@@ -468,6 +505,9 @@ class Rollouts:
             have = json.loads(found[0]["models"]) if found[0]["models"] else []
             if row["state"] == "sent" and rollout.entry in have:
                 continue
+            if self.store.query("SELECT state FROM rollouts WHERE id = ?",
+                                (rollout.id,))[0]["state"] != "running":  # fmt: skip
+                raise Stale(rollout.id)
             self._publish(rollout, row["node"], json.loads(found[0]["previous"] or "[]"))
 
     def abort(self, rollout: Rollout, why: str) -> None:

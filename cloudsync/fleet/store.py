@@ -91,7 +91,8 @@ CREATE TABLE IF NOT EXISTS audit (
 CREATE TABLE IF NOT EXISTS rollouts (
     id TEXT PRIMARY KEY,
     state TEXT NOT NULL,
-    doc TEXT NOT NULL
+    doc TEXT NOT NULL,
+    rev BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS rollout_nodes (
     rollout TEXT NOT NULL,
