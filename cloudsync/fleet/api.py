@@ -315,8 +315,7 @@ class Api:
             return await self.refuse(request, action, target, 422, str(exc))
         who = request[WHO]
         try:
-            made = await self.db(self.service.rollouts.create, made, who.name,
-                                 self.service.registry.offline_after_ms)  # fmt: skip
+            made = await self.db(self.service.rollouts.create, made, who.name)
         except Conflict as exc:
             return await self.refuse(request, action, made.id, 409, str(exc))
         await self.db(self.audit, who, action, made.id, "done", {

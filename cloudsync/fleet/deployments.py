@@ -140,7 +140,8 @@ def plan(
         and (name not in managed or name in held)
     ]  # fmt: skip
     given = [winners[name][1] for name in sorted(winners)]
-    return kept + given, set(winners) | (managed & set(held))
+    entries = sorted(kept + given, key=lambda e: model_of(e) or "")  # as rollouts compose them
+    return entries, set(winners) | (managed & set(held))
 
 
 @dataclass
@@ -151,16 +152,18 @@ class Deployments:
     clock: Callable[[], int]
     cache: list[Deployment] | None = field(default=None, repr=False)
 
+    @staticmethod
+    def load(r: dict[str, Any]) -> Deployment:
+        return Deployment(r["id"], json.loads(r["selector"]), r["priority"],
+                          json.loads(r["models"]), r["state"], r["created_ts"], r["created_by"],
+                          r["updated_ts"])  # fmt: skip
+
     def all(self) -> list[Deployment]:
-        rows = self.store.query("SELECT * FROM deployments ORDER BY id")
-        return [
-            Deployment(r["id"], json.loads(r["selector"]), r["priority"], json.loads(r["models"]),
-                       r["state"], r["created_ts"], r["created_by"], r["updated_ts"])
-            for r in rows
-        ]  # fmt: skip
+        return [self.load(r) for r in self.store.query("SELECT * FROM deployments ORDER BY id")]
 
     def get(self, ident: str) -> Deployment | None:
-        return next((d for d in self.all() if d.id == ident), None)
+        rows = self.store.query("SELECT * FROM deployments WHERE id = ?", (ident,))
+        return self.load(rows[0]) if rows else None
 
     def create(self, dep: Deployment, actor: str) -> bool:
         """False if a deployment has that id already."""
@@ -198,45 +201,43 @@ class Reconciler:
         """Reconcile ``nodes`` (None: every node); the number of desired states published."""
         active = [d for d in self.deployments.all() if d.state == "active"]
         holds = self.holds()
-        rows = self.store.query(
+        query = (
             "SELECT n.node, n.node_labels, n.labels, d.models AS current, d.digest,"
             " m.models AS managed FROM nodes n LEFT JOIN desired d ON d.node = n.node"
             " LEFT JOIN managed m ON m.node = n.node"
         )
+        if nodes is None:
+            rows = self.store.query(query)
+        else:
+            rows, names = [], sorted(nodes)
+            for i in range(0, len(names), 500):
+                part = names[i : i + 500]
+                marks = ", ".join("?" for _ in part)
+                rows += self.store.query(f"{query} WHERE n.node IN ({marks})", tuple(part))
         sent = 0
         for row in rows:
-            if nodes is not None and row["node"] not in nodes:
-                continue
             labels = {**json.loads(row["node_labels"]), **json.loads(row["labels"])}
             current = json.loads(row["current"]) if row["current"] else []
             before = set(json.loads(row["managed"])) if row["managed"] else set()
             entries, given = plan(labels, active, current, before, holds.get(row["node"], set()))
             digest = digest_models(entries)
-            if digest == (row["digest"] or digest_models([])) and given == before:
+            changed = digest != (row["digest"] or digest_models([]))
+            if not changed and given == before:
                 continue
-            if digest != (row["digest"] or digest_models([])) and not self.publish(
-                row["node"], entries
-            ):
+            if changed and not self.publish(row["node"], entries):
                 continue  # not on the broker: the next pass tries again
-            self._remember(row["node"], entries, given, digest)
-            sent += 1
+            self._remember(row["node"], given, digest)
+            sent += changed
         self.published += sent
         return sent
 
-    def _remember(self, node: str, entries: list[Any], given: set[str], digest: str) -> None:
-        """What was published is what the node has now (the retained message will say so too:
-        the next pass does not publish it again meanwhile)."""
-        now = self.deployments.clock()
+    def _remember(self, node: str, given: set[str], digest: str) -> None:
+        """The models the service gives the node now (what it published, the service's
+        ``publish`` wrote as the node's desired state)."""
         with self.store.transaction() as tx:
-            tx.execute(
-                "INSERT INTO desired (node, digest, models, ts) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (node) DO UPDATE SET digest = excluded.digest,"
-                " models = excluded.models, ts = excluded.ts",
-                (node, digest, dumps(entries), now),
-            )
             tx.execute(
                 "INSERT INTO managed (node, models, digest, ts) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (node) DO UPDATE SET models = excluded.models,"
                 " digest = excluded.digest, ts = excluded.ts",
-                (node, dumps(sorted(given)), digest, now),
+                (node, dumps(sorted(given)), digest, self.deployments.clock()),
             )

@@ -107,10 +107,13 @@ class Registry:
                 try:
                     self._one(tx, msg, watched, done, heartbeats)
                     done.counted[msg.kind] = done.counted.get(msg.kind, 0) + 1
-                except (EnvelopeError, LabelError, ValueError, TypeError, KeyError) as exc:
+                except (EnvelopeError, LabelError, ValueError, TypeError, KeyError,
+                        AttributeError) as exc:  # fmt: skip
                     done.poison += 1
                     first = first or f"node {msg.node}, {msg.kind}: {text(exc, 200)}"
-            # one statement for the batch's heartbeats: counted when newer than the last
+            # one statement for the batch's heartbeats: counted when newer than the last; in the
+            # order of the nodes, as every replica writes them (no deadlock between two)
+            heartbeats.sort(key=lambda h: (h[0], h[3]))
             tx.executemany(
                 "INSERT INTO nodes (node, state, first_seen, last_seen, heartbeats,"
                 " heartbeat_ts, heartbeat) VALUES (?, 'online', ?, ?, 1, ?, ?)"
@@ -222,7 +225,10 @@ class Registry:
                          count(row.get("requests", 0)), failed,
                          number(p95) if p95 is not None else None, scored,
                          number(row.get("confidence_mean") or 0) * scored, 0, 0))  # fmt: skip
-        for model, routes in (metrics.get("routes") or {}).items():
+        routes_by_model = metrics.get("routes") or {}
+        if not isinstance(routes_by_model, dict):
+            raise ValueError("telemetry: routes")
+        for model, routes in routes_by_model.items():
             if model in watched and isinstance(routes, dict):
                 total = count(sum(count(n) for n in routes.values()))
                 rows.append((msg.node, env.ts, model, "", 0, 0, None, 0, 0.0, total,
@@ -239,14 +245,22 @@ class Registry:
         if not msg.payload:  # the retained desired state was deleted
             tx.execute("DELETE FROM desired WHERE node = ?", (msg.node,))
             return
-        entries = envelope.decode(msg.payload).body.get("models", [])
+        env = envelope.decode(msg.payload)
+        entries = env.body.get("models", [])
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise ValueError("desired.models: a list of objects")
+        self.desired(tx, msg.node, entries, count(env.seq), msg.arrived_ms)
+
+    @staticmethod
+    def desired(tx: Tx, node: str, entries: list[Any], seq: int, now_ms: int) -> None:
+        """A node's desired state, as published with ``seq``: an older one (the broker's echo
+        of what the service published before) does not replace a newer one."""
         tx.execute(
-            "INSERT INTO desired (node, digest, models, ts) VALUES (?, ?, ?, ?)"
+            "INSERT INTO desired (node, digest, models, ts, seq) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (node) DO UPDATE SET digest = excluded.digest,"
-            " models = excluded.models, ts = excluded.ts",
-            (msg.node, digest_models(entries), dumps(entries), msg.arrived_ms),
+            " models = excluded.models, ts = excluded.ts, seq = excluded.seq"
+            " WHERE excluded.seq >= desired.seq",
+            (node, digest_models(entries), dumps(entries), now_ms, seq),
         )
 
     # ---- queries ---------------------------------------------------------------------------

@@ -50,7 +50,6 @@ from cloudsync.protocol.manifest import parse_signed
 from cloudsync.protocol.topics import NAME
 
 log = logging.getLogger("edgefleet.rollouts")
-RUNNING = ("running", "paused", "aborting")  # the states that hold the model on the nodes
 FAILED_STEPS = ("failed", "rolled-back", "refused")
 RESEND_AFTER_MS = 30_000
 WINDOW = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]):([0-5][0-9])$")
@@ -165,6 +164,15 @@ def check(doc: Any, anchors: dict[str, Any] | None, now_ms: int) -> Rollout:
                    float(timeout_s))  # fmt: skip
 
 
+def with_entry(
+    entries: list[dict[str, Any]], model: str, entry: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """A node's desired entries with ``model``'s replaced by ``entry`` (None: removed), in
+    the order of their models (the same state, the same bytes, whoever composes it)."""
+    kept = [e for e in entries if model_of(e) != model] + ([entry] if entry else [])
+    return sorted(kept, key=lambda e: model_of(e) or "")
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -190,10 +198,12 @@ class Rollouts:
         deploy_key: tuple[str, Ed25519PrivateKey] | None,
         identity: str,
         clock: Callable[[], int],
+        offline_after_ms: int = 30_000,
     ) -> None:
         self.store, self.deployments, self.fleet = store, deployments, fleet
         self.publish, self.send, self.deploy_key = publish, send, deploy_key
         self.identity, self.clock = identity, clock
+        self.offline_after_ms = offline_after_ms
 
     # ---- records ---------------------------------------------------------------------------
 
@@ -236,47 +246,68 @@ class Rollouts:
             " ORDER BY stage, rank", (ident,),
         )  # fmt: skip
 
+    def running(self) -> list[Rollout]:
+        """The rollouts that hold their model on their nodes (running, paused, aborting)."""
+        rows = self.store.query("SELECT doc, rev FROM rollouts WHERE state IN ('running',"
+                                " 'paused', 'aborting') ORDER BY id")  # fmt: skip
+        return [self._load(r) for r in rows]
+
     def held(self) -> dict[str, set[str]]:
         """Node: the models that running rollouts hold there (the reconciler leaves them)."""
+        models = {r.id: r.model for r in self.running()}
+        if not models:
+            return {}
+        marks = ", ".join("?" for _ in models)
         rows = self.store.query(
-            "SELECT n.node, r.doc FROM rollout_nodes n JOIN rollouts r ON r.id = n.rollout"
-            " WHERE r.state IN ('running', 'paused', 'aborting')"
+            f"SELECT node, rollout FROM rollout_nodes WHERE rollout IN ({marks})", tuple(models)
         )
         held: dict[str, set[str]] = {}
         for row in rows:
-            held.setdefault(row["node"], set()).add(json.loads(row["doc"])["model"])
+            held.setdefault(row["node"], set()).add(models[row["rollout"]])
         return held
 
     def watched(self) -> set[str]:
         """The models whose telemetry running rollouts judge."""
-        return {r.model for r in self.all() if r.state in RUNNING}
+        return {r.model for r in self.running()}
 
-    def create(self, rollout: Rollout, actor: str, offline_after_ms: int) -> Rollout:
-        """The rollout with its nodes and their stages, saved; Conflict if it cannot start."""
+    def create(self, rollout: Rollout, actor: str) -> Rollout:
+        """The rollout with its nodes and their stages, saved; Conflict if it cannot start. The
+        checks and the writes are one transaction under the rollouts' lock (two creates at once
+        cannot both take a model's nodes)."""
         if self.deploy_key is None:
             raise Conflict("the service has no deploy key ([service] deploy_key): it could not"
                            " sign the rollbacks an abort needs")  # fmt: skip
         now = self.clock()
-        rollout.created_by, rollout.created_ts = actor, now
+        rollout.created_by, rollout.created_ts, rollout.log = actor, now, []
         signed = parse_signed(rollout.entry["manifest"]["signed"])
-        selector = rollout.selector
-        deps = self.deployments.all()
-        if rollout.deployment is not None:
-            dep = next((d for d in deps if d.id == rollout.deployment), None)
-            if dep is None:
-                raise Conflict(f"no deployment {rollout.deployment}")
-            if not any(model_of(e) == rollout.model for e in dep.models):
-                raise Conflict(f"deployment {dep.id} does not give {rollout.model}")
-            selector = dep.selector
-        rows = self.store.query("SELECT node, node_labels, labels, hardware, state, last_seen"
-                                " FROM nodes ORDER BY node")  # fmt: skip
-        targets = []
-        for row in rows:
-            labels = {**json.loads(row["node_labels"]), **json.loads(row["labels"])}
-            machine = str(json.loads(row["hardware"]).get("machine", ""))
-            fresh = row["state"] == "online" and row["last_seen"] >= now - offline_after_ms
-            if (fresh and selects(selector, labels)
-                    and not signed.for_node(self.fleet, row["node"], machine)):  # fmt: skip
+        with self.store.transaction() as tx:
+            self.store.advisory_lock(tx, "rollouts")
+            deps = [self.deployments.load(r) for r in tx.rows("SELECT * FROM deployments")]
+            selector = rollout.selector
+            if rollout.deployment is not None:
+                dep = next((d for d in deps if d.id == rollout.deployment), None)
+                if dep is None:
+                    raise Conflict(f"no deployment {rollout.deployment}")
+                if not any(model_of(e) == rollout.model for e in dep.models):
+                    raise Conflict(f"deployment {dep.id} does not give {rollout.model}")
+                selector = dep.selector
+            busy = tx.rows(
+                "SELECT n.node, r.doc FROM rollout_nodes n JOIN rollouts r ON r.id = n.rollout"
+                " WHERE r.state IN ('running', 'paused', 'aborting')"
+            )
+            taken = {
+                row["node"] for row in busy if json.loads(row["doc"])["model"] == rollout.model
+            }
+            targets = []
+            for row in tx.rows("SELECT node, node_labels, labels, hardware, state, last_seen"
+                               " FROM nodes ORDER BY node"):  # fmt: skip
+                labels = {**json.loads(row["node_labels"]), **json.loads(row["labels"])}
+                machine = str(json.loads(row["hardware"]).get("machine", ""))
+                fresh = row["state"] == "online" and row["last_seen"] >= now - self.offline_after_ms
+                if not (fresh and selects(selector, labels)) or signed.for_node(
+                    self.fleet, row["node"], machine
+                ):
+                    continue
                 if rollout.deployment is None:
                     owner = next((d.id for d in deps if selects(d.selector, labels)
                                   and any(model_of(e) == rollout.model for e in d.models)),
@@ -284,22 +315,18 @@ class Rollouts:
                     if owner is not None:
                         raise Conflict(f"{rollout.model} is given by deployment {owner}: roll"
                                        f" it out through it (deployment: {owner})")  # fmt: skip
+                if row["node"] in taken:
+                    raise Conflict(f"{rollout.model} is in another rollout on {row['node']}")
                 targets.append(row["node"])
-        if not targets:
-            raise Conflict("no online node is a target of this rollout")
-        busy = self.held()
-        taken = [n for n in targets if rollout.model in busy.get(n, set())]
-        if taken:
-            raise Conflict(f"{rollout.model} is in another rollout on {taken[0]}")
-        if not rollout.max_unavailable:
-            rollout.max_unavailable = max(1, len(targets) // 10)
-        ranked = pick(targets, rollout.id, 1.0)
-        stage_of: dict[str, int] = {}
-        for k, share in enumerate(rollout.stages):
-            for node in pick(targets, rollout.id, share):
-                stage_of.setdefault(node, k)
-        rollout.log = []
-        with self.store.transaction() as tx:
+            if not targets:
+                raise Conflict("no online node is a target of this rollout")
+            if not rollout.max_unavailable:
+                rollout.max_unavailable = max(1, len(targets) // 10)
+            ranked = pick(targets, rollout.id, 1.0)
+            stage_of: dict[str, int] = {}
+            for k, share in enumerate(rollout.stages):
+                for node in pick(targets, rollout.id, share):
+                    stage_of.setdefault(node, k)
             made = tx.execute(
                 "INSERT INTO rollouts (id, state, doc, rev) VALUES (?, 'running', '{}', 0)"
                 " ON CONFLICT (id) DO NOTHING", (rollout.id,),
@@ -339,6 +366,9 @@ class Rollouts:
                 rollout.state = "paused"
             elif action == "resume" and state == "paused":
                 rollout.state = "running"
+                if rollout.phase == "soak":  # what came while paused was not judged: again
+                    rollout.soak_since = self.clock()
+                    rollout.soak_until = rollout.soak_since + int(rollout.soak_s * 1000)
             elif action == "promote" and state == "running" and rollout.phase == "soak":
                 rollout.soak_until = self.clock()
             elif action == "abort" and state in ("running", "paused"):
@@ -353,12 +383,18 @@ class Rollouts:
     # ---- the runner's turn -----------------------------------------------------------------
 
     def turn(self) -> None:
-        for rollout in self.all():
-            if rollout.state in ("running", "aborting"):
-                try:
-                    self.advance(rollout)
-                except Stale:  # an operator acted meanwhile: the next turn reads it again
-                    log.debug("rollout %s changed during the turn", rollout.id)
+        """One step of each running or aborting rollout; one that fails is logged and the
+        others go on."""
+        for rollout in self.running():
+            if rollout.state == "paused":
+                continue
+            try:
+                self.advance(rollout)
+            except Stale:  # an operator acted meanwhile: the next turn reads it again
+                log.debug("rollout %s changed during the turn", rollout.id)
+            except Exception:
+                log.exception("rollout %s: its turn failed (the next turn tries again)",
+                              rollout.id)  # fmt: skip
 
     def advance(self, rollout: Rollout) -> None:
         if rollout.state == "aborting":
@@ -366,24 +402,27 @@ class Rollouts:
             return
         now = self.clock()
         rows = self.store.query(
-            "SELECT n.node, n.stage, n.state, n.sent_ts, s.step FROM rollout_nodes n"
+            "SELECT n.node, n.stage, n.state, n.sent_ts, s.step, d.state AS online,"
+            " d.last_seen, d.heartbeat FROM rollout_nodes n"
             " LEFT JOIN steps s ON s.node = n.node AND s.model = ? AND s.version = ?"
-            " WHERE n.rollout = ? ORDER BY n.rank",
+            " LEFT JOIN nodes d ON d.node = n.node WHERE n.rollout = ? ORDER BY n.rank",
             (rollout.model, rollout.version, rollout.id),
         )
+        for row in rows:
+            row["fresh"] = row["online"] == "online" and (row["last_seen"] or 0) >= (
+                now - self.offline_after_ms
+            )
+            if row["state"] == "sent" and row["step"] != "active" and self._serving(rollout, row):
+                row["step"] = "active"  # its heartbeat says so, whatever became of the event
         stage = [r for r in rows if r["stage"] <= rollout.stage]
         timeout_ms = int(rollout.activation_timeout_s * 1000)
         for row in rows:
             if row["state"] in ("sent", "active") and row["step"] in FAILED_STEPS:
                 return self.abort(rollout, f"node {row['node']}: the version {row['step']} there")
-            if (
-                row["state"] == "sent"
-                and row["step"] != "active"
-                and (now - row["sent_ts"] > timeout_ms)
-            ):
+            if (row["state"] == "sent" and row["step"] != "active" and row["fresh"]
+                    and now - row["sent_ts"] > timeout_ms):  # fmt: skip
                 return self.abort(rollout, f"node {row['node']}: not active in"
                                   f" {rollout.activation_timeout_s:.0f} s")  # fmt: skip
-        self._heartbeats_say(rollout, [r for r in stage if r["state"] == "sent"])
         activated = [r["node"] for r in stage if r["state"] == "sent" and r["step"] == "active"]
         if activated:
             with self.store.transaction() as tx:
@@ -393,7 +432,8 @@ class Rollouts:
             if row["node"] in activated:
                 row["state"] = "active"
         self._resend(rollout, [r for r in stage if r["state"] in ("sending", "sent")], now)
-        pending = [r["node"] for r in stage if r["state"] == "pending"]
+        # an offline node waits (pending) until it is back; the stage does not wait for it
+        pending = [r["node"] for r in stage if r["state"] == "pending" and r["fresh"]]
         busy = sum(1 for r in stage if r["state"] in ("sending", "sent"))
         if pending and in_window(rollout.window, now):
             for node in pending[: max(0, rollout.max_unavailable - busy)]:
@@ -401,37 +441,35 @@ class Rollouts:
             return
         if pending or busy:
             return
+        away = sum(1 for r in stage if r["state"] == "pending")
         with self.store.transaction() as tx:
-            if rollout.stage == len(rollout.stages) - 1:
-                self._done(tx, rollout, len(rows))
-            elif rollout.phase == "deliver":
+            if rollout.phase == "deliver" and rollout.stage < len(rollout.stages) - 1:
                 rollout.phase, rollout.soak_since = "soak", now
                 rollout.soak_until = now + int(rollout.soak_s * 1000)
-                self.save(tx, rollout, f"stage {rollout.stage + 1}: {len(stage)} nodes active;"
-                          f" soaking {rollout.soak_s:.0f} s")  # fmt: skip
+                self.save(tx, rollout, f"stage {rollout.stage + 1}: {len(stage) - away} nodes"
+                          f" active{f', {away} offline' if away else ''}; soaking"
+                          f" {rollout.soak_s:.0f} s")  # fmt: skip
+                return
+            why = self.gates(rollout) if rollout.phase == "soak" else ""
+            if why:  # judged until the soak's very end (and after a pause, again)
+                self._abort(tx, rollout, why)
+            elif rollout.stage == len(rollout.stages) - 1:
+                self._done(tx, rollout, len(rows) - away, away)
             elif now >= rollout.soak_until:
                 rollout.stage, rollout.phase = rollout.stage + 1, "deliver"
                 self.save(tx, rollout, f"stage {rollout.stage}: soaked; stage"
                           f" {rollout.stage + 1} begins")  # fmt: skip
-            else:
-                why = self.gates(rollout)
-                if why:
-                    self._abort(tx, rollout, why)
 
-    def _heartbeats_say(self, rollout: Rollout, rows: list[dict[str, Any]]) -> None:
-        """A node whose last heartbeat serves the version is active, whatever became of its
-        delivery events (another replica's share, held for a replica that is gone)."""
-        waiting = {r["node"]: r for r in rows if r["step"] is None or r["step"] != "active"}
-        if not waiting:
-            return
-        marks = ", ".join("?" for _ in waiting)
-        for node in self.store.query(
-            f"SELECT node, heartbeat FROM nodes WHERE node IN ({marks})", tuple(waiting)
-        ):
-            beat = json.loads(node["heartbeat"] or "{}")
+    @staticmethod
+    def _serving(rollout: Rollout, row: dict[str, Any]) -> bool:
+        """Whether the node's last heartbeat serves the version (its delivery events may have
+        gone to a replica that is gone)."""
+        try:
+            beat = json.loads(row["heartbeat"] or "{}")
             serving = (beat.get("models") or {}).get(rollout.model)
-            if serving is not None and str(serving) == str(rollout.version):
-                waiting[node["node"]]["step"] = "active"
+        except (ValueError, AttributeError):
+            return False
+        return serving is not None and str(serving) == str(rollout.version)
 
     def gates(self, rollout: Rollout) -> str:
         """Why the canary's telemetry since the soak began fails a gate, or ""."""
@@ -443,7 +481,8 @@ class Rollouts:
         """The telemetry figures of the nodes that have the version (``canary``) for it, or of
         the nodes it has not reached, since the soak began."""
         member = "IN" if canary else "NOT IN"
-        version = " AND t.version = ?" if canary else ""
+        # the canary's figures of the version; routes are per model (version "")
+        version = " AND (t.version = ? OR t.version = '')" if canary else ""
         params: tuple[Any, ...] = (rollout.model, rollout.soak_since, rollout.id)
         rows = self.store.query(
             "SELECT COALESCE(SUM(t.requests), 0) AS requests, COALESCE(SUM(t.failed), 0) AS"
@@ -465,50 +504,49 @@ class Rollouts:
             "confidence": float(r["conf_sum"]) / scored if scored else None,
         }
 
-    def _entries(self, rollout: Rollout, previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [e for e in previous if model_of(e) != rollout.model] + [rollout.entry]
+    def _current(self, node: str) -> list[dict[str, Any]]:
+        """The node's desired entries as last published (by anyone; the service writes what it
+        publishes at once)."""
+        rows = self.store.query("SELECT models FROM desired WHERE node = ?", (node,))
+        return json.loads(rows[0]["models"]) if rows else []
 
     def _deliver(self, rollout: Rollout, node: str) -> None:
-        """The node's desired state before is kept, then the new one published, then the node
-        is marked sent."""
-        rows = self.store.query("SELECT models FROM desired WHERE node = ?", (node,))
-        previous = json.loads(rows[0]["models"]) if rows else []
+        """The node's entry of the model before is kept, then its desired state with the
+        version published, then the node is marked sent."""
+        current = self._current(node)
+        before = next((e for e in current if model_of(e) == rollout.model), None)
         with self.store.transaction() as tx:
             marked = tx.execute(
                 "UPDATE rollout_nodes SET state = 'sending', previous = ?, sent_ts = ?"
                 " WHERE rollout = ? AND node = ? AND state = 'pending' AND EXISTS (SELECT 1"
                 " FROM rollouts WHERE id = ? AND state = 'running')",
-                (dumps(previous), self.clock(), rollout.id, node, rollout.id),
+                (dumps(before), self.clock(), rollout.id, node, rollout.id),
             )
             if marked.rowcount != 1:  # paused or aborted since the turn began
                 raise Stale(rollout.id)
-        self._publish(rollout, node, previous)
+        self._publish(rollout, node, current)
 
-    def _publish(self, rollout: Rollout, node: str, previous: list[dict[str, Any]]) -> None:
-        if self.publish(node, self._entries(rollout, previous)):
+    def _publish(self, rollout: Rollout, node: str, current: list[dict[str, Any]]) -> None:
+        if self.publish(node, with_entry(current, rollout.model, rollout.entry)):
             with self.store.transaction() as tx:
                 tx.execute("UPDATE rollout_nodes SET state = 'sent', sent_ts = ? WHERE"
                            " rollout = ? AND node = ? AND state = 'sending'",
                            (self.clock(), rollout.id, node))  # fmt: skip
 
     def _resend(self, rollout: Rollout, rows: list[dict[str, Any]], now: int) -> None:
-        """A node left 'sending' (killed between the two writes) gets the same desired state;
-        one 'sent' whose retained desired state does not hold the version (the broker lost
-        it) gets it again, after a while."""
+        """A node left 'sending' (killed between the two writes) is published again; one
+        'sent' whose desired state does not hold the version (another publisher replaced it,
+        or the broker lost it) gets it again, after a while."""
         for row in rows:
             if row["state"] == "sent" and (row["step"] or now - row["sent_ts"] < RESEND_AFTER_MS):
                 continue
-            found = self.store.query(
-                "SELECT n.previous, d.models FROM rollout_nodes n LEFT JOIN desired d"
-                " ON d.node = n.node WHERE n.rollout = ? AND n.node = ?", (rollout.id, row["node"])
-            )  # fmt: skip
-            have = json.loads(found[0]["models"]) if found[0]["models"] else []
-            if row["state"] == "sent" and rollout.entry in have:
+            current = self._current(row["node"])
+            if row["state"] == "sent" and rollout.entry in current:
                 continue
             if self.store.query("SELECT state FROM rollouts WHERE id = ?",
                                 (rollout.id,))[0]["state"] != "running":  # fmt: skip
                 raise Stale(rollout.id)
-            self._publish(rollout, row["node"], json.loads(found[0]["previous"] or "[]"))
+            self._publish(rollout, row["node"], current)
 
     def abort(self, rollout: Rollout, why: str) -> None:
         with self.store.transaction() as tx:
@@ -524,19 +562,23 @@ class Rollouts:
         """Each node sent the version: its desired state before, and a signed rollback; marked
         once sent (killed before, the next runner sends it again: a rollback ``from`` a version
         that is not active does nothing)."""
-        assert self.deploy_key is not None
+        if self.deploy_key is None:
+            log.error("rollout %s: cannot roll back without a deploy key ([service]"
+                      " deploy_key): its nodes wait", rollout.id)  # fmt: skip
+            return
         kid, key = self.deploy_key
         rows = self.store.query("SELECT node, previous FROM rollout_nodes WHERE rollout = ?"
                                 " AND state = 'rollback'", (rollout.id,))  # fmt: skip
         for row in rows:
             node = row["node"]
-            if not self.publish(node, json.loads(row["previous"] or "[]")):
-                return  # the broker is away: the next turn
             cmd_id, payload = commands.sign(
                 key, kid, self.identity, f"{self.fleet}/{node}", "rollback",
                 {"model": rollout.model, "from": rollout.version},
             )  # fmt: skip
-            if not self.send(node, cmd_id, payload):
+            if not self.send(node, cmd_id, payload):  # first: the version before serves
+                return  # the broker is away: the next turn
+            before = json.loads(row["previous"] or "null")
+            if not self.publish(node, with_entry(self._current(node), rollout.model, before)):
                 return
             with self.store.transaction() as tx:
                 tx.execute("UPDATE rollout_nodes SET state = 'rolled-back' WHERE rollout = ?"
@@ -545,7 +587,7 @@ class Rollouts:
             rollout.state = "aborted"
             self.save(tx, rollout, f"aborted: {len(rows)} nodes told to roll back")
 
-    def _done(self, tx: Tx, rollout: Rollout, count: int) -> None:
+    def _done(self, tx: Tx, rollout: Rollout, count: int, away: int) -> None:
         rollout.state = "done"
         if rollout.deployment is not None:
             rows = tx.rows("SELECT models FROM deployments WHERE id = ?", (rollout.deployment,))
@@ -554,4 +596,6 @@ class Rollouts:
                           for e in json.loads(rows[0]["models"])]  # fmt: skip
                 tx.execute("UPDATE deployments SET models = ?, updated_ts = ? WHERE id = ?",
                            (dumps(models), self.clock(), rollout.deployment))  # fmt: skip
-        self.save(tx, rollout, f"done: version {rollout.version} on {count} nodes")
+        offline = (f"; {away} offline, left pending (a deployment gives it to them when they"
+                   " are back)" if away else "")  # fmt: skip
+        self.save(tx, rollout, f"done: version {rollout.version} on {count} nodes{offline}")

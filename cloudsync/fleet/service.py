@@ -108,6 +108,7 @@ class Service:
         self.rollouts = Rollouts(
             self.store, self.deployments, self.fleet, self.publish_desired, self.send_command,
             load_deploy_key(config), config.service.identity, clock,
+            int(config.service.offline_after_s * 1000),
         )  # fmt: skip
         self.reconciler = Reconciler(
             self.store, self.deployments, self.publish_desired, self.rollouts.held
@@ -119,6 +120,7 @@ class Service:
         self.stopping = threading.Event()
         self.wake = threading.Event()
         self.dirty: set[str] = set()
+        self.full_pass = False
         self.dirty_lock = threading.Lock()
         self.holds_lease = False
         self.seq = 0
@@ -180,12 +182,16 @@ class Service:
             log.debug("ack %d", mid, exc_info=True)
 
     def publish_desired(self, node: str, entries: list[dict[str, Any]]) -> bool:
+        """The node's desired state, retained; written as the node's desired state at once
+        (the broker's echo, older by its ``seq``, does not undo a later one)."""
         self.seq = max(self.seq + 1, self.clock())
-        body = {"models": entries}
-        payload = envelope.Envelope(self.config.service.identity, self.seq, body).encode()
+        payload = envelope.Envelope(self.config.service.identity, self.seq,
+                                    {"models": entries}).encode()  # fmt: skip
         info = self.client.publish(Topics(self.fleet, node).desired_models, payload, 1, True)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             return False
+        with self.store.transaction() as tx:
+            Registry.desired(tx, node, entries, self.seq, self.clock())
         self.metrics.published.inc()
         return True
 
@@ -315,43 +321,43 @@ class Service:
     def runner(self) -> None:
         cfg = self.config.service
         renew_s = cfg.lease_s / 3
-        next_lease = next_full = 0.0
+        next_full = 0.0
         while not self.stopping.is_set():
-            try:
-                now = time.monotonic()
-                if now >= next_lease:
-                    self.lease()
-                    next_lease = now + renew_s
-                if self.holds_lease and self.client.is_connected():
-                    self.rollouts.turn()
-                    if now >= next_full:
-                        with self.dirty_lock:
-                            self.dirty.clear()
-                        self.reconciler.run()
-                        next_full = now + cfg.reconcile_s
-                    else:
-                        with self.dirty_lock:
-                            nodes, self.dirty = self.dirty, set()
-                        if nodes:
-                            self.reconciler.run(nodes)
-            except Exception:  # the database is away: the next turn tries again
-                self.metrics.db_errors.inc()
-                log.exception("the runner's turn failed")
+            self.runner_turn(time.monotonic() >= next_full)
+            if time.monotonic() >= next_full:
+                next_full = time.monotonic() + cfg.reconcile_s
             self.wake.wait(min(1.0, renew_s))
             self.wake.clear()
 
-    def reconcile_soon(self, nodes: set[str] | None = None) -> None:
-        """An API change: every node (None) at the runner's next turn, or ``nodes``."""
-        if nodes is None:
-            self.full_pass_requested()
-        else:
+    def runner_turn(self, full: bool) -> None:
+        """Renews the lease; while it holds it, a turn of the rollouts, then the deployments
+        (every node on a full pass, else the nodes that changed). The lease is renewed before
+        each part: a long pass does not outlive it unnoticed. A part that fails is logged; the
+        next turn tries again, and the nodes it had are kept for it."""
+        with self.dirty_lock:
+            full = full or self.full_pass
+            nodes, self.dirty, self.full_pass = self.dirty, set(), False
+        try:
+            if not (self.lease() and self.client.is_connected()):
+                return
+            self.rollouts.turn()
+            if self.lease() and (full or nodes):
+                self.reconciler.run(None if full else nodes)
+        except Exception:  # the database is away: the next turn tries again
+            self.metrics.db_errors.inc()
+            log.exception("the runner's turn failed")
             with self.dirty_lock:
                 self.dirty |= nodes
-        self.wake.set()
+                self.full_pass = self.full_pass or full
 
-    def full_pass_requested(self) -> None:
+    def reconcile_soon(self, nodes: set[str] | None = None) -> None:
+        """An API change: ``nodes`` at the runner's next turn, or every node (None)."""
         with self.dirty_lock:
-            self.dirty |= {row["node"] for row in self.store.query("SELECT node FROM nodes")}
+            if nodes is None:
+                self.full_pass = True
+            else:
+                self.dirty |= nodes
+        self.wake.set()
 
     # ---- life ------------------------------------------------------------------------------
 

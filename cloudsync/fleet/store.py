@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS desired (
     node TEXT PRIMARY KEY,
     digest TEXT NOT NULL,
     models TEXT NOT NULL,
-    ts BIGINT NOT NULL
+    ts BIGINT NOT NULL,
+    seq BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS managed (
     node TEXT PRIMARY KEY,
@@ -208,6 +209,12 @@ class Store:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def advisory_lock(self, tx: Tx, name: str) -> None:
+        """A lock held until ``tx`` ends: PostgreSQL's advisory lock by name; SQLite's
+        transactions (BEGIN IMMEDIATE) hold its one write lock already."""
+        if self.dialect == "postgresql":
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (name,))
 
     def query(self, text: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Rows as dicts (outside a transaction: what is committed)."""

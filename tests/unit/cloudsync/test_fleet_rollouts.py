@@ -23,10 +23,10 @@ NOW = 1_800_000_000_000
 KEY = Ed25519PrivateKey.generate()
 
 
-def body(version: int, **more: Any) -> dict[str, Any]:
+def body(version: int, model: str = "m", ident: str = "r1", **more: Any) -> dict[str, Any]:
     files = [{"path": "m.onnx", "sha256": "a" * 64, "length": 1}]
-    doc = manifest.sign(manifest.make("m", version, files, lifetime_s=1e9), {"k": KEY})
-    return {"id": "r1", "manifest": doc, "urls": {"m.onnx": "https://cdn/m"}, **more}
+    doc = manifest.sign(manifest.make(model, version, files, lifetime_s=1e9), {"k": KEY})
+    return {"id": ident, "manifest": doc, "urls": {"m.onnx": "https://cdn/m"}, **more}
 
 
 class Runner:
@@ -37,17 +37,28 @@ class Runner:
         self.commands: list[str] = []
         self.rollouts = Rollouts(
             self.store, Deployments(self.store, lambda: self.clock), "f1", self.publish,
-            self.send, ("deploy-1", KEY), "edgefleet", lambda: self.clock,
+            self.send, ("deploy-1", KEY), "edgefleet", lambda: self.clock, 30_000,
         )  # fmt: skip
+        self.desired: dict[str, list[dict[str, Any]]] = {}
         births = [Message("status", f"n{i}", Envelope(f"n{i}", 1, {"state": "online"},
                                                        ts=NOW).encode(), NOW)
                   for i in range(nodes)]  # fmt: skip
         Registry(self.store).ingest(births)
 
     def publish(self, node: str, entries: list[dict[str, Any]]) -> bool:
+        """As the service publishes: the node's desired state written at once."""
         versions = [e["manifest"]["signed"]["version"] for e in entries]
         self.published.append((node, versions[-1] if versions else 0))
+        self.desired[node] = entries
+        with self.store.transaction() as tx:
+            Registry.desired(tx, node, entries, len(self.published), self.clock)
         return True
+
+    def report(self, node: str, model: str, version: int, step: str) -> None:
+        """The node's delivery event, through the registry as the service writes it."""
+        event = {"delivery": {"model": model, "version": version, "step": step}}
+        payload = Envelope(node, 1, event, ts=self.clock).encode()
+        Registry(self.store).ingest([Message("events", node, payload, self.clock)])
 
     def send(self, node: str, cmd_id: str, payload: bytes) -> bool:
         self.commands.append(node)
@@ -57,7 +68,7 @@ class Runner:
 def test_a_runner_with_an_old_record_neither_delivers_nor_overwrites(tmp_path: Path) -> None:
     run = Runner(tmp_path)
     made = run.rollouts.create(check(body(2, stages=[0.2, 1.0], max_unavailable=1), None, NOW),
-                               "alice", 60_000)  # fmt: skip
+                               "alice")  # fmt: skip
     assert made.state == "running" and made.max_unavailable == 1
     stale = run.rollouts.get("r1")
     assert stale is not None
@@ -86,7 +97,7 @@ def test_a_runner_with_an_old_record_neither_delivers_nor_overwrites(tmp_path: P
 
 def test_a_pause_stops_deliveries_that_a_turn_had_planned(tmp_path: Path) -> None:
     run = Runner(tmp_path)
-    run.rollouts.create(check(body(2, stages=[1.0], max_unavailable=3), None, NOW), "a", 60_000)
+    run.rollouts.create(check(body(2, stages=[1.0], max_unavailable=3), None, NOW), "a")
     planned = run.rollouts.get("r1")
     assert planned is not None
     run.rollouts.act("r1", "pause", "bob")
@@ -112,3 +123,96 @@ def test_windows() -> None:
     assert not in_window("22:00-04:30", midnight + 12 * 60 * minute)
     assert in_window("09:00-17:00", midnight + 9 * 60 * minute)
     assert not in_window("09:00-17:00", midnight + 17 * 60 * minute)
+
+
+def test_two_rollouts_of_two_models_on_one_node_keep_each_others_entries(tmp_path: Path) -> None:
+    run = Runner(tmp_path, nodes=1)
+    for model, ident in (("a", "ra"), ("b", "rb")):
+        run.rollouts.create(check(body(2, model, ident, stages=[1.0]), None, NOW), "alice")
+    run.rollouts.turn()  # both deliver to n0 in one turn
+    models = [(e["manifest"]["signed"]["model"], e["manifest"]["signed"]["version"])
+              for e in run.desired["n0"]]  # fmt: skip
+    assert models == [("a", 2), ("b", 2)]  # the second publish kept the first's entry
+    run.report("n0", "a", 2, "active")
+    run.report("n0", "b", 2, "failed")
+    run.rollouts.turn()  # rb aborts (and rolls back b only); ra is done
+    run.rollouts.turn()
+    states = {r.id: r.state for r in run.rollouts.all()}
+    assert states == {"ra": "done", "rb": "aborted"}, states
+    kept = [(e["manifest"]["signed"]["model"], e["manifest"]["signed"]["version"])
+            for e in run.desired["n0"]]  # fmt: skip
+    assert kept == [("a", 2)]  # b's entry before: none; a's stays
+
+
+def test_a_node_offline_does_not_time_out_and_one_offline_at_its_turn_waits(
+    tmp_path: Path,
+) -> None:
+    run = Runner(tmp_path, nodes=4)
+    away = Envelope("n3", 2, {"state": "offline"}, ts=NOW).encode()
+    made = check(body(2, stages=[1.0], activation_timeout_s=5, max_unavailable=4), None, NOW)
+    run.rollouts.create(made, "a")
+    Registry(run.store).ingest([Message("status", "n3", away, NOW)])  # gone before its turn
+    run.rollouts.turn()
+    sent = [node for node, _ in run.published]
+    assert sorted(sent) == ["n0", "n1", "n2"]
+    will = Envelope(sent[0], 2, {"state": "offline"}, ts=NOW + 1).encode()
+    Registry(run.store).ingest([Message("status", sent[0], will, NOW + 1)])
+    for node in sent[1:]:
+        run.report(node, "m", 2, "active")
+    run.clock += 60_000  # far past the activation timeout, for the offline node too
+    beats = [Message("heartbeat", n, Envelope(n, 3, {"models": {"m": "2"}}, ts=run.clock)
+                     .encode(), run.clock) for n in sent[1:]]  # fmt: skip
+    Registry(run.store).ingest(beats)
+    run.rollouts.turn()
+    got = run.rollouts.get("r1")
+    assert got is not None and got.state == "running", got.log  # not aborted for it
+    assert "n3" not in sent  # offline at its turn: not sent
+    back = Envelope(sent[0], 4, {"state": "online"}, ts=run.clock).encode()
+    Registry(run.store).ingest([Message("status", sent[0], back, run.clock)])
+    run.report(sent[0], "m", 2, "active")
+    run.rollouts.turn()
+    got = run.rollouts.get("r1")
+    assert got is not None and got.state == "done", got.log
+    assert "1 offline, left pending" in got.log[-1]
+
+
+def telemetry(node: str, ts: int, version: str, requests: int, fallbacks: int) -> Message:
+    metrics = {
+        "models": [{"model": "m", "version": version, "requests": requests,
+                    "outcomes": {"ok": requests}, "p95_ms": 10.0}],
+        "routes": {"m": {"local": requests - fallbacks, "fallback": fallbacks}},
+    }  # fmt: skip
+    return Message("telemetry", node, Envelope(node, 5, {"metrics": metrics}, ts=ts).encode(), ts)
+
+
+def test_the_gates_judge_the_soak_to_its_end_and_again_after_a_pause(tmp_path: Path) -> None:
+    run = Runner(tmp_path, nodes=4)
+    made = check(body(2, stages=[0.25, 1.0], soak_s=60, max_unavailable=4), None, NOW)
+    run.rollouts.create(made, "a")
+    run.rollouts.turn()
+    canary = run.published[0][0]
+    run.report(canary, "m", 2, "active")
+    run.rollouts.turn()  # soaking now
+    soaking = run.rollouts.get("r1")
+    assert soaking is not None and soaking.phase == "soak"
+    run.rollouts.act("r1", "pause", "bob")
+    run.clock += 120_000  # the soak's time passes while paused: the canary falls back a lot
+    others = [f"n{i}" for i in range(4) if f"n{i}" != canary]
+    Registry(run.store).ingest(
+        [telemetry(canary, run.clock, "2", 100, 60)]
+        + [telemetry(n, run.clock, "1", 100, 1) for n in others],
+        frozenset({"m"}),
+    )
+    run.rollouts.act("r1", "resume", "bob")  # the soak starts again: what came is judged anew
+    resumed = run.rollouts.get("r1")
+    assert resumed is not None and resumed.soak_since == run.clock
+    run.clock += 1000
+    Registry(run.store).ingest(
+        [telemetry(canary, run.clock, "2", 100, 60)]
+        + [telemetry(n, run.clock, "1", 100, 1) for n in others],
+        frozenset({"m"}),
+    )
+    run.rollouts.turn()
+    judged = run.rollouts.get("r1")
+    assert judged is not None and judged.state == "aborting", judged.log
+    assert judged.why.startswith("fallback rate 60.0% against 1.0%"), judged.why
