@@ -41,12 +41,12 @@ from cloudsync.fleet.rollouts import Conflict, Rollout
 from cloudsync.fleet.rollouts import check as check_rollout
 from cloudsync.fleet.service import Service
 from cloudsync.fleet.store import dumps
-from cloudsync.protocol.commands import load_anchors
+from cloudsync.protocol.commands import load_anchors, load_scopes
 from cloudsync.protocol.labels import LabelError, check_labels
 
 log = logging.getLogger("edgefleet.api")
 ROLES = {"viewer": 0, "operator": 1, "admin": 2}
-OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "fleet-api.json"
+OPENAPI = Path(__file__).with_name("openapi.json")  # package data; docs/fleet-api.json links it
 PUBLIC = {"/healthz", "/metrics", "/v1/openapi.json"}
 MAX_AUDIT_DETAIL = 2000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -62,7 +62,11 @@ class Api:
         self.service = service
         self.tokens: dict[str, Token] = {t.sha256: t for t in service.config.api.tokens}
         trust = service.config.service.trust_dir
-        self.anchors = load_anchors(trust) if trust else None
+        # the keys that may sign manifests, as nodes count them: not the scoped ones
+        self.anchors = (
+            {k: v for k, v in load_anchors(trust).items() if k not in load_scopes(trust)}
+            if trust else None
+        )  # fmt: skip
 
     async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn`` on the thread pool (the database never blocks the event loop)."""
@@ -326,9 +330,10 @@ class Api:
 
     async def act_on_rollout(self, request: web.Request) -> web.Response:
         ident, action = request.match_info["id"], request.match_info["action"]
-        if action not in ("pause", "resume", "promote", "abort"):
-            return error(404, "an action: pause, resume, promote or abort")
         who = request[WHO]
+        if action not in ("pause", "resume", "promote", "abort"):
+            return await self.refuse(request, f"{action[:32]} rollout", ident, 404,
+                                     "an action: pause, resume, promote or abort")  # fmt: skip
         try:
             done = await self.db(self.service.rollouts.act, ident, action, who.name)
         except KeyError:

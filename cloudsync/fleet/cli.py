@@ -1,7 +1,8 @@
 """edgefleet: the operators' view of a fleet over the same MQTT contract (docs/PROTOCOL.md).
 
     edgefleet keygen --kid fleet-1              a fleet key: fleet-1.key (keep it), fleet-1.pub
-                                                (install it on nodes as /etc/edged/trust/)
+                                                (install it on nodes as /etc/edged/trust/);
+                                                --commands rollback: a scoped key (deploy-1)
     edgefleet nodes                             a table of the fleet's nodes: online or offline
                                                 (retained status, or no heartbeat for 3 intervals),
                                                 last heartbeat, outbox depth, models; every
@@ -104,7 +105,13 @@ def cmd_keygen(args: argparse.Namespace) -> str:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
-    return f"{private} (secret: signs commands)\n{public} (install on nodes: /etc/edged/trust/)"
+    if not args.commands:
+        return f"{private} (secret: signs commands)\n{public} (install on nodes: /etc/edged/trust/)"
+    scope = directory / f"{args.kid}.commands"
+    scope.write_text("".join(f"{name}\n" for name in args.commands))
+    return (f"{private} (secret: signs only {', '.join(args.commands)})\n{public} and {scope}"
+            " (install both on nodes: /etc/edged/trust/; without the scope file the key signs"
+            " every command and manifests)")  # fmt: skip
 
 
 def collect(args: argparse.Namespace) -> tuple[list[tuple[str, bytes]], bool]:
@@ -332,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = sub.add_parser("keygen", help="a fleet signing key pair")
     keygen.add_argument("--kid", required=True, help="the key's name (nodes trust {kid}.pub)")
     keygen.add_argument("--dir", default=".", help="where to write it")
+    keygen.add_argument("--commands", action="append", default=[], help="scope the key to this"
+                        " command (repeat): {kid}.commands beside the .pub; the fleet service's"
+                        " deploy key: --commands rollback")  # fmt: skip
     keygen.set_defaults(fn=lambda args: (None, cmd_keygen(args)))
     nodes = sub.add_parser("nodes", help="the fleet's nodes, online or offline")
     nodes.add_argument(

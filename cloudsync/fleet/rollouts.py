@@ -266,6 +266,16 @@ class Rollouts:
             held.setdefault(row["node"], set()).add(models[row["rollout"]])
         return held
 
+    def prune(self, keep_ms: int = 3_600_000) -> int:
+        """Telemetry no running rollout judges (older than its soak and than ``keep_ms``)
+        deleted; how many rows."""
+        cutoff = self.clock() - keep_ms
+        for rollout in self.running():
+            if rollout.phase == "soak":
+                cutoff = min(cutoff, rollout.soak_since)
+        with self.store.transaction() as tx:
+            return tx.execute("DELETE FROM telemetry WHERE ts < ?", (cutoff,)).rowcount
+
     def watched(self) -> set[str]:
         """The models whose telemetry running rollouts judge."""
         return {r.model for r in self.running()}

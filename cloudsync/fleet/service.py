@@ -343,6 +343,8 @@ class Service:
             self.rollouts.turn()
             if self.lease() and (full or nodes):
                 self.reconciler.run(None if full else nodes)
+            if full:
+                self.rollouts.prune()
         except Exception:  # the database is away: the next turn tries again
             self.metrics.db_errors.inc()
             log.exception("the runner's turn failed")

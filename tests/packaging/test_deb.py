@@ -175,6 +175,8 @@ def test_installs_offline_and_serves_from_the_package(deb: Path, tree: Tree) -> 
     # CUDA repositories, so a stand-in module where it installs stands for it.
     python = "/usr/lib/edged/bin/python"
     tree.run(python, "-c", "import systemd.daemon")
+    # the fleet service serves its OpenAPI document from the package
+    tree.run(python, "-c", "from cloudsync.fleet.api import OPENAPI; assert OPENAPI.is_file()")
     standin = tree.path(f"/usr/lib/python3.{python_minor(tree)}/dist-packages/tensorrt")
     standin.mkdir(parents=True)
     (standin / "__init__.py").write_text("__version__ = 'stand-in'\n")

@@ -114,3 +114,15 @@ def test_a_scoped_key_gives_only_its_commands_and_signs_no_manifest(
     doc = manifest.sign(manifest.make("m", 2, files), {"deploy-1": deploy})
     with pytest.raises(manifest.ManifestError, match="'deploy-1' is not a trust anchor"):
         manifest.verify(doc, check.manifest_anchors())
+
+
+def test_keygen_makes_a_scoped_key(tmp_path: Path) -> None:
+    from cloudsync.fleet.cli import main
+    from cloudsync.protocol.commands import load_scopes
+
+    trust = tmp_path / "trust"
+    assert main(["keygen", "--kid", "deploy-1", "--dir", str(trust), "--commands", "rollback"]) == 0
+    assert main(["keygen", "--kid", "fleet-1", "--dir", str(trust)]) == 0
+    assert load_scopes(trust) == {"deploy-1": frozenset({"rollback"})}
+    assert set(load_anchors(trust)) == {"deploy-1", "fleet-1"}
+    assert (trust / "deploy-1.key").stat().st_mode & 0o777 == 0o600

@@ -104,7 +104,7 @@ def test_the_document_is_openapi_3_1_json_as_written() -> None:
     assert doc["openapi"].startswith("3.1.")
     assert doc["info"]["title"] == "edgefleet fleet service API"
     assert doc["info"]["version"] == "1"
-    assert OPENAPI == DOC  # what the service serves is this file
+    assert OPENAPI.samefile(DOC) and DOC.is_symlink()  # what the service serves is this file
     schemes = doc["components"]["securitySchemes"]
     assert doc["security"] == [{"bearerAuth": []}]
     assert schemes["bearerAuth"]["type"] == "http"

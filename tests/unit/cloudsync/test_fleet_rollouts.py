@@ -216,3 +216,12 @@ def test_the_gates_judge_the_soak_to_its_end_and_again_after_a_pause(tmp_path: P
     judged = run.rollouts.get("r1")
     assert judged is not None and judged.state == "aborting", judged.log
     assert judged.why.startswith("fallback rate 60.0% against 1.0%"), judged.why
+
+
+def test_telemetry_is_kept_while_a_soak_judges_it_and_an_hour_besides(tmp_path: Path) -> None:
+    run = Runner(tmp_path, nodes=2)
+    rows = [telemetry("n0", NOW - age, "1", 10, 0) for age in (7_200_000, 1_800_000, 0)]
+    Registry(run.store).ingest(rows, frozenset({"m"}))
+    assert run.rollouts.prune() == 2  # the one two hours old (a row for the model, one for routes)
+    left = run.store.query("SELECT ts FROM telemetry ORDER BY ts")
+    assert {r["ts"] for r in left} == {NOW - 1_800_000, NOW}
