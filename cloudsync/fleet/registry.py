@@ -59,6 +59,15 @@ class Ingested:
     counted: dict[str, int] = field(default_factory=dict)
     poison: int = 0
 
+    def merge(self, other: Ingested) -> None:
+        self.births |= other.births
+        self.desired |= other.desired
+        self.steps += other.steps
+        self.lags_s += other.lags_s
+        self.poison += other.poison
+        for kind, n in other.counted.items():
+            self.counted[kind] = self.counted.get(kind, 0) + n
+
 
 def text(value: Any, limit: int = 500) -> str:
     """A sender's text as a column keeps it: escaped (lone surrogates, NUL, which PostgreSQL's

@@ -269,13 +269,7 @@ class Service:
             except Exception:
                 refused += 1
                 continue
-            done.births |= one.births
-            done.desired |= one.desired
-            done.lags_s += one.lags_s
-            done.steps += one.steps
-            done.poison += one.poison
-            for kind, n in one.counted.items():
-                done.counted[kind] = done.counted.get(kind, 0) + n
+            done.merge(one)
         try:
             self.store.query("SELECT 1 AS ok")
         except Exception:

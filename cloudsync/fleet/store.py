@@ -161,6 +161,7 @@ class Store:
         self.opened: list[Any] = []
         self.lock = threading.Lock()
         with self.transaction() as tx:
+            self.advisory_lock(tx, "schema")  # replicas starting at once make it once
             for statement in SCHEMA.replace("{serial}", SERIAL[self.dialect]).split(";"):
                 if statement.strip():
                     tx.execute(statement)
