@@ -5,9 +5,10 @@ Every call but ``/healthz``, ``/metrics`` and ``/v1/openapi.json`` carries
 ``Authorization: Bearer <token>``: the token's SHA-256 is looked up in ``[api] tokens`` (the
 service never keeps a token itself), which gives the caller's name and role:
 
-- **viewer** reads: nodes, their history, deployments, rollouts;
+- **viewer** reads: nodes, their history, deployments, rollouts, commands and their results;
 - **operator** also acts: sets labels, creates and deletes deployments, creates rollouts and
-  pauses, resumes, promotes or aborts them, reads the audit log;
+  pauses, resumes, promotes or aborts them, relays commands it signed itself, reads the audit
+  log;
 - **admin** may do everything.
 
 No token, or an unknown one: 401. A role too low: 403, naming the role needed. Every action
@@ -41,8 +42,10 @@ from cloudsync.fleet.rollouts import Conflict, Rollout
 from cloudsync.fleet.rollouts import check as check_rollout
 from cloudsync.fleet.service import Service
 from cloudsync.fleet.store import dumps
+from cloudsync.protocol import envelope
 from cloudsync.protocol.commands import load_anchors, load_scopes
 from cloudsync.protocol.labels import LabelError, check_labels
+from cloudsync.protocol.topics import CMD_ID
 
 log = logging.getLogger("edgefleet.api")
 ROLES = {"viewer": 0, "operator": 1, "admin": 2}
@@ -283,6 +286,56 @@ class Api:
         self.service.reconcile_soon()
         return web.json_response({"deleted": ident})
 
+    # ---- commands --------------------------------------------------------------------------
+
+    async def send_command(self, request: web.Request) -> web.Response:
+        """Relays a command an operator signed (the service signs none of these: docs/
+        SECURITY.md): checked for form, target and time, published, its result kept."""
+        node = request.match_info["node"]
+        action = "send command"
+        doc = await self.body(request, action, node)
+        try:
+            command = relayed(doc, f"{self.service.fleet}/{node}", self.service.clock())
+        except ValueError as exc:
+            return await self.refuse(request, action, node, 422, str(exc))
+        who = request[WHO]
+        try:
+            await self.db(self.keep_command, command, node, who.name)
+        except KeyError as exc:
+            return await self.refuse(request, action, node, 409, str(exc))
+        if not self.service.send_command(node, command["id"], command["payload"]):
+            return await self.refuse(request, action, node, 503, "the broker is not connected")
+        detail = {k: command[k] for k in ("id", "name", "issuer", "kid")}
+        await self.db(self.audit, who, f"command {command['name']}", node, "sent", detail)
+        return web.json_response({**detail, "node": node, "state": "sent"}, status=202)
+
+    def keep_command(self, command: dict[str, Any], node: str, actor: str) -> None:
+        with self.service.store.transaction() as tx:
+            made = tx.execute(
+                "INSERT INTO commands (id, node, name, issuer, kid, actor, sent_ts) VALUES"
+                " (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                (command["id"], node, command["name"], command["issuer"], command["kid"], actor,
+                 self.service.clock()),
+            )  # fmt: skip
+            if made.rowcount != 1:
+                raise KeyError(f"command {command['id']} was sent already")
+
+    async def command(self, request: web.Request) -> web.Response:
+        rows = await self.db(self.service.store.query, "SELECT * FROM commands WHERE id = ?",
+                             (request.match_info["id"],))  # fmt: skip
+        return error(404, "no such command") if not rows else web.json_response(shown(rows[0]))
+
+    async def node_commands(self, request: web.Request) -> web.Response:
+        limit = page_size(request.query.get("limit", "100"))
+        if limit is None:
+            return error(400, f"limit: 1 to {MAX_PAGE}")
+        rows = await self.db(
+            self.service.store.query,
+            "SELECT * FROM commands WHERE node = ? ORDER BY sent_ts DESC LIMIT ?",
+            (request.match_info["node"], limit),
+        )  # fmt: skip
+        return web.json_response({"commands": [shown(r) for r in rows]})
+
     # ---- rollouts --------------------------------------------------------------------------
 
     async def rollouts(self, request: web.Request) -> web.Response:
@@ -380,6 +433,9 @@ class Api:
             ("GET", "/v1/nodes/{node}", self.node, "viewer", ()),
             ("GET", "/v1/nodes/{node}/history", self.history, "viewer", ()),
             ("PUT", "/v1/nodes/{node}/labels", self.labels, "operator", ()),
+            ("POST", "/v1/nodes/{node}/commands", self.send_command, "operator", ()),
+            ("GET", "/v1/nodes/{node}/commands", self.node_commands, "viewer", ("limit",)),
+            ("GET", "/v1/commands/{id}", self.command, "viewer", ()),
             ("GET", "/v1/deployments", self.deployments, "viewer", ()),
             ("POST", "/v1/deployments", self.create_deployment, "operator", ()),
             ("GET", "/v1/deployments/{id}", self.deployment, "viewer", ()),
@@ -402,6 +458,39 @@ class Api:
         context.minimum_version = ssl.TLSVersion.TLSv1_3
         context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
         return context
+
+
+def relayed(doc: Any, target: str, now_ms: int) -> dict[str, Any]:
+    """A signed command to relay, from ``{"command": <its envelope>}``: its id, name, issuer,
+    kid and the bytes to publish (ValueError naming what is wrong). The node verifies the
+    signature, the nonce and the lifetime; here its form, its target and its expiry."""
+    if not isinstance(doc, dict) or set(doc) != {"command"} or not isinstance(doc["command"], dict):
+        raise ValueError('body: {"command": <a command envelope, signed>}')
+    try:
+        payload = envelope.canonical(doc["command"])
+        env = envelope.decode(payload)
+    except (ValueError, envelope.EnvelopeError) as exc:
+        raise ValueError(f"command: not an envelope ({exc})") from None
+    kid, sig, body = env.extra.get("kid"), env.extra.get("sig"), env.body
+    if not isinstance(kid, str) or not isinstance(sig, str):
+        raise ValueError("command: unsigned (kid and sig): edgefleet cmd signs it")
+    if not CMD_ID.match(env.id):
+        raise ValueError("command.id: 1 to 64 letters, digits, _ or -")
+    if body.get("target") != target:
+        raise ValueError(f"command.body.target: {envelope.printable(str(body.get('target')), 80)}"
+                         f" is not {target}")  # fmt: skip
+    name, exp = body.get("name"), body.get("exp")
+    if not isinstance(name, str) or not name:
+        raise ValueError("command.body.name: the command's name")
+    if isinstance(exp, bool) or not isinstance(exp, int) or exp <= now_ms:
+        raise ValueError("command.body.exp: expired, or not ms since the epoch")
+    return {"id": env.id, "name": envelope.printable(name, 64), "issuer": env.node,
+            "kid": kid, "payload": payload}  # fmt: skip
+
+
+def shown(row: dict[str, Any]) -> dict[str, Any]:
+    """A relayed command as the API shows it (its result, once the node answered)."""
+    return {**row, "result": json.loads(row["result"]) if row["result"] else None}
 
 
 def page_size(text: str) -> int | None:

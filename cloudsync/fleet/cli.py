@@ -21,6 +21,8 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
     edgefleet --service URL label NODE k=v ...  set a node's operator labels (none: clear)
     edgefleet --service URL deploy create ID --manifest F --url PATH=URL [--selector k=v]
                                                 [--priority N]; deploy list; deploy delete ID
+    edgefleet --service URL cmd NODE drain ...  signed here with your key, relayed and kept by
+                                                the service (it holds no such key)
     edgefleet --service URL rollout create ID --manifest F ...   run by the service (it goes on
                                                 when this returns); rollout status, pause,
                                                 resume, promote, abort ID
@@ -50,6 +52,7 @@ from cloudsync.fleet.client import (
     ServiceError,
     cmd_deploy,
     cmd_label,
+    service_cmd,
     service_nodes,
     service_rollout,
 )
@@ -300,6 +303,8 @@ def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
         cmd_args = key_values(args.arg)
     except UsageError as exc:
         raise Failure(str(exc), EXIT_USAGE) from None
+    if args.service:
+        return service_cmd(args, key, cmd_args)
     topics = Topics(args.fleet, args.node)
     cmd_id, payload = sign(
         key, args.kid, args.cert_name, f"{args.fleet}/{args.node}", args.name, cmd_args,

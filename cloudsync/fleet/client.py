@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cloudsync.fleet.common import EXIT_USAGE, Failure, desired_urls
+from cloudsync.fleet.common import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE, Failure, desired_urls
+from cloudsync.protocol.commands import sign
 from cloudsync.protocol.envelope import now_ms
 
 TOKEN_ENV = "EDGEFLEET_TOKEN"
@@ -176,3 +178,23 @@ def service_rollout(args: argparse.Namespace) -> tuple[Any, str]:
         f" {record['state']}{why}; stage {record['stage'] + 1} of {len(record['stages'])}"
     )
     return record, "\n".join([head, *record.get("log", [])])
+
+
+def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) -> tuple[Any, str]:
+    """A command signed here with the operator's key, relayed by the service, its result
+    awaited (``--timeout``)."""
+    client = service(args)
+    cmd_id, payload = sign(key, args.kid, args.cert_name, f"{args.fleet}/{args.node}",
+                           args.name, cmd_args, args.lifetime)  # fmt: skip
+    client.call("POST", f"/v1/nodes/{args.node}/commands", {"command": json.loads(payload)})
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        kept = client.call("GET", f"/v1/commands/{cmd_id}")
+        result = kept.get("result")
+        if result is not None:
+            if not result.get("ok"):
+                raise Failure(f"{args.node}: {result.get('error')}", EXIT_FAILED)
+            return result, json.dumps(result.get("result"), indent=2)
+        time.sleep(0.2)
+    raise Failure(f"no result from {args.node} in {args.timeout} s (command {cmd_id})",
+                  EXIT_TIMEOUT)  # fmt: skip

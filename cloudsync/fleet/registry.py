@@ -14,7 +14,8 @@ in one transaction:
 - ``telemetry``: per model version, the figures a rollout's gates judge (requests, failures,
   p95, confidence; routes per model, as version ""), for the models being rolled out only
   (``watched``);
-- ``desired-models`` (retained): what each node is told to run now, by whoever published it.
+- ``desired-models`` (retained): what each node is told to run now, by whoever published it;
+- ``cmd-result``: the result of a command the service relayed (others are not its).
 
 A payload that is not an envelope of the contract is counted (``poison``) and dropped; it never
 ends the batch. A node's effective labels are its own (its birth) overlaid by the operators'.
@@ -42,10 +43,11 @@ MAX_INT = 2**53  # what a count or a time in a message may be (a BIGINT holds it
 
 
 class Message(NamedTuple):
-    kind: str  # status, heartbeat, events, telemetry, desired-models
+    kind: str  # status, heartbeat, events, telemetry, desired-models, cmd-result
     node: str
     payload: bytes
     arrived_ms: int
+    cmd_id: str = ""
 
 
 @dataclass
@@ -155,6 +157,12 @@ class Registry:
             done.steps += self._event(tx, msg, env)
         elif msg.kind == "telemetry" and watched:
             self._telemetry(tx, msg, env, watched)
+        elif msg.kind == "cmd-result":
+            tx.execute(
+                "UPDATE commands SET result = ?, result_ts = ? WHERE id = ? AND node = ?"
+                " AND result IS NULL",
+                (dumps(env.body), msg.arrived_ms, msg.cmd_id, msg.node),
+            )
 
     def _status(self, tx: Tx, msg: Message, env: envelope.Envelope, done: Ingested) -> None:
         body = env.body

@@ -151,6 +151,7 @@ class Service:
             (f"$share/{group}/{base}/heartbeat", 1),
             (f"$share/{group}/{base}/events", 1),
             (f"$share/{group}/{base}/telemetry", 1),
+            (f"$share/{group}/{base}/cmd/+/result", 1),
         ]
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
@@ -165,11 +166,12 @@ class Service:
         try:
             where = parse(message.topic)
             if where.fleet != self.fleet or where.kind not in (
-                "status", "heartbeat", "events", "telemetry", "desired-models"
+                "status", "heartbeat", "events", "telemetry", "desired-models", "cmd-result"
             ):  # fmt: skip
                 raise TopicError(message.topic)
-            self.inbox.put((Message(where.kind, where.node, message.payload, self.clock()),
-                            message.mid))  # fmt: skip
+            msg = Message(where.kind, where.node, message.payload, self.clock(),
+                          where.cmd_id or "")  # fmt: skip
+            self.inbox.put((msg, message.mid))
             self.metrics.queue.inc()
         except Exception:  # a poison topic must not end paho's thread
             self.metrics.poison.inc()

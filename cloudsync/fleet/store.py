@@ -120,6 +120,18 @@ CREATE TABLE IF NOT EXISTS telemetry (
     PRIMARY KEY (node, ts, model, version)
 );
 CREATE INDEX IF NOT EXISTS telemetry_by_model ON telemetry (model, ts);
+CREATE TABLE IF NOT EXISTS commands (
+    id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    name TEXT NOT NULL,
+    issuer TEXT NOT NULL,
+    kid TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    sent_ts BIGINT NOT NULL,
+    result TEXT,
+    result_ts BIGINT
+);
+CREATE INDEX IF NOT EXISTS commands_by_node ON commands (node, sent_ts);
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,

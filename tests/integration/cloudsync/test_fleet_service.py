@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudsync.fleet.cli import main as edgefleet_main
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
@@ -103,18 +105,23 @@ def test_nodes_through_the_service_for_10000_nodes(service: FleetService, broker
 def test_a_node_from_birth_to_will_with_its_heartbeats(
     service: FleetService, broker: Broker, pki: Path, tmp_path: Path
 ) -> None:
-    """A real cloudsync agent's birth (labels from its config), heartbeats and will."""
+    """A real cloudsync agent's birth (labels from its config), heartbeats, a command relayed
+    by the service, and its will."""
     from tests.mosquitto import cloudsync_config
 
     work = tmp_path / "n1"
-    work.mkdir()
+    (work / "trust").mkdir(parents=True)
+    key = tmp_path / "keys"
+    assert edgefleet_main(["keygen", "--kid", "fleet-1", "--dir", str(key)]) == 0
+    shutil.copy(key / "fleet-1.pub", work / "trust" / "fleet-1.pub")
     config = work / "cloudsync.toml"
     config.write_text(
         cloudsync_config(broker, work, "f1", more="[heartbeat]\ninterval_s = 1\n")
         .replace('name = "n1"', 'name = "n1"\nlabels = { site = "berlin", tier = "camera" }')
     )  # fmt: skip
-    agent = subprocess.Popen([sys.executable, "-m", "cloudsync.agent.cli", "--config",
-                              str(config)], stderr=subprocess.PIPE)  # fmt: skip
+    with (work / "agent.log").open("wb") as log:
+        agent = subprocess.Popen([sys.executable, "-m", "cloudsync.agent.cli", "--config",
+                                  str(config)], stderr=log)  # fmt: skip
     try:
 
         def seen() -> dict[str, object] | None:
@@ -135,6 +142,31 @@ def test_a_node_from_birth_to_will_with_its_heartbeats(
         assert row["labels"] == {"site": "berlin", "tier": "gate"}
         _, page = service.call("GET", "/v1/nodes?selector=tier=gate,site=berlin")
         assert [r["node"] for r in page["nodes"]] == ["n1"]
+        # a command the operator signs, relayed by the service, its result kept
+        relayed = subprocess.run(
+            [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--fleet", "f1",
+             "--service", service.url, "--timeout", "30", "cmd", "n1", "ping",
+             "--sign-key", str(key / "fleet-1.key"), "--kid", "fleet-1"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["operator"]},
+        )  # fmt: skip
+        assert relayed.returncode == 0, relayed.stderr + service.logs()[-2000:]
+        assert json.loads(relayed.stdout)["ok"] is True
+        _, kept = service.call("GET", "/v1/nodes/n1/commands", role="viewer")
+        [command] = kept["commands"]
+        assert (command["name"], command["kid"], command["actor"]) == (
+            "ping", "fleet-1", "operator-user")  # fmt: skip
+        assert command["result"]["ok"] is True and command["result_ts"] >= command["sent_ts"]
+        envelope_doc = {"command": {"v": 1, "id": command["id"], "ts": 1, "node": "op",
+                                    "seq": 1, "body": {}, "kid": "k", "sig": "s"}}  # fmt: skip
+        assert service.call("POST", "/v1/nodes/n1/commands", envelope_doc,
+                            role="viewer")[0] == 403  # fmt: skip
+        status, why = service.call("POST", "/v1/nodes/n1/commands", envelope_doc,
+                                   role="operator")  # fmt: skip
+        assert status == 422 and why["error"].startswith("command.body.target"), why
+        _, log = service.call("GET", "/v1/audit")
+        assert ("command ping", "n1", "sent") in [
+            (e["action"], e["target"], e["outcome"]) for e in log["entries"]]  # fmt: skip
     finally:
         agent.kill()  # SIGKILL: the broker publishes its will
         agent.wait(10)
