@@ -268,3 +268,16 @@ class LoopThread:
 
     async def _close(self) -> None:
         raise NotImplementedError
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real PostgreSQL for the session's store-level tests (each takes a new database)."""
+    from tests.postgres import Postgres
+
+    why = Postgres.available()
+    if why:
+        skip_or_fail(why)
+    server = Postgres(tmp_path_factory.mktemp("pg")).start()
+    yield server
+    server.stop()

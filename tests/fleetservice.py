@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.peer import free_port
-from tests.mosquitto import OPERATOR, Broker, wait_listening
+from tests.mosquitto import OPERATOR, Broker, Stoppable, wait_listening
 
 TOKENS = {role: f"{role}-token-0123456789abcdef" for role in ("viewer", "operator", "admin")}
 
@@ -31,7 +29,7 @@ def tokens_toml() -> str:
 
 
 @dataclass
-class FleetService:
+class FleetService(Stoppable):
     """One ``edgefleet serve`` over a work directory (config, SQLite state, log)."""
 
     workdir: Path
@@ -72,6 +70,7 @@ port = {self.port}
 format = "text"
 """)
         self.log = self.workdir / "edgefleet.log"
+        self.stop_timeout_s = 20.0
 
     @property
     def url(self) -> str:
@@ -94,19 +93,6 @@ format = "text"
             self.kill()
             raise
         return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(20)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def logs(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def call(self, method: str, path: str, body: Any = None, role: str | None = "admin",
              raw: bytes | None = None) -> tuple[int, Any]:  # fmt: skip

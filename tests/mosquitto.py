@@ -122,9 +122,33 @@ def edgefleet_command(broker: Broker, *args: str, fleet: str = "f1") -> list[str
     return [sys.executable, "-m", "cloudsync.fleet.cli", *common, "--fleet", fleet, *args]
 
 
+class Stoppable:
+    """A process of the tests' own, stopped by PID: ``proc`` and its ``log`` file."""
+
+    proc: subprocess.Popen[bytes] | None
+    log: Path
+    stop_timeout_s = 10.0
+
+    def stop(self) -> None:
+        """SIGTERM (a clean stop), then wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(self.stop_timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
 @dataclass
-class Broker:
-    """One mosquitto process over a work directory (config, ACL, persistence, log)."""
+class Broker(Stoppable):
+    """One mosquitto process over a work directory (config, ACL, persistence, log); ``stop``
+    lets it save its persistence file, ``kill`` saves nothing beyond the last autosave."""
 
     workdir: Path
     pki: Path
@@ -170,21 +194,6 @@ class Broker:
             self.kill()
             raise
         return self
-
-    def stop(self) -> None:
-        """SIGTERM (it saves its persistence file), then wait."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(10)
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, nothing saved beyond the last autosave."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def logs(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
 def cloudsync_config(

@@ -12,6 +12,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.peer import free_port
 from tests.mosquitto import wait_listening
@@ -101,3 +102,16 @@ class Postgres:
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def fleet_store(kind: str, tmp_path: Path, cluster: Postgres | None) -> Any:
+    """A new, empty fleet store: a SQLite file in ``tmp_path``, or a new database on
+    ``cluster``."""
+    import uuid
+
+    from cloudsync.fleet.store import Store
+
+    if kind == "sqlite":
+        return Store(str(tmp_path / "fleet.db"))
+    assert cluster is not None
+    return Store(cluster.create_database(f"t{uuid.uuid4().hex[:12]}"))

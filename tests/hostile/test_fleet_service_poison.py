@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cloudsync.fleet.registry import Message, Registry
-from cloudsync.fleet.store import Store
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
-from tests.conftest import skip_or_fail
 from tests.fleetservice import FleetService
 from tests.mosquitto import OPERATOR, Broker
-from tests.postgres import Postgres
+from tests.postgres import fleet_store
 
 KINDS = ["status", "heartbeat", "events", "telemetry", "desired-models"]
 WATCHED = frozenset({"m"})
@@ -106,23 +103,10 @@ payloads = st.one_of(
 messages = st.lists(st.tuples(st.sampled_from(KINDS), payloads), min_size=1, max_size=8)
 
 
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
-    why = Postgres.available()
-    if why:
-        skip_or_fail(why)
-    server = Postgres(tmp_path_factory.mktemp("pg")).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Registry]:
-    if request.param == "sqlite":
-        store = Store(str(tmp_path / "fleet.db"))
-    else:
-        pg = request.getfixturevalue("postgres")
-        store = Store(pg.create_database(f"h{uuid.uuid4().hex[:12]}"))
+    cluster = request.getfixturevalue("postgres_cluster") if request.param != "sqlite" else None
+    store = fleet_store(request.param, tmp_path, cluster)
     yield Registry(store)
     store.close()
 

@@ -5,7 +5,6 @@ deployments, and what a deployment body may hold."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,7 @@ from cloudsync.fleet.registry import Message, Registry, model_of
 from cloudsync.fleet.store import Store
 from cloudsync.protocol import manifest
 from cloudsync.protocol.envelope import Envelope
-from tests.conftest import skip_or_fail
-from tests.postgres import Postgres
+from tests.postgres import fleet_store
 
 KEY = Ed25519PrivateKey.generate()
 NOW = 1_800_000_000_000
@@ -41,23 +39,10 @@ def heartbeat(node: str, ts: int, arrived: int | None = None) -> Message:
     return Message("heartbeat", node, payload, arrived or ts + 100)
 
 
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
-    why = Postgres.available()
-    if why:
-        skip_or_fail(why)
-    server = Postgres(tmp_path_factory.mktemp("pg")).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        url = str(tmp_path / "fleet.db")
-    else:
-        url = request.getfixturevalue("postgres").create_database(f"t{uuid.uuid4().hex[:12]}")
-    store = Store(url)
+    cluster = request.getfixturevalue("postgres_cluster") if request.param != "sqlite" else None
+    store = fleet_store(request.param, tmp_path, cluster)
     assert store.dialect == request.param
     yield store
     store.close()
