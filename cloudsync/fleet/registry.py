@@ -57,7 +57,7 @@ class Ingested:
     births: set[str] = field(default_factory=set)  # nodes that came online (or are new)
     desired: set[str] = field(default_factory=set)  # nodes whose retained desired state changed
     steps: int = 0  # delivery steps written (a rollout may move on)
-    lags_s: list[float] = field(default_factory=list)  # heartbeats: arrival - sent
+    sent_ms: list[int] = field(default_factory=list)  # heartbeats: when their nodes sent them
     counted: dict[str, int] = field(default_factory=dict)
     poison: int = 0
 
@@ -65,7 +65,7 @@ class Ingested:
         self.births |= other.births
         self.desired |= other.desired
         self.steps += other.steps
-        self.lags_s += other.lags_s
+        self.sent_ms += other.sent_ms
         self.poison += other.poison
         for kind, n in other.counted.items():
             self.counted[kind] = self.counted.get(kind, 0) + n
@@ -152,7 +152,7 @@ class Registry:
             self._status(tx, msg, env, done)
         elif msg.kind == "heartbeat":
             heartbeats.append((msg.node, msg.arrived_ms, msg.arrived_ms, env.ts, dumps(env.body)))
-            done.lags_s.append(max(0.0, (msg.arrived_ms - env.ts) / 1000))
+            done.sent_ms.append(env.ts)
         elif msg.kind == "events":
             done.steps += self._event(tx, msg, env)
         elif msg.kind == "telemetry" and watched:

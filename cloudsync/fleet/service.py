@@ -82,7 +82,8 @@ class Metrics:
         self.poison = Counter("edgefleet_poison_messages", "messages dropped as not of the"
                               " contract", registry=r)  # fmt: skip
         self.lag = Histogram(
-            "edgefleet_ingest_lag_seconds", "a heartbeat's age when its batch is written",
+            "edgefleet_ingest_lag_seconds", "a heartbeat's age (by its node's clock) when its"
+            " batch is committed",
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r,
         )  # fmt: skip
         self.batch = Histogram("edgefleet_ingest_batch_seconds", "one batch's transaction",
@@ -246,8 +247,9 @@ class Service:
             self.metrics.messages.labels(kind).inc(n)
         if done.poison:
             self.metrics.poison.inc(done.poison)
-        for lag in done.lags_s:
-            self.metrics.lag.observe(lag)
+        written = self.clock()  # the age at commit: the queue and the transaction included
+        for sent in done.sent_ms:
+            self.metrics.lag.observe(max(0.0, (written - sent) / 1000))
         if done.births or done.desired:
             with self.dirty_lock:
                 self.dirty |= done.births | done.desired
