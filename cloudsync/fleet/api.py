@@ -36,7 +36,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from cloudsync.fleet.config import Token
-from cloudsync.fleet.deployments import Invalid, check
+from cloudsync.fleet.deployments import Deployment, Invalid, check
 from cloudsync.fleet.registry import MAX_INT, MAX_PAGE
 from cloudsync.fleet.rollouts import Conflict, Rollout
 from cloudsync.fleet.rollouts import check as check_rollout
@@ -65,11 +65,10 @@ class Api:
         self.service = service
         self.tokens: dict[str, Token] = {t.sha256: t for t in service.config.api.tokens}
         trust = service.config.service.trust_dir
-        # the keys that may sign manifests, as nodes count them: not the scoped ones
-        self.anchors = (
-            {k: v for k, v in load_anchors(trust).items() if k not in load_scopes(trust)}
-            if trust else None
-        )  # fmt: skip
+        self.anchors: dict[str, Any] | None = None
+        if trust is not None:  # the keys that may sign manifests, as nodes count them
+            scoped = load_scopes(trust)
+            self.anchors = {k: v for k, v in load_anchors(trust).items() if k not in scoped}
 
     async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn`` on the thread pool (the database never blocks the event loop)."""
@@ -239,25 +238,17 @@ class Api:
         if found is None:
             return error(404, "no such deployment")
         doc = found.as_dict()
-        doc["nodes"] = await self.db(self.progress, found.id)
+        doc["nodes"] = await self.db(self.progress, found)
         return web.json_response(doc)
 
-    def progress(self, ident: str) -> dict[str, int]:
+    def progress(self, found: Deployment) -> dict[str, int]:
         """How many nodes the service gave this deployment's entries to (``targeted``)."""
         rows = self.service.store.query(
-            "SELECT m.models AS managed, d.models AS desired FROM managed m JOIN desired d"
-            " ON d.node = m.node"
+            "SELECT d.models FROM managed m JOIN desired d ON d.node = m.node"
         )
-        found = self.service.deployments.get(ident)
-        counts: dict[str, int] = {"targeted": 0}
-        if found is None:
-            return counts
-        wanted = {json.dumps(e, sort_keys=True) for e in found.models}
-        for row in rows:
-            entries = {json.dumps(e, sort_keys=True) for e in json.loads(row["desired"])}
-            if entries & wanted:
-                counts["targeted"] += 1
-        return counts
+        wanted = {dumps(e) for e in found.models}
+        targeted = sum(1 for r in rows if wanted & {dumps(e) for e in json.loads(r["models"])})
+        return {"targeted": targeted}
 
     async def create_deployment(self, request: web.Request) -> web.Response:
         doc = await self.body(request, "create deployment", "-")
@@ -401,17 +392,12 @@ class Api:
 
     async def audit_log(self, request: web.Request) -> web.Response:
         limit = page_size(request.query.get("limit", "100"))
-        try:
-            after = int(request.query.get("after", "0"))
-        except ValueError:
-            after = -1
-        if not 0 <= after < MAX_INT:
-            limit = None
-        if limit is None:
+        after = request.query.get("after", "0")
+        if limit is None or not after.isdigit() or int(after) >= MAX_INT:
             return error(400, f"after: an entry's id; limit: 1 to {MAX_PAGE}")
         rows = await self.db(
             self.service.store.query,
-            "SELECT * FROM audit WHERE id > ? ORDER BY id LIMIT ?", (after, limit),
+            "SELECT * FROM audit WHERE id > ? ORDER BY id LIMIT ?", (int(after), limit),
         )  # fmt: skip
         for row in rows:
             row["detail"] = json.loads(row["detail"])

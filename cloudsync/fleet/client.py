@@ -15,7 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cloudsync.fleet.common import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE, Failure, desired_urls
+from cloudsync.fleet.common import (
+    EXIT_FAILED,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    Failure,
+    desired_urls,
+    pairs,
+)
 from cloudsync.protocol.commands import sign
 from cloudsync.protocol.envelope import now_ms
 
@@ -109,7 +116,7 @@ def service_nodes(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_label(args: argparse.Namespace) -> tuple[Any, str]:
-    labels = dict(item.partition("=")[::2] for item in args.labels)
+    labels = pairs(args.labels)
     done = service(args).call("PUT", f"/v1/nodes/{args.node}/labels", {"labels": labels})
     return done, f"{args.node}: operator labels {done['operator_labels']}"
 
@@ -136,7 +143,7 @@ def cmd_deploy(args: argparse.Namespace) -> tuple[Any, str]:
     doc = json.loads(Path(args.manifest).read_text())
     body = {
         "id": args.id,
-        "selector": dict(item.partition("=")[::2] for item in args.selector),
+        "selector": pairs(args.selector),
         "priority": args.priority,
         "models": [{"manifest": doc, "urls": desired_urls(args, doc)}],
     }
@@ -164,7 +171,7 @@ def service_rollout(args: argparse.Namespace) -> tuple[Any, str]:
         if args.deployment:
             body["deployment"] = args.deployment
         if args.selector:
-            body["selector"] = dict(item.partition("=")[::2] for item in args.selector)
+            body["selector"] = pairs(args.selector)
         if args.window:
             body["window"] = args.window
         record = client.call("POST", "/v1/rollouts", body)

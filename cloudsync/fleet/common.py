@@ -18,6 +18,11 @@ class Failure(Exception):
         self.code = code
 
 
+def pairs(items: list[str]) -> dict[str, str]:
+    """``k=v`` arguments (labels, selectors, ``--url path=URL``) as a dict of text."""
+    return dict(item.partition("=")[::2] for item in items)
+
+
 def secure_link_url(base: str, uri: str, secret: str, lifetime_s: float = 3600.0) -> str:
     """A signed, expiring URL in the form nginx's secure_link checks (``secure_link_md5
     "$secure_link_expires$uri SECRET"``), as CDNs sign theirs."""
@@ -30,7 +35,7 @@ def secure_link_url(base: str, uri: str, secret: str, lifetime_s: float = 3600.0
 def desired_urls(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, str]:
     """The signed URLs of a manifest's files: given (--url path=URL), or made for a CDN that
     checks nginx-style secure links (--cdn, --cdn-prefix, --secure-link-secret-file)."""
-    urls = dict(item.partition("=")[::2] for item in args.url)
+    urls = pairs(args.url)
     if args.cdn:
         secret = Path(args.secure_link_secret_file).read_text().strip()
         for row in doc["signed"]["files"]:

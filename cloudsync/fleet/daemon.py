@@ -26,8 +26,7 @@ class CannotStart(Exception):
     """Why the service cannot start (the exit message)."""
 
 
-async def _serve(service: Service) -> None:
-    api = Api(service)
+async def _serve(service: Service, api: Api) -> None:
     runner = web.AppRunner(api.app(), access_log=None)
     await runner.setup()
     cfg = service.config.api
@@ -63,11 +62,12 @@ def serve(config_path: Path | None, log_level: str | None) -> None:
         log.warning("no [api] tokens: every call but /healthz and /metrics is refused (401)")
     try:
         service = Service(config)
-    except (StoreError, OSError, ValueError) as exc:  # the database, the deploy key
+        api = Api(service)
+    except (StoreError, OSError, ValueError) as exc:  # the database, the deploy key, trust
         raise CannotStart(f"cannot start: {exc}") from None
     service.start()
     try:
-        asyncio.run(_serve(service))
+        asyncio.run(_serve(service, api))
     finally:
         service.stop()
 

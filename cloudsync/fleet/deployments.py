@@ -88,28 +88,39 @@ def check(doc: Any, anchors: Mapping[str, Any] | None = None, now_ms: int = 0) -
         where = f"models[{i}]"
         if not isinstance(entry, dict) or set(entry) != {"manifest", "urls"}:
             raise Invalid(f"{where}: an object {{manifest, urls}}")
-        urls, doc_manifest = entry["urls"], entry["manifest"]
-        if not isinstance(urls, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in urls.items()
-        ):
-            raise Invalid(f"{where}.urls: an object of file path: URL")
-        try:
-            if not isinstance(doc_manifest, dict):
-                raise manifest.ManifestError("an object {signed, signatures}")
-            signed = (
-                manifest.verify(doc_manifest, dict(anchors), now=now_ms or None)
-                if anchors
-                else manifest.parse_signed(doc_manifest.get("signed"))
-            )
-        except manifest.ManifestError as exc:
-            raise Invalid(f"{where}.manifest: {exc}") from None
+        signed = check_entry(entry, anchors, now_ms, where)
         if signed.model in seen:
             raise Invalid(f"{where}: model {signed.model} twice")
         seen.add(signed.model)
-        missing = {f.path for f in signed.files} - set(urls)
-        if missing:
-            raise Invalid(f"{where}.urls: no URL for {sorted(missing)[0]}")
     return Deployment(ident, selector, priority, models)
+
+
+def check_entry(
+    entry: dict[str, Any], anchors: Mapping[str, Any] | None, now_ms: int, where: str = ""
+) -> manifest.Manifest:
+    """A desired-state entry ``{manifest, urls}``'s manifest, checked (verified against
+    ``anchors`` when given) with a URL for each of its files; Invalid names the field, under
+    ``where`` (a deployment's ``models[i]``; a rollout's entry is its body)."""
+    field = f"{where}." if where else ""
+    urls, doc_manifest = entry.get("urls"), entry.get("manifest")
+    if not isinstance(urls, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in urls.items()
+    ):
+        raise Invalid(f"{field}urls: an object of file path: URL")
+    try:
+        if not isinstance(doc_manifest, dict):
+            raise manifest.ManifestError("an object {signed, signatures}")
+        signed = (
+            manifest.verify(doc_manifest, dict(anchors), now=now_ms or None)
+            if anchors
+            else manifest.parse_signed(doc_manifest.get("signed"))
+        )
+    except manifest.ManifestError as exc:
+        raise Invalid(f"{field}manifest: {exc}") from None
+    missing = {f.path for f in signed.files} - set(urls)
+    if missing:
+        raise Invalid(f"{field}urls: no URL for {sorted(missing)[0]}")
+    return signed
 
 
 def plan(

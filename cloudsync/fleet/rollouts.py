@@ -39,8 +39,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cloudsync.fleet.deployments import Deployments, Invalid
-from cloudsync.fleet.deployments import check as check_deployment
+from cloudsync.fleet.deployments import Deployments, Invalid, check_entry
 from cloudsync.fleet.registry import model_of
 from cloudsync.fleet.rollout import Gates, breached, pick
 from cloudsync.fleet.store import Store, Tx, dumps
@@ -122,12 +121,7 @@ def check(doc: Any, anchors: dict[str, Any] | None, now_ms: int) -> Rollout:
     if not isinstance(ident, str) or not NAME.match(ident):
         raise Invalid("id: 1 to 64 letters, digits, _ or -, not first _")
     entry = {"manifest": doc.get("manifest"), "urls": doc.get("urls")}
-    probe = {"id": ident, "models": [entry]}
-    try:
-        check_deployment(probe, anchors, now_ms)
-    except Invalid as exc:
-        raise Invalid(str(exc).replace("models[0].", "").replace("models[0]", "body")) from None
-    signed = parse_signed(entry["manifest"]["signed"])  # type: ignore[index]
+    signed = check_entry(entry, anchors, now_ms)
     try:
         selector = check_labels(doc.get("selector", {}), "selector")
         window = doc.get("window")

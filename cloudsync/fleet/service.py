@@ -286,8 +286,12 @@ class Service:
     def writer(self) -> None:
         while not self.stopping.is_set():
             batch = self.take()
-            if batch:
-                self.write(batch)
+            try:
+                if batch:
+                    self.write(batch)
+            except Exception:  # a bug must not end ingestion: logged, the next batch goes on
+                self.metrics.db_errors.inc()
+                log.exception("the writer's batch of %d failed", len(batch))
 
     # ---- the runner ------------------------------------------------------------------------
 

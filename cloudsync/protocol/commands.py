@@ -108,7 +108,11 @@ def load_scopes(trust_dir: Path) -> dict[str, frozenset[str]]:
     if not trust_dir.is_dir():
         return scopes
     for path in sorted(trust_dir.glob("*.commands")):
-        lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            raise OSError(f"key scope {path}: not UTF-8 text") from None
+        lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
         scopes[path.stem] = frozenset(line for line in lines if line)
     return scopes
 

@@ -126,3 +126,11 @@ def test_keygen_makes_a_scoped_key(tmp_path: Path) -> None:
     assert load_scopes(trust) == {"deploy-1": frozenset({"rollback"})}
     assert set(load_anchors(trust)) == {"deploy-1", "fleet-1"}
     assert (trust / "deploy-1.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_scope_file_that_is_not_text_is_an_error_naming_it(tmp_path: Path) -> None:
+    from cloudsync.protocol.commands import load_scopes
+
+    (tmp_path / "deploy-1.commands").write_bytes(b"\xff\xferollback")
+    with pytest.raises(OSError, match=r"deploy-1\.commands: not UTF-8 text"):
+        load_scopes(tmp_path)

@@ -33,3 +33,30 @@ def test_an_unknown_key_is_named(tmp_path: Path) -> None:
     path.write_text('[service]\nfleet = "a/b"\n')
     with pytest.raises(ConfigError, match=r"service.fleet"):
         load(path)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("trust/fleet-1.pub", b"not a key"),
+        ("trust/deploy-1.commands", b"\xff\xfe rollback"),
+        ("deploy.key", b"-----BEGIN PRIVATE KEY-----\ngarbage\n"),
+    ],
+)
+def test_a_bad_key_file_is_a_start_error_that_names_it(
+    tmp_path: Path, bad: tuple[str, bytes]
+) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "trust").mkdir()
+    name, content = bad
+    (tmp_path / name).write_bytes(content)
+    deploy = f'deploy_key = "{tmp_path / name}"' if name == "deploy.key" else ""
+    config = tmp_path / "edgefleet.toml"
+    config.write_text(f'[service]\nstate_dir = "{tmp_path / "state"}"\n'
+                      f'trust_dir = "{tmp_path / "trust"}"\n{deploy}\n')  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "cloudsync.fleet.cli", "serve", "--config",
+                           str(config)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "edgefleet: cannot start" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
