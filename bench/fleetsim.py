@@ -93,6 +93,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey  
 from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from paho.mqtt.properties import Properties  # noqa: E402
+from prometheus_client.utils import floatToGoString as le_text  # noqa: E402
 
 from cloudsync.agent.download import DeliveryError, check_url  # noqa: E402
 from cloudsync.protocol.commands import COMMANDS, Refused, Verifier  # noqa: E402
@@ -118,6 +119,9 @@ MAX_PACKET = MAX_BYTES + 4096  # session.MAX_PACKET: what a node takes (CONNECT'
 CONNACK_S = 10.0  # session.CONNACK_S: a connection with no CONNACK by then is tried again
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1.0, 64.0  # [mqtt] reconnect_min_s, reconnect_max_s
 MAX_DESIRED = 256  # delivery.MAX_DESIRED: models in one desired state
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip  # edged.metrics.LATENCY_BUCKETS
 PRIORITIES = {"alert": 0, "event": 1, "telemetry": 2}  # outbox.PRIORITIES
 OUTBOX_COUNTERS = ("put", "duplicate", "acked", "dropped_budget", "dropped_ttl", "dead")
 BUDGET_BYTES = 256 << 20  # [outbox] budget_mb's default
@@ -164,6 +168,7 @@ class SimConfig:
     rps: float = 1.0  # calls per second per model and node (telemetry)
     fail_rate: float = 0.005  # the share of calls that fail on a good version
     latency_ms: float = 20.0  # a good version's median
+    cpu_percent: tuple[float, float] = (5.0, 40.0)  # the heartbeat's load: drawn in this range
     procs: int = 0  # worker processes (0: one per 2,500 nodes, at most 8)
     duration: float = 0.0  # the command line: seconds (0: until SIGTERM or SIGINT)
     installs: Path | None = None  # JSON lines, one per install
@@ -716,7 +721,7 @@ class Worker:
         body = {
             "uptime_s": round(now - node.started, 3),
             "load": {
-                "cpu_percent": round(self.rng.uniform(5.0, 40.0), 1),
+                "cpu_percent": round(self.rng.uniform(*self.config.cpu_percent), 1),
                 "cpu_count": 4,
                 "load_average": round(self.rng.uniform(0.1, 2.0), 2),
                 "memory_total": 8 << 30,
@@ -747,7 +752,10 @@ class Worker:
                 "dead_letters": 0,
                 "disk_full": False,
                 "counters": dict(node.counters),
+                "oldest_age_s": None,
             },
+            "breaker": "closed",
+            "cloud_error_ratio": 0.0,
             "poison_messages": 0,
             "thread_restarts": {},
         }
@@ -782,6 +790,11 @@ class Worker:
                 outcomes = {k: v for k, v in outcomes.items() if v}
                 p50 = config.latency_ms * self.rng.uniform(0.9, 1.1)
                 extra = config.bad_latency_ms if bad else 0.0
+                # each call's latency (log-normal around the median) into edged's buckets
+                took = [(p50 * self.rng.lognormvariate(0, 0.6) + extra) / 1000 for _ in
+                        range(min(calls, 1000))]  # fmt: skip
+                buckets = {le_text(le): sum(t <= le for t in took) for le in LATENCY_BUCKETS}
+                buckets["+Inf"] = calls
                 row: dict[str, Any] = {
                     "model": run.name,
                     "version": str(version),
@@ -792,6 +805,8 @@ class Worker:
                     "p50_ms": round(p50 + extra, 3),
                     "p95_ms": round(3 * p50 + extra, 3),
                     "p99_ms": round(5 * p50 + extra, 3),
+                    "buckets": buckets,
+                    "seconds": round(sum(took) * calls / len(took), 6),
                 }
                 if calls - failed:
                     row["confidence_mean"] = round(self.rng.uniform(0.85, 0.9), 4)

@@ -6,7 +6,9 @@ or down, a config reload, an error): one source of truth, nothing to keep in ste
 1 for each run of the daemon, which has its own ``epoch`` (a random id): a reader that sees a new
 epoch starts again from 0. A reader whose cursor fell out of the ring (``capacity`` events) is
 told how many it missed. A message is kept to its first MAX_MESSAGE characters, with a marker
-that says how many were cut.
+that says how many were cut. What the record's request was (``edged.logs.FIELDS``: its
+``request_id``, ``model``, ``route``, ``reason``) comes with the event, so the fleet's event log
+can be searched by request.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ import threading
 import uuid
 from typing import Any
 
+from edged.logs import FIELDS
+
 CAPACITY = 10_000
 MAX_MESSAGE = 16384  # characters of a message kept; a longer one is cut, with a marker
+MAX_FIELD = 128  # characters of a request's field (its id, model, route, reason) kept
 
 
 class EventLog(logging.Handler):
@@ -36,17 +41,20 @@ class EventLog(logging.Handler):
             message = str(record.msg)
         if len(message) > MAX_MESSAGE:  # the ring holds 10,000: bounded, as what it forwards
             message = f"{message[:MAX_MESSAGE]}... [{len(message) - MAX_MESSAGE} more characters]"
+        event: dict[str, Any] = {
+            "ts": int(record.created * 1000),
+            "level": record.levelname.lower(),
+            "source": record.name,
+            "message": message,
+        }
+        for key in FIELDS:  # what the request was (edged.logs binds them): its id, model...
+            value = getattr(record, key, None)
+            if value is not None:
+                event[key] = str(value)[:MAX_FIELD]
         with self._ring_lock:
             self.last += 1
-            self.ring.append(
-                {
-                    "id": self.last,
-                    "ts": int(record.created * 1000),
-                    "level": record.levelname.lower(),
-                    "source": record.name,
-                    "message": message,
-                }
-            )
+            event["id"] = self.last
+            self.ring.append(event)
 
     def after(self, cursor: int, limit: int = 1000) -> dict[str, Any]:
         """Events with an id above ``cursor``, oldest first, at most ``limit``."""

@@ -20,11 +20,12 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.metrics_core import InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from edged.device.monitor import LoadSnapshot
 from edged.errors import EdgedError
+from edged.gauges import cloud_families, device_families, gauge
 from edged.scheduler import Observer, Scheduler
 
 log = logging.getLogger(__name__)
@@ -46,14 +47,6 @@ def outcome_of(error: BaseException | None) -> str:
     return {429: "rejected", 503: "unavailable", 504: "timeout"}.get(
         status, "invalid" if 400 <= status < 500 else "error"
     )
-
-
-def _gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily:
-    """A gauge family, with its sample when the value is known (else none: "cannot tell")."""
-    family = GaugeMetricFamily(name, doc)
-    if value is not None:
-        family.add_metric([], float(value))
-    return family
 
 
 class StateCollector(Collector):
@@ -88,8 +81,8 @@ class StateCollector(Collector):
             return default
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._device(self._read("load", self.load, LoadSnapshot()))
-        yield from self._cloud(self._read("cloud state", self.cloud, None))
+        yield from device_families(self._read("load", self.load, LoadSnapshot()))
+        yield from cloud_families(self._read("cloud state", self.cloud, None))
         info = InfoMetricFamily(
             "edged_model_version",
             "Every model version of the repository (1), with its state (READY, LOADING,"
@@ -128,94 +121,10 @@ class StateCollector(Collector):
             providers.add_metric([], labels)
         yield providers
         workers = [m.get("rss_bytes") or 0 for _, _, m in runtimes if m.get("isolation")]
-        yield _gauge(
+        yield gauge(
             "edged_worker_resident_memory_bytes",
             "Resident memory of the runtime worker processes (models isolated in a process)",
             sum(workers) if workers else None,
-        )
-
-    @staticmethod
-    def _device(snap: LoadSnapshot) -> Iterator[Metric]:
-        def ratio(percent: float | None) -> float | None:
-            return None if percent is None else percent / 100.0
-
-        loads = [v for v in (snap.cpu_percent, snap.gpu_percent) if v is not None]
-        yield _gauge(
-            "edged_local_load_ratio",
-            "The local load routing weighs (the busier of CPU and GPU), 0 to 1",
-            ratio(max(loads)) if loads else None,
-        )
-        yield _gauge(
-            "edged_device_cpu_utilization_ratio",
-            "CPU utilization of the device, 0 to 1",
-            ratio(snap.cpu_percent),
-        )
-        yield _gauge(
-            "edged_device_gpu_utilization_ratio",
-            "GPU utilization of the device, 0 to 1",
-            ratio(snap.gpu_percent),
-        )
-        yield _gauge(
-            "edged_device_memory_used_ratio",
-            "Memory in use (Jetson: shared by CPU and GPU), 0 to 1",
-            ratio(snap.memory_used_percent),
-        )
-        yield _gauge(
-            "edged_device_memory_available_bytes",
-            "Memory available to edged (the cgroup's limit taken into account)",
-            snap.memory_available,
-        )
-        yield _gauge(
-            "edged_device_temperature_celsius", "The hottest thermal zone", snap.temperature_c
-        )
-        yield _gauge("edged_device_power_watts", "Total input power (Jetson: VDD_IN)", snap.power_w)
-        yield _gauge(
-            "edged_device_throttled",
-            "1 while the device is throttled (over-current or thermal)",
-            None if snap.throttled is None else float(snap.throttled),
-        )
-        yield _gauge(
-            "edged_device_clocks_pinned",
-            "1 while jetson_clocks holds the clocks at their maximum",
-            None if snap.clocks_pinned is None else float(snap.clocks_pinned),
-        )
-        mode = InfoMetricFamily("edged_device_power_mode", "The power mode (Jetson: nvpmodel)")
-        if snap.power_mode is not None:
-            mode.add_metric([], {"mode": snap.power_mode})
-        yield mode
-
-    @staticmethod
-    def _cloud(state: dict[str, Any] | None) -> Iterator[Metric]:
-        link = (state or {}).get("link") or {}
-        up = None if state is None else float(bool(link.get("up")))
-        yield _gauge("edged_cloud_link_up", "1 while the link to the cloud tier is up", up)
-        rtt = GaugeMetricFamily(
-            "edged_cloud_link_rtt_seconds",
-            "Round-trip time to the cloud tier: its moving average (ewma), p50 and p95",
-            labels=["statistic"],
-        )
-        for statistic, key in (("ewma", "rtt_s"), ("p50", "rtt_p50_s"), ("p95", "rtt_p95_s")):
-            if link.get(key) is not None:
-                rtt.add_metric([statistic], link[key])
-        yield rtt
-        yield _gauge(
-            "edged_cloud_link_bandwidth_bytes_per_second",
-            "Bandwidth to the cloud tier, measured on large payloads",
-            link.get("bandwidth_bps"),
-        )
-        breaker = GaugeMetricFamily(
-            "edged_cloud_breaker_state",
-            "The cloud tier's circuit breaker: 1 for its state (closed, open, half_open)",
-            labels=["state"],
-        )
-        if state is not None:
-            for name in ("closed", "open", "half_open"):
-                breaker.add_metric([name], float(state.get("breaker") == name))
-        yield breaker
-        yield _gauge(
-            "edged_cloud_breaker_error_ratio",
-            "The share of cloud calls that failed in the breaker's window",
-            None if state is None else state.get("error_rate"),
         )
 
 

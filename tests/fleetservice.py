@@ -38,6 +38,8 @@ class FleetService(Stoppable):
     database: str = ""
     replica: str = "r1"
     more: str = ""  # more lines of [service]
+    mqtt: str = ""  # more lines of [mqtt]
+    sections: str = ""  # more sections ([alerts], [events]...)
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     starts: list[float] = field(default_factory=list)
@@ -63,11 +65,13 @@ port = {self.broker.port}
 ca_file = "{pki}/ca.pem"
 cert_file = "{pki}/{OPERATOR}.pem"
 key_file = "{pki}/{OPERATOR}.key"
+{self.mqtt}
 [api]
 port = {self.port}
 {tokens_toml()}
 [log]
 format = "text"
+{self.sections}
 """)
         self.log = self.workdir / "edgefleet.log"
         self.stop_timeout_s = 20.0

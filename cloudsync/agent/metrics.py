@@ -21,6 +21,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cloudsync.protocol.series import alerts_family, outbox_families, session_families
+
 if TYPE_CHECKING:
     from cloudsync.agent.session import Agent
 
@@ -33,64 +35,13 @@ class AgentCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
-        yield GaugeMetricFamily(
-            "cloudsync_mqtt_connected",
-            "1 while the MQTT session with the fleet's broker is up",
-            float(agent.connected),
-        )
-        yield GaugeMetricFamily(
-            "cloudsync_edged_up",
-            "1 when edged answered cloudsync's last call on its socket",
-            float(agent.edged.status is not None),
-        )
-        stats = agent.outbox.stats()
-        records = GaugeMetricFamily(
-            "cloudsync_outbox_records", "Records waiting in the outbox", labels=["priority"]
-        )
-        for priority, count in stats["depth"].items():
-            records.add_metric([priority], count)
-        yield records
-        yield GaugeMetricFamily(
-            "cloudsync_outbox_bytes", "Size of the records waiting", float(stats["bytes"])
-        )
-        yield GaugeMetricFamily(
-            "cloudsync_outbox_budget_bytes",
-            "The outbox's disk budget (records beyond it are dropped, counted)",
-            float(stats["budget_bytes"]),
-        )
-        yield GaugeMetricFamily(
-            "cloudsync_outbox_disk_full",
-            "1 while the outbox's disk is full: new local records are refused (507), what the"
-            " outbox holds is still delivered",
-            float(stats["disk_full"]),
-        )
+        yield from session_families(agent.connected, agent.edged.status is not None)
+        yield from outbox_families(agent.outbox.stats(), agent.outbox.oldest_age_s())
         yield CounterMetricFamily(
             "cloudsync_poison_messages",
             "Messages from the broker whose handling failed (acknowledged, logged)",
             float(agent.poison),
         )
-        yield GaugeMetricFamily(
-            "cloudsync_outbox_dead_letters",
-            "Records the broker refused (kept aside, never sent again)",
-            float(stats["dead_letters"]),
-        )
-        age = GaugeMetricFamily(
-            "cloudsync_outbox_oldest_age_seconds",
-            "Age of the oldest record waiting (absent: the outbox is empty)",
-        )
-        oldest = agent.outbox.oldest_age_s()
-        if oldest is not None:
-            age.add_metric([], oldest)
-        yield age
-        handled = CounterMetricFamily(
-            "cloudsync_outbox_handled_records",
-            "Records by what became of them (put, duplicate, acked, dropped_budget, dropped_ttl,"
-            " dead), counted in the outbox's file across restarts",
-            labels=["outcome"],
-        )
-        for name, value in stats["counters"].items():
-            handled.add_metric([name], float(value))
-        yield handled
         last = GaugeMetricFamily(
             "cloudsync_model_last_rollback_timestamp_seconds",
             "When a version of the model was last rolled back on this node (Unix time)",
@@ -99,16 +50,8 @@ class AgentCollector(Collector):
         for model, at in sorted(dict(agent.rollbacks).items()):
             last.add_metric([model], at)
         yield last
-        firing = GaugeMetricFamily(
-            "cloudsync_alerts_firing",
-            "Alerts firing on the device (cloudsync.agent.alerts), by rule: how many (a rule fires"
-            " once per label set, e.g. per model)",
-            labels=["alertname", "severity"],
-        )
         counts = collections.Counter((a.rule.name, a.rule.severity) for a in agent.alerts.firing())
-        for (name, severity), count in sorted(counts.items()):
-            firing.add_metric([name, severity], float(count))
-        yield firing
+        yield alerts_family(counts)
 
 
 class Exporter:

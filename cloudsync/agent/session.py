@@ -342,6 +342,8 @@ class Agent:
             "uptime_s": status.get("uptime_s"),
             "load": status.get("load"),
             "link": cloud.get("link"),
+            "breaker": cloud.get("breaker"),
+            "cloud_error_ratio": cloud.get("error_rate"),
             "inflight": status.get("inflight"),
             "drained": status.get("drained"),
             "routing": self.edged.routes,
@@ -351,7 +353,7 @@ class Agent:
                 if m.get("state") == "READY"
             },
             "edged": self.edged.reachability(),
-            "outbox": self.outbox.stats(),
+            "outbox": {**self.outbox.stats(), "oldest_age_s": self.outbox.oldest_age_s()},
             "poison_messages": self.poison,
             "thread_restarts": dict(self.restarts),
         }

@@ -175,6 +175,13 @@ class Api:
         return web.Response(body=generate_latest(self.service.metrics.registry),
                             content_type="text/plain")  # fmt: skip
 
+    async def fleet_metrics(self, request: web.Request) -> web.Response:
+        """Every node's series (cloudsync.fleet.exporter), for Prometheus with the token of a
+        viewer: ``authorization: {credentials: ...}`` and ``honor_labels: true``."""
+        body = await self.db(self.service.series.render)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8",
+                            headers={"Cache-Control": "no-store"})  # fmt: skip
+
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(body=OPENAPI.read_bytes(), content_type="application/json")
 
@@ -413,6 +420,7 @@ class Api:
         routes = [
             ("GET", "/healthz", self.healthz, "viewer", ()),
             ("GET", "/metrics", self.metrics, "viewer", ()),
+            ("GET", "/v1/fleet/metrics", self.fleet_metrics, "viewer", ()),
             ("GET", "/v1/openapi.json", self.openapi, "viewer", ()),
             ("GET", "/v1/nodes", self.nodes, "viewer",
              ("state", "selector", "contains", "after", "limit")),

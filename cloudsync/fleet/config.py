@@ -119,6 +119,45 @@ class ApiConfig(Section):
     tls_key: Path | None = Field(None, description="its private key")
     tokens: list[Token] = Field(default_factory=list, description="who may call it, as what")
     max_body_kb: int = Field(1024, ge=1, description="a larger request body is refused (413)")
+    public_url: str = Field(
+        "", description="the URL people reach the service at (the alerts link the console)"
+    )
+
+
+class AlertsConfig(Section):
+    """Device alerts to Prometheus Alertmanager (API v2), by the replica holding the runner
+    lease."""
+
+    alertmanagers: list[str] = Field(
+        default_factory=list,
+        description="Alertmanager base URLs (http(s)://host:9093), each one of a cluster: the"
+        " alerts go to every one (none: alerts are kept and shown, not sent)",
+    )
+    resend_s: float = Field(
+        30.0, ge=1, description="firing alerts are sent again this often (endsAt: 4 times it)"
+    )
+    ca_file: Path | None = Field(None, description="the CA of an https Alertmanager")
+
+    @field_validator("alertmanagers")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r}: an http:// or https:// URL")
+        return value
+
+
+class EventsConfig(Section):
+    """Nodes' events: kept for the console, and written as ECS JSON lines for a shipper."""
+
+    ecs_file: str = Field(
+        "",
+        description="write each node event once as an ECS JSON line to this file (reopened"
+        " when logrotate moves it), or '-' for stdout; '' writes none",
+    )
+    keep_days: float = Field(
+        7.0, gt=0, description="events (and resolved alerts) older than this are forgotten"
+    )
 
 
 class LogConfig(Section):
@@ -130,6 +169,8 @@ class FleetServiceConfig(Section):
     service: ServiceConfig = Field(default_factory=ServiceConfig)
     mqtt: BrokerConfig = Field(default_factory=BrokerConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
 

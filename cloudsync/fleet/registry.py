@@ -11,9 +11,10 @@ in one transaction:
 - ``heartbeat``: counted, and the last one kept, when it is newer than the last one counted
   (a QoS 1 duplicate is not counted twice); ``last_seen`` is when the service got it;
 - ``events``: a delivery's steps per model version (what rollouts and deployments wait for);
+  every event is kept, and an alert sets the alert's state (``cloudsync.fleet.observe``);
 - ``telemetry``: per model version, the figures a rollout's gates judge (requests, failures,
   p95, confidence; routes per model, as version ""), for the models being rolled out only
-  (``watched``);
+  (``watched``); and every record's figures added to the node's counters (``observe``);
 - ``desired-models`` (retained): what each node is told to run now, by whoever published it;
 - ``cmd-result``: the result of a command the service relayed (others are not its).
 
@@ -30,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from cloudsync.fleet.observe import Event, count_telemetry, keep_event
 from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.envelope import EnvelopeError
@@ -60,6 +62,8 @@ class Ingested:
     sent_ms: list[int] = field(default_factory=list)  # heartbeats: when their nodes sent them
     counted: dict[str, int] = field(default_factory=dict)
     poison: int = 0
+    events: list[Event] = field(default_factory=list)  # stored the first time (the ECS log's)
+    counters: int = 0  # counters moved by telemetry
 
     def merge(self, other: Ingested) -> None:
         self.births |= other.births
@@ -67,6 +71,8 @@ class Ingested:
         self.steps += other.steps
         self.sent_ms += other.sent_ms
         self.poison += other.poison
+        self.events += other.events
+        self.counters += other.counters
         for kind, n in other.counted.items():
             self.counted[kind] = self.counted.get(kind, 0) + n
 
@@ -155,8 +161,13 @@ class Registry:
             done.sent_ms.append(env.ts)
         elif msg.kind == "events":
             done.steps += self._event(tx, msg, env)
-        elif msg.kind == "telemetry" and watched:
-            self._telemetry(tx, msg, env, watched)
+            event = keep_event(tx, msg.node, env, msg.arrived_ms)
+            if event is not None:
+                done.events.append(event)
+        elif msg.kind == "telemetry":
+            done.counters += count_telemetry(tx, msg.node, env, msg.arrived_ms)
+            if watched:
+                self._telemetry(tx, msg, env, watched)
         elif msg.kind == "cmd-result":
             tx.execute(
                 "UPDATE commands SET result = ?, result_ts = ? WHERE id = ? AND node = ?"
@@ -208,7 +219,7 @@ class Registry:
     def _event(self, tx: Tx, msg: Message, env: envelope.Envelope) -> int:
         step = env.body.get("delivery")
         if not isinstance(step, dict):
-            return 0  # other events: the observability issue's
+            return 0  # not a delivery step
         model, version = step.get("model"), step.get("version")
         if not isinstance(model, str) or not MODEL_NAME.match(model):
             raise ValueError("events.delivery.model: a model name")
@@ -368,6 +379,20 @@ class Registry:
                 (dumps(check_labels(labels)), name),
             )
             return done.rowcount == 1
+
+    def prune(self, now_ms: int, events_keep_ms: int) -> int:
+        """Forget events (and resolved alerts) older than ``events_keep_ms``, and telemetry
+        record ids older than a day (a record the outbox sends again comes within hours)."""
+        with self.store.transaction() as tx:
+            gone = tx.execute("DELETE FROM events WHERE arrived < ?", (now_ms - events_keep_ms,))
+            done = gone.rowcount
+            gone = tx.execute(
+                "DELETE FROM alerts WHERE state = 'resolved' AND ends_ms < ?",
+                (now_ms - events_keep_ms,),
+            )
+            done += gone.rowcount
+            gone = tx.execute("DELETE FROM records WHERE arrived < ?", (now_ms - 86_400_000,))
+            return done + gone.rowcount
 
     def counts(self, now_ms: int) -> dict[str, int]:
         """Nodes by state (online, stale, offline, unknown)."""

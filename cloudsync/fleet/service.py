@@ -19,7 +19,14 @@ Three threads beside the HTTP server's event loop:
   well as from its delivery events.
 - **the runner**: holds the database's runner lease (one replica at a time) and, while it does,
   drives the rollouts one turn (cloudsync.fleet.rollouts) and reconciles the deployments: the
-  nodes a batch names (births, desired states) at once, every node every ``reconcile_s``.
+  nodes a batch names (births, desired states) at once, every node every ``reconcile_s``; and
+  forgets old events.
+- **the alerter** (with ``[alerts] alertmanagers``): while this replica holds the lease, sends
+  the nodes' alerts to Alertmanager every ``[alerts] resend_s`` (cloudsync.fleet.alerting).
+
+The writer also writes each node event it stores the first time as an ECS JSON line
+(``[events] ecs_file``); the API serves every node's series for Prometheus from the database
+(cloudsync.fleet.exporter), so any replica answers for the whole fleet.
 
 SIGTERM stops it cleanly (the runner lease is released at once); after a SIGKILL another
 replica takes the lease when it expires, or this one at once when it comes back.
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -42,8 +50,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from cloudsync.fleet.alerting import Alerting
 from cloudsync.fleet.config import FleetServiceConfig
 from cloudsync.fleet.deployments import Deployments, Reconciler
+from cloudsync.fleet.exporter import NodeSeries
+from cloudsync.fleet.observe import EventLog
 from cloudsync.fleet.registry import Ingested, Message, Registry
 from cloudsync.fleet.rollouts import Rollouts
 from cloudsync.fleet.store import Store
@@ -59,6 +70,11 @@ RUNNER_LEASE = "runner"
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def alertmanager_context(config: FleetServiceConfig) -> ssl.SSLContext | None:
+    ca = config.alerts.ca_file
+    return ssl.create_default_context(cafile=str(ca)) if ca is not None else None
 
 
 def load_deploy_key(config: FleetServiceConfig) -> tuple[str, Ed25519PrivateKey] | None:
@@ -96,6 +112,12 @@ class Metrics:
                                  registry=r)  # fmt: skip
         self.db_errors = Counter("edgefleet_database_errors", "database calls that failed",
                                  registry=r)  # fmt: skip
+        self.events = Counter("edgefleet_node_events", "nodes' events stored (once each)",
+                              registry=r)  # fmt: skip
+        self.alert_pushes = Counter(
+            "edgefleet_alertmanager_pushes", "sends of the alerts to Alertmanager, by outcome",
+            ["outcome"], registry=r,
+        )  # fmt: skip
 
 
 class Service:
@@ -117,6 +139,14 @@ class Service:
         self.watched: frozenset[str] = frozenset()
         self.watched_at = 0.0
         self.metrics = Metrics()
+        self.series = NodeSeries(self.store, self.fleet,
+                                 int(config.service.offline_after_s * 1000), clock)  # fmt: skip
+        self.alerting = Alerting(
+            self.store, self.fleet, config.alerts.alertmanagers, config.alerts.resend_s, clock,
+            config.api.public_url, alertmanager_context(config),
+        )  # fmt: skip
+        ecs = config.events.ecs_file
+        self.event_log = EventLog(ecs, self.fleet) if ecs else None
         self.inbox: queue.Queue[tuple[Message, int]] = queue.Queue()
         self.stopping = threading.Event()
         self.wake = threading.Event()
@@ -245,6 +275,10 @@ class Service:
             self._ack(mid)
         for kind, n in done.counted.items():
             self.metrics.messages.labels(kind).inc(n)
+        self.metrics.events.inc(len(done.events))
+        if self.event_log is not None:
+            for event in done.events:  # written once: a duplicate was not stored
+                self.event_log.write(event)
         if done.poison:
             self.metrics.poison.inc(done.poison)
         written = self.clock()  # the age at commit: the queue and the transaction included
@@ -347,12 +381,31 @@ class Service:
                 self.reconciler.run(None if full else nodes)
             if full:
                 self.rollouts.prune()
+                keep_ms = int(self.config.events.keep_days * 86_400_000)
+                self.registry.prune(self.clock(), keep_ms)
         except Exception:  # the database is away: the next turn tries again
             self.metrics.db_errors.inc()
             log.exception("the runner's turn failed")
             with self.dirty_lock:
                 self.dirty |= nodes
                 self.full_pass = self.full_pass or full
+
+    def alerter(self) -> None:
+        """Every ``[alerts] resend_s``, while this replica holds the runner lease: the alerts to
+        Alertmanager (cloudsync.fleet.alerting)."""
+        if not self.alerting.urls:
+            return
+        while not self.stopping.wait(self.config.alerts.resend_s):
+            if not self.holds_lease:
+                continue
+            try:
+                took = self.alerting.push()
+                failed = len(self.alerting.urls) - took
+                self.metrics.alert_pushes.labels("sent").inc(took)
+                self.metrics.alert_pushes.labels("failed").inc(failed)
+            except Exception:  # the database is away: the next interval tries again
+                self.metrics.db_errors.inc()
+                log.exception("the alerts were not sent")
 
     def reconcile_soon(self, nodes: set[str] | None = None) -> None:
         """An API change: ``nodes`` at the runner's next turn, or every node (None)."""
@@ -374,7 +427,7 @@ class Service:
                                   clean_start=cfg.session_expiry_s == 0,
                                   properties=properties)  # fmt: skip
         self.client.loop_start()
-        for target in (self.writer, self.runner):
+        for target in (self.writer, self.runner, self.alerter):
             thread = threading.Thread(target=target, name=target.__name__, daemon=True)
             thread.start()
             self.threads.append(thread)
@@ -391,3 +444,5 @@ class Service:
         self.client.disconnect()
         self.client.loop_stop()
         self.store.close()
+        if self.event_log is not None:
+            self.event_log.close()

@@ -137,6 +137,47 @@ CREATE TABLE IF NOT EXISTS leases (
     holder TEXT NOT NULL,
     expires BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS events (
+    node TEXT NOT NULL,
+    id TEXT NOT NULL,
+    ts BIGINT NOT NULL,
+    arrived BIGINT NOT NULL,
+    priority TEXT NOT NULL,
+    level TEXT NOT NULL,
+    message TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (node, id)
+);
+CREATE INDEX IF NOT EXISTS events_by_node ON events (node, arrived);
+CREATE INDEX IF NOT EXISTS events_by_arrival ON events (arrived);
+CREATE TABLE IF NOT EXISTS alerts (
+    node TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    alertname TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    annotations TEXT NOT NULL,
+    state TEXT NOT NULL,
+    starts_ms BIGINT NOT NULL,
+    ends_ms BIGINT,
+    changed_ms BIGINT NOT NULL,
+    PRIMARY KEY (node, fingerprint)
+);
+CREATE INDEX IF NOT EXISTS alerts_by_state ON alerts (state, node);
+CREATE TABLE IF NOT EXISTS records (
+    node TEXT NOT NULL,
+    id TEXT NOT NULL,
+    arrived BIGINT NOT NULL,
+    PRIMARY KEY (node, id)
+);
+CREATE INDEX IF NOT EXISTS records_by_arrival ON records (arrived);
+CREATE TABLE IF NOT EXISTS counters (
+    node TEXT NOT NULL,
+    name TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    value DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (node, name, labels)
+);
 """
 SERIAL = {"sqlite": "INTEGER PRIMARY KEY AUTOINCREMENT", "postgresql": "BIGSERIAL PRIMARY KEY"}
 

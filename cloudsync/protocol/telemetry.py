@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from edged.stats import quantile
 
@@ -165,6 +166,10 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
             "errors": sum(outcomes.get(o, 0) for o in ERROR_OUTCOMES),
             "outcomes": outcomes,
             "mean_ms": round(1000 * seconds / count, 3),
+            # the latency histogram's buckets in the interval (cumulative, by upper bound, as
+            # Prometheus' le) and its sum: the fleet service's series are made from them
+            "buckets": {le_text(le): int(n) for le, n in sorted(buckets.items())},
+            "seconds": round(seconds, 6),
         }
         total, scored = now.confidence.get((model, version), (0.0, 0.0))
         was_total, was_scored = base.confidence.get((model, version), (0.0, 0.0))
@@ -183,9 +188,10 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
     cloud_seconds = _delta(now.cloud_sum, base.cloud_sum)
     for (model, arm, outcome), value in _delta(now.cloud, base.cloud).items():
         if value:
-            row = cloud[model].setdefault(arm, {"requests": 0, "errors": 0})
+            row = cloud[model].setdefault(arm, {"requests": 0, "errors": 0, "outcomes": {}})
             row["requests"] += int(value)
             row["errors"] += int(value) if outcome == "error" else 0
+            row["outcomes"][outcome] = int(value)
     for model, arms in cloud.items():
         for arm, row in arms.items():
             row["mean_ms"] = round(1000 * cloud_seconds.get((model, arm), 0.0) / row["requests"], 3)
@@ -201,6 +207,11 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
             "cloud": dict(sorted(cloud.items())),  # per model, per version called (A/B arms)
         }
     }
+
+
+def le_text(le: float) -> str:
+    """A bucket's upper bound as Prometheus writes ``le`` (``0.005``, ``1.0``, ``+Inf``)."""
+    return floatToGoString(le)
 
 
 def row_of(body: dict[str, Any] | None, model: str, version: int) -> dict[str, Any] | None:

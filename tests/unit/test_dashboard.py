@@ -243,7 +243,7 @@ def test_the_dashboard_is_identified_and_imports_into_any_grafana(
     assert instance["type"] == "query"
     assert instance["datasource"]["uid"] == DATASOURCE
     assert instance["multi"] and instance["includeAll"]
-    assert instance["definition"] == 'label_values(up{job="edged"}, instance)'
+    assert instance["definition"] == "label_values(cloudsync_mqtt_connected, instance)"
     query = instance["query"]
     assert (query["query"] if isinstance(query, dict) else query) == instance["definition"]
 

@@ -10,7 +10,8 @@ so a rule broken anywhere fails here, naming the module, the line and the rule:
 - edged never imports cloudsync.
 - cloudsync's protocol imports nothing else of cloudsync; the fleet side never imports the
   device agent; cloudsync reaches into edged only through its public seams (the client, the
-  shared helpers, the config loader, the log setup, the event log, atomic files, statistics).
+  shared helpers, the config loader, the log setup, the event log, atomic files, statistics,
+  the load snapshot and the gauges made of it).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ EDGED_LAYERS = [
     (
         "parts",
         ["edged.config", "edged.device", "edged.link", "edged.runtimes", "edged.cloud",
-         "edged.knowledge", "edged.systemd"],
+         "edged.knowledge", "edged.systemd", "edged.gauges"],
     ),
     (
         "core",
@@ -49,7 +50,7 @@ TOOLS = ["edged.client", "edged.edgectl", "edged.top", "edged.top_live"]
 TOOLS_MAY_IMPORT = ["edged.client", "edged.knowledge.text"]
 CLOUDSYNC_MAY_IMPORT = [
     "edged", "edged.client", "edged.common", "edged.config", "edged.logs", "edged.events",
-    "edged.atomic", "edged.stats", "edged.errors",
+    "edged.atomic", "edged.stats", "edged.errors", "edged.gauges", "edged.device.monitor",
 ]  # fmt: skip
 
 

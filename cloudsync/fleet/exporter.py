@@ -1,0 +1,252 @@
+"""Every node's series for Prometheus, from what the fleet service keeps (``GET
+/v1/fleet/metrics``): devices behind NAT or a cellular link, which only MQTT leaves, are
+monitored through the service as if Prometheus scraped each one.
+
+The names, labels and units are those of edged's and cloudsync's own ``/metrics`` (made by the
+same functions: ``edged.gauges``, ``cloudsync.protocol.series``), with ``instance`` the node's
+name and ``fleet`` the fleet, so docs/monitoring's dashboard and rules work on both paths
+(Prometheus keeps these labels with ``honor_labels: true``):
+
+- from the node's **last heartbeat**: the load (``edged_local_load_ratio``,
+  ``edged_device_*``), the cloud link and breaker (``edged_cloud_link_*``,
+  ``edged_cloud_breaker_*``), requests in flight, the ready model versions, edged's
+  reachability and the outbox (``cloudsync_*``); and the heartbeats the service counted;
+- from its **telemetry**, added up by the service: ``edged_inference_requests_total``, the
+  latency histogram ``edged_inference_request_duration_seconds``,
+  ``edged_route_decisions_total`` (by model and route) and ``edged_cloud_requests_total``;
+- from its **alerts**: ``cloudsync_alerts_firing``.
+
+A node that is offline, or online without a heartbeat for ``offline_after_s`` (stale), has only
+``cloudsync_mqtt_connected 0`` and its ``edgefleet_node_*`` series: its figures are not shown
+frozen, they end (Prometheus marks them stale at the next scrape). Every node has
+``edgefleet_node_info`` (state, software) and ``edgefleet_node_labels`` (its labels, names
+made Prometheus': ``label_<name>``) to join on ``instance``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+from cloudsync.fleet.observe import label_name
+from cloudsync.fleet.store import Store
+from cloudsync.protocol import envelope
+from cloudsync.protocol.series import alerts_family, outbox_families, session_families
+from edged.device.monitor import LoadSnapshot
+from edged.gauges import cloud_families, device_families
+
+log = logging.getLogger("edgefleet.exporter")
+HISTOGRAM = "edged_inference_request_duration_seconds"
+COUNTERS = {  # a telemetry counter's family: its type and help, as edged's own
+    "edged_inference_requests": ("counter", "Inference requests by model, version and outcome"),
+    HISTOGRAM: ("histogram", "Time from receipt to response, by model and version"),
+    "edged_route_decisions": (
+        "counter",
+        "Routing decisions by model and route (through the fleet service: without the reason)",
+    ),
+    "edged_cloud_requests": (
+        "counter",
+        "Calls to the cloud tier by model, the cloud model called and outcome",
+    ),
+}
+_LOAD_FIELDS = {f.name: f.type for f in dataclasses.fields(LoadSnapshot)}
+
+
+def _label(value: Any, limit: int = 128) -> str:
+    return envelope.printable(str(value), limit)
+
+
+def load_snapshot(load: Any) -> LoadSnapshot:
+    """A heartbeat's ``load`` as edged's snapshot: the fields of the right type only (a node
+    says what it likes; a figure it got wrong is absent, as one it cannot tell)."""
+    if not isinstance(load, dict):
+        return LoadSnapshot()
+    kept: dict[str, Any] = {}
+    for key, value in load.items():
+        kind = _LOAD_FIELDS.get(key)
+        if kind is None or value is None or key in ("taken", "sources"):
+            continue
+        if "bool" in kind and isinstance(value, bool):
+            kept[key] = value
+        elif "str" in kind and "dict" not in kind and isinstance(value, str):
+            kept[key] = _label(value, 64)
+        elif ("float" in kind or "int" in kind) and not isinstance(value, bool) and isinstance(
+            value, (int, float)
+        ) and math.isfinite(value) and abs(value) < 1e18:  # fmt: skip
+            kept[key] = value
+    return LoadSnapshot(**kept)
+
+
+def heartbeat_families(hb: Mapping[str, Any]) -> Iterator[Metric]:
+    """The families a node's last heartbeat gives (as the node's own /metrics would)."""
+    yield from device_families(load_snapshot(hb.get("load")))
+    link = hb.get("link")
+    if isinstance(link, dict):
+        ratio = hb.get("cloud_error_ratio")
+        yield from cloud_families({
+            "link": {k: v for k, v in link.items() if k == "up" or _finite(v)},
+            "breaker": hb.get("breaker"),
+            "error_rate": ratio if _finite(ratio) else None,
+        })  # fmt: skip
+    inflight = GaugeMetricFamily(
+        "edged_requests_in_flight", "API requests being answered (REST and gRPC)"
+    )
+    if _finite(hb.get("inflight")):
+        inflight.add_metric([], float(hb["inflight"]))
+    yield inflight
+    versions = InfoMetricFamily(
+        "edged_model_version", "The model versions ready on the node (its heartbeat's)",
+        labels=["model", "version", "state"],
+    )  # fmt: skip
+    models = hb.get("models")
+    for model, version in models.items() if isinstance(models, dict) else []:
+        versions.add_metric([_label(model), _label(version, 32), "READY"], {})
+    yield versions
+    edged = hb.get("edged")
+    reachable = edged.get("reachable") if isinstance(edged, dict) else None
+    yield from session_families(True, reachable if isinstance(reachable, bool) else None)
+    outbox = hb.get("outbox")
+    if isinstance(outbox, dict):
+        stats: dict[str, Any] = {
+            "depth": {_label(k, 32): v for k, v in _numbers(outbox.get("depth")).items()},
+            "counters": {_label(k, 32): v for k, v in _numbers(outbox.get("counters")).items()},
+        }
+        for key in ("bytes", "budget_bytes", "dead_letters", "disk_full"):
+            value = outbox.get(key)
+            if not _finite(value) and not isinstance(value, bool):
+                break
+            stats[key] = value
+        else:
+            oldest: Any = outbox.get("oldest_age_s")
+            yield from outbox_families(stats, float(oldest) if _finite(oldest) else None)
+
+
+def _finite(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) < 1e18
+    )
+
+
+def _numbers(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): float(v) for k, v in list(value.items())[:64] if _finite(v)}
+
+
+class NodeSeries(Collector):
+    """The fleet's series, read from the database at each scrape."""
+
+    def __init__(self, store: Store, fleet: str, offline_after_ms: int,
+                 clock: Callable[[], int]) -> None:  # fmt: skip
+        self.store, self.fleet, self.offline_after_ms, self.clock = (
+            store, fleet, offline_after_ms, clock)  # fmt: skip
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def render(self) -> bytes:
+        """The text exposition format (one read of the database)."""
+        return bytes(generate_latest(self.registry))
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        nodes = self.store.query(
+            "SELECT node, state, last_seen, heartbeats, heartbeat_ts, heartbeat, software,"
+            " node_labels, labels FROM nodes ORDER BY node"
+        )
+        counters: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in self.store.query("SELECT node, name, labels, value FROM counters"):
+            counters[row["node"]].append(row)
+        firing: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
+        for row in self.store.query(
+            "SELECT node, alertname, severity, COUNT(*) AS n FROM alerts WHERE state = 'firing'"
+            " GROUP BY node, alertname, severity"
+        ):
+            firing[row["node"]][(row["alertname"], row["severity"])] = int(row["n"])
+        families: dict[str, Metric] = {}
+        info = InfoMetricFamily("edgefleet_node", "Every node the service knows: its state"
+                                " (online, stale, offline, unknown) and software")  # fmt: skip
+        labels = InfoMetricFamily("edgefleet_node_labels", "Every node's labels (its own and"
+                                  " the operators'), as label_<name>")  # fmt: skip
+        last = GaugeMetricFamily("edgefleet_node_last_heartbeat_timestamp_seconds",
+                                 "When the node sent its last heartbeat (Unix time, its clock)",
+                                 labels=["instance", "fleet"])  # fmt: skip
+        beats = CounterMetricFamily(
+            "cloudsync_heartbeats",
+            "Heartbeats the fleet service counted from the node",
+            labels=["instance", "fleet"],
+        )
+        for raw in nodes:
+            node = raw["node"]
+            fresh = raw["state"] == "online" and raw["last_seen"] >= now - self.offline_after_ms
+            state = raw["state"] if fresh or raw["state"] != "online" else "stale"
+            here = {"instance": node, "fleet": self.fleet}
+            software = json.loads(raw["software"])
+            info.add_metric([], {**here, "state": state, **{
+                f"{label_name(k)}_version": _label(v, 64) for k, v in software.items()
+                if isinstance(k, str) and v is not None}})  # fmt: skip
+            own = {**json.loads(raw["node_labels"]), **json.loads(raw["labels"])}
+            labels.add_metric([], {**here, **{f"label_{label_name(k)}": v for k, v in own.items()}})
+            if raw["heartbeat_ts"]:
+                last.add_metric([node, self.fleet], raw["heartbeat_ts"] / 1000)
+            found: list[Metric] = []
+            if fresh and raw["heartbeat"]:
+                beats.add_metric([node, self.fleet], float(raw["heartbeats"]))
+                try:
+                    found = list(heartbeat_families(json.loads(raw["heartbeat"])))
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:  # its own loss
+                    log.debug("node %s: heartbeat not shown: %s", node, exc)
+                    found = list(session_families(True, None))
+                found += self._counted(counters.get(node, []))
+                found.append(alerts_family(firing.get(node, {})))
+            else:
+                found = list(session_families(False, None))
+            for family in found:
+                _merge(families, family, here)
+        yield info
+        yield labels
+        yield last
+        yield beats
+        yield from families.values()
+
+    @staticmethod
+    def _counted(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+        """The node's counters from telemetry, as edged's families."""
+        by_family: dict[str, Metric] = {}
+        for row in rows:
+            name = row["name"]
+            base = next((f for f in COUNTERS if name.startswith(f"{f}_")), None)
+            if base is None:
+                continue
+            kind, doc = COUNTERS[base]
+            family = by_family.get(base)
+            if family is None:
+                family = by_family[base] = Metric(base, doc, kind)
+            family.samples.append(Sample(name, json.loads(row["labels"]), row["value"]))
+        yield from by_family.values()
+
+
+def _merge(families: dict[str, Metric], family: Metric, here: dict[str, str]) -> None:
+    """``family``'s samples into the fleet's family of that name, labelled with the node."""
+    into = families.get(family.name)
+    if into is None:
+        into = families[family.name] = Metric(family.name, family.documentation, family.type)
+    for sample in family.samples:
+        into.samples.append(Sample(sample.name, {**here, **sample.labels}, sample.value))
