@@ -51,6 +51,7 @@ log = logging.getLogger("edgefleet.api")
 ROLES = {"viewer": 0, "operator": 1, "admin": 2}
 OPENAPI = Path(__file__).with_name("openapi.json")  # package data; docs/fleet-api.json links it
 PUBLIC = {"/healthz", "/metrics", "/v1/openapi.json"}
+CONSOLE = "/console"  # cloudsync.fleet.console: its own session (a cookie) and checks
 MAX_AUDIT_DETAIL = 2000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WHO = web.RequestKey("who", Token)
@@ -80,6 +81,10 @@ class Api:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             return None
+        return self.holder(token)
+
+    def holder(self, token: str) -> Token | None:
+        """Whose token this is (a bearer's, or the console's cookie), or None."""
         digest = hashlib.sha256(token.strip().encode()).hexdigest()
         for known, who in self.tokens.items():  # constant time, whichever matches
             if hmac.compare_digest(known, digest):
@@ -100,8 +105,8 @@ class Api:
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in PUBLIC:
-            return await handler(request)
+        if request.path in PUBLIC or request.path.startswith(CONSOLE):
+            return await handler(request)  # the console checks its own cookie
         who = self.caller(request)
         if who is None:
             return error(401, "Authorization: Bearer <token> (an [api] tokens entry)")
@@ -220,12 +225,17 @@ class Api:
 
     async def labels(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
+        doc = await self.body(request, "set labels", node)
+        if not isinstance(doc, dict) or set(doc) != {"labels"}:
+            return await self.refuse(request, "set labels", node, 422,
+                                     'body: {"labels": {label: value}}')  # fmt: skip
+        return await self.set_labels(request, node, doc["labels"])
+
+    async def set_labels(self, request: web.Request, node: str, given: Any) -> web.Response:
+        """The operators' labels of ``node`` set, audited (the API's and the console's)."""
         action = "set labels"
-        doc = await self.body(request, action, node)
         try:
-            if not isinstance(doc, dict) or set(doc) != {"labels"}:
-                raise LabelError('body: {"labels": {label: value}}')
-            labels = check_labels(doc["labels"])
+            labels = check_labels(given)
         except LabelError as exc:
             return await self.refuse(request, action, node, 422, str(exc))
         if not await self.db(self.service.registry.set_labels, node, labels):
@@ -442,6 +452,9 @@ class Api:
         ]  # fmt: skip
         for method, path, handler, role, query in routes:
             app.router.add_route(method, path, _with_role(handler, role, query))
+        from cloudsync.fleet.console import Console  # it imports this module
+
+        Console(self).mount(app, CONSOLE)
         return app
 
     def ssl_context(self) -> ssl.SSLContext | None:

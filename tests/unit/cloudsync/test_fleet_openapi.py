@@ -86,12 +86,13 @@ def app(service: Service) -> web.Application:
 
 
 def routes(app: web.Application) -> dict[tuple[str, str], str]:
-    """(METHOD, path) -> the role the route was registered with (HEAD left out)."""
+    """(METHOD, path) -> the role the route was registered with (HEAD left out, and the web
+    console's HTML pages: not the JSON API this document describes)."""
     found: dict[tuple[str, str], str] = {}
     for route in app.router.routes():
-        if route.method == "HEAD":
-            continue
         assert route.resource is not None
+        if route.method == "HEAD" or route.resource.canonical.startswith("/console"):
+            continue
         found[(route.method, route.resource.canonical)] = route.handler.role  # type: ignore[attr-defined]
     return found
 
