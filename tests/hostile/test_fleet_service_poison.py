@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
+from cloudsync.fleet.exporter import NodeSeries
 from cloudsync.fleet.registry import Message, Registry
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
@@ -30,7 +32,7 @@ from tests.fleetservice import FleetService
 from tests.mosquitto import OPERATOR, Broker
 from tests.postgres import fleet_store
 
-KINDS = ["status", "heartbeat", "events", "telemetry", "desired-models"]
+KINDS = ["status", "heartbeat", "events", "telemetry", "desired-models"]  # fmt: skip
 WATCHED = frozenset({"m"})
 texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=20) | st.sampled_from(
     ["\x00", "\ud800", "m", "online", "offline", "active", "a" * 70]
@@ -51,6 +53,50 @@ bodies = st.fixed_dictionaries(
         | json_values,
         "hardware": json_values,
         "reason": json_values,
+        # a device alert (cloudsync.agent.alerts) and a heartbeat's figures
+        "alert": st.sampled_from(["EdgedLocalLoadHigh", "bad name"]) | json_values,
+        "severity": json_values,
+        "summary": json_values,
+        "value": numbers | json_values,
+        "active_since_ms": numbers | json_values,
+        "at_ms": numbers | json_values,
+        "load": st.dictionaries(
+            st.sampled_from(
+                [
+                    "cpu_percent",
+                    "gpu_percent",
+                    "memory_total",
+                    "memory_available",
+                    "throttled",
+                    "power_mode",
+                    "temperatures",
+                    "sources",
+                    "x",
+                ]
+            ),
+            numbers | json_values,
+        )
+        | json_values,
+        "link": st.dictionaries(
+            st.sampled_from(["up", "rtt_s", "rtt_p95_s", "bandwidth_bps"]), numbers | json_values
+        )
+        | json_values,
+        "breaker": json_values,
+        "cloud_error_ratio": numbers | json_values,
+        "inflight": numbers | json_values,
+        "edged": json_values,
+        "outbox": st.fixed_dictionaries(
+            {
+                "depth": st.dictionaries(texts, numbers | json_values) | json_values,
+                "bytes": numbers | json_values,
+                "budget_bytes": numbers,
+                "dead_letters": numbers,
+                "disk_full": st.booleans() | json_values,
+                "counters": st.dictionaries(texts, numbers | json_values) | json_values,
+                "oldest_age_s": numbers | json_values,
+            }
+        )
+        | json_values,
         "delivery": st.fixed_dictionaries(
             {
                 "model": st.sampled_from(["m"]) | json_values,
@@ -74,6 +120,12 @@ bodies = st.fixed_dictionaries(
                             "p95_ms": numbers | json_values,
                             "confidence_n": numbers | json_values,
                             "confidence_mean": numbers | json_values,
+                            "buckets": st.dictionaries(
+                                st.sampled_from(["0.01", "+Inf", "x", "1e400", "-1"]),
+                                numbers | json_values,
+                            )
+                            | json_values,
+                            "seconds": numbers | json_values,
                         }
                     ),
                     max_size=2,
@@ -81,6 +133,7 @@ bodies = st.fixed_dictionaries(
                 "routes": st.dictionaries(
                     st.just("m"), st.dictionaries(texts, numbers | json_values) | json_values
                 ),
+                "cloud": st.dictionaries(texts, st.dictionaries(texts, json_values)) | json_values,
             }
         )
         | json_values,
@@ -125,6 +178,10 @@ def test_no_message_escapes_ingest_and_the_good_ones_are_written(registry: Regis
     fuzz()
     row = registry.node("good", 10)
     assert row is not None and row["labels"] == {"k": "v"}
+    # whatever the nodes sent, the fleet's series are one valid exposition
+    text = NodeSeries(registry.store, "f1", 10**15, lambda: 1_800_000_000_000).render()
+    families = {f.name for f in text_string_to_metric_families(text.decode())}
+    assert "cloudsync_mqtt_connected" in families
 
 
 GARBAGE: list[bytes] = [

@@ -111,6 +111,7 @@ def test_prometheus_sees_each_node_through_the_service(tmp_path: Path, broker: B
         wait_for(lambda: prom.query(loaded), 30, "the node's load in Prometheus")
         [target] = prom.targets()
         assert target["health"] == "up", target
+        assert service.call("GET", "/v1/fleet/metrics", role=None)[0] == 401  # a viewer's
         # within one scrape: the first scrape after the heartbeat is in the database has it
         sent = node.heartbeat(97.0, 0.05)
         wait_for(lambda: service.call("GET", f"/v1/nodes/{NODE}")[1]["heartbeat"]["load"]

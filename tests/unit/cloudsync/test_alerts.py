@@ -152,6 +152,48 @@ def test_prometheus_fires_at_the_same_minutes_as_the_device(tmp_path: Path) -> N
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_rules_on_the_fleet_services_series(tmp_path: Path) -> None:
+    """The series as the fleet service exports them (``instance``, ``fleet``, the scrape job
+    ``edgefleet``; cloudsync.fleet.exporter): a node at 95 % load fires EdgedLocalLoadHigh at
+    minute 5 with its labels; when it goes offline at minute 7 its load series ends (a stale
+    marker, not a frozen value: the alert resolves at once) and ``cloudsync_mqtt_connected 0`` fires NodeOffline 5 minutes
+    later."""
+    node = 'instance="sim-00001", fleet="f1", job="edgefleet"'
+    # the scrape after the node goes has no load: Prometheus writes a stale marker
+    load = " ".join(["0.95"] * 7 + ["stale"] + ["_"] * 8)
+    connected = " ".join(["1"] * 7 + ["0"] * 9)
+    labels = {"instance": "sim-00001", "fleet": "f1", "job": "edgefleet"}
+    texts = {rule.name: rule.texts(AlertsConfig()) for rule in RULES}
+
+    def alert(name: str, severity: str) -> list[dict[str, object]]:
+        summary, description = texts[name]
+        return [{"exp_labels": {**labels, "severity": severity},
+                 "exp_annotations": {"summary": summary, "description": description}}]  # fmt: skip
+
+    checks = [
+        {"eval_time": "4m", "alertname": "EdgedLocalLoadHigh", "exp_alerts": []},
+        {"eval_time": "5m", "alertname": "EdgedLocalLoadHigh",
+         "exp_alerts": alert("EdgedLocalLoadHigh", "warning")},
+        {"eval_time": "7m", "alertname": "EdgedLocalLoadHigh", "exp_alerts": []},
+        {"eval_time": "11m", "alertname": "NodeOffline", "exp_alerts": []},
+        {"eval_time": "12m", "alertname": "NodeOffline",
+         "exp_alerts": alert("NodeOffline", "critical")},
+    ]  # fmt: skip
+    spec = tmp_path / "fleet.test.yml"
+    spec.write_text(json.dumps({"rule_files": [str(RULES_FILE)], "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f"edged_local_load_ratio{{{node}}}", "values": load},
+            {"series": f"cloudsync_mqtt_connected{{{node}}}", "values": connected},
+        ],
+        "alert_rule_test": checks,
+    }]}))  # fmt: skip
+    result = subprocess.run(
+        [promtool(), "test", "rules", spec], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_shipped_rules_are_the_generated_ones_and_promtool_accepts_them() -> None:
     assert RULES_FILE.read_text() == prometheus_rules(), "run: make monitoring"
     result = subprocess.run(
