@@ -45,6 +45,7 @@ class Prometheus(Stoppable):
     token: str
     interval_s: float = 1.0
     rules: list[Path] = field(default_factory=list)
+    shards: int = 1  # scrape targets, each a shard of the fleet's series
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
 
@@ -61,7 +62,11 @@ class Prometheus(Stoppable):
                 "metrics_path": "/v1/fleet/metrics",
                 "honor_labels": True,
                 "authorization": {"credentials": self.token},
-                "static_configs": [{"targets": [self.target]}],
+                "static_configs": [
+                    {"targets": [self.target],
+                     "labels": {"__param_shard": str(i), "__param_shards": str(self.shards)}}
+                    for i in range(self.shards)
+                ],
             }],
         }  # fmt: skip
         self.config = self.workdir / "prometheus.yml"

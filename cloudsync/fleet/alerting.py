@@ -20,7 +20,6 @@ next interval; nothing is lost meanwhile (the state is in the database).
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import ssl
@@ -29,20 +28,12 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from cloudsync.fleet.observe import label_name
+from cloudsync.fleet.observe import iso, label_name
 from cloudsync.fleet.store import Store
 
 log = logging.getLogger("edgefleet.alerting")
 RESOLVED_RESEND_MS = 15 * 60 * 1000
 TIMEOUT_S = 5.0
-
-
-def iso(ms: int) -> str:
-    return (
-        datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
 
 
 class Alerting:

@@ -37,6 +37,7 @@ from prometheus_client import generate_latest
 
 from cloudsync.fleet.config import Token
 from cloudsync.fleet.deployments import Deployment, Invalid, check
+from cloudsync.fleet.exporter import MAX_SHARDS
 from cloudsync.fleet.registry import MAX_INT, MAX_PAGE
 from cloudsync.fleet.rollouts import Conflict, Rollout
 from cloudsync.fleet.rollouts import check as check_rollout
@@ -182,8 +183,13 @@ class Api:
 
     async def fleet_metrics(self, request: web.Request) -> web.Response:
         """Every node's series (cloudsync.fleet.exporter), for Prometheus with the token of a
-        viewer: ``authorization: {credentials: ...}`` and ``honor_labels: true``."""
-        body = await self.db(self.service.series.render)
+        viewer: ``authorization: {credentials: ...}`` and ``honor_labels: true``; with
+        ``shard`` and ``shards``, the nodes of one shard (one scrape target each)."""
+        shard, shards = request.query.get("shard", "0"), request.query.get("shards", "1")
+        numbers = all(x.isdigit() and len(x) <= 3 for x in (shard, shards))
+        if not (numbers and int(shard) < int(shards) <= MAX_SHARDS):
+            return error(400, f"shard: 0 to shards - 1; shards: 1 to {MAX_SHARDS}")
+        body = await self.db(self.service.series.render, int(shard), int(shards))
         return web.Response(body=body, content_type="text/plain", charset="utf-8",
                             headers={"Cache-Control": "no-store"})  # fmt: skip
 
@@ -430,7 +436,7 @@ class Api:
         routes = [
             ("GET", "/healthz", self.healthz, "viewer", ()),
             ("GET", "/metrics", self.metrics, "viewer", ()),
-            ("GET", "/v1/fleet/metrics", self.fleet_metrics, "viewer", ()),
+            ("GET", "/v1/fleet/metrics", self.fleet_metrics, "viewer", ("shard", "shards")),
             ("GET", "/v1/openapi.json", self.openapi, "viewer", ()),
             ("GET", "/v1/nodes", self.nodes, "viewer",
              ("state", "selector", "contains", "after", "limit")),

@@ -19,6 +19,8 @@ ValueError naming it (the registry counts the message as poison and drops it).
 
 from __future__ import annotations
 
+import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -26,6 +28,7 @@ import logging.handlers
 import math
 import re
 import sys
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +46,7 @@ MAX_LABELS = 32
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,62}$")  # Prometheus' and Alertmanager's
 MAX_ROWS = 256  # model versions, routes, buckets or outcomes in one telemetry record
 MAX_NODE_COUNTERS = 2000  # a node's counters (its series from telemetry) at most
+BUCKETS = 5040  # of nodes, for shards of the series (divisible by every count up to 10, 12...)
 
 
 def _text(value: Any, limit: int = 500) -> str:
@@ -61,6 +65,13 @@ def _mapping(value: Any, what: str, limit: int = MAX_ROWS) -> Mapping[str, Any]:
     return value
 
 
+def bucket_of(node: str) -> int:
+    """A node's bucket, 0 to BUCKETS - 1: a shard of the fleet's series is the nodes whose
+    bucket modulo the shards is the shard's number (stable: the name's CRC-32)."""
+    return zlib.crc32(node.encode(errors="surrogatepass")) % BUCKETS
+
+
+@functools.lru_cache(maxsize=4096)
 def label_name(key: str) -> str:
     """A label's name as Prometheus and Alertmanager take it (``.``, ``/``, ``-`` as ``_``)."""
     name = re.sub(r"[^a-zA-Z0-9_]", "_", key)[:63]
@@ -189,12 +200,14 @@ def count_telemetry(tx: Tx, node: str, env: envelope.Envelope, arrived_ms: int) 
     if made.rowcount != 1 or not rows:
         return 0
     ordered = sorted((node, name, labels, value) for (name, labels), value in rows.items())
+    bucket = bucket_of(node)
     held = int(tx.rows("SELECT COUNT(*) AS n FROM counters WHERE node = ?", (node,))[0]["n"])
     if held + len(rows) <= MAX_NODE_COUNTERS:
         tx.executemany(
-            "INSERT INTO counters (node, name, labels, value) VALUES (?, ?, ?, ?) ON CONFLICT"
-            " (node, name, labels) DO UPDATE SET value = counters.value + excluded.value",
-            ordered,
+            "INSERT INTO counters (node, name, labels, value, bucket) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (node, name, labels) DO UPDATE SET"
+            " value = counters.value + excluded.value",
+            [(*row, bucket) for row in ordered],
         )
     else:  # the node's series are bounded: what it has goes on counting, nothing new
         log.warning("node %s: %d counters: no new series", node, held)
@@ -310,7 +323,7 @@ class EventLog:
             "event.kind": "alert" if event.priority == "alert" else "event",
             "event.dataset": "edgefleet.device",
             "event.sequence": event.seq,
-            "event.ingested": _iso(event.arrived),
+            "event.ingested": iso(event.arrived),
         }
         if isinstance(event.body.get("request_id"), str):
             fields["http.request.id"] = event.body["request_id"]
@@ -332,11 +345,7 @@ class EventLog:
         self.handler.close()
 
 
-def _iso(ms: int) -> str:
-    import datetime
-
-    return (
-        datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
+def iso(ms: int) -> str:
+    """Milliseconds since the epoch as RFC 3339, UTC (``2026-12-04T21:03:11.120Z``)."""
+    at = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,6 +1,7 @@
 """The fleet service's database: SQLite in its state directory by default, PostgreSQL for
 several replicas. One schema and one SQL for both (what the two share: ``ON CONFLICT``
-upserts, ``RETURNING``; ``?`` placeholders, turned into psycopg's ``%s``).
+upserts, ``RETURNING``; ``?`` placeholders, turned into psycopg's ``%s``, and ``%`` into
+``%%``).
 
 One service serves one fleet, so a database (or a PostgreSQL schema) holds one fleet. JSON
 columns are text. Times are milliseconds since the epoch, UTC.
@@ -176,6 +177,7 @@ CREATE TABLE IF NOT EXISTS counters (
     name TEXT NOT NULL,
     labels TEXT NOT NULL,
     value DOUBLE PRECISION NOT NULL,
+    bucket INTEGER NOT NULL,
     PRIMARY KEY (node, name, labels)
 );
 """
@@ -246,7 +248,11 @@ class Store:
         return conn
 
     def sql(self, text: str) -> str:
-        return text.replace("?", "%s") if self.dialect == "postgresql" else text
+        """The statement in the dialect's placeholders (psycopg: ``%s``, and a ``%`` as
+        ``%%``; every statement goes with its parameters, if only ``()``)."""
+        if self.dialect != "postgresql":
+            return text
+        return text.replace("%", "%%").replace("?", "%s")
 
     @contextmanager
     def transaction(self) -> Iterator[Tx]:

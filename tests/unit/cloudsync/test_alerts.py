@@ -156,8 +156,8 @@ def test_the_rules_on_the_fleet_services_series(tmp_path: Path) -> None:
     """The series as the fleet service exports them (``instance``, ``fleet``, the scrape job
     ``edgefleet``; cloudsync.fleet.exporter): a node at 95 % load fires EdgedLocalLoadHigh at
     minute 5 with its labels; when it goes offline at minute 7 its load series ends (a stale
-    marker, not a frozen value: the alert resolves at once) and ``cloudsync_mqtt_connected 0`` fires NodeOffline 5 minutes
-    later."""
+    marker, not a frozen value: the alert resolves at once) and ``cloudsync_mqtt_connected 0``
+    fires NodeOffline 5 minutes later."""
     node = 'instance="sim-00001", fleet="f1", job="edgefleet"'
     # the scrape after the node goes has no load: Prometheus writes a stale marker
     load = " ".join(["0.95"] * 7 + ["stale"] + ["_"] * 8)
