@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import threading
-import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -28,6 +27,18 @@ ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-a
 def need(binary: str, package: str) -> None:
     if not Path(binary).exists():
         pytest.skip(f"{binary} is not installed (Debian's {package}: make .stamps/apt-test)")
+
+
+def launch(server: Prometheus | Alertmanager, command: list[str], timeout: float) -> None:
+    """``command`` started for ``server``, its output in its log, until it listens on its
+    port (killed, and RuntimeError with its log, if it does not)."""
+    with server.log.open("ab") as log:
+        server.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_listening(server.proc, server.port, Path(command[0]).name, server.logs, timeout)
+    except RuntimeError:
+        server.kill()
+        raise
 
 
 def get_json(url: str, timeout: float = 10.0) -> Any:
@@ -72,23 +83,16 @@ class Prometheus(Stoppable):
         self.config = self.workdir / "prometheus.yml"
         self.config.write_text(json.dumps(config))  # YAML takes JSON
 
+    def start(self, timeout: float = 30.0) -> Prometheus:
+        need(PROMETHEUS, "prometheus")
+        launch(self, [PROMETHEUS, f"--config.file={self.config}",
+                      f"--storage.tsdb.path={self.workdir / 'data'}",
+                      f"--web.listen-address=127.0.0.1:{self.port}"], timeout)  # fmt: skip
+        return self
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> Prometheus:
-        need(PROMETHEUS, "prometheus")
-        command = [PROMETHEUS, f"--config.file={self.config}",
-                   f"--storage.tsdb.path={self.workdir / 'data'}",
-                   f"--web.listen-address=127.0.0.1:{self.port}"]  # fmt: skip
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_listening(self.proc, self.port, "prometheus", self.logs, timeout)
-        except RuntimeError:
-            self.kill()
-            raise
-        return self
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """The instant vector of ``expr`` now: [{"metric": labels, "value": [t, "v"]}]."""
@@ -155,34 +159,19 @@ class Alertmanager(Stoppable):
         self.config = self.workdir / "alertmanager.yml"
         self.config.write_text(json.dumps(config))
 
+    def start(self, timeout: float = 30.0) -> Alertmanager:
+        need(ALERTMANAGER, "prometheus-alertmanager")
+        launch(self, [ALERTMANAGER, f"--config.file={self.config}",
+                      f"--storage.path={self.workdir / 'data'}",
+                      f"--web.listen-address=127.0.0.1:{self.port}",
+                      "--cluster.listen-address="], timeout)  # fmt: skip
+        return self
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> Alertmanager:
-        need(ALERTMANAGER, "prometheus-alertmanager")
-        command = [ALERTMANAGER, f"--config.file={self.config}",
-                   f"--storage.path={self.workdir / 'data'}",
-                   f"--web.listen-address=127.0.0.1:{self.port}",
-                   "--cluster.listen-address="]  # fmt: skip
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_listening(self.proc, self.port, "alertmanager", self.logs, timeout)
-        except RuntimeError:
-            self.kill()
-            raise
-        return self
 
     def alerts(self, active: bool = True) -> list[dict[str, Any]]:
         """Its API v2's alerts (active ones, or with ``active=False`` the rest too)."""
         query = "" if active else "?active=true&silenced=true&inhibited=true&unprocessed=true"
         return list(get_json(f"{self.url}/api/v2/alerts{query}"))
-
-    def wait_for(self, what: Any, timeout: float = 30.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            got = what()
-            if got or time.monotonic() > deadline:
-                return got
-            time.sleep(0.2)
