@@ -24,6 +24,7 @@ from cloudsync.agent.session import MAX_PACKET
 from tests.pki import issue
 
 OPERATOR = "operator"  # the CN of the operators' certificate: the fleet's whole tree
+CLAIM = "enrol+claim"  # the claim certificate's CN: its + keeps the node pattern from it
 
 ACL = f"""\
 # Nodes: only their own subtree, whatever the fleet (the certificate's CN is the user, %u).
@@ -32,6 +33,12 @@ pattern readwrite edge/v1/+/%u/#
 # Operators (edgefleet): every node of every fleet.
 user {OPERATOR}
 topic readwrite edge/v1/#
+
+# The claim credential: a new device asks for its certificate, and nothing else (Mosquitto
+# never puts a user name with a + into a pattern: the first line gives it nothing).
+user {CLAIM}
+topic write edge/v1/+/_enrol/+
+topic read edge/v1/+/_enrol/+/cert
 """
 
 
@@ -78,13 +85,14 @@ listener {port} 127.0.0.1
 
 
 def make_pki(directory: Path, nodes: list[str]) -> Path:
-    """ca, broker (localhost), a certificate per node and the operator's, and a rogue one from
-    another CA."""
+    """ca, broker (localhost), a certificate per node, the operator's and the claim
+    credential's (``claim``), and a rogue one from another CA."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = issue("fleet CA", None, directory, "ca")
     issue("localhost", ca, directory, "broker", server=True)
     for node in [*nodes, OPERATOR]:
         issue(node, ca, directory, node)
+    issue(CLAIM, ca, directory, "claim")
     other = issue("someone else's CA", None, directory, "other-ca")
     issue(nodes[0] if nodes else "rogue", other, directory, "rogue")
     return directory

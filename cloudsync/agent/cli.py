@@ -6,6 +6,9 @@ It connects to the fleet's broker (MQTT 5, TLS 1.3, the node's certificate), ann
 the outbox (records that programs hand to its local API socket) without losing any. It starts
 and works without a network and catches up when the broker can be reached. SIGTERM or SIGINT:
 a retained offline status, then exit 0.
+
+A new device with only the fleet's claim credential ([enrol]) first makes its key and asks the
+fleet for its certificate (docs/PROTOCOL.md, "Enrolment"); a refusal exits 1.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ import logging
 import signal
 import sqlite3
 import sys
+import threading
 from pathlib import Path
 
 from cloudsync import __version__
 from cloudsync.agent import config as config_module
+from cloudsync.agent import enrol
 from cloudsync.agent.local_api import LocalServer
 from cloudsync.agent.outbox import OutboxError
 from cloudsync.agent.session import Agent, node_name
+from cloudsync.protocol.enrol import EnrolError
 from edged.errors import ConfigError
 from edged.logs import setup_logging
 
@@ -44,7 +50,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cloudsync: {exc}", file=sys.stderr)
         return 1
     level = args.log_level or config.log_level
-    setup_logging(level, config.log_format, node_name(config.node.name), "cloudsync")
+    node = node_name(config.node.name)
+    setup_logging(level, config.log_format, node, "cloudsync")
+    if enrol.needed(config):  # no certificate yet: the fleet's, with the claim credential
+        stopping = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stopping.set())
+        try:
+            if not enrol.enrol(config, node, stopping):
+                return 0  # stopped while it waited
+        except (EnrolError, OSError, ValueError) as exc:
+            print(f"cloudsync: cannot enrol: {exc}", file=sys.stderr)
+            return 1
     try:
         agent = Agent(config)
     except (OutboxError, sqlite3.Error, OSError) as exc:  # the outbox, nonces, trust dir

@@ -191,6 +191,25 @@ class AlertsConfig(Section):
     )
 
 
+class EnrolConfig(Section):
+    """Enrolment (docs/PROTOCOL.md, "Enrolment"): with a claim credential and no certificate
+    at ``[mqtt] cert_file`` yet, cloudsync makes its key at ``[mqtt] key_file`` and asks the
+    fleet for its certificate before it starts."""
+
+    claim_cert: Path | None = Field(
+        None, description="the fleet's claim certificate (its CN holds a +; it can only enrol)"
+    )
+    claim_key: Path | None = Field(None, description="its private key")
+    token_file: Path | None = Field(
+        None,
+        description="a one-time enrolment token for this node (edgefleet enrol token): the"
+        " certificate comes at once; without one an operator approves the request",
+    )
+    timeout_s: float = Field(
+        0.0, ge=0, description="give up (exit 1) after this long without a certificate; 0: wait"
+    )
+
+
 class Config(Section):
     """The whole cloudsync configuration file."""
 
@@ -205,6 +224,7 @@ class Config(Section):
     commands: CommandsConfig = Field(default_factory=CommandsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    enrol: EnrolConfig = Field(default_factory=EnrolConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: LogFormat = Field(
         "auto",

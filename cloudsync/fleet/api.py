@@ -37,6 +37,7 @@ from prometheus_client import generate_latest
 
 from cloudsync.fleet.config import Token
 from cloudsync.fleet.deployments import Deployment, Invalid, check
+from cloudsync.fleet.enrolment import MAX_TOKEN_S
 from cloudsync.fleet.exporter import MAX_SHARDS
 from cloudsync.fleet.registry import MAX_INT, MAX_PAGE
 from cloudsync.fleet.rollouts import Conflict, Rollout
@@ -46,7 +47,7 @@ from cloudsync.fleet.store import dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.commands import load_anchors, load_scopes
 from cloudsync.protocol.labels import LabelError, check_labels
-from cloudsync.protocol.topics import CMD_ID
+from cloudsync.protocol.topics import CMD_ID, TopicError, check_name
 
 log = logging.getLogger("edgefleet.api")
 ROLES = {"viewer": 0, "operator": 1, "admin": 2}
@@ -411,6 +412,64 @@ class Api:
         self.service.wake.set()
         return web.json_response(summary(done))
 
+    # ---- enrolment -------------------------------------------------------------------------
+
+    async def enrolments(self, request: web.Request) -> web.Response:
+        state = request.query.get("state")
+        if state not in (None, "pending", "issued", "refused"):
+            return error(400, "state: pending, issued or refused")
+        limit = page_size(request.query.get("limit", "100"))
+        if limit is None:
+            return error(400, f"limit: 1 to {MAX_PAGE}")
+        rows = await self.db(self.service.enrolments.list, state, limit)
+        return web.json_response({"enrolments": rows})
+
+    async def decide_enrolment(self, request: web.Request) -> web.Response:
+        rid, decision = request.match_info["id"], request.match_info["action"]
+        if decision not in ("approve", "refuse"):
+            return await self.refuse(request, f"{decision[:32]} enrolment", rid, 404,
+                                     "a decision: approve or refuse")  # fmt: skip
+        action = f"{decision} enrolment"
+        if self.service.enrolments.issuer is None:
+            why = "no [enrolment] ca_cert and ca_key: nothing can be issued"
+            return await self.refuse(request, action, rid, 409, why)
+        who = request[WHO]
+        done = await self.db(self.service.enrolments.decide, rid, decision == "approve",
+                             who.name, self.service.clock())  # fmt: skip
+        if done is None:
+            return await self.refuse(request, action, rid, 404, "no such request pending")
+        self.service.answer(done)
+        await self.db(self.audit, who, action, rid, "done")
+        return web.json_response({"rid": rid, "state": done.answer.state})
+
+    async def create_enrolment_token(self, request: web.Request) -> web.Response:
+        action = "create enrolment token"
+        doc = await self.body(request, action, "-")
+        node = doc.get("node") if isinstance(doc, dict) else None
+        target = str(node)[:64] if node else "-"
+        ttl = doc.get("ttl_s", 86400) if isinstance(doc, dict) else None
+        if not isinstance(doc, dict) or set(doc) - {"node", "ttl_s"}:
+            return await self.refuse(request, action, target, 422,
+                                     'body: {"node": name, "ttl_s": seconds}')  # fmt: skip
+        try:
+            check_name("node", node)  # type: ignore[arg-type]
+        except TopicError as exc:
+            return await self.refuse(request, action, target, 422, f"node: {exc}")
+        if (
+            isinstance(ttl, bool)
+            or not isinstance(ttl, (int, float))
+            or not (60 <= ttl <= MAX_TOKEN_S)
+        ):
+            return await self.refuse(request, action, target, 422,
+                                     f"ttl_s: 60 to {MAX_TOKEN_S} seconds")  # fmt: skip
+        who, now = request[WHO], self.service.clock()
+        token = await self.db(self.service.enrolments.make_token, node, float(ttl), who.name,
+                              now)  # fmt: skip
+        await self.db(self.audit, who, action, str(node), "done", {"ttl_s": ttl})
+        return web.json_response(
+            {"token": token, "node": node, "expires_ms": now + int(ttl * 1000)}, status=201
+        )
+
     # ---- audit -----------------------------------------------------------------------------
 
     async def audit_log(self, request: web.Request) -> web.Response:
@@ -455,6 +514,9 @@ class Api:
             ("GET", "/v1/rollouts/{id}", self.rollout, "viewer", ("nodes",)),
             ("POST", "/v1/rollouts/{id}/{action}", self.act_on_rollout, "operator", ()),
             ("GET", "/v1/audit", self.audit_log, "operator", ("after", "limit")),
+            ("GET", "/v1/enrolments", self.enrolments, "operator", ("state", "limit")),
+            ("POST", "/v1/enrolments/{id}/{action}", self.decide_enrolment, "operator", ()),
+            ("POST", "/v1/enrolment-tokens", self.create_enrolment_token, "operator", ()),
         ]  # fmt: skip
         for method, path, handler, role, query in routes:
             app.router.add_route(method, path, _with_role(handler, role, query))

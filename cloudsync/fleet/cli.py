@@ -19,6 +19,8 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
     edgefleet token --name N --role R           a new API token and its config lines
     edgefleet --service URL nodes               every node, from the service's registry
     edgefleet --service URL label NODE k=v ...  set a node's operator labels (none: clear)
+    edgefleet --service URL enrol token NODE    a one-time enrolment token for a new device
+    edgefleet --service URL enrol list|approve RID|refuse RID    requests without a token
     edgefleet --service URL deploy create ID --manifest F --url PATH=URL [--selector k=v]
                                                 [--priority N]; deploy list; deploy delete ID
     edgefleet --service URL cmd NODE drain ...  signed here with your key, relayed and kept by
@@ -51,6 +53,7 @@ from cloudsync.fleet import daemon, rollout
 from cloudsync.fleet.client import (
     ServiceError,
     cmd_deploy,
+    cmd_enrol,
     cmd_label,
     service_cmd,
     service_nodes,
@@ -384,6 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
                         " none: every node)")  # fmt: skip
     deploy.add_argument("--priority", type=int, default=0, help="create: the higher wins")
     deploy.set_defaults(fn=cmd_deploy)
+    enrol = sub.add_parser("enrol", help="new devices' certificates (service)")
+    enrol.add_argument("action", choices=["token", "list", "approve", "refuse"])
+    enrol.add_argument("target", nargs="?", help="token: the node's name; approve, refuse: the"
+                       " request's id")  # fmt: skip
+    enrol.add_argument("--ttl", type=float, default=86400.0, help="token: seconds it is good for")
+    enrol.add_argument("--state", choices=["pending", "issued", "refused"], help="list: only")
+    enrol.set_defaults(fn=cmd_enrol)
     watch = sub.add_parser("watch", help="every message of the fleet")
     watch.add_argument("--wait", type=float, default=0, help="stop after this (0: Ctrl-C)")
     watch.set_defaults(fn=cmd_watch)

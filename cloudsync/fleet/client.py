@@ -151,6 +151,28 @@ def cmd_deploy(args: argparse.Namespace) -> tuple[Any, str]:
     return made, f"deployment {made['id']}: {made['versions']} to {made['selector'] or 'all'}"
 
 
+def cmd_enrol(args: argparse.Namespace) -> tuple[Any, str]:
+    """New devices' certificates: a one-time token for a name, the requests, a decision."""
+    client = service(args)
+    if args.action == "token":
+        if not args.target:
+            raise Failure("enrol token: the node's name", EXIT_USAGE)
+        made = client.call("POST", "/v1/enrolment-tokens",
+                           {"node": args.target, "ttl_s": args.ttl})  # fmt: skip
+        return made, made["token"]
+    if args.action == "list":
+        found = client.call("GET", "/v1/enrolments", state=args.state)["enrolments"]
+        lines = [f"{'REQUEST':32}  {'NODE':20} {'STATE':8} {'HOW':8} DECIDED BY"]
+        for e in found:
+            lines.append(f"{e['rid']:32}  {e['node']:20} {e['state']:8} {e['how']:8}"
+                         f" {e['decided_by'] or '-'}")  # fmt: skip
+        return found, "\n".join(lines)
+    if not args.target:
+        raise Failure(f"enrol {args.action}: the request's id (edgefleet enrol list)", EXIT_USAGE)
+    done = client.call("POST", f"/v1/enrolments/{args.target}/{args.action}")
+    return done, f"request {done['rid']}: {done['state']}"
+
+
 def service_rollout(args: argparse.Namespace) -> tuple[Any, str]:
     """A rollout run by the fleet service: created (it runs there, this returns), shown, or
     acted on (pause, resume, promote, abort)."""

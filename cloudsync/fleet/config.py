@@ -160,6 +160,17 @@ class EventsConfig(Section):
     )
 
 
+class EnrolmentConfig(Section):
+    """New devices' certificates (docs/PROTOCOL.md, "Enrolment"): signed by the fleet's issuing
+    CA for a one-time token, or once an operator approves."""
+
+    ca_cert: Path | None = Field(
+        None, description="the issuing CA's certificate (PEM; the broker trusts it); none: off"
+    )
+    ca_key: Path | None = Field(None, description="its private key (PEM, the service's only)")
+    cert_days: float = Field(90.0, gt=0, le=825, description="a node certificate's lifetime")
+
+
 class LogConfig(Section):
     format: LogFormat = Field("auto", description="auto, journal, json or text")
     level: str = Field("info", description="debug, info, warning, error")
@@ -171,6 +182,7 @@ class FleetServiceConfig(Section):
     api: ApiConfig = Field(default_factory=ApiConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     events: EventsConfig = Field(default_factory=EventsConfig)
+    enrolment: EnrolmentConfig = Field(default_factory=EnrolmentConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
 

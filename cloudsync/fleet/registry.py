@@ -16,7 +16,9 @@ in one transaction:
   p95, confidence; routes per model, as version ""), for the models being rolled out only
   (``watched``); and every record's figures added to the node's counters (``observe``);
 - ``desired-models`` (retained): what each node is told to run now, by whoever published it;
-- ``cmd-result``: the result of a command the service relayed (others are not its).
+- ``cmd-result``: the result of a command the service relayed (others are not its);
+- ``enrol``: a new device's certificate request (cloudsync.fleet.enrolment), its answer to
+  publish once the batch is written.
 
 A payload that is not an envelope of the contract is counted (``poison``) and dropped; it never
 ends the batch. A node's effective labels are its own (its birth) overlaid by the operators'.
@@ -31,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from cloudsync.fleet.enrolment import Decision, Enrolments
 from cloudsync.fleet.observe import Event, count_telemetry, keep_event
 from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import envelope
@@ -45,11 +48,11 @@ MAX_INT = 2**53  # what a count or a time in a message may be (a BIGINT holds it
 
 
 class Message(NamedTuple):
-    kind: str  # status, heartbeat, events, telemetry, desired-models, cmd-result
+    kind: str  # status, heartbeat, events, telemetry, desired-models, cmd-result, enrol
     node: str
     payload: bytes
     arrived_ms: int
-    cmd_id: str = ""
+    cmd_id: str = ""  # a command's id; an enrolment request's
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Ingested:
     counted: dict[str, int] = field(default_factory=dict)
     poison: int = 0
     events: list[Event] = field(default_factory=list)  # stored the first time (the ECS log's)
+    decisions: list[Decision] = field(default_factory=list)  # enrolment answers to publish
     counters: int = 0  # counters moved by telemetry
 
     def merge(self, other: Ingested) -> None:
@@ -72,6 +76,7 @@ class Ingested:
         self.sent_ms += other.sent_ms
         self.poison += other.poison
         self.events += other.events
+        self.decisions += other.decisions
         self.counters += other.counters
         for kind, n in other.counted.items():
             self.counted[kind] = self.counted.get(kind, 0) + n
@@ -110,8 +115,10 @@ def model_of(entry: Any) -> str | None:
 
 
 class Registry:
-    def __init__(self, store: Store, offline_after_s: float = 30.0) -> None:
+    def __init__(self, store: Store, offline_after_s: float = 30.0,
+                 enrolments: Enrolments | None = None) -> None:  # fmt: skip
         self.store, self.offline_after_ms = store, int(offline_after_s * 1000)
+        self.enrolments = enrolments or Enrolments(store, None)
 
     # ---- ingest ----------------------------------------------------------------------------
 
@@ -150,6 +157,10 @@ class Registry:
              heartbeats: list[tuple[Any, ...]]) -> None:  # fmt: skip
         if msg.kind == "desired-models":
             self._desired(tx, msg, done)
+            return
+        if msg.kind == "enrol":  # a new device's request (its id in cmd_id)
+            done.decisions.append(self.enrolments.request(tx, msg.cmd_id, msg.payload,
+                                                          msg.arrived_ms))  # fmt: skip
             return
         env = envelope.decode(msg.payload)
         if not 0 <= env.ts < MAX_INT:

@@ -53,6 +53,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from cloudsync.fleet.alerting import Alerting
 from cloudsync.fleet.config import FleetServiceConfig
 from cloudsync.fleet.deployments import Deployments, Reconciler
+from cloudsync.fleet.enrolment import Decision, Enrolments, Issuer
 from cloudsync.fleet.exporter import NodeSeries
 from cloudsync.fleet.observe import EventLog
 from cloudsync.fleet.registry import Ingested, Message, Registry
@@ -60,7 +61,15 @@ from cloudsync.fleet.rollouts import Rollouts
 from cloudsync.fleet.store import Store
 from cloudsync.protocol import envelope
 from cloudsync.protocol.mqtt import tls_context
-from cloudsync.protocol.topics import PREFIX, TopicError, Topics, parse
+from cloudsync.protocol.topics import (
+    PREFIX,
+    TopicError,
+    Topics,
+    enrol_answer,
+    enrol_filter,
+    parse,
+    parse_enrol,
+)
 
 log = logging.getLogger("edgefleet.service")
 BATCH = 5000
@@ -126,7 +135,12 @@ class Service:
         self.fleet = config.service.fleet
         self.replica = config.service.replica_name()
         self.store = Store(config.service.database_url())
-        self.registry = Registry(self.store, config.service.offline_after_s)
+        enrol = config.enrolment
+        issuer = None
+        if enrol.ca_cert is not None and enrol.ca_key is not None:
+            issuer = Issuer(enrol.ca_cert, enrol.ca_key, enrol.cert_days)
+        self.enrolments = Enrolments(self.store, issuer)
+        self.registry = Registry(self.store, config.service.offline_after_s, self.enrolments)
         self.deployments = Deployments(self.store, clock)
         self.rollouts = Rollouts(
             self.store, self.deployments, self.fleet, self.publish_desired, self.send_command,
@@ -183,6 +197,7 @@ class Service:
             (f"$share/{group}/{base}/events", 1),
             (f"$share/{group}/{base}/telemetry", 1),
             (f"$share/{group}/{base}/cmd/+/result", 1),
+            (f"$share/{group}/{enrol_filter(self.fleet)}", 1),
         ]
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
@@ -195,13 +210,19 @@ class Service:
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         """On paho's thread: never raises (a bad topic is acknowledged and dropped)."""
         try:
-            where = parse(message.topic)
-            if where.fleet != self.fleet or where.kind not in (
-                "status", "heartbeat", "events", "telemetry", "desired-models", "cmd-result"
-            ):  # fmt: skip
-                raise TopicError(message.topic)
-            msg = Message(where.kind, where.node, message.payload, self.clock(),
-                          where.cmd_id or "")  # fmt: skip
+            if "/_enrol/" in message.topic:
+                fleet, rid = parse_enrol(message.topic)
+                if fleet != self.fleet:
+                    raise TopicError(message.topic)
+                msg = Message("enrol", "", message.payload, self.clock(), rid)
+            else:
+                where = parse(message.topic)
+                if where.fleet != self.fleet or where.kind not in (
+                    "status", "heartbeat", "events", "telemetry", "desired-models", "cmd-result"
+                ):  # fmt: skip
+                    raise TopicError(message.topic)
+                msg = Message(where.kind, where.node, message.payload, self.clock(),
+                              where.cmd_id or "")  # fmt: skip
             self.inbox.put((msg, message.mid))
             self.metrics.queue.inc()
         except Exception:  # a poison topic must not end paho's thread
@@ -227,6 +248,15 @@ class Service:
             Registry.desired(tx, node, entries, self.seq, self.clock())
         self.metrics.published.inc()
         return True
+
+    def answer(self, decision: Decision) -> bool:
+        """An enrolment request's answer (not retained: the device waits for it, and asks
+        again until it has it)."""
+        self.seq = max(self.seq + 1, self.clock())
+        payload = envelope.Envelope(self.config.service.identity, self.seq,
+                                    decision.answer.body()).encode()  # fmt: skip
+        topic = enrol_answer(self.fleet, decision.rid)
+        return self.client.publish(topic, payload, 1).rc == mqtt.MQTT_ERR_SUCCESS
 
     def send_command(self, node: str, cmd_id: str, payload: bytes) -> bool:
         info = self.client.publish(Topics(self.fleet, node).cmd(cmd_id), payload, 1)
@@ -276,6 +306,8 @@ class Service:
         for kind, n in done.counted.items():
             self.metrics.messages.labels(kind).inc(n)
         self.metrics.events.inc(len(done.events))
+        for decision in done.decisions:  # written first: a request sent again gets the same
+            self.answer(decision)
         if self.event_log is not None:
             for event in done.events:  # written once: a duplicate was not stored
                 self.event_log.write(event)

@@ -165,6 +165,30 @@ CREATE TABLE IF NOT EXISTS alerts (
     PRIMARY KEY (node, fingerprint)
 );
 CREATE INDEX IF NOT EXISTS alerts_by_state ON alerts (state, node);
+CREATE TABLE IF NOT EXISTS enrol_tokens (
+    sha256 TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    expires BIGINT NOT NULL,
+    created_by TEXT NOT NULL,
+    created_ts BIGINT NOT NULL,
+    used_ts BIGINT,
+    used_by TEXT
+);
+CREATE TABLE IF NOT EXISTS enrolments (
+    rid TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    csr TEXT NOT NULL,
+    state TEXT NOT NULL,
+    how TEXT NOT NULL,
+    requested_ts BIGINT NOT NULL,
+    decided_ts BIGINT,
+    decided_by TEXT,
+    reason TEXT,
+    cert TEXT,
+    serial TEXT,
+    not_after BIGINT
+);
+CREATE INDEX IF NOT EXISTS enrolments_by_state ON enrolments (state, requested_ts);
 CREATE TABLE IF NOT EXISTS records (
     node TEXT NOT NULL,
     id TEXT NOT NULL,

@@ -9,6 +9,8 @@
     edge/v1/{fleet}/{node}/desired/models    retained desired model versions, operator -> node
 
     edge/v1/{fleet}/_fleet/rollouts/{id}     retained record of a canary rollout (operators)
+    edge/v1/{fleet}/_enrol/{rid}             a new device's certificate request (claim)
+    edge/v1/{fleet}/_enrol/{rid}/cert        the fleet's answer to it
 
 Fleet and node names are 1 to 64 letters, digits, ``_`` or ``-``, not starting with ``_`` (those
 are the fleet's own levels, such as ``_fleet``): never ``/`` or the MQTT wildcards ``+`` and
@@ -114,6 +116,39 @@ def fleet_filter(fleet: str, kind: str) -> str:
     if kind not in LEAVES:
         raise TopicError(f"kind '{kind}': one of {', '.join(LEAVES)}")
     return f"{PREFIX}/{check_name('fleet', fleet)}/+/{kind}"
+
+
+ENROL_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def enrol_request(fleet: str, rid: str) -> str:
+    """Where a device that has only the claim credential asks for its certificate (request id
+    ``rid``: 32 hex digits it draws)."""
+    return f"{PREFIX}/{check_name('fleet', fleet)}/_enrol/{_enrol_id(rid)}"
+
+
+def enrol_answer(fleet: str, rid: str) -> str:
+    """Where the fleet answers that request."""
+    return f"{enrol_request(fleet, rid)}/cert"
+
+
+def enrol_filter(fleet: str) -> str:
+    """The fleet service's subscription to every request of the fleet."""
+    return f"{PREFIX}/{check_name('fleet', fleet)}/_enrol/+"
+
+
+def parse_enrol(topic: str) -> tuple[str, str]:
+    """(fleet, request id) of an enrolment request's topic, or TopicError."""
+    parts = topic.split("/")
+    if len(parts) != 5 or "/".join(parts[:2]) != PREFIX or parts[3] != "_enrol":
+        raise TopicError(f"'{topic}' is not an enrolment request")
+    return check_name("fleet", parts[2]), _enrol_id(parts[4])
+
+
+def _enrol_id(value: str) -> str:
+    if not isinstance(value, str) or not ENROL_ID.match(value):
+        raise TopicError(f"enrolment request id '{value}': 32 hex digits")
+    return value
 
 
 def parse(topic: str) -> Topic:

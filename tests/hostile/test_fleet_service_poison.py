@@ -23,16 +23,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from cloudsync.fleet.enrolment import Enrolments, Issuer
 from cloudsync.fleet.exporter import NodeSeries
 from cloudsync.fleet.registry import Message, Registry
+from cloudsync.protocol.enrol import make_csr, new_key
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
 from tests.fleetservice import FleetService
 from tests.mosquitto import OPERATOR, Broker
+from tests.pki import issue
 from tests.postgres import fleet_store
 
-KINDS = ["status", "heartbeat", "events", "telemetry", "desired-models"]  # fmt: skip
+GOOD_CSR = make_csr(new_key(), "n")
+KINDS = ["status", "heartbeat", "events", "telemetry", "desired-models", "enrol"]  # fmt: skip
 WATCHED = frozenset({"m"})
 texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=20) | st.sampled_from(
     ["\x00", "\ud800", "m", "online", "offline", "active", "a" * 70]
@@ -53,6 +57,9 @@ bodies = st.fixed_dictionaries(
         | json_values,
         "hardware": json_values,
         "reason": json_values,
+        # an enrolment request: a CSR (a good one for "n", or anything) and a token
+        "csr": st.sampled_from([GOOD_CSR, GOOD_CSR[:-40], "x"]) | json_values,
+        "token": json_values,
         # a device alert (cloudsync.agent.alerts) and a heartbeat's figures
         "alert": st.sampled_from(["EdgedLocalLoadHigh", "bad name"]) | json_values,
         "severity": json_values,
@@ -160,7 +167,9 @@ messages = st.lists(st.tuples(st.sampled_from(KINDS), payloads), min_size=1, max
 def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Registry]:
     cluster = request.getfixturevalue("postgres_cluster") if request.param != "sqlite" else None
     store = fleet_store(request.param, tmp_path, cluster)
-    yield Registry(store)
+    issue("fleet CA", None, tmp_path, "ca")  # enrolment requests are answered, signed
+    yield Registry(store, enrolments=Enrolments(store, Issuer(tmp_path / "ca.pem",
+                                                              tmp_path / "ca.key", 1)))  # fmt: skip
     store.close()
 
 
@@ -170,7 +179,7 @@ def test_no_message_escapes_ingest_and_the_good_ones_are_written(registry: Regis
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(messages)
     def fuzz(batch: list[tuple[str, bytes]]) -> None:
-        hostile = [Message(kind, "n", payload, 1) for kind, payload in batch]
+        hostile = [Message(kind, "n", payload, 1, "a" * 32) for kind, payload in batch]
         done = registry.ingest([*hostile, Message("status", "good", good, 2)], WATCHED)
         assert "good" in done.births
         assert done.poison + sum(done.counted.values()) == len(hostile) + 1

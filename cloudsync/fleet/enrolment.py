@@ -1,0 +1,201 @@
+"""Enrolment on the fleet's side (cloudsync.protocol.enrol): the issuing CA, one-time tokens,
+requests and their answers, kept in the database.
+
+- ``Issuer``: the fleet's issuing CA (``[enrolment] ca_cert``, ``ca_key``: PEM) signs a node's
+  CSR into a client certificate: CN the node, ``cert_days`` long, clientAuth only, not a CA.
+- ``Enrolments.request`` (the writer, in the batch's transaction): a request is checked (its
+  CSR: signature, CN = the name asked for, key type), kept by its id, and answered: issued at
+  once when it carries a token made for that name, unused and unexpired (the token is used up
+  in the same transaction: two requests cannot both use it), refused for a token that is not,
+  else pending until an operator decides. The same request again gets the same answer; another
+  CSR under a known id is refused. At most MAX_PENDING requests wait.
+- ``approve`` / ``refuse``: an operator's decision on a pending request (the API's, audited
+  there); ``make_token``: a token for one node name, returned once, kept as its SHA-256.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from cloudsync.fleet.store import Store, Tx
+from cloudsync.protocol import envelope
+from cloudsync.protocol.enrol import Answer, EnrolError, check_csr
+from cloudsync.protocol.topics import TopicError, check_name, enrol_answer
+
+MAX_PENDING = 1000  # requests waiting for an operator; more are refused
+MAX_TOKEN_S = 30 * 86400
+
+
+class Issuer:
+    """The fleet's issuing CA."""
+
+    def __init__(self, cert_file: Path, key_file: Path, days: float) -> None:
+        self.cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+        key = serialization.load_pem_private_key(key_file.read_bytes(), None)
+        if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey,
+                                ed25519.Ed25519PrivateKey)):  # fmt: skip
+            raise OSError(f"{key_file}: not an EC, RSA or Ed25519 private key")
+        if public(key.public_key()) != public(self.cert.public_key()):
+            raise OSError(f"{key_file} is not the key of {cert_file}")
+        self.key, self.days = key, days
+        self.ca_pem = self.cert.public_bytes(serialization.Encoding.PEM).decode()
+
+    def issue(self, csr: x509.CertificateSigningRequest, node: str,
+              now: datetime.datetime) -> x509.Certificate:  # fmt: skip
+        key = csr.public_key()
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
+            .issuer_name(self.cert.subject)
+            .public_key(key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=self.days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key),
+                critical=False,
+            )
+        )
+        algorithm = None if isinstance(self.key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
+        return builder.sign(self.key, algorithm)
+
+
+def public(key: Any) -> bytes:
+    return bytes(key.public_bytes(serialization.Encoding.DER,
+                                  serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode(errors="surrogatepass")).hexdigest()
+
+
+@dataclass
+class Decision:
+    """An answer to publish on a request's answer topic."""
+
+    rid: str
+    answer: Answer
+
+
+class Enrolments:
+    def __init__(self, store: Store, issuer: Issuer | None) -> None:
+        self.store, self.issuer = store, issuer
+
+    def request(self, tx: Tx, rid: str, payload: bytes, now_ms: int) -> Decision:
+        """A device's request (ValueError: one that is not an envelope of the contract)."""
+        env = envelope.decode(payload)
+        try:
+            node = check_name("node", env.node)
+            enrol_answer("x", rid)  # a request id of the contract
+        except TopicError as exc:
+            raise EnrolError(str(exc)) from None
+        if self.issuer is None:
+            return Decision(rid, Answer("refused", error="this fleet service enrols no one"))
+        found = tx.rows("SELECT * FROM enrolments WHERE rid = ?", (rid,))
+        csr_text = env.body.get("csr")
+        if found:  # the same request again: the same answer
+            row = found[0]
+            if row["csr"] != csr_text or row["node"] != node:
+                return Decision(rid, Answer("refused", error="another request has this id"))
+            return Decision(rid, self.answer_of(row))
+        try:
+            csr = check_csr(csr_text, node)
+        except EnrolError as exc:
+            return Decision(rid, Answer("refused", error=str(exc)))
+        token = env.body.get("token")
+        how, state, reason = "approval", "pending", None
+        if token is not None:
+            how = "token"
+            used = tx.execute(
+                "UPDATE enrol_tokens SET used_ts = ?, used_by = ? WHERE sha256 = ? AND node = ?"
+                " AND used_ts IS NULL AND expires > ?",
+                (now_ms, rid, token_hash(str(token)), node, now_ms),
+            )
+            state, reason = ("issued", None) if used.rowcount == 1 else (
+                "refused", "the token is unknown, used, expired or for another name")  # fmt: skip
+        elif int(tx.rows("SELECT COUNT(*) AS n FROM enrolments WHERE state = 'pending'")
+                 [0]["n"]) >= MAX_PENDING:  # fmt: skip
+            state, reason = "refused", f"{MAX_PENDING} requests wait for an operator already"
+        tx.execute(
+            "INSERT INTO enrolments (rid, node, csr, state, how, requested_ts, reason)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (rid, node, csr_text, "pending" if state == "issued" else state, how, now_ms,
+             reason),
+        )  # fmt: skip
+        if state == "issued":
+            return Decision(rid, self._issue(tx, rid, node, csr, now_ms, "token"))
+        return Decision(rid, Answer(state, error=reason or ""))
+
+    def _issue(self, tx: Tx, rid: str, node: str, csr: x509.CertificateSigningRequest,
+               now_ms: int, by: str) -> Answer:  # fmt: skip
+        assert self.issuer is not None
+        now = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.timezone.utc)
+        cert = self.issuer.issue(csr, node, now)
+        pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+        tx.execute(
+            "UPDATE enrolments SET state = 'issued', decided_ts = ?, decided_by = ?, cert = ?,"
+            " serial = ?, not_after = ? WHERE rid = ?",
+            (now_ms, by, pem, format(cert.serial_number, "x"),
+             int(cert.not_valid_after_utc.timestamp() * 1000), rid),
+        )  # fmt: skip
+        return Answer("issued", pem, self.issuer.ca_pem)
+
+    def answer_of(self, row: dict[str, Any]) -> Answer:
+        if row["state"] == "issued" and self.issuer is not None:
+            return Answer("issued", row["cert"], self.issuer.ca_pem)
+        return Answer(row["state"], error=row["reason"] or "")
+
+    def decide(self, rid: str, approve: bool, actor: str, now_ms: int,
+               why: str = "") -> Decision | None:  # fmt: skip
+        """An operator's decision on a pending request (None: no such request pending)."""
+        with self.store.transaction() as tx:
+            found = tx.rows("SELECT * FROM enrolments WHERE rid = ? AND state = 'pending'",
+                            (rid,))  # fmt: skip
+            if not found:
+                return None
+            row = found[0]
+            if not approve:
+                tx.execute(
+                    "UPDATE enrolments SET state = 'refused', decided_ts = ?, decided_by = ?,"
+                    " reason = ? WHERE rid = ?",
+                    (now_ms, actor, why or f"refused by {actor}", rid),
+                )
+                return Decision(rid, Answer("refused", error=why or f"refused by {actor}"))
+            if self.issuer is None:
+                return None
+            csr = check_csr(row["csr"], row["node"])
+            return Decision(rid, self._issue(tx, rid, row["node"], csr, now_ms, actor))
+
+    def make_token(self, node: str, ttl_s: float, actor: str, now_ms: int) -> str:
+        """A one-time token for ``node``, valid ``ttl_s``: returned once, kept as its hash."""
+        check_name("node", node)
+        token = "enrol_" + secrets.token_urlsafe(24)
+        with self.store.transaction() as tx:
+            tx.execute(
+                "INSERT INTO enrol_tokens (sha256, node, expires, created_by, created_ts)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (token_hash(token), node, now_ms + int(ttl_s * 1000), actor, now_ms),
+            )
+        return token
+
+    def list(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The latest requests, newest first (``state``: pending, issued or refused only)."""
+        columns = ("SELECT rid, node, state, how, requested_ts, decided_ts, decided_by, reason,"
+                   " serial, not_after FROM enrolments")  # fmt: skip
+        if state is None:
+            return self.store.query(f"{columns} ORDER BY requested_ts DESC LIMIT ?", (limit,))
+        return self.store.query(
+            f"{columns} WHERE state = ? ORDER BY requested_ts DESC LIMIT ?", (state, limit)
+        )

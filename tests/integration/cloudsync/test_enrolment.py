@@ -1,0 +1,182 @@
+"""Enrolment (issue 26) with real parts: a real Mosquitto with the fleet's ACLs (the claim
+credential's CN holds a +), the real ``edgefleet serve`` with the tests' CA as its issuing CA,
+and real cloudsync processes that have nothing but the claim credential, the fleet CA and, for
+one, a one-time token.
+
+- A device with a token enrols at once (its key made on the device, 0600, never sent), then
+  connects as itself and publishes under its own topics; the token is used up: a second device
+  with it is refused and cloudsync exits 1 saying so.
+- A device without a token waits, pending, until an operator approves it; then it is in.
+- The claim credential can do nothing else: its publishes to a node's telemetry and to an
+  answer topic are refused (PUBACK "Not authorized"), it is delivered nothing of a node's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from cloudsync.protocol.envelope import Envelope
+from cloudsync.protocol.mqtt import SyncClient
+from tests.conftest import wait_for
+from tests.fleetservice import TOKENS, FleetService
+from tests.mosquitto import OPERATOR, Broker, Stoppable, cloudsync_config
+
+
+@pytest.fixture
+def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
+    broker = Broker(tmp_path / "mosquitto", pki).start()
+    yield broker
+    broker.kill()
+
+
+@pytest.fixture
+def service(tmp_path: Path, broker: Broker, pki: Path) -> Iterator[FleetService]:
+    enrolment = f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\ncert_days = 30\n'
+    service = FleetService(tmp_path / "service", broker, sections=enrolment).start()
+    yield service
+    service.kill()
+
+
+class Device(Stoppable):
+    """A new device: cloudsync with the claim credential and the fleet CA only."""
+
+    def __init__(self, workdir: Path, broker: Broker, node: str, token: str | None) -> None:
+        self.workdir, self.node, self.proc = workdir, node, None
+        workdir.mkdir(parents=True)
+        pki = broker.pki
+        enrol = f'[enrol]\nclaim_cert = "{pki}/claim.pem"\nclaim_key = "{pki}/claim.key"\n'
+        if token is not None:
+            (workdir / "token").write_text(token + "\n")
+            enrol += f'token_file = "{workdir / "token"}"\n'
+        text = cloudsync_config(broker, workdir, "f1", node=node,
+                                more=f"[heartbeat]\ninterval_s = 1\n{enrol}")  # fmt: skip
+        self.cert, self.key = workdir / "device.pem", workdir / "device.key"
+        text = text.replace(f'cert_file = "{pki}/{node}.pem"', f'cert_file = "{self.cert}"')
+        text = text.replace(f'key_file = "{pki}/{node}.key"', f'key_file = "{self.key}"')
+        self.config = workdir / "cloudsync.toml"
+        self.config.write_text(text)
+        self.log = workdir / "cloudsync.log"
+
+    def start(self) -> Device:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(self.config)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        return self
+
+
+def edgefleet(service: FleetService, *args: str) -> Any:
+    """The real ``edgefleet --service`` command as an operator: its JSON answer."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service", service.url, *args],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["operator"]},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def online(service: FleetService, node: str) -> bool:
+    status, row = service.call("GET", f"/v1/nodes/{node}", role="viewer")
+    return status == 200 and row["state"] == "online" and row["heartbeats"] > 0
+
+
+def test_a_device_with_a_token_enrols_and_publishes_as_itself(
+    tmp_path: Path, broker: Broker, service: FleetService, pki: Path
+) -> None:
+    status, made = service.call("POST", "/v1/enrolment-tokens", {"node": "n9", "ttl_s": 600},
+                                role="operator")  # fmt: skip
+    assert status == 201 and made["node"] == "n9" and made["token"].startswith("enrol_")
+    watcher = SyncClient(broker.port, pki, OPERATOR)
+    assert watcher.connect()
+    watcher.subscribe("edge/v1/f1/#")
+    device = Device(tmp_path / "n9", broker, "n9", made["token"]).start()
+    try:
+        wait_for(lambda: online(service, "n9"), 30, "n9 enrolled and online", device.proc)
+        cert = x509.load_pem_x509_certificate(device.cert.read_bytes())
+        ca = x509.load_pem_x509_certificate((pki / "ca.pem").read_bytes())
+        cert.verify_directly_issued_by(ca)
+        assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "n9"
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+        lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+        assert 29.9 < lifetime.total_seconds() / 86400 < 30.1
+        assert device.key.stat().st_mode & 0o777 == 0o600
+        assert not Path(f"{device.key}.request").exists()
+        key_pem = device.key.read_bytes()  # the key never left the device: no message has it
+        wait_for(lambda: any(t == "edge/v1/f1/n9/heartbeat" for t, _ in watcher.received), 20,
+                 "n9's heartbeat under its own topic")  # fmt: skip
+        assert not any(key_pem.split(b"\n")[1] in p for _, p in watcher.received)
+        enrolled = service.call("GET", "/v1/enrolments", role="operator")[1]["enrolments"]
+        assert [(e["node"], e["state"], e["how"], e["decided_by"]) for e in enrolled] == [
+            ("n9", "issued", "token", "token")]  # fmt: skip
+        # the token is used up: another device with it is refused, and says so
+        again = Device(tmp_path / "n9-again", broker, "n9", made["token"]).start()
+        assert again.proc is not None and again.proc.wait(30) == 1
+        assert "the token is unknown, used, expired or for another name" in again.logs()
+        assert not again.cert.exists()
+    finally:
+        device.stop()
+        watcher.close()
+
+
+def test_without_a_token_an_operator_approves(
+    tmp_path: Path, broker: Broker, service: FleetService
+) -> None:
+    device = Device(tmp_path / "n10", broker, "n10", None).start()
+    try:
+
+        def pending() -> list[dict[str, object]]:
+            found = service.call("GET", "/v1/enrolments?state=pending", role="operator")[1]
+            return list(found["enrolments"])
+
+        wait_for(pending, 30, "n10's request pending", device.proc)
+        [request] = pending()
+        assert request["node"] == "n10" and request["how"] == "approval"
+        time.sleep(1.5)
+        assert not device.cert.exists() and not online(service, "n10")
+        assert service.call("POST", f"/v1/enrolments/{request['rid']}/approve",
+                            role="viewer")[0] == 403  # fmt: skip
+        listed = edgefleet(service, "enrol", "list", "--state", "pending")
+        assert [(r["rid"], r["node"]) for r in listed] == [(request["rid"], "n10")]
+        done = edgefleet(service, "enrol", "approve", str(request["rid"]))
+        assert done == {"rid": request["rid"], "state": "issued"}
+        wait_for(lambda: online(service, "n10"), 30, "n10 approved and online", device.proc)
+        audit = service.call("GET", "/v1/audit", role="operator")[1]["entries"]
+        assert ("approve enrolment", request["rid"], "done") in [
+            (e["action"], e["target"], e["outcome"]) for e in audit]  # fmt: skip
+        again = service.call("POST", f"/v1/enrolments/{request['rid']}/approve", role="operator")
+        assert again[0] == 404  # decided already
+    finally:
+        device.stop()
+
+
+def test_the_claim_credential_can_only_enrol(broker: Broker, pki: Path) -> None:
+    claim = SyncClient(broker.port, pki, "claim")
+    node = SyncClient(broker.port, pki, "n1")
+    assert claim.connect() and node.connect()
+    try:
+        body = Envelope("n1", 1, {"metrics": {}}).encode()
+        answer = f"edge/v1/f1/_enrol/{'a' * 32}/cert"
+        for topic in ("edge/v1/f1/n1/telemetry", "edge/v1/f1/n1/status", answer,
+                      "edge/v1/f1/_fleet/status"):  # fmt: skip
+            assert claim.publish(topic, body).getName() == "Not authorized", topic
+        claim.subscribe("edge/v1/f1/n1/#")
+        node.publish("edge/v1/f1/n1/telemetry", body)
+        time.sleep(1)
+        assert claim.received == []  # granted, and nothing delivered (read is checked per message)
+    finally:
+        claim.close()
+        node.close()

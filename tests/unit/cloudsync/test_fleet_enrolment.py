@@ -1,0 +1,157 @@
+"""Enrolment's rules (issue 26), on a real SQLite file and a real PostgreSQL: a token is good
+once, for its name, until it expires; a request sent again gets the same answer and another
+CSR under its id is refused; a CSR must be for the name asked and signed by its key; at most
+MAX_PENDING wait; an operator's decision is taken once; the device checks what it is given."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from cloudsync.fleet import enrolment
+from cloudsync.fleet.enrolment import Enrolments, Issuer
+from cloudsync.protocol.enrol import (
+    EnrolError,
+    check_csr,
+    make_csr,
+    new_key,
+    new_request_id,
+    read_answer,
+)
+from cloudsync.protocol.envelope import Envelope
+from tests.pki import issue
+from tests.postgres import fleet_store
+
+NOW = 1_800_000_000_000
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("ca")
+    issue("fleet CA", None, directory, "ca")
+    issue("another CA", None, directory, "other")
+    return directory
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def enrolments(request: pytest.FixtureRequest, tmp_path: Path, ca: Path) -> Iterator[Enrolments]:
+    cluster = request.getfixturevalue("postgres_cluster") if request.param != "sqlite" else None
+    store = fleet_store(request.param, tmp_path, cluster)
+    yield Enrolments(store, Issuer(ca / "ca.pem", ca / "ca.key", 30))
+    store.close()
+
+
+def ask(enrolments: Enrolments, node: str, csr: str, token: str | None = None,
+        rid: str = "", at: int = NOW) -> tuple[str, dict[str, object]]:  # fmt: skip
+    rid = rid or new_request_id()
+    body: dict[str, object] = {"csr": csr} | ({"token": token} if token else {})
+    with enrolments.store.transaction() as tx:
+        done = enrolments.request(tx, rid, Envelope(node, 1, body).encode(), at)
+    return rid, done.answer.body()
+
+
+def test_a_token_is_good_once_for_its_name_until_it_expires(enrolments: Enrolments,
+                                                            ca: Path) -> None:  # fmt: skip
+    key = new_key()
+    token = enrolments.make_token("n9", 600, "alice", NOW)
+    _, wrong_name = ask(enrolments, "n8", make_csr(new_key(), "n8"), token)
+    assert wrong_name["state"] == "refused"
+    rid, answer = ask(enrolments, "n9", make_csr(key, "n9"), token)
+    assert answer["state"] == "issued"
+    trusted = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    got = read_answer(answer, key, "n9", trusted)
+    cert = x509.load_pem_x509_certificate(got.cert.encode())
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc == datetime.timedelta(
+        days=30, minutes=5)  # fmt: skip
+    _, twice = ask(enrolments, "n9", make_csr(new_key(), "n9"), token)
+    why = "the token is unknown, used, expired or for another name"
+    assert twice == {"state": "refused", "error": why}
+    late = enrolments.make_token("n7", 60, "alice", NOW)
+    _, expired = ask(enrolments, "n7", make_csr(new_key(), "n7"), late, at=NOW + 61_000)
+    assert expired["state"] == "refused"
+    rows = {r["rid"]: r for r in enrolments.list()}
+    assert (rows[rid]["state"], rows[rid]["how"], rows[rid]["decided_by"]) == (
+        "issued", "token", "token")  # fmt: skip
+    assert rows[rid]["serial"] == format(cert.serial_number, "x")
+
+
+def test_a_request_again_gets_the_same_answer_another_csr_under_its_id_is_refused(
+    enrolments: Enrolments,
+) -> None:
+    key = new_key()
+    csr = make_csr(key, "n9")
+    token = enrolments.make_token("n9", 600, "alice", NOW)
+    rid, first = ask(enrolments, "n9", csr, token)
+    _, again = ask(enrolments, "n9", csr, token, rid=rid)  # the token is used, the answer kept
+    assert again == first and first["state"] == "issued"
+    _, other = ask(enrolments, "n9", make_csr(new_key(), "n9"), rid=rid)
+    assert other == {"state": "refused", "error": "another request has this id"}
+
+
+def test_without_a_token_an_operator_decides_once(enrolments: Enrolments) -> None:
+    rid, answer = ask(enrolments, "n10", make_csr(new_key(), "n10"))
+    assert answer == {"state": "pending"}
+    assert [r["rid"] for r in enrolments.list("pending")] == [rid]
+    done = enrolments.decide(rid, True, "bob", NOW + 5)
+    assert done is not None and done.answer.state == "issued"
+    assert enrolments.decide(rid, False, "bob", NOW + 6) is None  # decided already
+    rid2, _ = ask(enrolments, "n11", make_csr(new_key(), "n11"))
+    refused = enrolments.decide(rid2, False, "bob", NOW + 7, "not ours")
+    assert refused is not None and refused.answer.body() == {"state": "refused",
+                                                             "error": "not ours"}  # fmt: skip
+    _, again = ask(enrolments, "n11", "", rid=rid2)
+    assert again["state"] == "refused"  # another CSR under the id
+    assert {r["state"] for r in enrolments.list()} == {"issued", "refused"}
+
+
+def test_a_bad_csr_is_refused_naming_why(enrolments: Enrolments) -> None:
+    key = new_key()
+    _, other_name = ask(enrolments, "n9", make_csr(key, "n8"))
+    assert other_name == {"state": "refused", "error": "csr: its CN must be the node's name, n9"}
+    _, garbage = ask(enrolments, "n9", "-----BEGIN CERTIFICATE REQUEST-----\nxx\n")
+    assert garbage["state"] == "refused" and str(garbage["error"]).startswith("csr: not a PEM")
+    _, huge = ask(enrolments, "n9", "x" * 20_000)
+    assert "at most 16384" in str(huge["error"])
+    weak = ec.generate_private_key(ec.SECP192R1()) if hasattr(ec, "SECP192R1") else None
+    if weak is not None:
+        csr = (x509.CertificateSigningRequestBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "n9")]))
+               .sign(weak, hashes.SHA256()))  # fmt: skip
+        pem = csr.public_bytes(serialization.Encoding.PEM).decode()
+        _, small = ask(enrolments, "n9", pem)
+        assert "its key must be" in str(small["error"])
+    with pytest.raises(EnrolError, match="32 hex"):
+        ask(enrolments, "n9", make_csr(key, "n9"), rid="../../x")
+    assert enrolments.list() == []  # nothing refused at the door was kept
+
+
+def test_at_most_max_pending_wait(enrolments: Enrolments, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(enrolment, "MAX_PENDING", 3)
+    answers = [ask(enrolments, f"n{i}", make_csr(new_key(), f"n{i}"))[1] for i in range(5)]
+    assert [a["state"] for a in answers] == ["pending"] * 3 + ["refused"] * 2
+    assert "3 requests wait for an operator" in str(answers[-1]["error"])
+
+
+def test_the_device_checks_what_it_is_given(enrolments: Enrolments, ca: Path) -> None:
+    key = new_key()
+    token = enrolments.make_token("n9", 600, "alice", NOW)
+    _, answer = ask(enrolments, "n9", make_csr(key, "n9"), token)
+    trusted = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    other = x509.load_pem_x509_certificate((ca / "other.pem").read_bytes())
+    with pytest.raises(EnrolError, match="not for this device's key"):
+        read_answer(answer, new_key(), "n9", trusted)
+    with pytest.raises(EnrolError, match="its CN is not n8"):
+        read_answer(answer, key, "n8", trusted)
+    with pytest.raises(EnrolError, match=r"not .*the fleet CA"):
+        read_answer(answer, key, "n9", other)
+    with pytest.raises(EnrolError, match="a state"):
+        read_answer({"state": "maybe"}, key, "n9", trusted)
+    assert read_answer({"state": "pending"}, key, "n9", trusted).state == "pending"
+    assert check_csr(make_csr(key, "n9"), "n9").is_signature_valid
