@@ -50,6 +50,7 @@ def render_config(
     websockets_port: int | None = None,
     user: str = "mosquitto",
     max_packet_size: int | None = MAX_PACKET,
+    crl_file: Path | None = None,
 ) -> str:
     """mosquitto.conf: a TLS 1.3 listener with client certificates, ACLs, persistence, and the
     largest packet a node takes (None: Mosquitto's default, none); run as ``user`` (started as
@@ -62,6 +63,8 @@ require_certificate true
 use_identity_as_username true
 tls_version tlsv1.3
 """
+    if crl_file is not None:  # the fleet service's CRL (edgefleet enrol revoke); SIGHUP reloads
+        tls += f"crlfile {crl_file}\n"
     text = f"""\
 user {user}
 per_listener_settings false
@@ -164,6 +167,7 @@ class Broker(Stoppable):
     websockets_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     max_packet_size: int | None = MAX_PACKET
+    crl_file: Path | None = None
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -182,6 +186,7 @@ class Broker(Stoppable):
                 self.websockets_port,
                 getpass.getuser(),
                 self.max_packet_size,
+                self.crl_file,
             )
         )
         self.log = self.workdir / "mosquitto.log"
@@ -190,6 +195,11 @@ class Broker(Stoppable):
     def available() -> str | None:
         """Why there is no broker to test with, or None."""
         return None if shutil.which("mosquitto") else "mosquitto is not installed (make test)"
+
+    def reload(self) -> None:
+        """SIGHUP: Mosquitto reads its config again (the CRL too)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGHUP)
 
     def start(self, timeout: float = 10.0) -> Broker:
         with self.log.open("ab") as log:

@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -47,7 +48,7 @@ from cloudsync.fleet.store import dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.commands import load_anchors, load_scopes
 from cloudsync.protocol.labels import LabelError, check_labels
-from cloudsync.protocol.topics import CMD_ID, TopicError, check_name
+from cloudsync.protocol.topics import CMD_ID, NAME, TopicError, check_name
 
 log = logging.getLogger("edgefleet.api")
 ROLES = {"viewer": 0, "operator": 1, "admin": 2}
@@ -57,6 +58,7 @@ CONSOLE = "/console"  # cloudsync.fleet.console: its own session (a cookie) and 
 MAX_AUDIT_DETAIL = 2000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WHO = web.RequestKey("who", Token)
+SERIAL = re.compile(r"^[0-9a-f]{1,40}$")  # a certificate's serial number, hex
 
 
 def error(status: int, message: str) -> web.Response:
@@ -470,6 +472,32 @@ class Api:
             {"token": token, "node": node, "expires_ms": now + int(ttl * 1000)}, status=201
         )
 
+    async def revocations(self, request: web.Request) -> web.Response:
+        return web.json_response({"revoked": await self.db(self.service.enrolments.revoked)})
+
+    async def revoke(self, request: web.Request) -> web.Response:
+        """Revoke a node's certificates (``{"node"}``) or one (``{"serial"}``, hex): into the
+        CRL at once (the broker refuses them from its next reload)."""
+        action = "revoke certificate"
+        doc = await self.body(request, action, "-")
+        ok = isinstance(doc, dict) and len(doc) == 1 and (
+            (isinstance(doc.get("node"), str) and NAME.match(doc["node"]))
+            or (isinstance(doc.get("serial"), str) and SERIAL.match(doc["serial"]))
+        )  # fmt: skip
+        target = str(next(iter(doc.values())))[:64] if isinstance(doc, dict) and doc else "-"
+        if not ok:
+            return await self.refuse(request, action, target, 422,
+                                     'body: {"node": name} or {"serial": hex}')  # fmt: skip
+        if self.service.enrolments.issuer is None:
+            why = "no [enrolment] ca_cert and ca_key: no CRL can be signed"
+            return await self.refuse(request, action, target, 409, why)
+        who = request[WHO]
+        done = await self.db(self.service.enrolments.revoke, who.name, self.service.clock(),
+                             doc.get("node"), doc.get("serial"))  # fmt: skip
+        await self.db(self.service.write_crl)
+        await self.db(self.audit, who, action, target, "done", {"serials": done})
+        return web.json_response({"revoked": done})
+
     # ---- audit -----------------------------------------------------------------------------
 
     async def audit_log(self, request: web.Request) -> web.Response:
@@ -517,6 +545,8 @@ class Api:
             ("GET", "/v1/enrolments", self.enrolments, "operator", ("state", "limit")),
             ("POST", "/v1/enrolments/{id}/{action}", self.decide_enrolment, "operator", ()),
             ("POST", "/v1/enrolment-tokens", self.create_enrolment_token, "operator", ()),
+            ("GET", "/v1/revocations", self.revocations, "operator", ()),
+            ("POST", "/v1/revocations", self.revoke, "operator", ()),
         ]  # fmt: skip
         for method, path, handler, role, query in routes:
             app.router.add_route(method, path, _with_role(handler, role, query))

@@ -21,6 +21,7 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
     edgefleet --service URL label NODE k=v ...  set a node's operator labels (none: clear)
     edgefleet --service URL enrol token NODE    a one-time enrolment token for a new device
     edgefleet --service URL enrol list|approve RID|refuse RID    requests without a token
+    edgefleet --service URL enrol revoke NODE   its certificates into the CRL (the broker's)
     edgefleet --service URL deploy create ID --manifest F --url PATH=URL [--selector k=v]
                                                 [--priority N]; deploy list; deploy delete ID
     edgefleet --service URL cmd NODE drain ...  signed here with your key, relayed and kept by
@@ -388,9 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--priority", type=int, default=0, help="create: the higher wins")
     deploy.set_defaults(fn=cmd_deploy)
     enrol = sub.add_parser("enrol", help="new devices' certificates (service)")
-    enrol.add_argument("action", choices=["token", "list", "approve", "refuse"])
-    enrol.add_argument("target", nargs="?", help="token: the node's name; approve, refuse: the"
-                       " request's id")  # fmt: skip
+    enrol.add_argument("action", choices=["token", "list", "approve", "refuse", "revoke"])
+    enrol.add_argument("target", nargs="?", help="token, revoke: the node's name; approve,"
+                       " refuse: the request's id")  # fmt: skip
+    enrol.add_argument("--serial", help="revoke: this certificate (hex) instead of a node's")
     enrol.add_argument("--ttl", type=float, default=86400.0, help="token: seconds it is good for")
     enrol.add_argument("--state", choices=["pending", "issued", "refused"], help="list: only")
     enrol.set_defaults(fn=cmd_enrol)

@@ -167,6 +167,12 @@ def cmd_enrol(args: argparse.Namespace) -> tuple[Any, str]:
             lines.append(f"{e['rid']:32}  {e['node']:20} {e['state']:8} {e['how']:8}"
                          f" {e['decided_by'] or '-'}")  # fmt: skip
         return found, "\n".join(lines)
+    if args.action == "revoke":
+        if bool(args.target) == bool(args.serial):
+            raise Failure("enrol revoke: a node's name, or --serial", EXIT_USAGE)
+        body = {"serial": args.serial} if args.serial else {"node": args.target}
+        gone = client.call("POST", "/v1/revocations", body)
+        return gone, f"revoked: {', '.join(gone['revoked']) or 'nothing new'}"
     if not args.target:
         raise Failure(f"enrol {args.action}: the request's id (edgefleet enrol list)", EXIT_USAGE)
     done = client.call("POST", f"/v1/enrolments/{args.target}/{args.action}")

@@ -169,6 +169,11 @@ class EnrolmentConfig(Section):
     )
     ca_key: Path | None = Field(None, description="its private key (PEM, the service's only)")
     cert_days: float = Field(90.0, gt=0, le=825, description="a node certificate's lifetime")
+    crl_file: Path | None = Field(
+        None,
+        description="the CRL of revoked node certificates, signed by the issuing CA, written at"
+        " start, daily and at each revocation (mosquitto.conf's crlfile; SIGHUP reloads it)",
+    )
 
 
 class LogConfig(Section):

@@ -31,6 +31,7 @@ from cloudsync.fleet.store import Store, Tx
 from cloudsync.protocol import envelope
 from cloudsync.protocol.enrol import Answer, EnrolError, check_csr
 from cloudsync.protocol.topics import TopicError, check_name, enrol_answer
+from edged.atomic import write_atomic
 
 MAX_PENDING = 1000  # requests waiting for an operator; more are refused
 MAX_TOKEN_S = 30 * 86400
@@ -87,6 +88,32 @@ class Decision:
 
     rid: str
     answer: Answer
+
+
+CRL_DAYS = 7  # a CRL's nextUpdate: the service signs a new one daily, and at each revocation
+
+
+def write_crl(issuer: Issuer, revoked: list[dict[str, Any]], now_ms: int, path: Path) -> None:
+    """The CRL of ``revoked`` (serial, revoked_ts), signed by the issuing CA, written
+    atomically (0644: the broker reads it; ``crlfile`` in mosquitto.conf, reloaded on SIGHUP)."""
+    now = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.timezone.utc)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(issuer.cert.subject)
+        .last_update(now - datetime.timedelta(minutes=5))
+        .next_update(now + datetime.timedelta(days=CRL_DAYS))
+    )
+    for row in revoked:
+        when = datetime.datetime.fromtimestamp(row["revoked_ts"] / 1000, datetime.timezone.utc)
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder()
+            .serial_number(int(row["serial"], 16))
+            .revocation_date(when)
+            .build()
+        )
+    algorithm = None if isinstance(issuer.key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
+    crl = builder.sign(issuer.key, algorithm)
+    write_atomic(path, crl.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
 class Enrolments:
@@ -189,6 +216,37 @@ class Enrolments:
                 (token_hash(token), node, now_ms + int(ttl_s * 1000), actor, now_ms),
             )
         return token
+
+    def revoke(self, actor: str, now_ms: int, node: str | None = None,
+               serial: str | None = None) -> list[str]:  # fmt: skip
+        """Revoke every certificate issued to ``node``, or the one with ``serial`` (hex, any
+        the fleet CA signed): the serials newly revoked."""
+        with self.store.transaction() as tx:
+            if node is not None:
+                found = tx.rows(
+                    "SELECT serial, node FROM enrolments WHERE node = ? AND state = 'issued'",
+                    (node,),
+                )
+            else:
+                issued = tx.rows("SELECT node FROM enrolments WHERE serial = ?", (serial,))
+                found = [{"serial": serial, "node": issued[0]["node"] if issued else "?"}]
+            done = []
+            for row in found:
+                made = tx.execute(
+                    "INSERT INTO revoked (serial, node, revoked_ts, revoked_by) VALUES"
+                    " (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (row["serial"], row["node"], now_ms, actor),
+                )
+                if made.rowcount == 1:
+                    done.append(str(row["serial"]))
+        return done
+
+    def revoked(self) -> list[dict[str, Any]]:
+        return self.store.query("SELECT * FROM revoked ORDER BY revoked_ts, serial")
+
+    def write_crl(self, path: Path, now_ms: int) -> None:
+        if self.issuer is not None:
+            write_crl(self.issuer, self.revoked(), now_ms, path)
 
     def list(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """The latest requests, newest first (``state``: pending, issued or refused only)."""

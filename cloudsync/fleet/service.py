@@ -141,6 +141,8 @@ class Service:
             issuer = Issuer(enrol.ca_cert, enrol.ca_key, enrol.cert_days)
         self.enrolments = Enrolments(self.store, issuer)
         self.registry = Registry(self.store, config.service.offline_after_s, self.enrolments)
+        self.crl_due = 0.0
+        self.write_crl()  # at start: the broker's crlfile is there before it is needed
         self.deployments = Deployments(self.store, clock)
         self.rollouts = Rollouts(
             self.store, self.deployments, self.fleet, self.publish_desired, self.send_command,
@@ -413,6 +415,8 @@ class Service:
                 self.reconciler.run(None if full else nodes)
             if full:
                 self.rollouts.prune()
+                if time.monotonic() >= self.crl_due:  # a fresh CRL before the last one expires
+                    self.write_crl()
                 keep_ms = int(self.config.events.keep_days * 86_400_000)
                 self.registry.prune(self.clock(), keep_ms)
         except Exception:  # the database is away: the next turn tries again
@@ -421,6 +425,13 @@ class Service:
             with self.dirty_lock:
                 self.dirty |= nodes
                 self.full_pass = self.full_pass or full
+
+    def write_crl(self) -> None:
+        """The CRL at ``[enrolment] crl_file`` (if set), signed now; again in a day."""
+        path = self.config.enrolment.crl_file
+        if path is not None and self.enrolments.issuer is not None:
+            self.enrolments.write_crl(path, self.clock())
+            self.crl_due = time.monotonic() + 86400
 
     def alerter(self) -> None:
         """Every ``[alerts] resend_s``, while this replica holds the runner lease: the alerts to

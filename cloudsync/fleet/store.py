@@ -189,6 +189,12 @@ CREATE TABLE IF NOT EXISTS enrolments (
     not_after BIGINT
 );
 CREATE INDEX IF NOT EXISTS enrolments_by_state ON enrolments (state, requested_ts);
+CREATE TABLE IF NOT EXISTS revoked (
+    serial TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    revoked_ts BIGINT NOT NULL,
+    revoked_by TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS records (
     node TEXT NOT NULL,
     id TEXT NOT NULL,

@@ -7,6 +7,8 @@ one, a one-time token.
   connects as itself and publishes under its own topics; the token is used up: a second device
   with it is refused and cloudsync exits 1 saying so.
 - A device without a token waits, pending, until an operator approves it; then it is in.
+- A revoked certificate (``edgefleet enrol revoke``: the service's CRL, the broker's crlfile,
+  reloaded) cannot reconnect; the others can.
 - The claim credential can do nothing else: its publishes to a node's telemetry and to an
   answer topic are refused (PUBACK "Not authorized"), it is delivered nothing of a node's.
 """
@@ -26,6 +28,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from cloudsync.fleet.enrolment import Issuer, write_crl
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from tests.conftest import wait_for
@@ -35,14 +38,17 @@ from tests.mosquitto import OPERATOR, Broker, Stoppable, cloudsync_config
 
 @pytest.fixture
 def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
-    broker = Broker(tmp_path / "mosquitto", pki).start()
+    crl = tmp_path / "fleet.crl"  # the service's, from its start on; empty until then
+    write_crl(Issuer(pki / "ca.pem", pki / "ca.key", 1), [], int(time.time() * 1000), crl)
+    broker = Broker(tmp_path / "mosquitto", pki, crl_file=crl).start()
     yield broker
     broker.kill()
 
 
 @pytest.fixture
 def service(tmp_path: Path, broker: Broker, pki: Path) -> Iterator[FleetService]:
-    enrolment = f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\ncert_days = 30\n'
+    enrolment = (f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
+                 f'cert_days = 30\ncrl_file = "{tmp_path / "fleet.crl"}"\n')  # fmt: skip
     service = FleetService(tmp_path / "service", broker, sections=enrolment).start()
     yield service
     service.kill()
@@ -127,6 +133,25 @@ def test_a_device_with_a_token_enrols_and_publishes_as_itself(
         assert again.proc is not None and again.proc.wait(30) == 1
         assert "the token is unknown, used, expired or for another name" in again.logs()
         assert not again.cert.exists()
+        # revoked: into the broker's CRL; after its reload the certificate cannot reconnect
+        gone = edgefleet(service, "enrol", "revoke", "n9")
+        serial = format(cert.serial_number, "x")
+        assert gone == {"revoked": [serial]}
+        crl = x509.load_pem_x509_crl((tmp_path / "fleet.crl").read_bytes())
+        assert crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
+        assert crl.is_signature_valid(ca.public_key())  # type: ignore[arg-type]
+        broker.reload()
+        device.stop()
+        wait_for(lambda: not online(service, "n9"), 20, "n9 gone")
+        device.start()  # with its certificate: no enrolment, a plain connect
+        time.sleep(6)
+        assert not online(service, "n9"), "a revoked certificate reconnected"
+        refused = ("alert certificate revoked" in device.logs()  # the broker said why, or
+                   or "certificate verify failed" in broker.logs())  # closed first  # fmt: skip
+        assert refused, broker.logs()[-2000:]
+        other = SyncClient(broker.port, pki, "n1")
+        assert other.connect()  # the others are not touched
+        other.close()
     finally:
         device.stop()
         watcher.close()
