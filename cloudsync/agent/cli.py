@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     level = args.log_level or config.log_level
     node = node_name(config.node.name)
     setup_logging(level, config.log_format, node, "cloudsync")
+    enrol.settle(config)  # a renewal cut short by a power cut: the pair that goes together
     if enrol.needed(config):  # no certificate yet: the fleet's, with the claim credential
         stopping = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

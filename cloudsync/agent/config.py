@@ -208,6 +208,13 @@ class EnrolConfig(Section):
     timeout_s: float = Field(
         0.0, ge=0, description="give up (exit 1) after this long without a certificate; 0: wait"
     )
+    renew_after: float = Field(
+        2 / 3,
+        ge=0,
+        lt=1,
+        description="ask the fleet service for the next certificate this far into the current"
+        " one's life (0: never)",
+    )
 
 
 class Config(Section):

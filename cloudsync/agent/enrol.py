@@ -158,3 +158,97 @@ def _request(key_file: Path, key: ec.EllipticCurvePrivateKey, node: str) -> tupl
 def _keep(cert_file: Path, key_file: Path, answer: Answer) -> None:
     write_atomic(cert_file, answer.cert, 0o644)
     Path(f"{key_file}.request").unlink(missing_ok=True)
+
+
+class Renewal:
+    """The node's next certificate, asked for on its own topic at ``renew_after`` of its
+    certificate's lifetime (cloudsync.fleet.enrolment renews what the broker lets only this
+    node ask): a new key, made here; the answer checked as an enrolment's; then both files
+    replaced (the key's ``.next`` first, renamed over the old one, then the certificate) and
+    the session resumed with them (``Agent`` makes a new MQTT client: one reconnect)."""
+
+    def __init__(self, config: Config, node: str) -> None:
+        self.config, self.node = config, node
+        self.key: ec.EllipticCurvePrivateKey | None = None  # the next key, while asked
+        self.asked_at = 0.0
+        self.due_at: float | None = None  # time.time() to ask at (None: read the certificate)
+        self.refused = ""
+
+    def due(self, now: float) -> bool:
+        """Whether to ask now (at ``renew_after`` of the certificate's life; asked again every
+        RETRY_S until answered, and an hour after a refusal)."""
+        mq = self.config.mqtt
+        if mq.cert_file is None or mq.key_file is None or not self.config.enrol.renew_after:
+            return False
+        if self.key is not None:
+            return now - self.asked_at >= RETRY_S
+        if self.due_at is None:
+            try:
+                cert = x509.load_pem_x509_certificate(mq.cert_file.read_bytes())
+            except (OSError, ValueError):
+                self.due_at = time.time() + 3600.0
+                return False
+            start = cert.not_valid_before_utc.timestamp()
+            lifetime = cert.not_valid_after_utc.timestamp() - start
+            self.due_at = start + lifetime * self.config.enrol.renew_after
+        return time.time() >= self.due_at
+
+    def request(self, now: float) -> bytes:
+        """The request's payload (a new key the first time)."""
+        if self.key is None:
+            self.key = new_key()
+            log.info("the certificate is %.0f%% through its life: asking for the next one",
+                     100 * self.config.enrol.renew_after)  # fmt: skip
+        self.asked_at = now
+        return envelope.Envelope(self.node, 1, {"csr": make_csr(self.key, self.node)}).encode()
+
+    def answered(self, payload: bytes) -> bool:
+        """The fleet's answer: True once the new key and certificate are in place."""
+        mq = self.config.mqtt
+        if self.key is None or mq.cert_file is None or mq.key_file is None:
+            return False
+        trusted = x509.load_pem_x509_certificate(mq.ca_file.read_bytes()) if mq.ca_file else None
+        try:
+            answer = read_answer(envelope.decode(payload).body, self.key, self.node, trusted)
+        except (EnrolError, envelope.EnvelopeError) as exc:
+            log.error("an answer to the renewal was not the fleet's: %s", exc)
+            return False
+        if answer.state != "issued":
+            if answer.error != self.refused:
+                log.error("the fleet does not renew the certificate: %s", answer.error)
+                self.refused = answer.error
+            self.key, self.due_at = None, time.time() + 3600.0
+            return False
+        pem = self.key.private_bytes(serialization.Encoding.PEM,
+                                     serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption())  # fmt: skip
+        # a power cut anywhere leaves a pair that goes together (settle() at the next start)
+        nxt = Path(f"{mq.cert_file}.next")
+        write_atomic(nxt, answer.cert, 0o644)
+        write_atomic(mq.key_file, pem, 0o600)
+        nxt.replace(mq.cert_file)
+        log.info("renewed: the next certificate is in %s", mq.cert_file)
+        self.key, self.due_at = None, None
+        return True
+
+
+def settle(config: Config) -> None:
+    """A renewal cut short between its key and its certificate: ``{cert_file}.next`` is the
+    certificate of the key in place, or of no key (a cut before the key): kept or dropped."""
+    mq = config.mqtt
+    if mq.cert_file is None or mq.key_file is None:
+        return
+    nxt = Path(f"{mq.cert_file}.next")
+    if not nxt.exists():
+        return
+    try:
+        cert = x509.load_pem_x509_certificate(nxt.read_bytes())
+        key = serialization.load_pem_private_key(mq.key_file.read_bytes(), None)
+        mine = public_der(cert.public_key()) == public_der(key.public_key())
+    except (OSError, ValueError):
+        mine = False
+    if mine:
+        nxt.replace(mq.cert_file)
+        log.warning("a renewal was cut short: its certificate is in place now")
+    else:
+        nxt.unlink()

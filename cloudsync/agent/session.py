@@ -42,6 +42,7 @@ from cloudsync.agent.alerts import Evaluator
 from cloudsync.agent.collector import ALERTS, Collector, EdgedView
 from cloudsync.agent.config import Config
 from cloudsync.agent.delivery import Delivery
+from cloudsync.agent.enrol import Renewal
 from cloudsync.agent.handlers import Handlers
 from cloudsync.agent.metrics import Exporter
 from cloudsync.agent.outbox import Item, Outbox, OutboxError
@@ -138,6 +139,8 @@ class Agent:
         self.exporter = Exporter(self)
         self.collector = Collector(self)
         self.handlers = Handlers(self)
+        self.renewal = Renewal(config, self.node)
+        self.swap = False  # a renewed certificate: a new client at the next turn
         self.client = self._client()
 
     # ---- the MQTT client -----------------------------------------------------------------
@@ -208,7 +211,8 @@ class Agent:
             self.config.mqtt.host, self.config.mqtt.port,
             "resumed" if flags.session_present else "new",
         )  # fmt: skip
-        client.subscribe([(self.topics.commands, 1), (self.topics.desired_models, 1)])
+        client.subscribe([(self.topics.commands, 1), (self.topics.desired_models, 1),
+                          (self.topics.renew_answer, 1)])  # fmt: skip
         try:
             birth = self._envelope({"state": "online", **self.capabilities()}).encode()
         except ValueError as exc:  # what edged said cannot be sent (NaN, too large)
@@ -253,6 +257,9 @@ class Agent:
             topic = parse(message.topic)
         except TopicError as exc:  # only a node's own topics reach it (the broker's ACL)
             self.refuse(None, printable(f"topic {message.topic!r}: {exc}"))
+            return
+        if topic.kind == "renew-answer":
+            self.swap = self.renewal.answered(message.payload) or self.swap
             return
         if topic.kind == "desired-models":
             if message.payload:  # an empty retained message clears it: nothing to do
@@ -438,6 +445,8 @@ class Agent:
 
     def step(self) -> None:
         """One turn of the MQTT thread."""
+        if self.swap:
+            self._swap_client()
         now = time.monotonic()
         if not self.connected:
             if self.connecting_since is None and now >= self.next_connect:
@@ -458,7 +467,30 @@ class Agent:
             self.client.publish(self.topics.heartbeat, payload, qos=1)
             self.heartbeats += 1
             self.exporter.heartbeats.inc()
+        if self.connected and self.renewal.due(now):
+            self.client.publish(self.topics.renew, self.renewal.request(now), qos=1)
         self.pump()
+
+    def _swap_client(self) -> None:
+        """The renewed certificate in use: a new client (paho keeps the TLS context it was
+        given) resumes the same persistent session after a clean DISCONNECT (no will); what
+        was in flight and not acknowledged goes again from the outbox, with its id."""
+        self.swap = False
+        old = self.client
+        old.on_connect = old.on_disconnect = old.on_publish = old.on_message = None
+        try:
+            old.disconnect()
+            old.loop(timeout=0.05)
+        except Exception:  # it goes either way
+            log.debug("the old client's disconnect", exc_info=True)
+        if self.connected:
+            self.offline_since = time.monotonic()
+        self.connected = False
+        self.inflight.clear()
+        self.sent_at.clear()
+        self.client = self._client()
+        self.connecting_since, self.next_connect, self.attempt = None, 0.0, 0
+        log.info("reconnecting with the renewed certificate")
 
     def _rolled_back(self, model: str) -> None:
         self.rollbacks[model] = time.time()

@@ -84,10 +84,11 @@ def token_hash(token: str) -> str:
 
 @dataclass
 class Decision:
-    """An answer to publish on a request's answer topic."""
+    """An answer to publish on a request's answer topic (a renewal's: its node's)."""
 
     rid: str
     answer: Answer
+    node: str = ""  # a renewal: the node whose renew/cert topic gets the answer
 
 
 CRL_DAYS = 7  # a CRL's nextUpdate: the service signs a new one daily, and at each revocation
@@ -164,6 +165,28 @@ class Enrolments:
         if state == "issued":
             return Decision(rid, self._issue(tx, rid, node, csr, now_ms, "token"))
         return Decision(rid, Answer(state, error=reason or ""))
+
+    def renew(self, tx: Tx, node: str, payload: bytes, now_ms: int) -> Decision:
+        """A node's request for its next certificate, on its own topic (the broker let only
+        that node publish there): issued at once for a CSR for its name; the same request
+        again (its envelope id) gets the same answer."""
+        env = envelope.decode(payload)
+        rid = hashlib.sha256(f"renew/{node}/{env.id}".encode()).hexdigest()[:32]
+        if self.issuer is None:
+            return Decision(rid, Answer("refused", error="this fleet service issues no one"), node)
+        found = tx.rows("SELECT * FROM enrolments WHERE rid = ?", (rid,))
+        if found:
+            return Decision(rid, self.answer_of(found[0]), node)
+        try:
+            csr = check_csr(env.body.get("csr"), node)
+        except EnrolError as exc:
+            return Decision(rid, Answer("refused", error=str(exc)), node)
+        tx.execute(
+            "INSERT INTO enrolments (rid, node, csr, state, how, requested_ts) VALUES"
+            " (?, ?, ?, 'pending', 'renewal', ?)",
+            (rid, node, env.body["csr"], now_ms),
+        )
+        return Decision(rid, self._issue(tx, rid, node, csr, now_ms, "renewal"), node)
 
     def _issue(self, tx: Tx, rid: str, node: str, csr: x509.CertificateSigningRequest,
                now_ms: int, by: str) -> Answer:  # fmt: skip

@@ -162,6 +162,10 @@ class Registry:
             done.decisions.append(self.enrolments.request(tx, msg.cmd_id, msg.payload,
                                                           msg.arrived_ms))  # fmt: skip
             return
+        if msg.kind == "renew":  # a node's next certificate
+            done.decisions.append(self.enrolments.renew(tx, msg.node, msg.payload,
+                                                        msg.arrived_ms))  # fmt: skip
+            return
         env = envelope.decode(msg.payload)
         if not 0 <= env.ts < MAX_INT:
             raise ValueError(f"ts {env.ts}: out of range")

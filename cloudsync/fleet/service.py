@@ -200,6 +200,7 @@ class Service:
             (f"$share/{group}/{base}/telemetry", 1),
             (f"$share/{group}/{base}/cmd/+/result", 1),
             (f"$share/{group}/{enrol_filter(self.fleet)}", 1),
+            (f"$share/{group}/{base}/renew", 1),
         ]
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
@@ -220,7 +221,8 @@ class Service:
             else:
                 where = parse(message.topic)
                 if where.fleet != self.fleet or where.kind not in (
-                    "status", "heartbeat", "events", "telemetry", "desired-models", "cmd-result"
+                    "status", "heartbeat", "events", "telemetry", "desired-models", "cmd-result",
+                    "renew",
                 ):  # fmt: skip
                     raise TopicError(message.topic)
                 msg = Message(where.kind, where.node, message.payload, self.clock(),
@@ -257,7 +259,10 @@ class Service:
         self.seq = max(self.seq + 1, self.clock())
         payload = envelope.Envelope(self.config.service.identity, self.seq,
                                     decision.answer.body()).encode()  # fmt: skip
-        topic = enrol_answer(self.fleet, decision.rid)
+        if decision.node:  # a renewal: on the node's own topic
+            topic = Topics(self.fleet, decision.node).renew_answer
+        else:
+            topic = enrol_answer(self.fleet, decision.rid)
         return self.client.publish(topic, payload, 1).rc == mqtt.MQTT_ERR_SUCCESS
 
     def send_command(self, node: str, cmd_id: str, payload: bytes) -> bool:

@@ -7,6 +7,8 @@
     edge/v1/{fleet}/{node}/cmd/{id}          a signed command, operator -> node
     edge/v1/{fleet}/{node}/cmd/{id}/result   its result, node -> operator
     edge/v1/{fleet}/{node}/desired/models    retained desired model versions, operator -> node
+    edge/v1/{fleet}/{node}/renew             a node's request for its next certificate
+    edge/v1/{fleet}/{node}/renew/cert        the fleet's answer
 
     edge/v1/{fleet}/_fleet/rollouts/{id}     retained record of a canary rollout (operators)
     edge/v1/{fleet}/_enrol/{rid}             a new device's certificate request (claim)
@@ -42,7 +44,8 @@ def check_name(kind: str, value: str) -> str:
 @dataclass(frozen=True)
 class Topic:
     """A parsed topic: ``kind`` is one of status, heartbeat, telemetry, events, cmd,
-    cmd-result, desired-models; ``cmd_id`` is set for cmd and cmd-result."""
+    cmd-result, desired-models, renew, renew-answer; ``cmd_id`` is set for cmd and
+    cmd-result."""
 
     fleet: str
     node: str
@@ -90,6 +93,14 @@ class Topics:
 
     def cmd_result(self, cmd_id: str) -> str:
         return f"{self.base}/cmd/{_cmd_id(cmd_id)}/result"
+
+    @property
+    def renew(self) -> str:
+        return f"{self.base}/renew"
+
+    @property
+    def renew_answer(self) -> str:
+        return f"{self.base}/renew/cert"
 
     @property
     def commands(self) -> str:
@@ -163,6 +174,10 @@ def parse(topic: str) -> Topic:
         return Topic(fleet, node, rest[0])
     if rest == ["desired", "models"]:
         return Topic(fleet, node, "desired-models")
+    if rest == ["renew"]:
+        return Topic(fleet, node, "renew")
+    if rest == ["renew", "cert"]:
+        return Topic(fleet, node, "renew-answer")
     if len(rest) in (2, 3) and rest[0] == "cmd" and CMD_ID.match(rest[1]):
         if len(rest) == 2:
             return Topic(fleet, node, "cmd", rest[1])

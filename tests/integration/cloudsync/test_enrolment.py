@@ -9,6 +9,8 @@ one, a one-time token.
 - A device without a token waits, pending, until an operator approves it; then it is in.
 - A revoked certificate (``edgefleet enrol revoke``: the service's CRL, the broker's crlfile,
   reloaded) cannot reconnect; the others can.
+- A certificate renewed at its time while a program posts records: one reconnect, a new key,
+  every record stored reaches the fleet.
 - The claim credential can do nothing else: its publishes to a node's telemetry and to an
   answer topic are refused (PUBACK "Not authorized"), it is delivered nothing of a node's.
 """
@@ -29,8 +31,10 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from cloudsync.fleet.enrolment import Issuer, write_crl
-from cloudsync.protocol.envelope import Envelope
+from cloudsync.protocol.enrol import public_der
+from cloudsync.protocol.envelope import Envelope, decode
 from cloudsync.protocol.mqtt import SyncClient
+from edged.client import Client
 from tests.conftest import wait_for
 from tests.fleetservice import TOKENS, FleetService
 from tests.mosquitto import OPERATOR, Broker, Stoppable, cloudsync_config
@@ -205,3 +209,59 @@ def test_the_claim_credential_can_only_enrol(broker: Broker, pki: Path) -> None:
     finally:
         claim.close()
         node.close()
+
+
+def test_a_rotation_during_traffic_loses_no_acknowledged_record(
+    tmp_path: Path, broker: Broker, pki: Path
+) -> None:
+    """A certificate of 35 s renewed at 92 % of its life (the 5 minutes it is back-dated
+    included: about 8 s after it is issued) while a program posts records: one reconnect a
+    renewal, with the new key and certificate, the session resumed, and every record stored
+    reaches the fleet."""
+    enrolment = (f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
+                 "cert_days = 0.0004\n")  # fmt: skip
+    service = FleetService(tmp_path / "service", broker, sections=enrolment).start()
+    watcher = SyncClient(broker.port, pki, OPERATOR, client_id="rotation-watcher")
+    assert watcher.connect()
+    watcher.subscribe("edge/v1/f1/n12/#")
+    token = service.call("POST", "/v1/enrolment-tokens", {"node": "n12"}, role="operator")[1]
+    device = Device(tmp_path / "n12", broker, "n12", token["token"])
+    device.config.write_text(device.config.read_text() + "renew_after = 0.92\n")
+    device.start()
+    stored: list[str] = []
+    try:
+        wait_for(lambda: online(service, "n12"), 30, "n12 enrolled", device.proc)
+        first = x509.load_pem_x509_certificate(device.cert.read_bytes())
+        local = Client(str(device.workdir / "cloudsync.sock"), timeout=10)
+        deadline = time.monotonic() + 25
+        renewed = False
+        while time.monotonic() < deadline and not (renewed and len(stored) > 100):
+            ident = f"r{len(stored):05d}"
+            done = local.call("POST", "/v1/records", {"records": [
+                {"kind": "events", "body": {"n": len(stored)}, "id": ident}]})  # fmt: skip
+            if done["stored"] == 1:
+                stored.append(ident)
+            renewed = renewed or x509.load_pem_x509_certificate(
+                device.cert.read_bytes()).serial_number != first.serial_number  # fmt: skip
+            time.sleep(0.05)
+        assert renewed, device.logs()[-3000:]
+        wait_for(lambda: local.call("GET", "/v1/status")["outbox"]["pending"] == 0, 30,
+                 "the outbox delivered", device.proc)  # fmt: skip
+        got = {decode(p).id for t, p in watcher.received if t.endswith("/events")}
+        assert set(stored) <= got, sorted(set(stored) - got)[:10]
+        second = x509.load_pem_x509_certificate(device.cert.read_bytes())
+        assert public_der(second.public_key()) != public_der(first.public_key())  # a new key
+        assert second.not_valid_after_utc > first.not_valid_after_utc
+        issued = service.call("GET", "/v1/enrolments", role="operator")[1]["enrolments"]
+        hows = [e["how"] for e in issued if e["state"] == "issued"]  # newest first
+        assert hows[-1] == "token" and set(hows[:-1]) == {"renewal"}, hows
+        # one reconnect a renewal (its life is short: it may renew again in the test), each
+        # resuming the persistent session
+        logs = device.logs()  # JSON lines: a message is its "message" (and log.original)
+        assert logs.count('"message":"reconnecting with the renewed certificate"') == len(hows) - 1
+        assert logs.count("(session resumed)") >= len(hows) - 1
+        assert online(service, "n12")
+    finally:
+        device.stop()
+        watcher.close()
+        service.kill()

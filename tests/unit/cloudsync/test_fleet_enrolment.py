@@ -15,6 +15,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from cloudsync.agent.config import Config
+from cloudsync.agent.enrol import settle
 from cloudsync.fleet import enrolment
 from cloudsync.fleet.enrolment import Enrolments, Issuer
 from cloudsync.protocol.enrol import (
@@ -23,6 +25,7 @@ from cloudsync.protocol.enrol import (
     make_csr,
     new_key,
     new_request_id,
+    public_der,
     read_answer,
 )
 from cloudsync.protocol.envelope import Envelope
@@ -155,3 +158,36 @@ def test_the_device_checks_what_it_is_given(enrolments: Enrolments, ca: Path) ->
         read_answer({"state": "maybe"}, key, "n9", trusted)
     assert read_answer({"state": "pending"}, key, "n9", trusted).state == "pending"
     assert check_csr(make_csr(key, "n9"), "n9").is_signature_valid
+
+
+def test_a_renewal_cut_short_settles_on_the_pair_that_goes_together(tmp_path: Path,
+                                                                     ca: Path) -> None:  # fmt: skip
+    issuer = Issuer(ca / "ca.pem", ca / "ca.key", 1)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    old_key, new = new_key(), new_key()
+
+    def pem_of(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())  # fmt: skip
+
+    def cert_of(key: ec.EllipticCurvePrivateKey) -> bytes:
+        csr = check_csr(make_csr(key, "n9"), "n9")
+        return issuer.issue(csr, "n9", now).public_bytes(serialization.Encoding.PEM)
+
+    cert, key, nxt = tmp_path / "device.pem", tmp_path / "device.key", tmp_path / "device.pem.next"
+    config = Config.model_validate({"mqtt": {"cert_file": str(cert), "key_file": str(key)}})
+    # cut after the new key was written, before the certificate was renamed: the new pair
+    cert.write_bytes(cert_of(old_key))
+    key.write_bytes(pem_of(new))
+    nxt.write_bytes(cert_of(new))
+    settle(config)
+    assert not nxt.exists() and cert.read_bytes() != cert_of(old_key)
+    assert public_der(x509.load_pem_x509_certificate(cert.read_bytes()).public_key()) == \
+        public_der(new.public_key())  # fmt: skip
+    # cut before the key: the old pair stays, the stray certificate goes
+    kept = cert_of(old_key)
+    cert.write_bytes(kept)
+    key.write_bytes(pem_of(old_key))
+    nxt.write_bytes(cert_of(new_key()))
+    settle(config)
+    assert not nxt.exists() and cert.read_bytes() == kept
