@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -113,6 +114,16 @@ format = "text"
             return exc.code, _json_or_text(exc.read())
         except OSError as exc:
             return 0, str(exc)
+
+    def edgefleet(self, *args: str, role: str = "operator") -> Any:
+        """The real ``edgefleet --service`` command with ``role``'s token: its JSON answer."""
+        done = subprocess.run(
+            [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service", self.url, *args],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "EDGEFLEET_TOKEN": TOKENS[role]},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
 
     def wait_for(self, what: Any, timeout: float = 30.0, step: float = 0.2) -> Any:
         """Polls ``what()`` until it returns something true; its last answer."""

@@ -17,14 +17,11 @@ one, a one-time token.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography import x509
@@ -36,7 +33,7 @@ from cloudsync.protocol.envelope import Envelope, decode
 from cloudsync.protocol.mqtt import SyncClient
 from edged.client import Client
 from tests.conftest import wait_for
-from tests.fleetservice import TOKENS, FleetService
+from tests.fleetservice import FleetService
 from tests.mosquitto import OPERATOR, Broker, Stoppable, cloudsync_config
 
 
@@ -87,17 +84,6 @@ class Device(Stoppable):
         return self
 
 
-def edgefleet(service: FleetService, *args: str) -> Any:
-    """The real ``edgefleet --service`` command as an operator: its JSON answer."""
-    done = subprocess.run(
-        [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service", service.url, *args],
-        capture_output=True, text=True, timeout=60,
-        env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["operator"]},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
 def online(service: FleetService, node: str) -> bool:
     status, row = service.call("GET", f"/v1/nodes/{node}", role="viewer")
     return status == 200 and row["state"] == "online" and row["heartbeats"] > 0
@@ -138,7 +124,7 @@ def test_a_device_with_a_token_enrols_and_publishes_as_itself(
         assert "the token is unknown, used, expired or for another name" in again.logs()
         assert not again.cert.exists()
         # revoked: into the broker's CRL; after its reload the certificate cannot reconnect
-        gone = edgefleet(service, "enrol", "revoke", "n9")
+        gone = service.edgefleet("enrol", "revoke", "n9")
         serial = format(cert.serial_number, "x")
         assert gone == {"revoked": [serial]}
         crl = x509.load_pem_x509_crl((tmp_path / "fleet.crl").read_bytes())
@@ -178,9 +164,9 @@ def test_without_a_token_an_operator_approves(
         assert not device.cert.exists() and not online(service, "n10")
         assert service.call("POST", f"/v1/enrolments/{request['rid']}/approve",
                             role="viewer")[0] == 403  # fmt: skip
-        listed = edgefleet(service, "enrol", "list", "--state", "pending")
+        listed = service.edgefleet("enrol", "list", "--state", "pending")
         assert [(r["rid"], r["node"]) for r in listed] == [(request["rid"], "n10")]
-        done = edgefleet(service, "enrol", "approve", str(request["rid"]))
+        done = service.edgefleet("enrol", "approve", str(request["rid"]))
         assert done == {"rid": request["rid"], "state": "issued"}
         wait_for(lambda: online(service, "n10"), 30, "n10 approved and online", device.proc)
         audit = service.call("GET", "/v1/audit", role="operator")[1]["entries"]

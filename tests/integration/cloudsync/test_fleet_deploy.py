@@ -200,23 +200,6 @@ def test_rollouts_over_200_nodes_resume_after_sigkill(
         sim.stop()
 
 
-def edgefleet(service: FleetService, *args: str) -> Any:
-    """The real edgefleet command as a client of the service (an operator's token)."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.fleetservice import TOKENS
-
-    done = subprocess.run(
-        [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service", service.url, *args],
-        capture_output=True, text=True, timeout=60,
-        env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["operator"]},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
 def test_edgefleet_drives_deployments_and_rollouts_through_the_service(
     service: FleetService, broker: Broker, tmp_path: Path
 ) -> None:
@@ -228,29 +211,29 @@ def test_edgefleet_drives_deployments_and_rollouts_through_the_service(
         two.write_text(json.dumps(entry(2)["manifest"]))
         five.write_text(json.dumps(entry(5)["manifest"]))
         url = "model.onnx=https://cdn.example/m/x"
-        made = edgefleet(service, "deploy", "create", "base", "--manifest", str(two), "--url",
+        made = service.edgefleet("deploy", "create", "base", "--manifest", str(two), "--url",
                          url, "--selector", "site=a", "--priority", "3")  # fmt: skip
         assert (made["id"], made["versions"], made["priority"]) == ("base", {MODEL: 2}, 3)
-        assert [d["id"] for d in edgefleet(service, "deploy", "list")] == ["base"]
+        assert [d["id"] for d in service.edgefleet("deploy", "list")] == ["base"]
         assert service.wait_for(lambda: len(installed(sim, 2)) == 6, 30)
-        labelled = edgefleet(service, "label", "sim-00000", "ring=canary")
+        labelled = service.edgefleet("label", "sim-00000", "ring=canary")
         assert labelled["operator_labels"] == {"ring": "canary"}
         # a rollout of the deployment's next version, paused before it begins, then resumed
-        record = edgefleet(service, "rollout", "create", "r5", "--manifest", str(five), "--url",
+        record = service.edgefleet("rollout", "create", "r5", "--manifest", str(five), "--url",
                            url, "--deployment", "base", "--stages", "50,100", "--soak", "1",
                            "--activation-timeout", "60")  # fmt: skip
         assert (record["state"], record["deployment"], record["stages"]) == (
             "running", "base", [0.5, 1.0])  # fmt: skip
-        paused = edgefleet(service, "rollout", "pause", "r5")
+        paused = service.edgefleet("rollout", "pause", "r5")
         assert paused["state"] == "paused"
-        resumed = edgefleet(service, "rollout", "resume", "r5")
+        resumed = service.edgefleet("rollout", "resume", "r5")
         assert resumed["state"] == "running"
         done = service.wait_for(
-            lambda: edgefleet(service, "rollout", "status", "r5")["state"] == "done", 60
+            lambda: service.edgefleet("rollout", "status", "r5")["state"] == "done", 60
         )
         assert done, service.logs()[-2000:]
         assert len(installed(sim, 5)) == 6
-        shown = edgefleet(service, "deploy", "show", "base")
+        shown = service.edgefleet("deploy", "show", "base")
         assert shown["versions"] == {MODEL: 5}  # the deployment gives the new version now
         _, log = service.call("GET", "/v1/audit")
         assert [e["action"] for e in log["entries"]] == [
