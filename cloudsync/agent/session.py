@@ -453,8 +453,10 @@ class Agent:
                 self._connect()
             elif self.connecting_since is not None and now - self.connecting_since > CONNACK_S:
                 self._schedule_reconnect(f"no CONNACK in {CONNACK_S:.0f} s")
-        if self.client.loop(timeout=0.05) == mqtt.MQTT_ERR_NO_CONN:
-            self.stopping.wait(0.05)  # no socket to wait on: do not spin
+        if self.client.socket() is None:  # no socket to wait on (paho would log an error a
+            self.stopping.wait(0.05)  # turn while offline: 20 lines a second): do not spin
+        elif self.client.loop(timeout=0.05) == mqtt.MQTT_ERR_NO_CONN:
+            self.stopping.wait(0.05)
         if self.connected and now >= self.next_heartbeat:
             interval = self.config.heartbeat.interval_s
             # at a fixed rate (no drift from the loop's turns), unless it fell behind

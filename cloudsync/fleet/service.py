@@ -25,8 +25,10 @@ Three threads beside the HTTP server's event loop:
   the nodes' alerts to Alertmanager every ``[alerts] resend_s`` (cloudsync.fleet.alerting).
 
 The writer also writes each node event it stores the first time as an ECS JSON line
-(``[events] ecs_file``); the API serves every node's series for Prometheus from the database
-(cloudsync.fleet.exporter), so any replica answers for the whole fleet.
+(``[events] ecs_file``), and answers new devices' enrolment requests and nodes' renewals
+(cloudsync.fleet.enrolment) once their batch is written; the API serves every node's series
+for Prometheus from the database (cloudsync.fleet.exporter), so any replica answers for the
+whole fleet.
 
 SIGTERM stops it cleanly (the runner lease is released at once); after a SIGKILL another
 replica takes the lease when it expires, or this one at once when it comes back.

@@ -72,6 +72,9 @@ def test_an_alert_raised_while_the_broker_is_down_arrives_after_the_reconnect(
             return "NodeOffline" in firing(text) and samples(text).get(alert_queued, 0) >= 1
 
         wait_for(offline_alert_queued, 30, "NodeOffline, offline, in the outbox")
+        # offline, the agent waits quietly: no error a turn (paho logs one for each loop
+        # without a socket)
+        assert "Client is not connected" not in agent.log.read_text()
         text = local.metrics()
         values = samples(text)
         assert values[("cloudsync_mqtt_connected", ())] == 0.0
