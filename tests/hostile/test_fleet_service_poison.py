@@ -2,12 +2,14 @@
 
 - A fuzzer (hypothesis) feeds the registry batches of hostile messages on every topic it reads,
   on a real SQLite file and a real PostgreSQL: bytes, envelopes whose bodies are any JSON,
-  numbers past a BIGINT, NUL and lone surrogates in every text. Nothing escapes ``ingest``,
-  and a good birth in the same batch is written.
+  numbers past a BIGINT, NUL and lone surrogates in every text, device alerts, heartbeat
+  figures, histogram buckets, enrolment and renewal requests (signed by a real issuing CA when
+  their CSR is good). Nothing escapes ``ingest``, a good birth in the same batch is written, and
+  the fleet's series stay one valid exposition.
 - The real service process, against a real Mosquitto, gets garbage on every topic it
-  subscribes to (empty, invalid UTF-8, nested 100,000 deep, 200 KiB, wrong types, NUL, huge
-  numbers) from a node's side: it stays healthy, counts the poison, and a node's birth and
-  heartbeat after them are in the registry.
+  subscribes to, enrolment requests and renewals too (empty, invalid UTF-8, nested 100,000
+  deep, 200 KiB, wrong types, NUL, huge numbers) from a node's side: it stays healthy,
+  counts the poison, and a node's birth and heartbeat after them are in the registry.
 """
 
 from __future__ import annotations
@@ -29,14 +31,14 @@ from cloudsync.fleet.registry import Message, Registry
 from cloudsync.protocol.enrol import make_csr, new_key
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
-from cloudsync.protocol.topics import Topics
+from cloudsync.protocol.topics import Topics, enrol_request
 from tests.fleetservice import FleetService
 from tests.mosquitto import OPERATOR, Broker
 from tests.pki import issue
 from tests.postgres import fleet_store
 
 GOOD_CSR = make_csr(new_key(), "n")
-KINDS = ["status", "heartbeat", "events", "telemetry", "desired-models", "enrol"]  # fmt: skip
+KINDS = ["status", "heartbeat", "events", "telemetry", "desired-models", "enrol", "renew"]
 WATCHED = frozenset({"m"})
 texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=20) | st.sampled_from(
     ["\x00", "\ud800", "m", "online", "offline", "active", "a" * 70]
@@ -204,7 +206,7 @@ GARBAGE: list[bytes] = [
     Envelope("n", 1, {"models": [1, 2]}).encode(),
 ]  # fmt: skip
 LEAVES = {"status": "status", "heartbeat": "heartbeat", "events": "events",
-          "telemetry": "telemetry", "desired": "desired_models"}  # fmt: skip
+          "telemetry": "telemetry", "desired": "desired_models", "renew": "renew"}  # fmt: skip
 
 
 @pytest.fixture
@@ -226,6 +228,8 @@ def test_the_service_lives_on_garbage_from_the_nodes(tmp_path: Path, broker: Bro
             for attribute in LEAVES.values():
                 client.publish(getattr(topics, attribute), payload)
                 sent += 1
+            client.publish(enrol_request("f1", "a" * 32), payload)  # a new device's request
+            sent += 1
         now = int(time.time() * 1000)
         good = Topics("f1", "n1")
         client.publish(good.status, Envelope("n1", 1, {"state": "online"}, ts=now).encode(),
