@@ -86,6 +86,8 @@ def enrol(config: Config, node: str, stopping: threading.Event) -> bool:
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
     client.on_message = lambda c, u, message: answers.put(bytes(message.payload))
+    client.suppress_exceptions = True  # a callback's failure is logged; paho's thread goes on
+    client.enable_logger(logging.getLogger("cloudsync.paho"))
     client.connect_async(mq.host, mq.port, mq.keepalive_s, clean_start=True)
     client.loop_start()
     deadline = time.monotonic() + claim.timeout_s if claim.timeout_s else None
