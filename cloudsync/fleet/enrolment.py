@@ -29,7 +29,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from cloudsync.fleet.store import Store, Tx
 from cloudsync.protocol import envelope
-from cloudsync.protocol.enrol import Answer, EnrolError, check_csr
+from cloudsync.protocol.enrol import Answer, EnrolError, check_csr, public_der
 from cloudsync.protocol.topics import TopicError, check_name, enrol_answer
 from edged.atomic import write_atomic
 
@@ -46,7 +46,7 @@ class Issuer:
         if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey,
                                 ed25519.Ed25519PrivateKey)):  # fmt: skip
             raise OSError(f"{key_file}: not an EC, RSA or Ed25519 private key")
-        if public(key.public_key()) != public(self.cert.public_key()):
+        if public_der(key.public_key()) != public_der(self.cert.public_key()):
             raise OSError(f"{key_file} is not the key of {cert_file}")
         self.key, self.days = key, days
         self.ca_pem = self.cert.public_bytes(serialization.Encoding.PEM).decode()
@@ -71,11 +71,6 @@ class Issuer:
         )
         algorithm = None if isinstance(self.key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
         return builder.sign(self.key, algorithm)
-
-
-def public(key: Any) -> bytes:
-    return bytes(key.public_bytes(serialization.Encoding.DER,
-                                  serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
 
 
 def token_hash(token: str) -> str:

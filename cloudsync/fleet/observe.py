@@ -49,13 +49,15 @@ MAX_NODE_COUNTERS = 2000  # a node's counters (its series from telemetry) at mos
 BUCKETS = 5040  # of nodes, for shards of the series (divisible by every count up to 10, 12...)
 
 
-def _text(value: Any, limit: int = 500) -> str:
+def text(value: Any, limit: int = 500) -> str:
+    """A sender's text as a column keeps it: escaped (lone surrogates, NUL, which PostgreSQL's
+    text cannot hold) and capped."""
     return envelope.printable(str(value), limit).replace("\x00", "\\x00")
 
 
 def _count(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
-        raise ValueError(f"{what}: a count, not {_text(value, 40)}")
+        raise ValueError(f"{what}: a count, not {text(value, 40)}")
     return value
 
 
@@ -118,15 +120,15 @@ def alert_of(body: Mapping[str, Any]) -> Alert | None:
     labels = {}
     for key, value in _mapping(body.get("labels") or {}, "events.labels", MAX_LABELS).items():
         if not LABEL_NAME.match(key) or key in ("alertname", "instance", "fleet", "severity"):
-            raise ValueError(f"events.labels: {_text(key, 64)!r} is not a label of its own")
-        labels[key] = _text(value, 128)
-    annotations = {k: _text(body[k], 2000) for k in ("summary", "description") if k in body}
+            raise ValueError(f"events.labels: {text(key, 64)!r} is not a label of its own")
+        labels[key] = text(value, 128)
+    annotations = {k: text(body[k], 2000) for k in ("summary", "description") if k in body}
     if isinstance(body.get("value"), (int, float)) and not isinstance(body["value"], bool):
         annotations["value"] = f"{float(body['value']):.6g}"
     return Alert(
         name,
         state,
-        _text(body.get("severity") or "warning", 32),
+        text(body.get("severity") or "warning", 32),
         labels,
         annotations,
         _count(body.get("active_since_ms"), "events.active_since_ms"),
@@ -144,13 +146,13 @@ def level_of(body: Mapping[str, Any], alert: Alert | None) -> str:
 
 def message_of(body: Mapping[str, Any], alert: Alert | None) -> str:
     if alert is not None:
-        return _text(f"{alert.name} {alert.state}: {alert.annotations.get('summary', '')}", 2000)
+        return text(f"{alert.name} {alert.state}: {alert.annotations.get('summary', '')}", 2000)
     if isinstance(body.get("message"), str):
-        return _text(body["message"], 2000)
+        return text(body["message"], 2000)
     step = body.get("delivery")
     if isinstance(step, dict):
-        return _text(f"{step.get('model')} v{step.get('version')}: {step.get('step')}", 2000)
-    return _text(dumps(body), 500)
+        return text(f"{step.get('model')} v{step.get('version')}: {step.get('step')}", 2000)
+    return text(dumps(body), 500)
 
 
 def keep_event(tx: Tx, node: str, env: envelope.Envelope, arrived_ms: int) -> Event | None:
@@ -161,8 +163,8 @@ def keep_event(tx: Tx, node: str, env: envelope.Envelope, arrived_ms: int) -> Ev
     priority = priority if priority in ("alert", "event") else "event"
     kept = dumps(body)
     if len(kept) > MAX_EVENT_BODY:
-        kept = dumps({"truncated": sorted(_text(k, 64) for k in body)[:64]})
-    event = Event(node, _text(env.id, 64), env.ts, arrived_ms, env.seq, priority,
+        kept = dumps({"truncated": sorted(text(k, 64) for k in body)[:64]})
+    event = Event(node, text(env.id, 64), env.ts, arrived_ms, env.seq, priority,
                   level_of(body, alert), message_of(body, alert), json.loads(kept))  # fmt: skip
     made = tx.execute(
         "INSERT INTO events (node, id, ts, arrived, priority, level, message, body)"
@@ -195,7 +197,7 @@ def count_telemetry(tx: Tx, node: str, env: envelope.Envelope, arrived_ms: int) 
     rows = counter_rows(metrics)
     made = tx.execute(
         "INSERT INTO records (node, id, arrived) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-        (node, _text(env.id, 64), arrived_ms),
+        (node, text(env.id, 64), arrived_ms),
     )
     if made.rowcount != 1 or not rows:
         return 0
@@ -231,14 +233,14 @@ def counter_rows(metrics: Mapping[str, Any]) -> dict[tuple[str, str], float]:
         raise ValueError(f"telemetry.models: a list of at most {MAX_ROWS}")
     for row in models:
         row = _mapping(row, "telemetry.models[]")
-        version = {"model": _text(row.get("model"), 128), "version": _text(row.get("version"), 32)}
+        version = {"model": text(row.get("model"), 128), "version": text(row.get("version"), 32)}
         for outcome, n in _mapping(row.get("outcomes") or {}, "telemetry.outcomes").items():
-            add("edged_inference_requests_total", {**version, "outcome": _text(outcome, 32)},
+            add("edged_inference_requests_total", {**version, "outcome": text(outcome, 32)},
                 _count(n, "telemetry.outcomes"))  # fmt: skip
         buckets = _mapping(row.get("buckets") or {}, "telemetry.buckets")
         for le, n in buckets.items():
             if le != "+Inf" and not math.isfinite(_le(le)):
-                raise ValueError(f"telemetry.buckets: {_text(le, 40)} is not a bound")
+                raise ValueError(f"telemetry.buckets: {text(le, 40)} is not a bound")
             add("edged_inference_request_duration_seconds_bucket", {**version, "le": le},
                 _count(n, "telemetry.buckets"))  # fmt: skip
         if buckets:
@@ -255,7 +257,7 @@ def counter_rows(metrics: Mapping[str, Any]) -> dict[tuple[str, str], float]:
     for model, routes in _mapping(metrics.get("routes") or {}, "telemetry.routes").items():
         for route, n in _mapping(routes, "telemetry.routes[]").items():
             add("edged_route_decisions_total",
-                {"model": _text(model, 128), "route": _text(route, 32)},
+                {"model": text(model, 128), "route": text(route, 32)},
                 _count(n, "telemetry.routes"))  # fmt: skip
     for model, arms in _mapping(metrics.get("cloud") or {}, "telemetry.cloud").items():
         for arm, figures in _mapping(arms, "telemetry.cloud[]").items():
@@ -266,8 +268,8 @@ def counter_rows(metrics: Mapping[str, Any]) -> dict[tuple[str, str], float]:
                 errors = _count(figures.get("errors", 0), "telemetry.cloud.errors")
                 outcomes = {"error": errors, "success": max(0, requests - errors)}
             for outcome, n in _mapping(outcomes, "telemetry.cloud.outcomes").items():
-                labels = {"model": _text(model, 128), "cloud_model": _text(arm, 128),
-                          "outcome": _text(outcome, 32)}  # fmt: skip
+                labels = {"model": text(model, 128), "cloud_model": text(arm, 128),
+                          "outcome": text(outcome, 32)}  # fmt: skip
                 add("edged_cloud_requests_total", labels, _count(n, "telemetry.cloud"))
     return rows
 
@@ -336,7 +338,7 @@ class EventLog:
             fields["event.action"] = str(event.body.get("state") or "raised")
         step = event.body.get("delivery")
         if isinstance(step, dict):
-            fields["event.action"] = f"delivery {_text(step.get('step'), 32)}"
+            fields["event.action"] = f"delivery {text(step.get('step'), 32)}"
         for key, value in fields.items():
             setattr(record, key, value)
         self.logger.handle(record)

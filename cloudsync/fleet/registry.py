@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from cloudsync.fleet.enrolment import Decision, Enrolments
-from cloudsync.fleet.observe import Event, count_telemetry, keep_event
+from cloudsync.fleet.observe import Event, count_telemetry, keep_event, text
 from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.envelope import EnvelopeError
@@ -80,12 +80,6 @@ class Ingested:
         self.counters += other.counters
         for kind, n in other.counted.items():
             self.counted[kind] = self.counted.get(kind, 0) + n
-
-
-def text(value: Any, limit: int = 500) -> str:
-    """A sender's text as a column keeps it: escaped (lone surrogates, NUL, which PostgreSQL's
-    text cannot hold) and capped."""
-    return envelope.printable(str(value), limit).replace("\x00", "\\x00")
 
 
 def count(value: Any) -> int:
