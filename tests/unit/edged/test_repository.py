@@ -250,10 +250,15 @@ def test_a_caller_that_gives_up_does_not_cancel_the_wake_for_the_others(tmp_path
         await manager.load_all()
         await unload_when_idle(manager)
         _, mv = manager.resolve("double", None)
-        with pytest.raises(asyncio.TimeoutError):  # a deadline shorter than the load
-            await asyncio.wait_for(run(manager, "double"), 0.001)
-        if mv.wake is not None:  # the load goes on without its caller
-            await asyncio.wait_for(asyncio.shield(mv.wake), 10)
+        caller = asyncio.create_task(run(manager, "double"))
+        await asyncio.sleep(0)  # the caller runs to its first wait: it starts the wake...
+        wake = mv.wake
+        assert wake is not None and not wake.done()
+        caller.cancel()  # ...and gives up before it ends (a deadline shorter than the load)
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert not wake.cancelled()  # the load goes on without its caller
+        await asyncio.wait_for(asyncio.shield(wake), 10)
         assert (
             not mv.asleep
             and manager.metrics.registry.get_sample_value(
