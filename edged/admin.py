@@ -11,7 +11,8 @@ that the operator's file stays theirs and a package upgrade never sees it change
   is refused with the key it names and the policy in force stays. A reload re-reads the file and
   lays the overrides over it again.
 - **Model versions**: install a staged version (checked, moved in, smoke-tested, then serving:
-  ``edged.models.install``), activate one on disk, roll back to the one before. The active
+  ``edged.models.install``; a model new to the repository comes with its config.pbtxt),
+  activate one on disk, roll back to the one before, remove a model. The active
   version of each model is kept, so a restart serves it (never a version that was staged and not
   yet activated), with the versions activated before it.
 - **Cloud A/B**: a share of a model's cloud calls go to a second version on the cloud server
@@ -25,6 +26,7 @@ that the operator's file stays theirs and a package upgrade never sees it change
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -244,18 +246,23 @@ class Admin:
 
     async def install(self, name: str, doc: Any) -> dict[str, Any]:
         """POST /v1/admin/models/{m}/install {"version", "source", "files", "smoke"}: from a
-        directory in the staging directory only (``edged.models.install``)."""
+        directory in the staging directory only (``edged.models.install``). A model the
+        repository does not have is new: its version carries its config.pbtxt."""
         version = self._version(doc)
         assert version is not None and isinstance(doc, dict)
-        entry = self._entry(name)
+        files = doc.get("files")
+        if not self.ready():
+            raise Unavailable("edged is still loading its models")
+        new = None
+        if name not in self.manager.entries:
+            new = install.new_model_directory(self.manager.repository, name, files)
         source = install.staged_source(self.staging, doc.get("source"))
         started = time.monotonic()
-        current = self._pin_current(name)
+        current = None if new else self._pin_current(name)
         if version == current:
             raise InvalidRequest(f"version {version} of '{name}' is the active one")
-        target = entry.directory / str(version)
+        target = (new or self._entry(name).directory) / str(version)
         # reading and hashing gigabytes: in a thread, the loop goes on serving
-        files = doc.get("files")
         try:
             await asyncio.to_thread(install.stage, self.staging, str(source), files, target)
         except ConfigError as exc:  # the staging directory itself is not edged's
@@ -264,13 +271,18 @@ class Admin:
 
         async def check(v: int) -> None:
             await install.smoke_test(self.manager, name, v, cases)
+            if new is not None:  # it passed: the repository finds it from now on
+                await asyncio.to_thread(install.publish_config, new, v)
 
         try:
-            before = await self.manager.activate(name, version, check)
+            before = await self.manager.activate(name, version, check, new)
         except Exception:
             # a bad version leaves nothing behind (only what this install moved in goes, and
             # through the staging directory)
             await asyncio.to_thread(install.discard, self.staging, target)
+            if new is not None:
+                with contextlib.suppress(OSError):  # a new model's directory, now empty
+                    new.rmdir()
             raise
         install.done(self.staging, target)
         self._activated(name, version, before)
@@ -305,6 +317,23 @@ class Admin:
         self._activated(name, version, before)
         log.warning("model %s: version %d active again (was %s)", name, version, before)
         return {**self.versions(name), "previous": before}
+
+    async def remove(self, name: str) -> dict[str, Any]:
+        """DELETE /v1/admin/models/{m}: the model stops serving (its requests in flight
+        finish), its directory goes, and a tombstone beside it keeps the package from seeding it
+        again. Refused (409) while a pipeline that serves calls it."""
+        entry = self._entry(name)
+        on_disk = self.versions(name)["on_disk"]
+        history = {m: v for m, v in self.history.items() if m != name}
+        self._save(models=history)  # a restart does not pin a model that is gone
+        try:
+            await self.manager.remove(name)
+        except EdgedError:
+            self._save()
+            raise
+        self.history = history
+        await asyncio.to_thread(install.remove_model, self.staging, entry.directory)
+        return {"model": name, "removed": on_disk}
 
     def _pruned(self, name: str) -> dict[str, Any]:
         entry = self._entry(name)

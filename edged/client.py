@@ -188,6 +188,11 @@ class Client:
         doc = {"version": version, "source": source, "files": files, "smoke": smoke or []}
         return dict(self.call("POST", f"/v1/admin/models/{model}/install", doc))
 
+    def remove_model(self, model: str) -> dict[str, Any]:
+        """Remove a model: it stops serving and its directory goes (409 while a pipeline calls
+        it)."""
+        return dict(self.call("DELETE", f"/v1/admin/models/{model}"))
+
     def activate(self, model: str, version: int | None = None) -> dict[str, Any]:
         """Make a version on disk the active one (None: the one before: a rollback)."""
         doc = {} if version is None else {"version": version}

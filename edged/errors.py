@@ -33,6 +33,12 @@ class NotFound(EdgedError):
     status = 404
 
 
+class Conflict(EdgedError):
+    """The request cannot be done in the state things are in (another part depends on it)."""
+
+    status = 409
+
+
 class RequestTimeout(EdgedError):
     """The request did not arrive in time (a body sent too slowly)."""
 

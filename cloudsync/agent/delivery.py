@@ -23,10 +23,15 @@ For each entry the delivery thread, in order, reporting each step as an event:
    is the file renamed to its name. The free space is checked before it starts;
 3. asks edged to **install** it (``POST /v1/admin/models/{m}/install``): edged checks the files
    again, moves the directory in, smoke-tests the version and switches to it, or keeps the old
-   one serving and says why;
+   one serving and says why. A ``config.pbtxt`` among the files is the version's own
+   configuration; a model edged does not have is new, and its version must carry one;
 4. **watches its health** for ``health_window_s``: when its error rate (edged's metrics since
    the switch) is over ``max_error_rate`` with at least ``health_min_requests`` calls, it asks
    edged to roll back to the version before, and reports it.
+
+A removal (``"remove": true`` in the manifest, no files) asks edged to remove the model
+(``DELETE /v1/admin/models/{m}``) and reports ``removed``; its version becomes the floor, so
+that no older manifest installs the model again; a newer version on the node refuses it.
 
 Nothing here blocks the MQTT thread: a new desired state replaces the one waiting.
 
@@ -204,17 +209,28 @@ class Delivery:
             self.report("refused", manifest, why=why + " is edged's highest version)")
             return False  # asked again after retry_s: a repaired file is taken then
         stored = int(state.get("floor", 0))
-        if state.get("failed") == manifest.version:
+        if state.get("failed") == manifest.version and not manifest.remove:
             return True  # reported when it failed; a new version is needed
         try:
             versions = self.edged(self.quick).model_versions(manifest.model)
         except ClientError as exc:
-            if exc.status == 404:  # edged serves and has no such model
-                why = f"edged has no model '{manifest.model}' (a new model needs its directory"
-                self.report("refused", manifest, why=why + " and config.pbtxt first)")
-                return True
-            log.warning("delivery: edged cannot say %s's versions yet: %s", manifest.model, exc)
-            return min(EDGED_RETRY_S, self.config.retry_s)
+            if exc.status != 404:
+                log.warning("delivery: edged cannot say %s's versions yet: %s", manifest.model,
+                            exc)  # fmt: skip
+                return min(EDGED_RETRY_S, self.config.retry_s)
+            versions = {}  # edged serves and has no such model: a new one, or one removed
+        # the floor: what was accepted here, and what edged has (the state file may be new)
+        floor = max([stored, *_versions(versions)])
+        if manifest.remove:
+            return self.remove(manifest, versions, stored, floor)
+        if manifest.version <= int(state.get("removed", 0)):
+            why = f"the model was removed at version {state['removed']}: a version above it"
+            self.report("refused", manifest, why=why + " installs it again")
+            return True
+        if not versions and not manifest.configured:
+            why = f"edged has no model '{manifest.model}': a new model's version carries its"
+            self.report("refused", manifest, why=why + " config.pbtxt among its files")
+            return True
         active = versions.get("active")
         if active == manifest.version or (
             active is None and [manifest.version] == versions.get("serving")
@@ -222,14 +238,8 @@ class Delivery:
             if stored < manifest.version:
                 self.report("active", manifest, {"floor": manifest.version})
             return True  # (a desired version below the floor that is active: a rollback's)
-        # the floor: what was accepted here, and what edged has (the state file may be new)
-        floor = max([stored, *_versions(versions)])
         if manifest.version < floor:
-            why = (
-                f"version {manifest.version} is below {floor}, already accepted or installed"
-                " here (rollback)"
-            )
-            self.report("refused", manifest, why=why)
+            self.report("refused", manifest, why=_below(manifest, floor))
             return True
         try:  # before anything is written: a URL that is refused is refused as a whole
             self.check_urls(manifest, entry["urls"])
@@ -257,6 +267,28 @@ class Delivery:
             self.report("superseded", manifest)
             return True
         return self.install(manifest, staged)
+
+    def remove(self, manifest: Manifest, versions: dict[str, Any], stored: int, floor: int) -> bool:
+        """A removal: refused where a newer version is (the floor), else the model goes from
+        edged and the floor is the removal's version (nothing up to it installs again)."""
+        if manifest.version < floor:
+            self.report("refused", manifest, why=_below(manifest, floor))
+            return True
+        removed: list[int] = []
+        if versions:
+            try:
+                removed = self.edged(self.config.install_timeout_s).remove_model(manifest.model)[
+                    "removed"
+                ]
+            except ClientError as exc:
+                if exc.status != 404:  # edged away, or a pipeline calls it (409): again later
+                    self.report("failed", manifest, stage="remove", why=exc.message)
+                    return False  # (the pipeline's removal may come later in the same state)
+        elif stored >= manifest.version:
+            return True  # removed before (or never here): reported then
+        state = {"floor": manifest.version, "removed": manifest.version}
+        self.report("removed", manifest, state, versions=removed)
+        return True
 
     def rolled_back(self, model: str, version: int, by: str) -> None:
         """An operator's rollback: this version is not installed again from the same state."""
@@ -388,6 +420,13 @@ class Delivery:
             state = {"failed": manifest.version}
             self.report("rolled-back", manifest, state, why=why, active=back.get("active"))
             return
+
+
+def _below(manifest: Manifest, floor: int) -> str:
+    return (
+        f"version {manifest.version} is below {floor}, already accepted or installed here"
+        " (rollback)"
+    )
 
 
 def _on_disk(path: Path) -> int:

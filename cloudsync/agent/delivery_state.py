@@ -25,9 +25,10 @@ class StateError(Exception):
 
 
 class DeliveryState:
-    """Per model ``{"floor": V, "failed": V}``: the highest version accepted here (no version
-    below it is installed) and the last version that failed or was rolled back (not installed
-    again from the same desired state). A JSON file of its own, written whole and fsynced
+    """Per model ``{"floor": V, "failed": V, "removed": V}``: the highest version accepted here
+    (no version below it is installed), the last version that failed or was rolled back (not
+    installed again from the same desired state), and the version of the model's last removal
+    (no version up to it is installed). A JSON file of its own, written whole and fsynced
     (``write_atomic``) before the event that reports it; a floor never goes down. Created from
     an older cloudsync's outbox state keys when it does not exist yet."""
 
@@ -41,9 +42,9 @@ class DeliveryState:
         return dict(self._load().get(model, {}))
 
     def set(self, model: str, state: dict[str, int]) -> None:
-        """The keys of the model's state that change (``floor``, ``failed``), merged into what
-        is on disk under the lock (the delivery thread and a command's rollback both write),
-        on disk before this returns; the floor only goes up."""
+        """The keys of the model's state that change (``floor``, ``failed``, ``removed``),
+        merged into what is on disk under the lock (the delivery thread and a command's
+        rollback both write), on disk before this returns; the floor only goes up."""
         with self.lock:
             doc = self._load()
             merged = {**doc.get(model, {}), **state}
@@ -94,6 +95,6 @@ def _state_doc(doc: Any) -> bool:
 
     return isinstance(doc, dict) and all(
         isinstance(state, dict)
-        and all(version(state[k]) for k in ("floor", "failed") if k in state)
+        and all(version(state[k]) for k in ("floor", "failed", "removed") if k in state)
         for state in doc.values()
     )

@@ -231,7 +231,14 @@ def cmd_manifest(args: argparse.Namespace) -> tuple[Any, str]:
     if args.nodes:
         targets["nodes"] = args.nodes
     smoke = json.loads(Path(args.smoke).read_text()) if args.smoke else []
-    signed = manifest.make(args.model, args.version, files, args.lifetime, targets, smoke)
+    if bool(files) == args.remove:
+        raise Failure("manifest: --file for each file of a version, or --remove", EXIT_USAGE)
+    try:
+        signed = manifest.make(
+            args.model, args.version, files, args.lifetime, targets, smoke, args.remove
+        )
+    except manifest.ManifestError as exc:
+        raise Failure(f"manifest: {exc}", EXIT_USAGE) from None
     keys = {}
     for item in args.sign:
         kid, _, path = item.partition("=")
@@ -240,7 +247,8 @@ def cmd_manifest(args: argparse.Namespace) -> tuple[Any, str]:
     text = json.dumps(doc, indent=1)
     if args.out:
         Path(args.out).write_text(text)
-        return doc, f"{args.out}: {args.model} version {args.version}, {len(files)} files"
+        what = "removal" if args.remove else f"{len(files)} files"
+        return doc, f"{args.out}: {args.model} version {args.version}, {what}"
     return doc, text
 
 
@@ -277,6 +285,9 @@ def cmd_rollout(args: argparse.Namespace) -> tuple[Any, str]:
 
 def rollout_create(args: argparse.Namespace, client: SyncClient) -> tuple[Any, str]:
     doc = json.loads(Path(args.manifest).read_text())
+    signed = doc.get("signed") if isinstance(doc, dict) else None
+    if isinstance(signed, dict) and signed.get("remove"):
+        raise Failure("a removal is deployed (deploy create), not rolled out", EXIT_USAGE)
     controller = rollout.Controller(client, args.cert_name, load_key(args.sign_key), args.kid)
     stages = [float(s) / 100 for s in args.stages.split(",")]
     gates = rollout.Gates(args.max_failure, args.max_p95_increase, args.max_fallback,
@@ -408,10 +419,18 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--lifetime", type=float, default=300.0, help="seconds it stays valid")
     cmd.set_defaults(fn=cmd_cmd)
 
-    made = sub.add_parser("manifest", help="a signed manifest of a model version's files")
+    made = sub.add_parser(
+        "manifest",
+        help="a signed manifest of a model version's files, or of a model's removal",
+        description="A config.pbtxt among the files is the version's own configuration (a"
+        " model new to a node needs one; a rollback takes the one before's back). --remove:"
+        " the model is removed from the nodes, and no version up to --version installs there"
+        " afterwards.",
+    )
     made.add_argument("--model", required=True)
     made.add_argument("--version", type=int, required=True, help="above every earlier one")
-    made.add_argument("--file", action="append", required=True, help="a file of the version")
+    made.add_argument("--file", action="append", default=[], help="a file of the version")
+    made.add_argument("--remove", action="store_true", help="remove the model (no --file)")
     made.add_argument("--sign", action="append", required=True, help="KID=KEYFILE (repeat"
                       " for a threshold of keys)")  # fmt: skip
     made.add_argument("--lifetime", type=float, default=7 * 24 * 3600.0, help="seconds valid")

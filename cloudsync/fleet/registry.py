@@ -39,8 +39,8 @@ from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.labels import LabelError, check_labels, selects
-from cloudsync.protocol.manifest import MODEL_NAME
 from cloudsync.protocol.telemetry import FAILED_OUTCOMES
+from edged.models.names import is_model_name
 
 log = logging.getLogger("edgefleet.registry")
 MAX_PAGE = 1000
@@ -230,7 +230,7 @@ class Registry:
         if not isinstance(step, dict):
             return 0  # not a delivery step
         model, version = step.get("model"), step.get("version")
-        if not isinstance(model, str) or not MODEL_NAME.match(model):
+        if not is_model_name(model):
             raise ValueError("events.delivery.model: a model name")
         if isinstance(version, bool) or not isinstance(version, int) or not 0 < version < 2**53:
             raise ValueError("events.delivery.version: a positive integer")

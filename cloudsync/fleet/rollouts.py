@@ -122,6 +122,9 @@ def check(doc: Any, anchors: dict[str, Any] | None, now_ms: int) -> Rollout:
         raise Invalid("id: 1 to 64 letters, digits, _ or -, not first _")
     entry = {"manifest": doc.get("manifest"), "urls": doc.get("urls")}
     signed = check_entry(entry, anchors, now_ms)
+    if signed.remove:
+        raise Invalid("manifest.signed.remove: a removal is deployed (POST /v1/deployments),"
+                      " not rolled out: there is no version to watch in canaries")  # fmt: skip
     try:
         selector = check_labels(doc.get("selector", {}), "selector")
         window = doc.get("window")

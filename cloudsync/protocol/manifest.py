@@ -5,7 +5,12 @@ A manifest is ``{"signed": {...}, "signatures": [{"kid", "sig"}, ...]}``. ``sign
 - ``type`` ``"model"`` and ``spec`` 1;
 - ``model`` (a model name) and ``version`` (a positive integer: versions only go up);
 - ``files``: ``[{"path", "sha256", "length"}]``, paths relative to the version directory
-  (no ``..``, no absolute path, no hidden file), each file's exact length and digest;
+  (no ``..``, no absolute path, no hidden file), each file's exact length and digest. A
+  ``config.pbtxt`` among them is the version's own configuration (edged loads the version with
+  it, and a rollback goes back to the one before's); a model the node does not have needs one;
+- ``remove`` (optional, ``false`` when absent): ``true`` removes the model from the node, with
+  no files and no smoke cases; ``version`` is the version floor from then on (a removal is
+  refused where a newer version is installed, and no version up to it installs afterwards);
 - ``targets``: who takes it: ``fleet``, ``hardware`` (machine names such as ``aarch64``),
   ``nodes`` (names); an absent key matches every node;
 - ``smoke``: test cases ``[{"inputs": [OIP JSON inputs], "outputs": [{"name", "data",
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -36,12 +42,12 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from cloudsync.protocol.envelope import canonical, now_ms
 from edged.common.digest import sha256_of
+from edged.models.names import is_model_name
 
 SPEC = 1
 MAX_FILES = 64
 MAX_SIGNATURES = 16  # each is an Ed25519 verification: bounded
 MAX_FILE_BYTES = 8 << 30
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 FILE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -66,6 +72,12 @@ class Manifest:
     targets: dict[str, Any] = field(default_factory=dict)
     smoke: list[dict[str, Any]] = field(default_factory=list)
     kids: tuple[str, ...] = ()  # the anchors whose signatures verified and counted
+    remove: bool = False  # the model goes from the node (no files)
+
+    @property
+    def configured(self) -> bool:
+        """Whether the version carries its own config.pbtxt (a new model must)."""
+        return any(f.path == "config.pbtxt" for f in self.files)
 
     @property
     def size(self) -> int:
@@ -96,8 +108,10 @@ def make(
     lifetime_s: float = 7 * 24 * 3600.0,
     targets: dict[str, Any] | None = None,
     smoke: list[dict[str, Any]] | None = None,
+    remove: bool = False,
 ) -> dict[str, Any]:
-    """The ``signed`` part of a new manifest (checked as a node would check it)."""
+    """The ``signed`` part of a new manifest (checked as a node would check it); ``remove``: a
+    removal of the model (no ``files``)."""
     signed = {
         "type": "model",
         "spec": SPEC,
@@ -107,6 +121,7 @@ def make(
         "targets": targets or {},
         "smoke": smoke or [],
         "expires": now_ms() + int(1000 * lifetime_s),
+        **({"remove": True} if remove else {}),
     }
     parse_signed(signed)
     return signed
@@ -129,7 +144,7 @@ def _check_path(path: Any) -> str:
     if not parts or path.startswith("/") or str(PurePosixPath(*parts)) != path:
         raise ManifestError(f"file path '{path}' is not a plain relative path")
     for part in parts:
-        if not FILE_PART.match(part):
+        if not FILE_PART.fullmatch(part):
             raise ManifestError(
                 f"file path '{path}': '{part}' may hold only letters, digits, '_', '.', '+',"
                 " '-', and may not start with '.' or '-'"
@@ -144,19 +159,24 @@ def parse_signed(signed: Any) -> Manifest:
     if signed.get("type") != "model" or signed.get("spec") != SPEC:
         raise ManifestError(f"not a model manifest of spec {SPEC}")
     model, version = signed.get("model"), signed.get("version")
-    if not isinstance(model, str) or not MODEL_NAME.match(model):
+    if not isinstance(model, str) or not is_model_name(model):
         raise ManifestError("'model' must be a model name (letters, digits, '_', '.', '-')")
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**53:
         raise ManifestError("'version' must be a positive integer")
-    files = signed.get("files")
-    if not isinstance(files, list) or not 1 <= len(files) <= MAX_FILES:
+    remove, files = signed.get("remove", False), signed.get("files")
+    if not isinstance(remove, bool):
+        raise ManifestError("'remove' must be true or false")
+    if remove and (files != [] or signed.get("smoke", []) != []):
+        raise ManifestError("a removal ('remove': true) has no files and no smoke cases")
+    if not remove and (not isinstance(files, list) or not 1 <= len(files) <= MAX_FILES):
         raise ManifestError(f"'files' must list 1 to {MAX_FILES} files")
+    assert isinstance(files, list)
     entries = []
     for row in files:
         if not isinstance(row, dict):
             raise ManifestError("each file must be {path, sha256, length}")
         path, digest, length = _check_path(row.get("path")), row.get("sha256"), row.get("length")
-        if not isinstance(digest, str) or not SHA256.match(digest):
+        if not isinstance(digest, str) or not SHA256.fullmatch(digest):
             raise ManifestError(f"file '{path}': 'sha256' must be 64 lowercase hex digits")
         if isinstance(length, bool) or not isinstance(length, int):
             raise ManifestError(f"file '{path}': 'length' must be an integer")
@@ -177,7 +197,7 @@ def parse_signed(signed: Any) -> Manifest:
         raise ManifestError("'smoke' must be a list of test cases")
     if isinstance(expires, bool) or not isinstance(expires, int):
         raise ManifestError("'expires' must be ms since the epoch")
-    return Manifest(model, version, tuple(entries), expires, targets, smoke)
+    return Manifest(model, version, tuple(entries), expires, targets, smoke, remove=remove)
 
 
 def verify(
@@ -231,7 +251,4 @@ def verify(
             f"expired {(now - manifest.expires) / 1000:.0f} s ago: a manifest replayed after its"
             " time (freeze)"
         )
-    return Manifest(
-        manifest.model, manifest.version, manifest.files, manifest.expires,
-        manifest.targets, manifest.smoke, tuple(good),
-    )  # fmt: skip
+    return dataclasses.replace(manifest, kids=tuple(good))

@@ -1,5 +1,5 @@
 """``edgectl models``: list, show, load and unload models; their versions, activate one, roll
-back to the one before."""
+back to the one before; remove one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from edged.edgectl.base import format_table
 
 def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     """The model repository: one action on it (list, show, load, unload, versions, activate,
-    rollback)."""
+    rollback, remove)."""
     if args.action == "list":
         index = client.repository_index()
         rows = [[m["name"], m.get("version", "-"), m["state"], m.get("reason", "")] for m in index]
@@ -39,6 +39,9 @@ def cmd_models(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         )
     if args.version is not None:
         raise UsageError(f"models {args.action} takes no version")
+    if args.action == "remove":
+        reply = client.remove_model(args.name)
+        return reply, f"removed {args.name} (versions {reply['removed'] or '-'} on disk)"
     if args.action == "load":
         client.load(args.name)
     else:

@@ -120,13 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser(
         "models",
-        help="list, show, load or unload models; their versions, activate one, roll back",
+        help="list, show, load or unload models; their versions, activate one, roll back, remove",
         description="versions: the active version, those activated before, those on disk;"
         " activate NAME VERSION: a version on disk serves (loaded, then switched to at once);"
-        " rollback NAME: the version active before serves again.",
+        " rollback NAME: the version active before serves again; remove NAME: it stops"
+        " serving and its directory goes (refused while a pipeline calls it).",
     )
     models.add_argument(
-        "action", choices=["list", "show", "load", "unload", "versions", "activate", "rollback"]
+        "action",
+        choices=["list", "show", "load", "unload", "versions", "activate", "rollback", "remove"],
     )
     models.add_argument("name", nargs="?", help="model name (all but list)")
     models.add_argument("version", nargs="?", type=int, help="activate: the version")

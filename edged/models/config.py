@@ -17,6 +17,8 @@ from tritonclient.grpc import model_config_pb2 as pb
 from edged.errors import ConfigError, InvalidRequest
 from edged.protocol.tensors import DATATYPES
 
+MAX_CONFIG_BYTES = 1 << 20
+
 # Triton's TYPE_* -> OIP datatype names.
 CONFIG_DATATYPES = {
     "TYPE_BOOL": "BOOL",
@@ -202,13 +204,20 @@ def _oip_name(numpy_name: str) -> str:
     return numpy_name
 
 
-def read_config(directory: Path) -> ModelConfig:
-    """Read and check ``<directory>/config.pbtxt``; the model's name is the directory's."""
+def read_config(directory: Path, name: str | None = None) -> ModelConfig:
+    """Read and check ``<directory>/config.pbtxt``; the model's name is ``name`` (default: the
+    directory's; a version's own config.pbtxt is in a directory named by the version)."""
     path = directory / "config.pbtxt"
+    name = name or directory.name
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:  # limits before allocation: a config is text of a few KiB
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path} is over {MAX_CONFIG_BYTES >> 10} KiB")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
     proto = pb.ModelConfig()
@@ -217,11 +226,9 @@ def read_config(directory: Path) -> ModelConfig:
     except text_format.ParseError as exc:
         raise ConfigError(f"{path}:{exc}") from None
     if not proto.name:
-        proto.name = directory.name
-    elif proto.name != directory.name:
-        raise ConfigError(
-            f"{path}: name '{proto.name}' differs from its directory '{directory.name}'"
-        )
+        proto.name = name
+    elif proto.name != name:
+        raise ConfigError(f"{path}: name '{proto.name}' differs from the model's, '{name}'")
     kinds = (
         proto.platform in (ONNX_PLATFORM, PLAN_PLATFORM),
         proto.backend in (ONNX_BACKEND, PIPELINE_BACKEND, PLAN_BACKEND),

@@ -31,11 +31,13 @@ from typing import Any
 import numpy as np
 
 from edged.errors import ConfigError, InvalidRequest
+from edged.models.names import is_model_name
 from edged.models.repository import VERSION, ModelManager
 from edged.protocol.tensors import decode_request
 
 SMOKE_ATOL = 1e-4
 CHUNK = 1 << 20
+CONFIG = "config.pbtxt"
 
 
 def regular_files(directory: Path) -> dict[str, os.stat_result]:
@@ -236,6 +238,63 @@ def _remove_through(staging: Path, directory: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
         return
     shutil.rmtree(trash, ignore_errors=True)
+
+
+# ---- models new to the repository, and removed from it --------------------------------------
+
+
+def new_model_directory(repository: Path, name: str, files: Any) -> Path:
+    """The directory for a model the repository does not have yet: ``name`` must be a model
+    name, and the version's ``files`` must hold its config.pbtxt (InvalidRequest otherwise).
+    A directory left by an install cut short (no config.pbtxt in it) is taken as it is."""
+    if not is_model_name(name):
+        raise InvalidRequest(
+            f"'{name[:80]}' is not a model name (1 to 64 letters, digits, '_', '.', '-', the"
+            " first a letter or digit)"
+        )
+    rows = files if isinstance(files, list) else []
+    if not any(isinstance(row, dict) and row.get("path") == CONFIG for row in rows):
+        raise InvalidRequest(
+            f"model '{name}' is new to this node: its version must carry its {CONFIG} among its"
+            " files"
+        )
+    directory = repository / name
+    if (directory / CONFIG).exists():
+        raise InvalidRequest(
+            f"model '{name}' is in the repository but not loaded: reload edged first"
+        )
+    directory.mkdir(exist_ok=True)
+    return directory
+
+
+def publish_config(directory: Path, version: int) -> None:
+    """A new model's own config.pbtxt, a copy of its first version's, written whole and renamed
+    in: from now on the repository finds the model (a restart serves it). Its tombstone goes."""
+    incoming = directory / f".{CONFIG}.incoming"
+    shutil.copyfile(directory / str(version) / CONFIG, incoming)
+    with incoming.open("rb") as f:
+        os.fsync(f.fileno())
+    os.rename(incoming, directory / CONFIG)
+    _fsync_directory(directory)
+    tombstone(directory).unlink(missing_ok=True)
+
+
+def tombstone(directory: Path) -> Path:
+    """Beside a removed model's directory: the package does not seed the model again."""
+    return directory.with_name(f".{directory.name}.removed")
+
+
+def remove_model(staging: Path, directory: Path) -> None:
+    """A removed model's directory goes (renamed into staging first: the repository never
+    holds half a model); its tombstone stays, so that a package upgrade does not bring it
+    back (``debian/edged.postinst`` looks for it)."""
+    ensure_staging(staging)
+    mark = tombstone(directory)
+    mark.write_text("removed by the fleet or an operator; delete this file to let the package"
+                    " seed the model again\n")  # fmt: skip
+    _fsync_directory(directory.parent)
+    if os.path.lexists(directory):
+        _remove_through(staging, directory)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edged.errors import EdgedError, ModelLoadError, NotFound, Unavailable
+from edged.errors import (
+    ConfigError,
+    Conflict,
+    EdgedError,
+    InvalidRequest,
+    ModelLoadError,
+    NotFound,
+    Unavailable,
+)
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig, read_config
 from edged.runtimes.base import Runtime, Tensors
@@ -239,8 +247,14 @@ class ModelManager:
         await self._retire(entry, [v for v in entry.versions if v not in wanted])
 
     async def _load_version(self, entry: ModelEntry, config: ModelConfig, version: int) -> None:
+        """Load ``version`` with ``config`` (the model's), or with the version's own config.pbtxt
+        when it has one (a configuration delivered with the version: edged's addition to
+        Triton's layout, so that a rollback goes back to the configuration too)."""
         version_dir = entry.directory / str(version)
-        signature = _signature(entry.directory / "config.pbtxt", version_dir)
+        own = (version_dir / "config.pbtxt").is_file()
+        signature = _signature(
+            (version_dir if own else entry.directory) / "config.pbtxt", version_dir
+        )
         current = entry.versions.get(version)
         if current and current.state is State.READY and current.signature == signature:
             return  # unchanged: keep serving it
@@ -249,6 +263,8 @@ class ModelManager:
         if current is None or current.state is not State.READY:
             entry.versions[version] = fresh  # shown as LOADING; a ready one serves meanwhile
         try:
+            if own:
+                config = fresh.config = read_config(version_dir, entry.name)
             settings = Settings.from_config(config, self.max_queue_size)
             runtime = self.factory(config, version_dir)
             self._admit(entry.name, version, signature)
@@ -299,39 +315,66 @@ class ModelManager:
                 await self._drain_and_unload(mv)
 
     async def activate(
-        self, name: str, version: int, check: Callable[[int], Awaitable[None]]
+        self,
+        name: str,
+        version: int,
+        check: Callable[[int], Awaitable[None]],
+        new: Path | None = None,
     ) -> int | None:
         """Load ``version`` beside the one serving, ``check`` it (a smoke test: raising fails
         it), then make it the one that serves in one assignment, and unload the others after
         their requests finish. Returns the version that served before (None: none did). On a
-        failure the version is unloaded and the one serving goes on."""
+        failure the version is unloaded and the one serving goes on.
+
+        ``new``: the directory of a model new to the repository, whose ``version`` carries its
+        config.pbtxt; the model exists from the switch on (its ``check`` writes the model's
+        config.pbtxt, which makes the repository find it again after a restart)."""
         async with self._lock:
-            entry = self.entry(name)
-            if entry.config is None:
-                raise Unavailable(f"model '{name}' cannot take a new version: {entry.error}")
-            before = self.pinned.get(name)
-            if before is None or before not in entry.ready_versions:
-                before = entry.ready_versions[-1] if entry.ready_versions else None
-            if before is not None:
-                self.pinned[name] = before  # requests stay there while the new one loads
-            await self._load_version(entry, entry.config, version)
-            fresh = entry.versions.get(version)
+            if new is not None:
+                if name in self.entries:
+                    raise InvalidRequest(f"model '{name}' is in the repository already")
+                try:
+                    config = read_config(new / str(version), name)
+                except ConfigError as exc:
+                    raise InvalidRequest(exc.message) from None
+                self.entries[name] = ModelEntry(name, new, config)
             try:
-                if fresh is None or fresh.state is not State.READY:
-                    raise ModelLoadError(
-                        f"model '{name}' version {version} failed to load: "
-                        f"{fresh.reason if fresh else 'not found'}"
-                    )
-                await check(version)
+                return await self._activate(name, version, check)
             except BaseException:
-                if version != before:
-                    await self._retire(entry, [version])
+                if new is not None:
+                    self.entries.pop(name, None)
+                    self.pinned.pop(name, None)
                 raise
-            self.pinned[name] = version  # the switch: requests from now on get this version
-            entry.error = ""
-            log.info("model %s: version %d active (was %s)", name, version, before)
-            await self._retire(entry, [v for v in entry.versions if v != version])
-            return before
+
+    async def _activate(
+        self, name: str, version: int, check: Callable[[int], Awaitable[None]]
+    ) -> int | None:
+        entry = self.entry(name)
+        if entry.config is None:
+            raise Unavailable(f"model '{name}' cannot take a new version: {entry.error}")
+        before = self.pinned.get(name)
+        if before is None or before not in entry.ready_versions:
+            before = entry.ready_versions[-1] if entry.ready_versions else None
+        if before is not None:
+            self.pinned[name] = before  # requests stay there while the new one loads
+        await self._load_version(entry, entry.config, version)
+        fresh = entry.versions.get(version)
+        try:
+            if fresh is None or fresh.state is not State.READY:
+                raise ModelLoadError(
+                    f"model '{name}' version {version} failed to load: "
+                    f"{fresh.reason if fresh else 'not found'}"
+                )
+            await check(version)
+        except BaseException:
+            if version != before:
+                await self._retire(entry, [version])
+            raise
+        self.pinned[name] = version  # the switch: requests from now on get this version
+        entry.error = ""
+        log.info("model %s: version %d active (was %s)", name, version, before)
+        await self._retire(entry, [v for v in entry.versions if v != version])
+        return before
 
     async def load(self, name: str) -> None:
         """Load or reload one model (Triton's repository load); raises if it does not serve."""
@@ -353,6 +396,24 @@ class ModelManager:
             await self._retire(entry, list(entry.versions))
             entry.error = "unloaded"
         log.info("model %s: unloaded", name)
+
+    async def remove(self, name: str) -> None:
+        """Unload every version of a model (after their requests finish) and forget it; its
+        directory is the caller's to remove. Conflict while a pipeline that serves calls it."""
+        async with self._lock:
+            entry = self.entry(name)
+            callers = sorted(
+                n for n, e in self.entries.items() if name in e.dependencies() and e.ready_versions
+            )
+            if callers:
+                raise Conflict(
+                    f"model '{name}' is called by {', '.join(callers)}: remove or change"
+                    f" {'that' if len(callers) == 1 else 'those'} first"
+                )
+            await self._retire(entry, list(entry.versions))
+            del self.entries[name]
+            self.pinned.pop(name, None)
+        log.warning("model %s: removed", name)
 
     async def sync(self, names: Iterable[str] | None = None) -> None:
         """Poll the repository (SIGHUP): load new or changed models (of ``names``, default all),

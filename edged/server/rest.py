@@ -218,6 +218,9 @@ def admin_routes(admin: Admin) -> list[web.RouteDef]:
         doc = await read_json(request)
         return await asyncio.shield(admin.install(request.match_info["model"], doc))
 
+    async def remove(request: web.Request) -> Any:
+        return await asyncio.shield(admin.remove(request.match_info["model"]))
+
     async def activate(request: web.Request) -> Any:
         return await admin.activate(request.match_info["model"], await body(request))
 
@@ -235,6 +238,7 @@ def admin_routes(admin: Admin) -> list[web.RouteDef]:
         web.post("/v1/admin/drain", handler(drain)),
         web.post("/v1/admin/resume", handler(resume)),
         web.get("/v1/admin/models/{model}", handler(versions)),
+        web.delete("/v1/admin/models/{model}", handler(remove)),
         web.post("/v1/admin/models/{model}/install", handler(install)),
         web.post("/v1/admin/models/{model}/activate", handler(activate)),
         web.post("/v1/admin/models/{model}/rollback", handler(rollback)),

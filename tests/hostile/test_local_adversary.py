@@ -89,6 +89,7 @@ ADMIN_CALLS: list[tuple[str, str, Any]] = [
     ("POST", "/v1/admin/drain", {"reason": "mine now", "timeout_s": 1}),
     ("POST", "/v1/admin/resume", None),
     ("GET", f"/v1/admin/models/{MODEL}", None),
+    ("DELETE", f"/v1/admin/models/{MODEL}", None),
     ("POST", f"/v1/admin/models/{MODEL}/install", {"version": 2, "source": "/tmp", "files": []}),
     ("POST", f"/v1/admin/models/{MODEL}/activate", {"version": 1}),
     ("POST", f"/v1/admin/models/{MODEL}/rollback", None),

@@ -27,10 +27,11 @@ from cloudsync.fleet.common import secure_link_url
 from cloudsync.protocol import envelope
 from cloudsync.protocol.manifest import file_entry, make, sign
 from cloudsync.protocol.mqtt import SyncClient
+from edged.client import ClientError
 from tests.conftest import Daemon, skip_or_fail, wait_for
 from tests.integration.cloudsync.test_cloudsync import NODE, Agent, bodies, operator
-from tests.integration.edged.test_model_install import answer, smoke
-from tests.modelfiles import add_model, scale_model
+from tests.integration.edged.test_model_install import answer, rows, smoke
+from tests.modelfiles import CONFIG, add_model, scale_model
 from tests.mosquitto import OPERATOR, Broker, make_pki
 from tests.nginx import SECRET, Cdn
 
@@ -69,6 +70,28 @@ class Fleet:
         urls = {"model.onnx": secure_link_url(self.cdn.base, uri, SECRET, 600)}
         return sign(signed, {"fleet-1": self.key}), urls, path
 
+    def configured(
+        self, model: str, version: int, factor: float, config: str, smoke_factor: float = 0.0
+    ) -> dict[str, Any]:
+        """A desired-state entry of a version that carries its own config.pbtxt (on the CDN)."""
+        entries, urls = [], {}
+        for name in ("model.onnx", "config.pbtxt"):
+            path = self.files / model / str(version) / name
+            if name == "model.onnx":
+                scale_model(path, factor)
+            else:
+                path.write_text(config)
+            uri = self.cdn.put(f"{model}/{version}/{name}", path.read_bytes())
+            urls[name] = secure_link_url(self.cdn.base, uri, SECRET, 600)
+            entries.append(file_entry(path))
+        signed = make(model, version, entries, 3600.0, {"fleet": "f1"},
+                      smoke(smoke_factor or factor))  # fmt: skip
+        return {"manifest": sign(signed, {"fleet-1": self.key}), "urls": urls}
+
+    def removal(self, model: str, version: int) -> dict[str, Any]:
+        signed = make(model, version, [], 3600.0, {"fleet": "f1"}, remove=True)
+        return {"manifest": sign(signed, {"fleet-1": self.key}), "urls": {}}
+
     def deliver(self, manifest: dict[str, Any], urls: dict[str, str]) -> None:
         self.deliver_body({"models": [{"manifest": manifest, "urls": urls}]})
 
@@ -84,10 +107,16 @@ class Fleet:
             if "delivery" in e.body
         ]
 
-    def wait_step(self, step: str, version: int | None, timeout: float = 30) -> dict[str, Any]:
+    def wait_step(
+        self, step: str, version: int | None, timeout: float = 30, model: str = MODEL
+    ) -> dict[str, Any]:
         return self._first(
-            f"delivery step {step} of version {version}",
-            lambda row: row["step"] == step and row.get("version") == version,
+            f"delivery step {step} of {model} version {version}",
+            lambda row: (
+                row["step"] == step
+                and row.get("version") == version
+                and row.get("model", model) == model
+            ),
             timeout,
         )
 
@@ -393,8 +422,64 @@ def test_a_delivery_waits_for_edged_to_start_and_refuses_a_model_edged_lacks(
     uri = fleet.cdn.put("other/1/model.onnx", path.read_bytes())
     other = sign(make("other", 1, [file_entry(path)]), {"fleet-1": fleet.key})
     fleet.deliver(other, {"model.onnx": secure_link_url(fleet.cdn.base, uri, SECRET, 600)})
-    refused = fleet.wait_step("refused", 1)
-    assert "edged has no model 'other'" in refused["why"]
+    refused = fleet.wait_step("refused", 1, model="other")
+    assert refused["why"] == (
+        "edged has no model 'other': a new model's version carries its config.pbtxt among its files"
+    )
+
+
+def test_a_new_model_a_new_config_and_a_removal_are_delivered_and_bad_ones_change_nothing(
+    fleet: Fleet,
+) -> None:
+    client = fleet.edged.client
+    one_row = (CONFIG % "").replace("max_batch_size: 4", "max_batch_size: 1")
+    fresh = fleet.configured("fresh", 1, 3.0, CONFIG % "")
+    broken = fleet.configured(MODEL, 2, 2.0, (CONFIG % "").replace("4", "-1"))
+    fleet.deliver_body({"models": [fresh, broken]})
+    # a model new to the node, with its config: installed, smoke-tested, serving
+    assert fleet.wait_step("active", 1, model="fresh")["previous"] is None
+    assert rows(client, "fresh", 2) == ("1", [3.0] * 4)
+    # a broken config: refused by edged, version 1 serves as it did
+    failed = fleet.wait_step("failed", 2)
+    assert failed["stage"] == "install" and failed["why"].endswith("max_batch_size must be >= 0"), (
+        failed
+    )
+    assert rows(client, MODEL, 4) == ("1", [1.0] * 8)
+    assert client.model_versions(MODEL)["on_disk"] == [1]
+
+    # a changed config for the model it has: in force with its version
+    fleet.deliver_body({"models": [fresh, fleet.configured(MODEL, 3, 3.0, one_row)]})
+    assert fleet.wait_step("active", 3)["previous"] == 1
+    assert rows(client, MODEL, 1) == ("3", [3.0, 3.0])
+    with pytest.raises(ClientError) as refused:
+        rows(client, MODEL, 2)
+    assert refused.value.status == 400
+
+    # a removal: the model goes; a removal older than what is installed does nothing
+    fleet.deliver_body({"models": [fleet.removal("fresh", 1), fleet.removal(MODEL, 2)]})
+    # (version 2 of the model failed to install: a removal of that version is a new request)
+    removed = fleet.wait_step("removed", 1, model="fresh")
+    assert removed["versions"] == [1]
+    stale = fleet.wait_step("refused", 2)
+    assert stale["why"] == "version 2 is below 3, already accepted or installed here (rollback)"
+    with pytest.raises(ClientError) as gone:
+        rows(client, "fresh", 1)
+    assert gone.value.status == 404
+    assert (fleet.edged.models / ".fresh.removed").is_file()
+    assert rows(client, MODEL, 1) == ("3", [3.0, 3.0])
+    # the old manifest again (replayed): refused, the model stays removed
+    seen = len(fleet.steps())
+    fleet.deliver_body({"models": [fresh]})
+    again = fleet.outcome(1, seen)
+    assert again["step"] == "refused" and again["model"] == "fresh", again
+    assert again["why"] == (
+        "the model was removed at version 1: a version above it installs it again"
+    )
+    assert not (fleet.edged.models / "fresh").exists()
+    # and a newer version brings it back
+    fleet.deliver_body({"models": [fleet.configured("fresh", 2, 4.0, CONFIG % "")]})
+    assert fleet.wait_step("active", 2, model="fresh")["previous"] is None
+    assert rows(client, "fresh", 1) == ("2", [4.0, 4.0])
 
 
 def test_a_rollback_is_refused_when_the_outbox_or_the_delivery_state_is_lost(

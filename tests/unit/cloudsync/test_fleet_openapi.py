@@ -26,6 +26,7 @@ from cloudsync.fleet.service import Service
 from cloudsync.protocol import manifest
 from cloudsync.protocol.labels import LABEL, MAX_LABELS
 from cloudsync.protocol.topics import NAME
+from edged.models.names import MODEL_NAME
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "fleet-api.json"
 METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
@@ -176,7 +177,7 @@ def test_the_documents_limits_are_the_codes() -> None:
     assert request["models"]["maxItems"] == MAX_MODELS
     signed = schemas["SignedManifest"]["properties"]
     assert signed["spec"]["const"] == manifest.SPEC
-    assert signed["model"]["pattern"] == manifest.MODEL_NAME.pattern
+    assert signed["model"]["pattern"] == MODEL_NAME.pattern
     assert signed["files"]["maxItems"] == manifest.MAX_FILES
     assert schemas["Manifest"]["properties"]["signatures"]["maxItems"] == manifest.MAX_SIGNATURES
     files = schemas["FileEntry"]["properties"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cloudsync.fleet.deployments import Deployments
+from cloudsync.fleet.deployments import Deployments, Invalid
 from cloudsync.fleet.registry import Message, Registry
 from cloudsync.fleet.rollouts import Rollouts, Stale, check, in_window, parse_window
 from cloudsync.fleet.store import Store
@@ -225,3 +225,9 @@ def test_telemetry_is_kept_while_a_soak_judges_it_and_an_hour_besides(tmp_path: 
     assert run.rollouts.prune() == 2  # the one two hours old (a row for the model, one for routes)
     left = run.store.query("SELECT ts FROM telemetry ORDER BY ts")
     assert {r["ts"] for r in left} == {NOW - 1_800_000, NOW}
+
+
+def test_a_removal_is_deployed_not_rolled_out() -> None:
+    removal = manifest.sign(manifest.make("m", 3, [], lifetime_s=1e9, remove=True), {"k": KEY})
+    with pytest.raises(Invalid, match=r"^manifest.signed.remove: a removal is deployed"):
+        check({"id": "r1", "manifest": removal, "urls": {}}, None, NOW)

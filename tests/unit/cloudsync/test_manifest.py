@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
+from cloudsync.fleet.cli import main as edgefleet
 from cloudsync.protocol.manifest import ManifestError, file_entry, make, sign, verify
 
 KEYS = {kid: Ed25519PrivateKey.generate() for kid in ("fleet-1", "fleet-2", "fleet-3")}
@@ -64,8 +67,9 @@ def test_an_expired_manifest_is_refused_as_a_freeze() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["../etc/passwd", "/abs/model.onnx", "a/../../b", ".hidden", "a//b", "", "sub/-x", "a\\b"],
-)
+    ["../etc/passwd", "/abs/model.onnx", "a/../../b", ".hidden", "a//b", "", "sub/-x", "a\\b",
+     "model.onnx\n"],
+)  # fmt: skip
 def test_file_paths_stay_inside_the_version_directory(path: str) -> None:
     with pytest.raises(ManifestError, match="path"):
         make("m", 1, [{"path": path, "sha256": "ab" * 32, "length": 1}])
@@ -84,6 +88,12 @@ def test_file_paths_stay_inside_the_version_directory(path: str) -> None:
         ({"targets": {"planet": "mars"}}, "targets"),
         ({"targets": {"nodes": "n1"}}, "targets.nodes"),
         ({"type": "software"}, "not a model manifest"),
+        ({"model": "m\n"}, "'model'"),
+        ({"files": [{**FILES[0], "sha256": "ab" * 32 + "\n"}]}, "sha256"),
+        ({"remove": 1}, "'remove' must be true or false"),
+        ({"remove": True}, "a removal .* has no files and no smoke cases"),
+        ({"remove": True, "files": [], "smoke": [{}]}, "no files and no smoke"),
+        ({"remove": False, "files": []}, "'files'"),
     ],
 )
 def test_malformed_manifests_name_what_is_wrong(changes: dict[str, Any], says: str) -> None:
@@ -113,3 +123,41 @@ def test_one_key_filed_under_two_kids_counts_once_toward_the_threshold() -> None
     assert verify(doc, anchors, threshold=1).kids == ("fleet-1",)
     two = sign(manifest(), {"fleet-1": key, "fleet-2": KEYS["fleet-2"]})
     assert verify(two, anchors, threshold=2).kids == ("fleet-1", "fleet-2")
+
+
+def test_a_removal_and_a_version_with_its_config_say_so() -> None:
+    removal = verify(sign(make("m", 3, [], remove=True), {"fleet-1": KEYS["fleet-1"]}), ANCHORS)
+    assert (removal.model, removal.version, removal.files, removal.remove) == ("m", 3, (), True)
+    assert "remove" not in make("m", 3, FILES)  # absent, not false: older nodes read it alike
+    plain = verify(sign(manifest(), {"fleet-1": KEYS["fleet-1"]}), ANCHORS)
+    assert not plain.remove and not plain.configured
+    config = {"path": "config.pbtxt", "sha256": "cd" * 32, "length": 10}
+    own = verify(sign(manifest(files=[*FILES, config]), {"fleet-1": KEYS["fleet-1"]}), ANCHORS)
+    assert own.configured and own.size == 1244
+    nested = {**config, "path": "sub/config.pbtxt"}  # only the version's top-level one counts
+    assert not verify(
+        sign(manifest(files=[nested]), {"fleet-1": KEYS["fleet-1"]}), ANCHORS
+    ).configured
+
+
+def test_edgefleet_signs_a_removal_and_refuses_what_a_node_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert edgefleet(["keygen", "--kid", "fleet-1", "--dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    key, out = f"fleet-1={tmp_path / 'fleet-1.key'}", tmp_path / "removal.json"
+    made = ["manifest", "--model", "old", "--version", "9", "--sign", key]
+    assert edgefleet([*made, "--remove", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"{out}: old version 9, removal"
+    public = load_pem_public_key((tmp_path / "fleet-1.pub").read_bytes())
+    assert isinstance(public, Ed25519PublicKey)
+    removal = verify(json.loads(out.read_text()), {"fleet-1": public})
+    assert (removal.model, removal.version, removal.remove, removal.files) == ("old", 9, True, ())
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    for argv, says in (
+        ([*made], "--file for each file of a version, or --remove"),
+        ([*made, "--remove", "--file", str(tmp_path / "model.onnx")], "or --remove"),
+        (["manifest", "--model", "a/b", "--version", "1", "--remove", "--sign", key], "'model'"),
+    ):
+        assert edgefleet(argv) == 2, argv
+        assert says in capsys.readouterr().err, argv

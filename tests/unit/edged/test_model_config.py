@@ -43,7 +43,7 @@ def test_syntax_error_points_at_the_line(tmp_path: Path) -> None:
 
 
 def test_name_must_match_directory(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="differs from its directory"):
+    with pytest.raises(ConfigError, match="differs from the model"):
         read_config(write(tmp_path, CONFIG % "", name="other"))
 
 

@@ -1,0 +1,14 @@
+"""What a model may be called: a directory of the repository, a path segment of every API, a
+name in signed manifests (one definition for edged, cloudsync and the fleet service)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# matched whole (``fullmatch``): "$" alone would let a trailing newline through
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def is_model_name(value: Any) -> bool:
+    return isinstance(value, str) and MODEL_NAME.fullmatch(value) is not None
