@@ -52,7 +52,7 @@ import shutil
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ from cloudsync.agent.outbox import Item, Outbox
 from cloudsync.protocol import telemetry
 from cloudsync.protocol.envelope import printable
 from cloudsync.protocol.manifest import Manifest, ManifestError, verify
+from cloudsync.protocol.trust import refuse_revoked
 from edged.client import Client, ClientError
 from edged.common.backoff import backoff_delay
 
@@ -85,8 +86,14 @@ class Delivery:
         outbox: Outbox,
         edged: Callable[[float], Client],
         edged_timeout_s: float = 2.0,
+        threshold: Callable[[], int] | None = None,
+        revoked: Callable[[], Collection[str]] = frozenset,
     ) -> None:
+        """``threshold``: the signatures a manifest needs (default: ``config.threshold``);
+        ``revoked``: certificate fingerprints whose download servers are refused."""
         self.config = config
+        self.threshold = threshold or (lambda: config.threshold)
+        self.revoked = revoked
         self.fleet, self.node = fleet, node
         self.anchors = anchors
         self.outbox = outbox
@@ -106,7 +113,7 @@ class Delivery:
             cafile=str(self.config.ca_file) if self.config.ca_file else None
         )
         context.minimum_version = ssl.TLSVersion.TLSv1_3  # as every other link of the device
-        return context
+        return refuse_revoked(context, self.revoked)
 
     # ---- the thread ------------------------------------------------------------------------
 
@@ -192,7 +199,7 @@ class Delivery:
         try:
             if not isinstance(entry, dict) or not isinstance(entry.get("urls"), dict):
                 raise ManifestError('each entry is {"manifest": {...}, "urls": {...}}')
-            manifest = verify(entry.get("manifest"), self.anchors(), self.config.threshold)
+            manifest = verify(entry.get("manifest"), self.anchors(), self.threshold())
         except ManifestError as exc:
             self.report("refused", why=str(exc))
             return True

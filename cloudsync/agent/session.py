@@ -59,6 +59,7 @@ from cloudsync.protocol.envelope import (
 )
 from cloudsync.protocol.mqtt import tls_context
 from cloudsync.protocol.topics import TopicError, Topics, check_name, parse
+from cloudsync.protocol.trust import TRUST_FILE, Trust, TrustError, TrustState, refuse_revoked
 from edged.client import Client
 from edged.common.backoff import backoff_delay
 from edged.events import EventLog
@@ -108,12 +109,20 @@ class Agent:
         self.connecting_since: float | None = None  # a socket is open, no CONNACK yet
         self.next_heartbeat = 0.0
         self.heartbeats = 0
+        provisioned = Trust(
+            0,
+            load_anchors(config.commands.trust_dir),
+            load_scopes(config.commands.trust_dir),
+            config.delivery.threshold,
+        )
+        # the fleet's trust documents replace the provisioned keys (cloudsync.protocol.trust)
+        self.trust = TrustState(config.outbox.path.with_name(TRUST_FILE), provisioned)
         self.verifier = Verifier(
             f"{config.node.fleet}/{self.node}",
-            load_anchors(config.commands.trust_dir),
+            self.trust.current.anchors,
             config.outbox.path.with_name("commands.db"),
             config.commands.max_lifetime_s,
-            load_scopes(config.commands.trust_dir),
+            self.trust.current.scopes,
         )
         self.orders: queue.Queue[Command | None] = queue.Queue()
         self.delivery = Delivery(
@@ -124,8 +133,13 @@ class Agent:
             self.outbox,
             self.edged_client,
             config.edged.timeout_s,
+            lambda: self.trust.current.threshold,
+            self.trust.revoked,
         )
         self.delivery.on_rollback = self._rolled_back
+        if self.trust.error:  # (connected is False: keep() only writes the outbox here)
+            self.keep([Item("events", {"alert": "trust refused", "why": self.trust.error},
+                            "alert")])  # fmt: skip
         self.next_telemetry = 0.0
         self.events = EventLog()  # cloudsync's own log, for the ``logs`` command
         log.addHandler(self.events)
@@ -156,7 +170,8 @@ class Agent:
         )
         if mq.transport == "websockets":
             client.ws_set_options(path=mq.websockets_path)
-        client.tls_set_context(tls_context(mq.ca_file, mq.cert_file, mq.key_file))
+        context = tls_context(mq.ca_file, mq.cert_file, mq.key_file)
+        client.tls_set_context(refuse_revoked(context, self.trust.revoked))
         client.max_inflight_messages_set(self.config.outbox.max_inflight)
         will = self._envelope({"state": "offline", "reason": "connection lost"})
         client.will_set(self.topics.status, will.encode(), qos=1, retain=True)
@@ -211,8 +226,9 @@ class Agent:
             self.config.mqtt.host, self.config.mqtt.port,
             "resumed" if flags.session_present else "new",
         )  # fmt: skip
-        client.subscribe([(self.topics.commands, 1), (self.topics.desired_models, 1),
-                          (self.topics.renew_answer, 1)])  # fmt: skip
+        topics = (self.topics.commands, self.topics.desired_models, self.topics.desired_trust,
+                  self.topics.renew_answer)  # fmt: skip
+        client.subscribe([(topic, 1) for topic in topics])
         try:
             birth = self._envelope({"state": "online", **self.capabilities()}).encode()
         except ValueError as exc:  # what edged said cannot be sent (NaN, too large)
@@ -268,6 +284,10 @@ class Agent:
                 except EnvelopeError as exc:
                     self.delivery.report("refused", why=printable(f"the desired state: {exc}"))
             return
+        if topic.kind == "desired-trust":
+            if message.payload:
+                self.take_trust(message.payload)
+            return
         if topic.kind != "cmd" or topic.cmd_id is None:
             return
         try:
@@ -278,6 +298,29 @@ class Agent:
         log.info("command %s (%s) from %s (key %s)", command.id, command.name,
                  command.issuer, command.kid)  # fmt: skip
         self.orders.put(command)
+
+    def take_trust(self, payload: bytes) -> None:
+        """A trust document (MQTT thread): when it verifies, its keys, scopes, threshold and
+        revocations are in force from the next message on; reported either way."""
+        try:
+            trust = self.trust.offer(decode(payload).body)
+        except (EnvelopeError, TrustError) as exc:
+            why = printable(f"trust document refused: {exc}")
+            log.warning("%s", why)
+            self.keep([Item("events", {"alert": "trust refused", "why": why}, "alert")])
+            return
+        except OSError as exc:  # it cannot be kept: not taken (the broker sends it again)
+            log.error("trust document not taken: %s cannot be written (%s)", self.trust.path, exc)
+            return
+        if trust is None:
+            return  # the one in force (retained, sent again at each connection)
+        self.verifier.anchors, self.verifier.scopes = dict(trust.anchors), dict(trust.scopes)
+        log.warning("trust version %d in force: keys %s, threshold %d, %d revoked certificates",
+                    trust.version, sorted(trust.anchors), trust.threshold,
+                    len(trust.revoked))  # fmt: skip
+        event = {"version": trust.version, "keys": sorted(trust.anchors),
+                 "threshold": trust.threshold, "revoked": len(trust.revoked)}  # fmt: skip
+        self.keep([Item("events", {"trust": event}, "event")])
 
     def refuse(self, cmd_id: str | None, why: str) -> None:
         """A command refused: its result says why (when it has a topic to go to), and an alert

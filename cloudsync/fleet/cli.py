@@ -12,6 +12,11 @@
     edgefleet cmd NODE ping [--arg k=v ...]     a signed command; prints the node's result
                                                 (ping, status, models, routing, set-routing,
                                                 reset-routing, reload, drain, resume, logs)
+    edgefleet manifest --model M --version N --file F ...   a signed model manifest
+                                                (--remove: a signed removal)
+    edgefleet trust make --version N --key KID=PUB ... --sign KID=KEY ...  a signed trust
+                                                document (keys, --revoke CERT); trust publish
+                                                FILE --node NODE: retained for those nodes
 
 With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET_TOKEN):
 
@@ -47,8 +52,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from cloudsync.fleet import daemon, rollout
 from cloudsync.fleet.client import (
@@ -69,7 +75,7 @@ from cloudsync.fleet.common import (
     Failure,
     desired_urls,
 )
-from cloudsync.protocol import envelope, manifest
+from cloudsync.protocol import envelope, manifest, trust
 from cloudsync.protocol.commands import COMMANDS, sign
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.mqtt import SyncClient
@@ -341,6 +347,56 @@ def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
     return result, json.dumps(result.get("result"), indent=2)
 
 
+def load_public(path: str) -> Ed25519PublicKey:
+    key = serialization.load_pem_public_key(Path(path).read_bytes())
+    if not isinstance(key, Ed25519PublicKey):
+        raise Failure(f"{path} is not an Ed25519 public key", EXIT_USAGE)
+    return key
+
+
+def cmd_trust(args: argparse.Namespace) -> tuple[Any, str]:
+    """``trust make``: a signed trust document; ``trust publish``: it, retained, to nodes."""
+    if args.action == "publish":
+        if not (args.file and args.node):
+            raise Failure("trust publish FILE --node NODE (repeat)", EXIT_USAGE)
+        doc = json.loads(Path(args.file).read_text())
+        payload = envelope.Envelope(args.cert_name, envelope.now_ms(), doc).encode()
+        client = connect(args)
+        try:
+            for node in args.node:
+                if client.publish(Topics(args.fleet, node).desired_trust, payload,
+                                  retain=True).is_failure:  # fmt: skip
+                    raise Failure(f"the broker refused the document for {node} (ACL?)",
+                                  EXIT_FAILED)  # fmt: skip
+        finally:
+            client.close()
+        return {"published": args.node}, f"{args.file}: retained for {', '.join(args.node)}"
+    if not (args.version and args.key and args.sign):
+        raise Failure("trust make --version N --key KID=PUB (repeat) --sign KID=KEY", EXIT_USAGE)
+    keys: dict[str, tuple[Ed25519PublicKey, list[str] | None]] = {}
+    for item in args.key:
+        kid, _, rest = item.partition("=")
+        path, _, scope = rest.partition(":")
+        keys[kid] = (load_public(path), scope.split(",") if scope else None)
+    revoked = []
+    for path in args.revoke:
+        pem = Path(path).read_bytes()
+        der = x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+        revoked.append(trust.fingerprint(der))
+    signing = {kid: load_key(p) for kid, _, p in (i.partition("=") for i in args.sign)}
+    try:
+        signed = trust.make(args.version, keys, args.threshold, revoked, args.lifetime)
+    except trust.TrustError as exc:
+        raise Failure(f"trust: {exc}", EXIT_USAGE) from None
+    doc = trust.sign(signed, signing)
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+        return doc, (f"{args.out}: trust version {args.version}, keys {sorted(keys)},"
+                     f" threshold {args.threshold}, {len(revoked)} revoked")  # fmt: skip
+    return doc, text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -440,6 +496,28 @@ def build_parser() -> argparse.ArgumentParser:
     made.add_argument("--smoke", help="a JSON file of smoke cases [{inputs, outputs}]")
     made.add_argument("--out", help="write it here instead of printing it")
     made.set_defaults(fn=cmd_manifest)
+
+    held = sub.add_parser(
+        "trust",
+        help="the fleet's trust document: its signing keys and the revoked certificates",
+        description="make: a trust document (docs/PROTOCOL.md, 'The fleet's trust'), signed by"
+        " the threshold of the keys nodes trust now AND by its own threshold of its own keys;"
+        " publish FILE: retained on each --node's desired/trust.",
+    )
+    held.add_argument("action", choices=["make", "publish"])
+    held.add_argument("file", nargs="?", help="publish: the document")
+    held.add_argument("--version", type=int, help="make: above the one in force on the nodes")
+    held.add_argument("--key", action="append", default=[], help="make: KID=PUBFILE, or"
+                      " KID=PUBFILE:cmd,cmd for a key that signs only those commands")  # fmt: skip
+    held.add_argument("--threshold", type=int, default=1, help="make: signatures needed")
+    held.add_argument("--revoke", action="append", default=[], help="make: a PEM certificate"
+                      " of an endpoint (broker, download server) nodes must refuse")  # fmt: skip
+    held.add_argument("--sign", action="append", default=[], help="make: KID=KEYFILE (repeat)")
+    held.add_argument("--lifetime", type=float, default=30 * 24 * 3600.0,
+                      help="make: seconds it may be taken")  # fmt: skip
+    held.add_argument("--out", help="make: write it here instead of printing it")
+    held.add_argument("--node", action="append", default=[], help="publish: to this node")
+    held.set_defaults(fn=cmd_trust)
 
     roll = sub.add_parser(
         "rollout",

@@ -200,26 +200,19 @@ def parse_signed(signed: Any) -> Manifest:
     return Manifest(model, version, tuple(entries), expires, targets, smoke, remove=remove)
 
 
-def verify(
-    doc: Any,
-    anchors: dict[str, Ed25519PublicKey],
-    threshold: int = 1,
-    now: int | None = None,
-) -> Manifest:
-    """The manifest, when ``threshold`` distinct trust anchor keys signed it and it has not
-    expired. Keys are told apart by their raw public bytes, not by kid: one key filed under two
-    kids (two trust files) is one signer."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("signatures"), list):
-        raise ManifestError('a manifest is {"signed": {...}, "signatures": [...]}')
-    if len(doc["signatures"]) > MAX_SIGNATURES:
-        raise ManifestError(f"more than {MAX_SIGNATURES} signatures")
+def signers(
+    doc: dict[str, Any], anchors: dict[str, Ed25519PublicKey]
+) -> tuple[list[str], list[str]]:
+    """The kids of the distinct ``anchors`` keys whose signatures of ``doc["signed"]`` verify,
+    and why each other signature does not count. Keys are told apart by their raw public bytes,
+    not by kid: one key filed under two kids (two trust files) is one signer."""
     signed = doc.get("signed")
     try:
         message = canonical(signed) if isinstance(signed, dict) else b""
     except ValueError as exc:  # text UTF-8 cannot encode, NaN: nothing a fleet key signed
         raise ManifestError(f"'signed' is not JSON that can be signed: {exc}") from None
     good: list[str] = []  # a kid for each distinct key that verified
-    signers: dict[bytes, str] = {}  # a key's raw public bytes -> the kid it first counted under
+    seen: dict[bytes, str] = {}  # a key's raw public bytes -> the kid it first counted under
     why: list[str] = []
     for row in doc["signatures"]:
         kid, sig = (row.get("kid"), row.get("sig")) if isinstance(row, dict) else (None, None)
@@ -233,17 +226,34 @@ def verify(
             why.append(f"{kid}'s signature does not verify")
             continue
         raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
-        if raw not in signers:
-            signers[raw] = kid
+        if raw not in seen:
+            seen[raw] = kid
             good.append(kid)
-        elif signers[raw] != kid:
-            why.append(f"'{kid}' is the same key as '{signers[raw]}'")
+        elif seen[raw] != kid:
+            why.append(f"'{kid}' is the same key as '{seen[raw]}'")
+    return good, why
+
+
+def verify(
+    doc: Any,
+    anchors: dict[str, Ed25519PublicKey],
+    threshold: int = 1,
+    now: int | None = None,
+) -> Manifest:
+    """The manifest, when ``threshold`` distinct trust anchor keys signed it (``signers``) and
+    it has not expired."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("signatures"), list):
+        raise ManifestError('a manifest is {"signed": {...}, "signatures": [...]}')
+    if len(doc["signatures"]) > MAX_SIGNATURES:
+        raise ManifestError(f"more than {MAX_SIGNATURES} signatures")
+    good, why = signers(doc, anchors)
     if len(good) < threshold:
         detail = f" ({'; '.join(why)})" if why else ""
         raise ManifestError(
             f"{len(good)} valid signature(s) by distinct trust anchor keys, {threshold}"
             f" needed{detail}"
         )
+    signed = doc.get("signed")
     manifest = parse_signed(signed)
     now = now_ms() if now is None else now
     if manifest.expires <= now:

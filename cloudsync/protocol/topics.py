@@ -7,6 +7,7 @@
     edge/v1/{fleet}/{node}/cmd/{id}          a signed command, operator -> node
     edge/v1/{fleet}/{node}/cmd/{id}/result   its result, node -> operator
     edge/v1/{fleet}/{node}/desired/models    retained desired model versions, operator -> node
+    edge/v1/{fleet}/{node}/desired/trust     retained trust document (keys, revocations)
     edge/v1/{fleet}/{node}/renew             a node's request for its next certificate
     edge/v1/{fleet}/{node}/renew/cert        the fleet's answer
 
@@ -44,7 +45,7 @@ def check_name(kind: str, value: str) -> str:
 @dataclass(frozen=True)
 class Topic:
     """A parsed topic: ``kind`` is one of status, heartbeat, telemetry, events, cmd,
-    cmd-result, desired-models, renew, renew-answer; ``cmd_id`` is set for cmd and
+    cmd-result, desired-models, desired-trust, renew, renew-answer; ``cmd_id`` is set for cmd and
     cmd-result."""
 
     fleet: str
@@ -87,6 +88,10 @@ class Topics:
     @property
     def desired_models(self) -> str:
         return f"{self.base}/desired/models"
+
+    @property
+    def desired_trust(self) -> str:
+        return f"{self.base}/desired/trust"
 
     def cmd(self, cmd_id: str) -> str:
         return f"{self.base}/cmd/{_cmd_id(cmd_id)}"
@@ -174,6 +179,8 @@ def parse(topic: str) -> Topic:
         return Topic(fleet, node, rest[0])
     if rest == ["desired", "models"]:
         return Topic(fleet, node, "desired-models")
+    if rest == ["desired", "trust"]:
+        return Topic(fleet, node, "desired-trust")
     if rest == ["renew"]:
         return Topic(fleet, node, "renew")
     if rest == ["renew", "cert"]:

@@ -16,6 +16,7 @@ redelivery; a deeply nested command was a RecursionError that escaped the envelo
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from collections import Counter
@@ -118,6 +119,33 @@ def desired_poison() -> list[bytes]:
     ]
 
 
+def trust_poison() -> list[bytes]:
+    """Payloads for .../desired/trust, each refused with one alert (cloudsync.protocol.trust)."""
+
+    def env(body: Any) -> bytes:
+        doc = {"v": 1, "id": "t" * 32, "ts": 1, "node": OPERATOR, "seq": 1, "body": body}
+        return json.dumps(doc).encode()
+
+    key = base64.b64encode(bytes(32)).decode()
+    signed = {"type": "trust", "spec": 1, "version": 1, "threshold": 1, "expires": 2**62,
+              "keys": {"k": {"public": key}}, "revoked": []}  # fmt: skip
+    return [
+        b"\xff\xfe",
+        b"{" * 100_000,
+        env("trust"),
+        env({"signed": signed}),
+        env({"signed": signed, "signatures": [{"kid": "k", "sig": "!!"}] * 17}),
+        env({"signed": {**signed, "keys": {"k\n": {"public": key}}}, "signatures": []}),
+        env({"signed": {**signed, "keys": {SURROGATE: {"public": key}}}, "signatures": []}),
+        env({"signed": {**signed, "keys": {"k": {"public": "not base64"}}}, "signatures": []}),
+        env({"signed": {**signed, "revoked": ["0" * 64] * 1001}, "signatures": []}),
+        env({"signed": {**signed, "revoked": ["X" * 64]}, "signatures": []}),
+        env({"signed": {**signed, "threshold": 2}, "signatures": []}),
+        env({"signed": {**signed, "version": 2**60}, "signatures": []}),
+        env({"signed": signed, "signatures": [{"kid": "k", "sig": SURROGATE}]}),
+    ]
+
+
 def test_poison_on_every_topic_is_refused_once_and_cloudsync_lives_on(
     broker: Broker, agent: Agent
 ) -> None:
@@ -167,6 +195,12 @@ def test_poison_on_every_topic_is_refused_once_and_cloudsync_lives_on(
             assert not consumer.publish(NODE.desired_models, payload).is_failure
             wait_for(lambda n=i + 1: len(_refused_deliveries(consumer)) >= n, 20, f"refusal {i}")
         assert not consumer.publish(NODE.desired_models, b"").is_failure  # clears: no report
+
+        # trust documents: each refused once, the keys in force unchanged (the command below)
+        for i, payload in enumerate(trust_poison()):
+            assert not consumer.publish(NODE.desired_trust, payload).is_failure
+            wait_for(lambda n=i + 1: len(_trust_refused(consumer)) >= n, 20, f"trust {i}")
+        assert len(_trust_refused(consumer)) == len(trust_poison())
 
         ok_id, ok = sign(key, "fleet-1", OPERATOR, "f1/n1", "status")
         assert not consumer.publish(NODE.cmd(ok_id), ok).is_failure
@@ -242,3 +276,9 @@ def _refused_deliveries(client: SyncClient) -> list[dict[str, Any]]:
         e.body["delivery"] for _, e in _from_node(client, "events")
         if e.body.get("delivery", {}).get("step") == "refused"
     ]  # fmt: skip
+
+
+def _trust_refused(client: SyncClient) -> list[dict[str, Any]]:
+    return [
+        e.body for _, e in _from_node(client, "events") if e.body.get("alert") == "trust refused"
+    ]
