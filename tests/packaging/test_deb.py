@@ -83,9 +83,9 @@ class Tree:
             env=ENV,
         )
 
-    def client(self, proc: subprocess.Popen[bytes]) -> Client:
+    def client(self, proc: subprocess.Popen[bytes], ready_s: float = 180) -> Client:
         client = Client(str(self.path(SOCKET)), timeout=60)
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + ready_s
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"edged exited {proc.returncode}: {self.log()}"
             try:
@@ -94,7 +94,7 @@ class Tree:
             except (ClientError, OSError):
                 pass
             time.sleep(0.2)
-        raise AssertionError(f"edged in the tree was not ready in 180 s: {self.log()}")
+        raise AssertionError(f"edged in the tree was not ready in {ready_s} s: {self.log()}")
 
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGTERM)
@@ -166,10 +166,20 @@ def test_installs_offline_and_serves_from_the_package(deb: Path, tree: Tree) -> 
         for u in ("edged.service", "edged.socket", "cloudsync.service", "edgefleet.service")
     ]
     assert tree.run("systemd-analyze", "verify", "--man=no", *units).strip() == ""
-    # The models are seeded into the repository, edged's.
+    # The state and cache directories, edged's; the models seeded into the repository, its
+    # directories edged's, the ONNX files hard links to the package's (read-only to edged).
+    for path, mode in (
+        ("/var/lib/edged", "750"),
+        ("/var/lib/edged/staging", "700"),
+        ("/var/lib/edged/models", "750"),
+        ("/var/cache/edged", "750"),
+        ("/var/lib/edged/models/intent-classifier/1", "755"),
+    ):
+        assert tree.run("stat", "-c", "%U %G %a", path).split() == ["edged", "edged", mode], path
     seeded = tree.path("/var/lib/edged/models/intent-classifier/1/model.onnx")
-    owner = tree.run("stat", "-c", "%U", "/var/lib/edged/models/intent-classifier/1/model.onnx")
-    assert seeded.is_file() and owner.strip() == "edged"
+    assert os.path.samefile(
+        seeded, tree.path("/usr/share/edged/models/intent-classifier/1/model.onnx")
+    )
     # Debian's Python bindings are importable from the package's environment: python3-systemd
     # (in the tree) for real; TensorRT's python3-libnvinfer exists only in NVIDIA's JetPack and
     # CUDA repositories, so a stand-in module where it installs stands for it.
@@ -208,6 +218,12 @@ def test_an_upgrade_keeps_the_operators_config_and_edgeds_state(
     config.write_text(config.read_text() + "\n[scheduler]\nmax_queue_size = 99\n")
     state = tree.path("/var/lib/edged/admin.json").read_text()
     assert '"drained"' in state
+    # a model removed from the device (as edged removes one: its directory gone, a tombstone
+    # left) is not seeded again by the upgrade; one deleted by hand is
+    models = tree.path("/var/lib/edged/models")
+    shutil.rmtree(models / "vad")
+    (models / ".vad.removed").write_text("removed\n")
+    shutil.rmtree(models / "intent")
     # The next build: this package with a higher version (what changes between builds is not
     # what is tested here; what dpkg keeps is).
     unpacked = tmp_path / "unpacked"
@@ -224,6 +240,7 @@ def test_an_upgrade_keeps_the_operators_config_and_edgeds_state(
     assert "max_queue_size = 99" in config.read_text()
     assert tree.path("/var/lib/edged/admin.json").read_text() == state
     assert not list(tree.path("/etc/edged").glob("*.dpkg-*")), "dpkg asked about a conffile"
+    assert not (models / "vad").exists() and (models / "intent" / "config.pbtxt").is_file()
     proc = tree.start_edged()
     try:
         client = tree.client(proc)
