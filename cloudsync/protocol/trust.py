@@ -18,8 +18,8 @@ that someone holds it; a set no one can sign for is never taken). Only keys with
 ``commands`` scope sign manifests and trust documents, as in ``trust_dir``. From then on the
 document's keys, scopes and threshold replace the provisioned ones (commands, manifests, the
 next trust document), and a TLS peer whose certificate is in ``revoked`` is refused
-(``refuse_revoked``). What a node took is kept (``TrustState``), so a restart keeps it and an
-older document is never taken again.
+(``refuse_revoked``). What a node took is kept (``TrustState``: the chain of documents), so a
+restart keeps it and an older document is never taken again.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 SPEC = 1
 TRUST_FILE = "trust.json"  # beside the outbox: the document in force
 MAX_KEYS = 64
+MAX_CHAIN = 1000  # documents a node keeps (each verified again at every start)
 MAX_REVOKED = 1000  # endpoints (brokers, download servers): well under an envelope
 KID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 COMMAND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
@@ -198,19 +199,28 @@ def verify(doc: Any, current: Trust, now: int | None = None) -> Trust:
 
 
 class TrustState:
-    """The trust in force on a node: the last document it took (``{path}``, written whole
-    before it is used), else the provisioned keys. A file that cannot be read gives no keys at
-    all (nothing signed is taken) until it is repaired or removed: falling back to the
-    provisioned keys would bring retired keys back."""
+    """The trust in force on a node: the provisioned keys, then each document it took, in
+    order (``{path}``: ``{"chain": [document, ...]}``, written whole before the new one is
+    used). The chain is verified again at every start, from the provisioned keys (so a root
+    program, edged-updater, can rely on it without trusting whoever wrote the file). A file
+    that cannot be read or does not verify gives no keys at all (nothing signed is taken) until
+    it is repaired or removed: falling back to the provisioned keys would bring retired keys
+    back."""
 
     def __init__(self, path: Path, provisioned: Trust) -> None:
         self.path = path
         self.lock = threading.Lock()
         self.error = ""
         self.current = provisioned
+        self.chain: list[Any] = []
         try:
             kept = json.loads(path.read_bytes())
-            self.current = parse_signed(kept)
+            chain = kept.get("chain") if isinstance(kept, dict) else None
+            if not isinstance(chain, list) or len(chain) > MAX_CHAIN:
+                raise TrustError(f'not {{"chain": [at most {MAX_CHAIN} documents]}}')
+            for doc in chain:  # expiry was checked when each was taken
+                self.current = verify(doc, self.current, now=0)
+            self.chain = chain
         except FileNotFoundError:
             pass
         except (OSError, ValueError, TrustError) as exc:
@@ -229,8 +239,11 @@ class TrustState:
             signed = doc.get("signed") if isinstance(doc, dict) else None
             if isinstance(signed, dict) and signed.get("version") == self.current.version:
                 return None
+            if len(self.chain) >= MAX_CHAIN:
+                raise TrustError(f"{MAX_CHAIN} documents taken: start again from trust_dir")
             new = verify(doc, self.current)
-            write_atomic(self.path, json.dumps(signed, sort_keys=True) + "\n")
+            write_atomic(self.path, json.dumps({"chain": [*self.chain, doc]}) + "\n")
+            self.chain.append(doc)
             self.current = new
             self.error = ""
             return new

@@ -112,8 +112,8 @@ def test_a_trust_document_rotates_the_keys_survives_a_restart_and_revokes_the_br
     }  # fmt: skip
     assert "is not a trust anchor" in ping(consumer, old, "fleet-1")["error"]
     assert ping(consumer, new, "fleet-2")["ok"]
-    kept = json.loads((agent.workdir / "trust.json").read_text())
-    assert kept["version"] == 1 and list(kept["keys"]) == ["fleet-2"]
+    (kept,) = json.loads((agent.workdir / "trust.json").read_text())["chain"]
+    assert kept["signed"]["version"] == 1 and list(kept["signed"]["keys"]) == ["fleet-2"]
 
     # a restart keeps it (the retained document again is not a new one); the retired key
     # cannot sign the next one, nor can an older one come back

@@ -69,8 +69,14 @@ def test_a_node_keeps_what_it_took_and_a_file_it_cannot_read_gives_no_keys(
     assert {raw(k) for k in again.current.anchors.values()} == {
         raw(PUBLIC["b"]), raw(PUBLIC["c"]), raw(PUBLIC["d"]),
     }  # fmt: skip
-    path.write_text(json.dumps({"version": "one"}))
-    broken = TrustState(path, CURRENT)
-    assert broken.current.anchors == {} and "cannot be used" in broken.error
+    chain = json.loads(path.read_text())["chain"]
+    for bad in (
+        {"version": "one"},
+        {"chain": chain[1:]},  # a document without the one before: its signers are not in force
+        {"chain": [{**chain[0], "signed": {**chain[0]["signed"], "threshold": 1}}, chain[1]]},
+    ):
+        path.write_text(json.dumps(bad))
+        broken = TrustState(path, CURRENT)
+        assert broken.current.anchors == {} and "cannot be used" in broken.error, bad
     with pytest.raises(TrustError, match="by the keys in force"):  # nothing is taken
         broken.offer(doc(2, "cd", 2, "abcd"))
