@@ -23,12 +23,22 @@ APT_DEB := debhelper dh-virtualenv help2man dpkg-dev lintian mmdebstrap python3-
 DEB_VERSION := $(shell sed -n '1s/^edged (\(.*\)).*/\1/p' debian/changelog)
 DEB := build/deb/edged_$(DEB_VERSION)_$(shell dpkg --print-architecture).deb
 DEB_BASE := build/debian-base.tar
+# The Depends let any provider of systemd-sysusers make the user: systemd (DEB_BASE has it),
+# systemd-standalone-sysusers, or opensysusers (through the virtual systemd-sysusers). A tree
+# each for the two others, where the package must install and run as well (tests/packaging/).
+DEB_BASE_SYSUSERS := build/debian-base-systemd-standalone-sysusers.tar build/debian-base-opensysusers.tar
 WHEELHOUSE := .wheelhouse
+# The arm64 package (every Jetson), built on this machine in an arm64 Debian 12 tree run by
+# qemu-user-static (debian/build-arm64.sh), and a tree to install it into; not part of `make test`
+# (docs/BENCHMARKS.md, "arm64 under qemu": tens of minutes).
+APT_ARM64 := qemu-user-static binfmt-support arch-test
+DEB_ARM64 := build/deb/edged_$(DEB_VERSION)_arm64.deb
+DEB_BASE_ARM64 := build/debian-base-arm64.tar
 # promtool checks and unit-tests the shipped alerting rules; taken out of Debian's prometheus
 # package without installing it (installing would start a Prometheus server on the machine).
 PROMTOOL := build/promtool/usr/bin/promtool
 
-.PHONY: run test setup models deb monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle clean distclean help
+.PHONY: run test setup models deb deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
@@ -43,6 +53,8 @@ help:
 	@echo "make bench-knowledge - knowledge store: search at 10k/100k vs numpy, RSS, ingest (bench/knowledge.py)"
 	@echo "make models - (re)build the default model repository in models/"
 	@echo "make deb    - build the Debian package into build/deb/ and lint it"
+	@echo "make deb-arm64 - build the arm64 package under qemu into build/deb/ and lint it"
+	@echo "make packaging-arm64 - install the arm64 package in an arm64 tree under qemu, one inference"
 	@echo "make monitoring - regenerate the Prometheus alerting rules from cloudsync/agent/alerts.py"
 
 $(STAMPS):
@@ -64,6 +76,9 @@ $(STAMPS)/apt-test: Makefile | $(STAMPS)
 
 $(STAMPS)/apt-deb: Makefile | $(STAMPS)
 	$(call apt_install,$(APT_DEB),--no-install-recommends)
+
+$(STAMPS)/apt-arm64: Makefile | $(STAMPS)/apt-deb
+	$(call apt_install,$(APT_ARM64),--no-install-recommends)
 
 $(STAMPS)/venv: pyproject.toml $(STAMPS)/apt-run
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
@@ -93,13 +108,20 @@ $(STAMPS)/wheelhouse: pyproject.toml | $(STAMPS)/apt-deb
 	@touch $@
 
 $(DEB): $(STAMPS)/models $(STAMPS)/wheelhouse $(shell find debian systemd edged cloudsync -type f -not -path '*/__pycache__/*') pyproject.toml README.md $(wildcard docs/*.md)
-	rm -rf build/deb && mkdir -p build/deb/src
+	rm -rf build/deb/src build/deb/edged_*_$(shell dpkg --print-architecture).* && mkdir -p build/deb/src
 	git ls-files -co --exclude-standard -z | tar --null -T - -c | tar -x -C build/deb/src
 	cd build/deb/src && WHEELHOUSE=$(CURDIR)/$(WHEELHOUSE) MODELS=$(CURDIR)/models dpkg-buildpackage -b -us -uc
 	rm -rf build/deb/src
 
 deb: $(DEB)
 	lintian --fail-on error --info $(DEB)
+
+# Its own tree and wheelhouse (cached in build/), then dpkg-buildpackage under qemu, offline.
+$(DEB_ARM64): $(STAMPS)/models $(STAMPS)/apt-arm64 $(shell find debian systemd edged cloudsync -type f -not -path '*/__pycache__/*') pyproject.toml README.md $(wildcard docs/*.md)
+	nice -n 10 debian/build-arm64.sh
+
+deb-arm64: $(DEB_ARM64)
+	lintian --fail-on error --info $(DEB_ARM64)
 
 # A fresh Debian 12 tree with what the package depends on, from Debian's mirror; made again only
 # when the package's Depends change. tests/packaging/ installs the package into it, offline.
@@ -109,6 +131,25 @@ $(DEB_BASE): $(DEB) | $(STAMPS)/apt-deb
 	  echo "mmdebstrap: bookworm with $$deps"; \
 	  mmdebstrap --quiet --format=tar --variant=apt --include="$$deps,python3-systemd" bookworm $@.tmp \
 	    http://deb.debian.org/debian && mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
+
+# The same with the Depends' clause on sysusers satisfied by another provider (made again when
+# the Depends change; each from Debian's mirror once, about 30 s, 100 MB).
+$(DEB_BASE_SYSUSERS): build/debian-base-%.tar: $(DEB) | $(STAMPS)/apt-deb
+	@deps=$$(dpkg-deb -f $(DEB) Depends | tr ',' '\n' | sed '/sysusers/s/.*/$*/; s/|.*//; s/(.*)//; s/ //g' | sort -u | paste -sd,); \
+	if [ ! -f $@ ] || [ "$$deps" != "$$(cat $@.deps 2>/dev/null)" ]; then \
+	  echo "mmdebstrap: bookworm with $$deps"; \
+	  mmdebstrap --quiet --format=tar --variant=apt --include="$$deps" bookworm $@.tmp \
+	    http://deb.debian.org/debian && mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
+
+# The same for arm64: Debian 12 for arm64 with the arm64 package's Depends (maintainer scripts
+# under qemu).
+$(DEB_BASE_ARM64): $(DEB_ARM64)
+	@deps=$$(dpkg-deb -f $(DEB_ARM64) Depends | tr ',' '\n' | sed 's/|.*//; s/(.*)//; s/ //g' | sort -u | paste -sd,); \
+	if [ ! -f $@ ] || [ "$$deps" != "$$(cat $@.deps 2>/dev/null)" ]; then \
+	  echo "mmdebstrap: arm64 bookworm with $$deps"; \
+	  nice -n 10 mmdebstrap --quiet --format=tar --variant=apt --architectures=arm64 \
+	    --include="$$deps,python3-systemd" bookworm $@.tmp http://deb.debian.org/debian && \
+	  mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
 
 $(PROMTOOL):
 	@mkdir -p build/promtool
@@ -132,11 +173,15 @@ unit: $(STAMPS)/venv $(PROMTOOL)
 integration: $(STAMPS)/models $(STAMPS)/apt-test
 	$(VENV)/bin/pytest tests/integration
 
-packaging: $(STAMPS)/venv $(DEB_BASE)
+packaging: $(STAMPS)/venv $(DEB_BASE) $(DEB_BASE_SYSUSERS)
 	$(VENV)/bin/pytest tests/packaging
 
+# EDGED_ARM64=1: a missing part (qemu, the package, the tree) fails instead of skipping.
+packaging-arm64: $(STAMPS)/venv $(DEB_BASE_ARM64)
+	EDGED_ARM64=1 $(VENV)/bin/pytest -s tests/packaging/test_deb_arm64.py
+
 # pytest exits 5 when it collected nothing: that fails here like any other non-zero code.
-test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(PROMTOOL)
+test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(DEB_BASE_SYSUSERS) $(PROMTOOL)
 	$(VENV)/bin/pytest tests
 
 bench: $(STAMPS)/models

@@ -203,6 +203,10 @@ class Delivery:
         except ManifestError as exc:
             self.report("refused", why=str(exc))
             return True
+        if manifest.kind != "model":  # the software's packages: edged-updater's (root) work
+            why = "a package manifest: give it to edged-updater (`edged-updater apply`);"
+            self.report("refused", manifest, why=why + " cloudsync does not fetch packages yet")
+            return True
         why_not = manifest.for_node(self.fleet, self.node, platform.machine())
         if why_not:
             log.info("delivery: %s %d is not for this node: %s", manifest.model,

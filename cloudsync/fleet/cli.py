@@ -241,8 +241,9 @@ def cmd_manifest(args: argparse.Namespace) -> tuple[Any, str]:
         raise Failure("manifest: --file for each file of a version, or --remove", EXIT_USAGE)
     try:
         signed = manifest.make(
-            args.model, args.version, files, args.lifetime, targets, smoke, args.remove
-        )
+            args.model, args.version, files, args.lifetime, targets, smoke, args.remove,
+            args.deb_version,
+        )  # fmt: skip
     except manifest.ManifestError as exc:
         raise Failure(f"manifest: {exc}", EXIT_USAGE) from None
     keys = {}
@@ -487,6 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     made.add_argument("--version", type=int, required=True, help="above every earlier one")
     made.add_argument("--file", action="append", default=[], help="a file of the version")
     made.add_argument("--remove", action="store_true", help="remove the model (no --file)")
+    made.add_argument("--deb-version", default="", help="a package manifest: --model edged,"
+                      " --file its .deb, this its Debian version (for edged-updater)")  # fmt: skip
     made.add_argument("--sign", action="append", required=True, help="KID=KEYFILE (repeat"
                       " for a threshold of keys)")  # fmt: skip
     made.add_argument("--lifetime", type=float, default=7 * 24 * 3600.0, help="seconds valid")

@@ -50,6 +50,7 @@ MAX_SIGNATURES = 16  # each is an Ed25519 verification: bounded
 MAX_FILE_BYTES = 8 << 30
 FILE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+DEB_VERSION = re.compile(r"^(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]{0,63}$")
 
 
 class ManifestError(Exception):
@@ -73,6 +74,8 @@ class Manifest:
     smoke: list[dict[str, Any]] = field(default_factory=list)
     kids: tuple[str, ...] = ()  # the anchors whose signatures verified and counted
     remove: bool = False  # the model goes from the node (no files)
+    kind: str = "model"  # or "package": a .deb of the software (``model`` names the package)
+    deb_version: str = ""  # a package's Debian version
 
     @property
     def configured(self) -> bool:
@@ -109,11 +112,14 @@ def make(
     targets: dict[str, Any] | None = None,
     smoke: list[dict[str, Any]] | None = None,
     remove: bool = False,
+    deb_version: str = "",
 ) -> dict[str, Any]:
     """The ``signed`` part of a new manifest (checked as a node would check it); ``remove``: a
-    removal of the model (no ``files``)."""
+    removal of the model (no ``files``); ``deb_version``: a package manifest (``model`` names
+    the package, ``files`` is its .deb)."""
     signed = {
-        "type": "model",
+        "type": "package" if deb_version else "model",
+        **({"deb_version": deb_version} if deb_version else {}),
         "spec": SPEC,
         "model": model,
         "version": version,
@@ -156,8 +162,9 @@ def parse_signed(signed: Any) -> Manifest:
     """The ``signed`` part's fields, checked; ManifestError names what is wrong."""
     if not isinstance(signed, dict):
         raise ManifestError("'signed' must be an object")
-    if signed.get("type") != "model" or signed.get("spec") != SPEC:
-        raise ManifestError(f"not a model manifest of spec {SPEC}")
+    kind = signed.get("type")
+    if kind not in ("model", "package") or signed.get("spec") != SPEC:
+        raise ManifestError(f"not a model or package manifest of spec {SPEC}")
     model, version = signed.get("model"), signed.get("version")
     if not isinstance(model, str) or not is_model_name(model):
         raise ManifestError("'model' must be a model name (letters, digits, '_', '.', '-')")
@@ -197,7 +204,16 @@ def parse_signed(signed: Any) -> Manifest:
         raise ManifestError("'smoke' must be a list of test cases")
     if isinstance(expires, bool) or not isinstance(expires, int):
         raise ManifestError("'expires' must be ms since the epoch")
-    return Manifest(model, version, tuple(entries), expires, targets, smoke, remove=remove)
+    deb_version = signed.get("deb_version", "")
+    if kind == "package":
+        if not isinstance(deb_version, str) or not DEB_VERSION.fullmatch(deb_version):
+            raise ManifestError("'deb_version' must be a Debian version (a package manifest)")
+        if remove or len(entries) != 1 or not entries[0].path.endswith(".deb"):
+            raise ManifestError("a package manifest lists one file, the .deb")
+    elif "deb_version" in signed:
+        raise ManifestError("'deb_version' is for package manifests")
+    return Manifest(model, version, tuple(entries), expires, targets, smoke, remove=remove,
+                    kind=str(kind), deb_version=str(deb_version))  # fmt: skip
 
 
 def signers(

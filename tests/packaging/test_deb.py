@@ -156,6 +156,7 @@ def test_installs_offline_and_serves_from_the_package(deb: Path, tree: Tree) -> 
     wants = tree.path("/etc/systemd/system")
     assert (wants / "multi-user.target.wants" / "edged.service").is_symlink()
     assert (wants / "sockets.target.wants" / "edged.socket").is_symlink()
+    assert (wants / "multi-user.target.wants" / "edged-updater.service").is_symlink()
     for operators in ("cloudsync.service", "edgefleet.service"):
         assert not (wants / "multi-user.target.wants" / operators).exists()
         assert tree.path(f"/lib/systemd/system/{operators}").is_file()
@@ -163,7 +164,13 @@ def test_installs_offline_and_serves_from_the_package(deb: Path, tree: Tree) -> 
     # The units as installed, with the commands they name in place: systemd finds nothing to say.
     units = [
         f"/lib/systemd/system/{u}"
-        for u in ("edged.service", "edged.socket", "cloudsync.service", "edgefleet.service")
+        for u in (
+            "edged.service",
+            "edged.socket",
+            "cloudsync.service",
+            "edgefleet.service",
+            "edged-updater.service",
+        )
     ]
     assert tree.run("systemd-analyze", "verify", "--man=no", *units).strip() == ""
     # The state and cache directories, edged's; the models seeded into the repository, its
