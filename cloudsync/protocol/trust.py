@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from cloudsync.protocol.envelope import canonical, now_ms
+from cloudsync.protocol.envelope import now_ms
 from cloudsync.protocol.manifest import MAX_SIGNATURES, ManifestError, signers
+from cloudsync.protocol.manifest import sign as sign  # a trust document is signed as a manifest
 from edged.atomic import write_atomic
 
 log = logging.getLogger(__name__)
@@ -108,15 +109,6 @@ def make(
     }
     parse_signed(signed)
     return signed
-
-
-def sign(signed: dict[str, Any], keys: dict[str, Ed25519PrivateKey]) -> dict[str, Any]:
-    message = canonical(signed)
-    signatures = [
-        {"kid": kid, "sig": base64.b64encode(key.sign(message)).decode()}
-        for kid, key in sorted(keys.items())
-    ]
-    return {"signed": signed, "signatures": signatures}
 
 
 def _version(value: Any, what: str) -> int:

@@ -10,6 +10,7 @@ and `unshare --net` (so nothing in it can reach a network); these tests need roo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -104,14 +105,15 @@ class Tree:
         return (self.root / "tmp" / "edged.log").read_text(errors="replace")[-3000:]
 
 
-@pytest.fixture(scope="module")
-def tree(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]:
+@contextlib.contextmanager
+def debian_tree(base: Path, root: Path) -> Iterator[Tree]:
+    """The tree of ``base`` (a tarball `make test` makes) in ``root``, with /proc, removed after
+    (skipped, saying why, without root or the tarball)."""
     if os.geteuid() != 0:
         skip_or_fail("installing into a Debian tree needs root (chroot, dpkg)")
-    if not BASE.is_file():
-        skip_or_fail(f"{BASE} is missing: `make test` makes it with mmdebstrap")
-    root = tmp_path_factory.mktemp("debian12")
-    subprocess.run(["tar", "-xf", str(BASE), "-C", str(root)], check=True)
+    if not base.is_file():
+        skip_or_fail(f"{base} is missing: `make test` makes it with mmdebstrap")
+    subprocess.run(["tar", "-xf", str(base), "-C", str(root)], check=True)
     (root / "proc").mkdir(exist_ok=True)
     subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
     try:
@@ -119,6 +121,12 @@ def tree(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]:
     finally:
         subprocess.run(["umount", "--lazy", str(root / "proc")], check=False)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tree(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]:
+    with debian_tree(BASE, tmp_path_factory.mktemp("debian12")) as found:
+        yield found
 
 
 def test_lintian_reports_no_errors(deb: Path) -> None:

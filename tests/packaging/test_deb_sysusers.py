@@ -26,7 +26,7 @@ import pytest
 from tests.conftest import ROOT, skip_or_fail
 from tests.media import text_image
 from tests.packaging import footprint
-from tests.packaging.test_deb import VERSION, Tree, package
+from tests.packaging.test_deb import VERSION, Tree, debian_tree, package
 
 PROVIDERS = ("systemd-standalone-sysusers", "opensysusers")
 # What the installed package may take on disk, as tests/packaging/footprint.py measures it:
@@ -60,24 +60,15 @@ def installed(
     base = ROOT / "build" / f"debian-base-{provider}.tar"
     if shutil.which("dpkg-deb") is None or not package().is_file():
         skip_or_fail(f"{package().name} is not built: run `make deb` (make test does)")
-    if os.geteuid() != 0:
-        skip_or_fail("installing into a Debian tree needs root (chroot, dpkg, mount)")
-    if not base.is_file():
-        skip_or_fail(f"{base} is missing: `make test` makes it with mmdebstrap")
-    root = tmp_path_factory.mktemp(provider)
-    subprocess.run(["tar", "-xf", str(base), "-C", str(root)], check=True)
-    (root / "proc").mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
-    passwd = root / "etc" / "passwd"
-    try:
-        tree = Tree(root)
+    with debian_tree(base, tmp_path_factory.mktemp(provider)) as tree:
+        passwd = tree.path("/etc/passwd")
         shutil.copy(package(), tree.path("/tmp/edged.deb"))
         started = time.monotonic()
         # /etc/passwd cannot be replaced (a read-only bind mount over it: the rename that
         # useradd and systemd-sysusers end with fails), so the user cannot be made.
         subprocess.run(["mount", "--bind", str(passwd), str(passwd)], check=True)
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(passwd)], check=True)
         try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(passwd)], check=True)
             refused = dpkg(tree, "-i", "/tmp/edged.deb")
         finally:
             subprocess.run(["umount", str(passwd)], check=True)
@@ -87,10 +78,6 @@ def installed(
         assert again.returncode == 0, f"dpkg --configure -a failed:\n{again.stdout}{again.stderr}"
         tree.path("/tmp/edged.deb").unlink()
         yield Installed(provider, tree, refused, seconds)
-    finally:
-        subprocess.run(["umount", "--lazy", str(passwd)], check=False, capture_output=True)
-        subprocess.run(["umount", "--lazy", str(root / "proc")], check=False)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_tree_has_this_provider_and_no_systemd(installed: Installed) -> None:

@@ -30,8 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloudsync.protocol.manifest import file_entry, make, sign
 from edged.client import Client, ClientError
-from tests.conftest import skip_or_fail
-from tests.packaging.test_deb import BASE, SOCKET, VERSION, Tree, deb  # noqa: F401
+from tests.packaging.test_deb import BASE, SOCKET, VERSION, Tree, deb, debian_tree  # noqa: F401
 
 RESTART = "/usr/local/sbin/edged-restart"
 # Stands in for `systemctl try-restart edged`: edged as its unit runs it, its output to a file
@@ -139,41 +138,34 @@ def build(unpacked: Path, version: str, out: Path, broken: bool = False) -> None
 
 @pytest.fixture(scope="module")
 def world(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:  # noqa: F811
-    if os.geteuid() != 0:
-        skip_or_fail("installing into a Debian tree needs root (chroot, dpkg)")
-    if not BASE.is_file():
-        skip_or_fail(f"{BASE} is missing: `make test` makes it with mmdebstrap")
-    root = tmp_path_factory.mktemp("updater")
-    subprocess.run(["tar", "-xf", str(BASE), "-C", str(root)], check=True)
-    (root / "proc").mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
-    tree = Tree(root)
-    world = World(tree, Ed25519PrivateKey.generate(), {"N": "/tmp/edged_N.deb"}, {"N": VERSION})
-    try:
-        shutil.copy(deb, tree.path("/tmp/edged_N.deb"))
-        tree.run("dpkg", "-i", "/tmp/edged_N.deb")
-        unpacked = tmp_path_factory.mktemp("unpacked") / "edged"
-        subprocess.run(["dpkg-deb", "-R", str(deb), str(unpacked)], check=True)
-        for name, version, broken in (("A", f"{VERSION}+1", False), ("B", f"{VERSION}+2", False),
-                                      ("BAD", f"{VERSION}+3", True)):  # fmt: skip
-            build(unpacked, version, tree.path(f"/tmp/edged_{name}.deb"), broken)
-            world.builds[name], world.versions[name] = f"/tmp/edged_{name}.deb", version
-        shutil.rmtree(unpacked)
-        trust = tree.path("/etc/edged/trust")
-        trust.mkdir(exist_ok=True)
-        pem = world.key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-        (trust / "fleet-1.pub").write_bytes(pem)
-        script = tree.path(RESTART)
-        script.parent.mkdir(parents=True, exist_ok=True)
-        script.write_text(RESTART_SCRIPT)
-        script.chmod(0o755)
-        tree.run(RESTART)
-        yield world
-    finally:
-        world.power_cut()
-        subprocess.run(["umount", "--lazy", str(root / "proc")], check=False)
+    with debian_tree(BASE, tmp_path_factory.mktemp("updater")) as tree:
+        world = World(tree, Ed25519PrivateKey.generate(), {"N": "/tmp/edged_N.deb"},
+                      {"N": VERSION})  # fmt: skip
+        try:
+            shutil.copy(deb, tree.path("/tmp/edged_N.deb"))
+            tree.run("dpkg", "-i", "/tmp/edged_N.deb")
+            unpacked = tmp_path_factory.mktemp("unpacked") / "edged"
+            subprocess.run(["dpkg-deb", "-R", str(deb), str(unpacked)], check=True)
+            for name, version, broken in (("A", f"{VERSION}+1", False),
+                                          ("B", f"{VERSION}+2", False),
+                                          ("BAD", f"{VERSION}+3", True)):  # fmt: skip
+                build(unpacked, version, tree.path(f"/tmp/edged_{name}.deb"), broken)
+                world.builds[name], world.versions[name] = f"/tmp/edged_{name}.deb", version
+            shutil.rmtree(unpacked)
+            trust = tree.path("/etc/edged/trust")
+            trust.mkdir(exist_ok=True)
+            pem = world.key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+            (trust / "fleet-1.pub").write_bytes(pem)
+            script = tree.path(RESTART)
+            script.parent.mkdir(parents=True, exist_ok=True)
+            script.write_text(RESTART_SCRIPT)
+            script.chmod(0o755)
+            tree.run(RESTART)
+            yield world
+        finally:
+            world.power_cut()
 
 
 def test_good_bad_and_a_power_cut_at_each_point_leave_n_or_n_plus_1_serving(
