@@ -37,13 +37,18 @@ class TextRecognition(Pipeline):
 
     def sample(self) -> Tensors:
         """A small white image with a dark bar, enough to run all three graphs."""
-        import cv2
+        import io
 
-        image = np.full((64, 256, 3), 255, dtype=np.uint8)
-        cv2.putText(image, "edged", (10, 45), cv2.FONT_HERSHEY_SIMPLEX, 1.2, (0, 0, 0), 2)
-        _, png = cv2.imencode(".png", image)
+        from PIL import Image, ImageDraw, ImageFont
+
+        image = Image.new("RGB", (256, 64), "white")
+        # Pillow's own font (FreeType, no font file needed), large enough to be detected, so
+        # that the warm-up reaches the direction and recognition models too.
+        ImageDraw.Draw(image).text((10, 8), "edged", fill="black", font=ImageFont.load_default(40))
+        buf = io.BytesIO()
+        image.save(buf, "PNG")
         blob = np.empty(1, dtype=object)
-        blob[0] = png.tobytes()
+        blob[0] = buf.getvalue()
         return {"image": blob}
 
     async def _graph(self, key: str, tensor: np.ndarray) -> np.ndarray:

@@ -3,6 +3,9 @@
 The daemon runs the three ONNX graphs itself; these functions turn an encoded image into their
 input tensors and their output tensors into boxes and text. All images are H x W x 3 uint8 BGR,
 the channel order PaddleOCR trained on (it reads with OpenCV and never converts to RGB).
+OpenCV is not used: Pillow decodes, and ``contours``, ``geometry`` and ``resample`` redo the
+few OpenCV functions PaddleOCR's processing calls, with OpenCV's arithmetic (tests/unit/edged/
+test_geometry.py holds them to it).
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-import cv2
 import numpy as np
 import pyclipper
-from PIL import Image
+from PIL import Image, ImageOps
 
 from edged.errors import InvalidRequest, PayloadTooLarge
+from edged.pipelines import contours, geometry, resample
 
 NOT_AN_IMAGE = "the body is not an image (PNG, JPEG, BMP, WebP, TIFF)"
 DEFAULT_MAX_PIXELS = 40_000_000
@@ -65,14 +68,15 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarra
     except (OSError, ValueError, SyntaxError, struct.error):
         raise InvalidRequest(NOT_AN_IMAGE) from None
     _check_pixels(width, height, max_pixels)
-    # IMREAD_COLOR applies EXIF orientation and converts depth and channels, but drops alpha.
-    flags = cv2.IMREAD_UNCHANGED if has_alpha else cv2.IMREAD_COLOR
     try:
-        image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
-    except cv2.error:
-        image = None
-    if image is None:
-        raise InvalidRequest(NOT_AN_IMAGE)
+        with Image.open(io.BytesIO(data)) as opened:
+            # OpenCV, which this replaces, applied EXIF orientation except when it kept alpha.
+            oriented = opened if has_alpha else ImageOps.exif_transpose(opened)
+            image = _to_array(oriented, has_alpha)
+    except Image.DecompressionBombError as exc:
+        raise PayloadTooLarge(f"the image is too large: {exc}") from None
+    except (OSError, ValueError, SyntaxError, struct.error, EOFError):
+        raise InvalidRequest(NOT_AN_IMAGE) from None
     _check_pixels(image.shape[1], image.shape[0], max_pixels)  # in case the header lied
     return _to_bgr8(image)
 
@@ -84,22 +88,41 @@ def _check_pixels(width: int, height: int, max_pixels: int) -> None:
         )
 
 
+def _to_array(image: Image.Image, has_alpha: bool) -> np.ndarray:
+    """Pixels as OpenCV's decoder gave them: gray (H x W, 8 or 16 bits), gray and alpha,
+    BGR or BGRA."""
+    mode = image.mode
+    if mode == "F":
+        raise InvalidRequest("only 8- and 16-bit images are supported")
+    if mode.startswith("I"):  # 16-bit gray (Pillow's "I;16" family or "I")
+        return np.asarray(image, dtype=np.uint32).clip(0, 65535).astype(np.uint16)
+    if mode in ("1", "L") and not has_alpha:
+        return np.asarray(image.convert("L"))
+    if has_alpha and mode in ("LA", "La"):
+        return np.asarray(image.convert("LA"))
+    if has_alpha:
+        rgba = np.asarray(image.convert("RGBA"))
+        return np.ascontiguousarray(rgba[:, :, [2, 1, 0, 3]])
+    rgb = np.asarray(image.convert("RGB"))
+    return np.ascontiguousarray(rgb[:, :, ::-1])
+
+
 def _to_bgr8(image: np.ndarray) -> np.ndarray:
     if image.dtype == np.uint16:
         image = (image >> 8).astype(np.uint8)
     elif image.dtype != np.uint8:
         raise InvalidRequest("only 8- and 16-bit images are supported")
     if image.ndim == 2:
-        return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
+        return np.repeat(image[:, :, np.newaxis], 3, axis=2)
     channels = image.shape[2]
     if channels == 1:
-        return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
+        return np.repeat(image, 3, axis=2)
     if channels == 2 or channels == 4:
         alpha = image[:, :, -1:].astype(np.float32) / 255.0
         color = image[:, :, :1] if channels == 2 else image[:, :, :3]
         blended = color.astype(np.float32) * alpha + 255.0 * (1.0 - alpha)
         out = np.clip(blended + 0.5, 0, 255).astype(np.uint8)
-        return cv2.cvtColor(out, cv2.COLOR_GRAY2BGR) if channels == 2 else out
+        return np.repeat(out, 3, axis=2) if channels == 2 else out
     return np.ascontiguousarray(image[:, :, :3])
 
 
@@ -115,7 +138,7 @@ def det_preprocess(image: np.ndarray, limit_side_len: int = 960) -> tuple[np.nda
     cap = max(1, limit_side_len // 32)
     new_h = 32 * max(1, min(cap, round(h * ratio / 32)))
     new_w = 32 * max(1, min(cap, round(w * ratio / 32)))
-    resized = cv2.resize(image, (new_w, new_h))
+    resized = resample.resize_linear(image, new_w, new_h)
     x = (resized.astype(np.float32) / 255.0 - _DET_MEAN) / _DET_STD
     tensor = np.ascontiguousarray(x.transpose(2, 0, 1)[np.newaxis], dtype=np.float32)
     return tensor, DetScale(new_h / h, new_w / w)
@@ -138,25 +161,24 @@ def det_postprocess(
     pred = np.asarray(prob_map, dtype=np.float32).reshape(prob_map.shape[-2:])
     orig_h, orig_w = int(original_shape[0]), int(original_shape[1])
     # A 2x2 dilation joins characters the threshold split apart (RapidOCR's default).
-    bitmap = cv2.dilate((pred > thresh).astype(np.uint8), np.ones((2, 2), np.uint8))
-    contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
+    bitmap = contours.dilate_2x2((pred > thresh).astype(np.uint8))
     boxes: list[np.ndarray] = []
     scores: list[float] = []
-    for contour in contours[:_MAX_CANDIDATES]:
-        rect = cv2.minAreaRect(contour)
-        if min(rect[1]) < _MIN_BOX_SIDE:
+    for hull in contours.contour_hulls(bitmap, _MAX_CANDIDATES):
+        rect = geometry.min_area_rect(hull, is_hull=True)
+        if min(rect.size) < _MIN_BOX_SIDE:
             continue
-        points = cv2.boxPoints(rect)
+        points = geometry.box_points(rect)
         score = _box_score(pred, points)
         if score < box_thresh:
             continue
         expanded = _unclip(points, unclip_ratio)
         if expanded is None:
             continue
-        rect = cv2.minAreaRect(expanded)
-        if min(rect[1]) < _MIN_BOX_SIDE + 2:
+        rect = geometry.min_area_rect(expanded)
+        if min(rect.size) < _MIN_BOX_SIDE + 2:
             continue
-        box = _order_clockwise(cv2.boxPoints(rect))
+        box = _order_clockwise(geometry.box_points(rect))
         box[:, 0] = np.clip(box[:, 0] / scale.ratio_w, 0, orig_w - 1)
         box[:, 1] = np.clip(box[:, 1] / scale.ratio_h, 0, orig_h - 1)
         # Clipping can flatten a box on the border into a sliver nobody can read.
@@ -182,14 +204,18 @@ def _box_score(pred: np.ndarray, points: np.ndarray) -> float:
     y1 = int(np.clip(np.ceil(points[:, 1].max()), 0, h - 1))
     mask = np.zeros((y1 - y0 + 1, x1 - x0 + 1), dtype=np.uint8)
     shifted = (points - np.array([x0, y0], dtype=np.float32)).astype(np.int32)
-    cv2.fillPoly(mask, [shifted], 1)
-    return float(cv2.mean(pred[y0 : y1 + 1, x0 : x1 + 1], mask)[0])
+    geometry.fill_polygon(mask, shifted, 1)
+    inside = mask.astype(bool)
+    if not inside.any():
+        return 0.0  # what cv2.mean answers for an empty mask
+    # float64 sum, as OpenCV's masked mean
+    return float(pred[y0 : y1 + 1, x0 : x1 + 1][inside].astype(np.float64).mean())
 
 
 def _unclip(points: np.ndarray, ratio: float) -> np.ndarray | None:
     """Grow the shrunk DB kernel back to the text's extent: offset by area * ratio / perimeter."""
-    area = cv2.contourArea(points)
-    perimeter = cv2.arcLength(points, True)
+    area = geometry.polygon_area(points)
+    perimeter = geometry.polygon_perimeter(points)
     if perimeter <= 0:
         return None
     offset = pyclipper.PyclipperOffset()
@@ -198,7 +224,7 @@ def _unclip(points: np.ndarray, ratio: float) -> np.ndarray | None:
     if not paths:
         return None
     # A convex box grows into one polygon; take the largest should rounding split it.
-    largest = max(paths, key=lambda p: abs(cv2.contourArea(np.array(p, np.float32))))
+    largest = max(paths, key=lambda p: geometry.polygon_area(np.array(p, np.float32)))
     return np.array(largest, dtype=np.float32)
 
 
@@ -241,10 +267,8 @@ def crop_text(image: np.ndarray, box: np.ndarray) -> np.ndarray:
     width = max(1, int(max(np.linalg.norm(pts[0] - pts[1]), np.linalg.norm(pts[2] - pts[3]))))
     height = max(1, int(max(np.linalg.norm(pts[0] - pts[3]), np.linalg.norm(pts[1] - pts[2]))))
     target = np.array([[0, 0], [width, 0], [width, height], [0, height]], dtype=np.float32)
-    matrix = cv2.getPerspectiveTransform(pts, target)
-    crop = cv2.warpPerspective(
-        image, matrix, (width, height), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE
-    )
+    matrix = resample.perspective_transform(pts, target)
+    crop = resample.warp_perspective_cubic(image, matrix, width, height)
     if height / width >= 1.5:
         crop = np.ascontiguousarray(np.rot90(crop))
     return crop
@@ -255,7 +279,7 @@ def _resize_pad(crop: np.ndarray, height: int, width: int) -> np.ndarray:
     and pad on the right with zeros, as PaddleOCR's cls and rec models were trained."""
     h, w = crop.shape[:2]
     new_w = max(1, min(width, math.ceil(height * w / h)))
-    resized = cv2.resize(crop, (new_w, height)).astype(np.float32)
+    resized = resample.resize_linear(crop, new_w, height).astype(np.float32)
     out = np.zeros((3, height, width), dtype=np.float32)
     out[:, :, :new_w] = (resized.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
     return out
@@ -276,7 +300,7 @@ def apply_cls(
     upside down with probability above ``thresh``; the others are returned unchanged."""
     probs = np.asarray(cls_output, dtype=np.float32).reshape(len(crops), 2)
     return [
-        cv2.rotate(crop, cv2.ROTATE_180) if p[1] > p[0] and p[1] > thresh else crop
+        np.ascontiguousarray(crop[::-1, ::-1]) if p[1] > p[0] and p[1] > thresh else crop
         for crop, p in zip(crops, probs)
     ]
 
