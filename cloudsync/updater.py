@@ -5,8 +5,9 @@ It runs as root, on its own (``edged-updater.service``, hardened, no network): c
 unprivileged, and nothing it hands over is trusted. ``apply MANIFEST DEB``:
 
 1. **checks** the package manifest (``cloudsync.protocol.manifest``, ``"type": "package"``)
-   against the fleet's keys (``/etc/edged/trust``, then the trust documents the node took,
-   replayed from there: ``cloudsync.protocol.trust``), its version against the floor (the
+   against the fleet's keys and threshold as cloudsync's config names them (``trust_dir``,
+   ``[delivery] threshold``; then the trust documents the node took, replayed from there:
+   ``cloudsync.protocol.trust``), its version against the floor (the
    highest this updater installed), and the .deb (copied into its own store first, so that no
    one changes it after the check: length, SHA-256, its control file's Package and Version);
 2. keeps the **package installed now** for the way back: a copy it has (``keep``), or none (it
@@ -42,11 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cloudsync.agent import config
 from cloudsync.protocol import manifest as manifests
 from cloudsync.protocol.commands import load_anchors, load_scopes
 from cloudsync.protocol.trust import TRUST_FILE, Trust, TrustError, TrustState
 from edged.atomic import write_atomic
 from edged.client import Client, ClientError
+from edged.errors import ConfigError
 
 log = logging.getLogger("edged-updater")
 PACKAGE = "edged"
@@ -334,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["apply", "recover", "keep", "status"])
     parser.add_argument("files", nargs="*", help="apply: MANIFEST DEB; keep: DEB")
     parser.add_argument("--store", type=Path, default=Settings.store)
-    parser.add_argument("--trust-dir", type=Path, default=Settings.trust_dir)
-    parser.add_argument("--trust-file", type=Path, default=Settings.trust_file)
-    parser.add_argument("--threshold", type=int, default=1, help="signatures a manifest needs")
+    parser.add_argument("--config", type=Path, default=None, help="cloudsync's config, whose"
+                        " trust_dir, delivery threshold and trust file (beside the outbox) the"
+                        " updater uses (default /etc/edged/cloudsync.toml)")  # fmt: skip
     parser.add_argument("--socket", type=Path, default=Settings.socket)
     parser.add_argument("--restart", default=" ".join(Settings.restart),
                         help="the command that restarts the services after dpkg")  # fmt: skip
@@ -344,7 +347,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long the new version has to come up healthy")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="edged-updater: %(message)s")
-    settings = Settings(args.store, args.trust_dir, args.trust_file, args.threshold,
+    try:  # the same keys and threshold as cloudsync's for manifests: never fewer for root
+        fleet = config.load(args.config)
+    except ConfigError as exc:  # an unreadable config: no update
+        print(f"edged-updater: {exc.message}", file=sys.stderr)
+        return 2
+    settings = Settings(args.store, fleet.commands.trust_dir,
+                        fleet.outbox.path.with_name(TRUST_FILE), fleet.delivery.threshold,
                         args.socket, args.socket.with_name("cloudsync.sock"),
                         tuple(args.restart.split()), args.health_s)  # fmt: skip
     updater = Updater(settings)
