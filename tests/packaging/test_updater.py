@@ -176,6 +176,19 @@ def test_good_bad_and_a_power_cut_at_each_point_leave_n_or_n_plus_1_serving(
     code, _ = world.update("A")
     assert code == 2 and world.installed() == f"ii {VERSION}"
     world.tree.run("edged-updater", "keep", "/tmp/edged_N.deb")
+    # what it is handed is checked before anything changes: the .deb the manifest lists, a
+    # manifest the fleet's keys signed
+    proc = world.updater("apply", world.manifest("A"), world.builds["B"])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "is not the file the manifest lists" in err, err
+    forged = world.tree.path(world.manifest("A"))
+    doc = json.loads(forged.read_text())
+    doc["signatures"][0]["sig"] = doc["signatures"][0]["sig"][::-1]
+    forged.write_text(json.dumps(doc))
+    proc = world.updater("apply", f"/{forged.relative_to(world.tree.root)}", world.builds["A"])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "valid signature" in err, err
+    assert world.installed() == f"ii {VERSION}"
 
     # a good package: N -> N+1, committed
     code, result = world.update("A")
