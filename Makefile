@@ -30,7 +30,7 @@ DEB_BASE_SYSUSERS := build/debian-base-systemd-standalone-sysusers.tar build/deb
 WHEELHOUSE := .wheelhouse
 # The arm64 package (every Jetson), built on this machine in an arm64 Debian 12 tree run by
 # qemu-user-static (debian/build-arm64.sh), and a tree to install it into; not part of `make test`
-# (docs/BENCHMARKS.md, "arm64 under qemu": tens of minutes).
+# (docs/BENCHMARKS.md, "arm64 under qemu": 6 to 12 minutes).
 APT_ARM64 := qemu-user-static binfmt-support arch-test
 DEB_ARM64 := build/deb/edged_$(DEB_VERSION)_arm64.deb
 DEB_BASE_ARM64 := build/debian-base-arm64.tar

@@ -7,7 +7,7 @@ under qemu").
 `make packaging-arm64` builds what this needs (`make deb-arm64`, then
 build/debian-base-arm64.tar with the package's Depends) and sets EDGED_ARM64=1: a missing part is
 then a failure. Elsewhere (`make test`, CI) a missing part is a skip saying which, since building
-them takes tens of minutes. Needs root (chroot, mounts), as tests/packaging/test_deb.py.
+them takes 6 to 12 minutes. Needs root (chroot, mounts), as tests/packaging/test_deb.py.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]:
     if problem:
         missing(problem)
     if not DEB.is_file():
-        missing(f"{DEB.name} is not built: `make deb-arm64` builds it (about 20 minutes)")
+        missing(f"{DEB.name} is not built: `make deb-arm64` builds it (6 to 12 minutes)")
     if not BASE.is_file():
         missing(f"{BASE} is missing: `make packaging-arm64` makes it with mmdebstrap")
     with debian_tree(BASE, tmp_path_factory.mktemp("debian12-arm64")) as found:
