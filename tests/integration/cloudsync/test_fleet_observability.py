@@ -206,7 +206,9 @@ def test_device_alerts_reach_alertmanager_once_and_resolve(
         def named(alerts: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
             return [a for a in alerts if a["labels"]["alertname"] == name]
 
-        wait_for(lambda: named(manager.alerts(), "EdgedUnreachable"), 30,
+        # the service's own reconnect backs off up to 30 s (paho's, 1 s doubling) while the
+        # broker is away: the alert comes after both sessions are back, however long that is
+        wait_for(lambda: named(manager.alerts(), "EdgedUnreachable"), 90,
                  "EdgedUnreachable in Alertmanager after the reconnect")  # fmt: skip
         time.sleep(3)  # three more sends of the service: still one alert
         [unreachable] = named(manager.alerts(), "EdgedUnreachable")
