@@ -23,6 +23,14 @@ install or a rollback cut short is rolled back (again), a health check is taken 
 deadline. So after a crash at any point, either version N or N+1 is installed and running,
 never neither. The outcome is ``{store}/result.json`` (and ``status``).
 
+``apply-spool`` is the same update from what cloudsync left in the update spool
+(``cloudsync.protocol.spool``: ``request.json`` and the .deb its manifest names, read as
+untrusted files of edged's user); ``edged-updater.path`` starts the unit when a request is
+there. The request is taken (removed) whatever it holds, and every outcome, a refusal too, is
+written back as ``result.json`` for cloudsync to report. A release rolled back here is never
+installed again (``floor.json``: ``failed``), and after a commit only the packages of N and
+N+1 are kept.
+
 ``EDGED_UPDATER_CRASH=<point>`` makes it SIGKILL itself at that point (a test's power cut:
 ``staged``, ``installing``, ``installed``, ``checking``, ``rolling-back``).
 """
@@ -39,12 +47,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from cloudsync.agent import config
 from cloudsync.protocol import manifest as manifests
+from cloudsync.protocol import spool
 from cloudsync.protocol.commands import load_anchors, load_scopes
 from cloudsync.protocol.trust import TRUST_FILE, Trust, TrustError, TrustState
 from edged.atomic import write_atomic
@@ -52,7 +62,8 @@ from edged.client import Client, ClientError
 from edged.errors import ConfigError
 
 log = logging.getLogger("edged-updater")
-PACKAGE = "edged"
+PACKAGE = spool.PACKAGE
+MAX_FAILED = 100  # the releases that were rolled back here, remembered (never again)
 POINTS = ("staged", "installing", "installed", "checking", "rolling-back")
 
 
@@ -70,6 +81,7 @@ class Settings:
     cloudsync_socket: Path = Path("/run/edged/cloudsync.sock")
     restart: tuple[str, ...] = ("systemctl", "try-restart", "edged.service", "cloudsync.service")
     health_s: float = 180.0
+    spool: Path | None = Path("/var/lib/edged/updates")  # cloudsync's requests, the results
 
 
 def crash_point(name: str) -> None:
@@ -113,24 +125,45 @@ class Updater:
         result = {k: journal.get(k) for k in ("from", "to", "version")}
         result.update(outcome=outcome, why=why, at=time.time())
         self.write(self.store / "result.json", result)
-        if outcome == "committed":
-            self.write(self.store / "floor.json", {"version": journal["version"]})
+        floor = self.read(self.store / "floor.json")
+        if outcome == "committed":  # nothing below it again; the packages but N and N-1 go
+            floor["version"] = journal["version"]
+            self.prune(journal["from"], journal["to"])
+        elif outcome == "rolled-back":  # not this release again: a new one is needed
+            floor["failed"] = [*floor.get("failed", []), journal["version"]][-MAX_FAILED:]
+        self.write(self.store / "floor.json", floor)
+        self.tell(result)
         self.journal.unlink(missing_ok=True)
         log.warning("update %s -> %s: %s%s", result["from"], result["to"], outcome,
                     f" ({why})" if why else "")  # fmt: skip
         return result
 
+    def tell(self, result: dict[str, Any]) -> None:
+        """The outcome into the spool too, for cloudsync to report (when there is a spool)."""
+        if self.settings.spool is None or not self.settings.spool.is_dir():
+            return
+        try:
+            fd = spool.open_spool(self.settings.spool)
+        except spool.SpoolError as exc:
+            log.error("the result is not put in the spool: %s", exc)
+            return
+        try:
+            spool.write_file(fd, spool.RESULT, json.dumps(result).encode())
+        except (OSError, spool.SpoolError) as exc:  # the update's outcome stands regardless
+            log.error("the result is not put in the spool: %s", exc)
+        finally:
+            os.close(fd)
+
+    def prune(self, *keep: str) -> None:
+        """The kept packages but ``keep``'s (each is a way back only to its own version)."""
+        names = {self.kept(v).name for v in keep}
+        for path in self.packages.glob("*.deb"):
+            if path.name not in names:
+                path.unlink()
+
     # ---- dpkg -----------------------------------------------------------------------------
 
-    @staticmethod
-    def installed() -> str:
-        """The Debian version of edged installed and configured now ("" when none)."""
-        done = subprocess.run(
-            ["dpkg-query", "-W", "-f=${db:Status-Abbrev} ${Version}", PACKAGE],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        status, _, version = done.stdout.partition(" ")
-        return version.strip() if status.strip() == "ii" else ""
+    installed = staticmethod(spool.installed)
 
     @staticmethod
     def control(deb: Path) -> tuple[str, str]:
@@ -225,31 +258,38 @@ class Updater:
             raise UpdateError(state.error)
         return state.current
 
-    def stage(self, manifest_file: Path, deb: Path) -> dict[str, Any]:
-        """Check the manifest and the .deb (copied in first); the journal's first phase."""
+    def check_manifest(self, doc: Any) -> manifests.Manifest:
+        """The package manifest, verified against the keys in force, its release against the
+        floor and the releases rolled back here."""
         trust = self.anchors()
         try:
-            doc = json.loads(manifest_file.read_text())
             found = manifests.verify(doc, trust.signing, trust.threshold)
-        except (OSError, ValueError, manifests.ManifestError) as exc:
+        except manifests.ManifestError as exc:
             raise UpdateError(f"the manifest: {exc}") from None
         if found.kind != "package" or found.model != PACKAGE:
             raise UpdateError(f"not a manifest of the {PACKAGE} package")
-        floor = int(self.read(self.store / "floor.json").get("version", 0))
-        if found.version <= floor:
-            raise UpdateError(f"version {found.version} is not above {floor}, installed here")
-        current = self.installed()
-        if not current:
-            raise UpdateError(f"{PACKAGE} is not installed and configured: nothing to update")
-        if not self.kept(current).is_file():
+        floor = self.read(self.store / "floor.json")
+        if found.version <= int(floor.get("version", 0)):
             raise UpdateError(
-                f"no copy of {PACKAGE} {current} to go back to: `edged-updater keep` its .deb first"
+                f"version {found.version} is not above {floor['version']}, installed here"
             )
+        if found.version in floor.get("failed", []):
+            raise UpdateError(f"version {found.version} was rolled back here: a new one is needed")
+        return found
+
+    def stage(self, doc: Any, deb: Callable[[str, int], IO[bytes]]) -> dict[str, Any]:
+        """Check the manifest and the .deb (``deb(name, length)`` opens the file the manifest
+        names; copied in first); the journal's first phase."""
+        found = self.check_manifest(doc)
         self._prepare()
         entry = found.files[0]
         copy = self.packages / f"{PACKAGE}_{found.deb_version}.deb"
         part = copy.with_suffix(".part")
-        with deb.open("rb") as src, part.open("wb") as dst:
+        try:
+            src = deb(entry.path, entry.length)
+        except (OSError, spool.SpoolError) as exc:
+            raise UpdateError(f"the package {entry.path}: {exc}") from None
+        with src, part.open("wb") as dst:
             digest, size = hashlib.sha256(), 0
             while chunk := src.read(1 << 20):
                 size += len(chunk)
@@ -261,21 +301,75 @@ class Updater:
             os.fsync(dst.fileno())
         if size != entry.length or digest.hexdigest() != entry.sha256:
             part.unlink()
-            raise UpdateError(f"{deb.name} is not the file the manifest lists (length, SHA-256)")
+            raise UpdateError(f"{entry.path} is not the file the manifest lists (length, SHA-256)")
+        current = self.installed()
+        why = ""
         if self.control(part) != (PACKAGE, found.deb_version):
+            why = f"{entry.path} is not {PACKAGE} {found.deb_version}"
+        elif not current:
+            why = f"{PACKAGE} is not installed and configured: nothing to update"
+        elif current == found.deb_version:
+            why = f"{PACKAGE} {current} is installed already"
+        elif not self.kept(current).is_file():
+            why = f"no copy of {PACKAGE} {current} to go back to: `edged-updater keep` its .deb"
+        if why:
             part.unlink()
-            raise UpdateError(f"{deb.name} is not {PACKAGE} {found.deb_version}")
+            raise UpdateError(why)
         os.replace(part, copy)
         journal = {"from": current, "to": found.deb_version, "version": found.version,
                    "before": self.serving()}  # fmt: skip
         return self.phase(journal, "staged")
 
-    def apply(self, manifest_file: Path, deb: Path) -> dict[str, Any]:
+    def apply(self, manifest: Any, deb: Callable[[str, int], IO[bytes]]) -> dict[str, Any]:
+        """An update from a manifest (its JSON) and the opener of its .deb (``stage``)."""
         if self.read(self.journal):
             raise UpdateError("an update is under way: `edged-updater recover` finishes it")
-        journal = self.stage(manifest_file, deb)
+        journal = self.stage(manifest, deb)
         crash_point("staged")
         return self.install(journal)
+
+    def apply_files(self, manifest_file: Path, deb: Path) -> dict[str, Any]:
+        try:
+            doc = json.loads(manifest_file.read_bytes())
+        except (OSError, ValueError, RecursionError) as exc:
+            raise UpdateError(f"the manifest: {exc}") from None
+        return self.apply(doc, lambda _name, _length: deb.open("rb"))
+
+    def apply_spool(self) -> dict[str, Any] | None:
+        """The request cloudsync left in the spool, if any (None): taken (removed) whatever it
+        holds, and answered there (``result.json``), a refusal too."""
+        if self.settings.spool is None:
+            raise UpdateError("no spool: --spool or cloudsync's [delivery] spool_dir")
+        try:
+            fd = spool.open_spool(self.settings.spool)
+        except spool.SpoolError as exc:
+            raise UpdateError(str(exc)) from None
+        try:
+            try:
+                request = spool.read_json(fd, spool.REQUEST, spool.MAX_REQUEST)
+            except FileNotFoundError:
+                return None
+            except spool.SpoolError as exc:
+                return self.refuse({}, str(exc))
+            finally:
+                spool.remove(fd, spool.REQUEST)  # taken: the path unit does not start again
+            manifest = request.get("manifest")
+            try:
+                return self.apply(manifest, lambda name, length: spool.open_file(fd, name, length))
+            except (UpdateError, TrustError) as exc:
+                return self.refuse(manifest, str(exc))
+        finally:
+            os.close(fd)
+
+    def refuse(self, manifest: Any, why: str) -> dict[str, Any]:
+        """A spool request refused before anything changed: said in the spool's result."""
+        signed = manifest.get("signed") if isinstance(manifest, dict) else None
+        version = signed.get("version") if isinstance(signed, dict) else None
+        result = {"version": version if isinstance(version, int) else None,
+                  "outcome": "refused", "why": why, "at": time.time()}  # fmt: skip
+        log.error("the request in the spool is refused: %s", why)
+        self.tell(result)
+        return result
 
     def install(self, journal: dict[str, Any]) -> dict[str, Any]:
         journal = self.phase(journal, "installing")
@@ -334,12 +428,23 @@ def main(argv: list[str] | None = None) -> int:
         description="Install a signed edged package, check its health, and go back to the one"
         " before by itself if it is not healthy (also after a crash: recover).",
     )
-    parser.add_argument("action", choices=["apply", "recover", "keep", "status"])
+    parser.add_argument("action", choices=["apply", "apply-spool", "recover", "keep", "status"],
+                        help="apply: an update from files; apply-spool: the one cloudsync left"
+                        " in the spool (edged-updater.path starts it); recover: finish what a"
+                        " crash left (at boot); keep: the installed version's .deb as the way"
+                        " back; status")  # fmt: skip
     parser.add_argument("files", nargs="*", help="apply: MANIFEST DEB; keep: DEB")
     parser.add_argument("--store", type=Path, default=Settings.store)
     parser.add_argument("--config", type=Path, default=None, help="cloudsync's config, whose"
                         " trust_dir, delivery threshold and trust file (beside the outbox) the"
                         " updater uses (default /etc/edged/cloudsync.toml)")  # fmt: skip
+    parser.add_argument(
+        "--spool",
+        type=Path,
+        default=None,
+        help="where cloudsync leaves"
+        " requests and finds results (default: its [delivery] spool_dir)",
+    )
     parser.add_argument("--socket", type=Path, default=Settings.socket)
     parser.add_argument("--restart", default=" ".join(Settings.restart),
                         help="the command that restarts the services after dpkg")  # fmt: skip
@@ -355,13 +460,16 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(args.store, fleet.commands.trust_dir,
                         fleet.outbox.path.with_name(TRUST_FILE), fleet.delivery.threshold,
                         args.socket, args.socket.with_name("cloudsync.sock"),
-                        tuple(args.restart.split()), args.health_s)  # fmt: skip
+                        tuple(args.restart.split()), args.health_s,
+                        args.spool or fleet.delivery.spool_dir)  # fmt: skip
     updater = Updater(settings)
     try:
         if args.action == "apply":
             if len(args.files) != 2:
                 parser.error("apply MANIFEST DEB")
-            result: Any = updater.apply(Path(args.files[0]), Path(args.files[1]))
+            result: Any = updater.apply_files(Path(args.files[0]), Path(args.files[1]))
+        elif args.action == "apply-spool":
+            result = updater.apply_spool() or {"outcome": "nothing in the spool"}
         elif args.action == "keep":
             if len(args.files) != 1:
                 parser.error("keep DEB")
@@ -378,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edged-updater: {exc}; `edged-updater recover` tries again", file=sys.stderr)
         return 3
     print(json.dumps(result, indent=1))
-    return 1 if isinstance(result, dict) and result.get("outcome") == "rolled-back" else 0
+    outcome = result.get("outcome") if isinstance(result, dict) else None
+    return {"rolled-back": 1, "refused": 2}.get(str(outcome), 0)
 
 
 if __name__ == "__main__":

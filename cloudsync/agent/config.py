@@ -95,6 +95,17 @@ class DeliveryConfig(Section):
         description="downloads land here (best on the model repository's file system: then a"
         " version moves in by a rename)",
     )
+    spool_dir: Path = Field(
+        Path("/var/lib/edged/updates"),
+        description="packages of the software (package manifests) are downloaded here and"
+        " handed to edged-updater (request.json; its result.json comes back here)",
+    )
+    package_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="how long a package handed to edged-updater may go unanswered"
+        " before the delivery is reported failed (is edged-updater.path enabled?)",
+    )
     ca_file: Path | None = Field(None, description="CA of the download server (default: system)")
     allow_http_loopback: bool = Field(
         False,

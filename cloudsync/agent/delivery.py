@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import platform
 import re
 import shutil
@@ -62,16 +63,18 @@ from cloudsync.agent.config import DeliveryConfig
 from cloudsync.agent.delivery_state import STATE_FILE, DeliveryState, StateError
 from cloudsync.agent.download import Counters, DeliveryError, check_url, fetch
 from cloudsync.agent.outbox import Item, Outbox
-from cloudsync.protocol import telemetry
+from cloudsync.protocol import spool, telemetry
 from cloudsync.protocol.envelope import printable
 from cloudsync.protocol.manifest import Manifest, ManifestError, verify
 from cloudsync.protocol.trust import refuse_revoked
+from edged.atomic import write_atomic
 from edged.client import Client, ClientError
 from edged.common.backoff import backoff_delay
 
 log = logging.getLogger("cloudsync.delivery")
 MAX_DESIRED = 256  # models in one desired state
 EDGED_RETRY_S = 5.0  # edged not up yet (it starts beside cloudsync): asked again this soon
+UPDATER_POLL_S = 5.0  # a package handed to edged-updater: its result looked for this often
 
 
 class Delivery:
@@ -184,7 +187,7 @@ class Delivery:
         quote what came from outside."""
         doc = _printable({"step": step, **fields})
         if manifest is not None:
-            doc = {"model": manifest.model, "version": manifest.version, **doc}
+            doc = {"model": manifest.key, "version": manifest.version, **doc}
         if state is not None:
             self.states.set(str(doc["model"]), state)
         bad = step in ("refused", "failed", "rolled-back")
@@ -203,22 +206,20 @@ class Delivery:
         except ManifestError as exc:
             self.report("refused", why=str(exc))
             return True
-        if manifest.kind != "model":  # the software's packages: edged-updater's (root) work
-            why = "a package manifest: give it to edged-updater (`edged-updater apply`);"
-            self.report("refused", manifest, why=why + " cloudsync does not fetch packages yet")
-            return True
         why_not = manifest.for_node(self.fleet, self.node, platform.machine())
         if why_not:
-            log.info("delivery: %s %d is not for this node: %s", manifest.model,
+            log.info("delivery: %s %d is not for this node: %s", manifest.key,
                      manifest.version, why_not)  # fmt: skip
             return True
         try:
-            state = self.state(manifest.model)
+            state = self.state(manifest.key)
         except StateError as exc:  # fail closed: without the floor a rollback could pass
             log.error("delivery: %s", exc)
             why = f"{exc}: no delivery until it is repaired or removed (removed: the floor"
             self.report("refused", manifest, why=why + " is edged's highest version)")
             return False  # asked again after retry_s: a repaired file is taken then
+        if manifest.kind == "package":  # the software itself: edged-updater's (root) work
+            return self.package(manifest, entry)
         stored = int(state.get("floor", 0))
         if state.get("failed") == manifest.version and not manifest.remove:
             return True  # reported when it failed; a new version is needed
@@ -279,6 +280,115 @@ class Delivery:
             return True
         return self.install(manifest, staged)
 
+    # ---- a package of the software ---------------------------------------------------------
+
+    def package(self, manifest: Manifest, entry: dict[str, Any]) -> bool | float:
+        """A package (``cloudsync.protocol.spool``): downloaded into the spool and handed to
+        edged-updater, whose result comes back there; reported as a model's steps: accepted,
+        downloaded, handed-over, then active (committed), rolled-back or failed."""
+        self.config.spool_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        answered = self.answered(manifest)
+        if answered is not None:
+            return answered
+        state = self.state(manifest.key)
+        stored = int(state.get("floor", 0))
+        request = self.config.spool_dir / spool.REQUEST
+        handed = int(state.get("handed", 0))
+        if handed:  # a release is with edged-updater: its answer decides (dpkg may be busy)
+            waited = time.time() - int(state.get("handed_at", 0))
+            if waited < self.config.package_timeout_s:
+                return UPDATER_POLL_S
+            request.unlink(missing_ok=True)
+            why = f"edged-updater did not answer in {waited:.0f} s (is edged-updater.path enabled?)"
+            self.report("failed", None, {"failed": handed, "handed": 0}, model=manifest.key,
+                        version=handed, stage="update", why=why)  # fmt: skip
+            state = self.state(manifest.key)
+        installed = spool.installed(manifest.model)
+        if installed == manifest.deb_version:  # (installed by other means)
+            if stored < manifest.version:
+                self.report("active", manifest, {"floor": manifest.version},
+                            deb_version=installed)  # fmt: skip
+            return True
+        if state.get("failed") == manifest.version:
+            return True  # reported when it failed; a new release is needed
+        if not installed:  # not from its package, or dpkg half way (an update by hand)
+            why = f"{manifest.model} is not installed and configured here (dpkg): no update"
+            self.report("refused", manifest, why=why)
+            return True  # (again at the next desired state, or start: an update restarts it)
+        if manifest.version < stored:
+            self.report("refused", manifest, why=_below(manifest, stored))
+            return True
+        try:
+            self.check_urls(manifest, entry["urls"])
+        except DeliveryError as exc:
+            self.report("refused", manifest, why=str(exc))
+            return True
+        if stored < manifest.version:
+            self.report("accepted", manifest, {"floor": manifest.version}, bytes=manifest.size,
+                        signed_by=manifest.kids, deb_version=manifest.deb_version)  # fmt: skip
+        name = manifest.files[0].path
+        for old in self.config.spool_dir.iterdir():  # an older release's package
+            if old.name.endswith((".deb", ".deb.part")) and old.name not in (name, name + ".part"):
+                old.unlink()
+        try:
+            _, counters = self.download(manifest, entry["urls"], self.config.spool_dir)
+        except DeliveryError as exc:
+            self.report("failed", manifest, stage="download", why=str(exc))
+            return not exc.retry
+        self.report(
+            "downloaded", manifest, bytes=counters.downloaded, resumed_bytes=counters.resumed
+        )
+        if self.pending is not None:
+            self.report("superseded", manifest)
+            return True
+        with_updater = {"handed": manifest.version, "handed_at": int(time.time())}
+        self.states.set(manifest.key, with_updater)  # before the request: a restart waits
+        write_atomic(request, json.dumps({"manifest": entry["manifest"]}), 0o644)
+        self.report("handed-over", manifest, deb_version=manifest.deb_version)
+        return UPDATER_POLL_S
+
+    def answered(self, manifest: Manifest) -> bool | None:
+        """edged-updater's result in the spool, reported (and removed): for this release, what
+        to do now (True: done; False: again later); None when it is not this release's."""
+        where = self.config.spool_dir
+        try:
+            fd = spool.open_spool(where)
+        except spool.SpoolError as exc:
+            self.report("failed", manifest, stage="update", why=str(exc))
+            return False
+        try:
+            try:
+                result = spool.read_json(fd, spool.RESULT, spool.MAX_RESULT)
+            except FileNotFoundError:
+                return None
+            except spool.SpoolError as exc:
+                result = {"outcome": "refused", "why": f"edged-updater's {exc}"}
+            finally:
+                spool.remove(fd, spool.RESULT)
+        finally:
+            os.close(fd)
+        outcome = str(result.get("outcome"))
+        version = result.get("version")
+        if isinstance(version, bool) or not isinstance(version, int):  # a request refused
+            version = manifest.version if outcome == "refused" else None  # before it was read
+        change: dict[str, int] = {"handed": 0}
+        if version is not None and outcome == "committed":
+            change["floor"] = version
+        elif version is not None and outcome != "abandoned":
+            change["failed"] = version
+        step = spool.STEPS.get(outcome, "failed")
+        fields = {"stage": "update", "outcome": outcome, "why": str(result.get("why", "")),
+                  "deb_version": str(result.get("to", ""))}  # fmt: skip
+        if version != manifest.version:  # an update not asked for here (`edged-updater apply`)
+            self.report(step, None, change if version else None, model=manifest.key,
+                        version=version, **fields)  # fmt: skip
+            return None
+        self.report(step, manifest, change, **fields)
+        if outcome == "committed":
+            (where / manifest.files[0].path).unlink(missing_ok=True)
+            return True
+        return outcome != "abandoned"  # cut short before anything changed: handed over again
+
     def remove(self, manifest: Manifest, versions: dict[str, Any], stored: int, floor: int) -> bool:
         """A removal: refused where a newer version is (the floor), else the model goes from
         edged and the floor is the removal's version (nothing up to it installs again)."""
@@ -324,14 +434,17 @@ class Delivery:
             except DeliveryError as exc:
                 raise DeliveryError(f"{file.path}: {exc}", retry=False) from None
 
-    def download(self, manifest: Manifest, urls: dict[str, Any]) -> tuple[Path, Counters]:
-        """Each file into the model's staging directory (resumed, checked); older stagings of
-        this model (``{model}-{digits}``, no other model's) go first."""
+    def download(
+        self, manifest: Manifest, urls: dict[str, Any], into: Path | None = None
+    ) -> tuple[Path, Counters]:
+        """Each file into ``into``, by default the model's staging directory (resumed,
+        checked); there, older stagings of this model (``{model}-{digits}``, no other
+        model's) go first."""
         self.check_urls(manifest, urls)
-        staged = self.staged(manifest)
+        staged = into or self.staged(manifest)
         staged.mkdir(parents=True, exist_ok=True)
         older = re.compile(re.escape(manifest.model) + r"-[0-9]+")
-        for old in self.config.staging_dir.iterdir():
+        for old in self.config.staging_dir.iterdir() if into is None else ():
             if old != staged and older.fullmatch(old.name) and not old.is_symlink():
                 shutil.rmtree(old, ignore_errors=True)
         need = manifest.size - sum(_on_disk(staged / f.path) for f in manifest.files)

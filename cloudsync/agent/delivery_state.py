@@ -19,6 +19,9 @@ STATE = "delivery/"  # an older cloudsync's outbox state key per model, read onc
 STATE_FILE = "delivery.json"  # beside the outbox's file unless [delivery] state_file says
 
 
+NUMBERS = ("floor", "failed", "removed", "handed", "handed_at")  # a state's keys: ints >= 0
+
+
 class StateError(Exception):
     """The delivery state file cannot be read or is not what cloudsync writes: without its
     floors a rollback could pass, so deliveries stop until it is repaired or removed."""
@@ -28,9 +31,11 @@ class DeliveryState:
     """Per model ``{"floor": V, "failed": V, "removed": V}``: the highest version accepted here
     (no version below it is installed), the last version that failed or was rolled back (not
     installed again from the same desired state), and the version of the model's last removal
-    (no version up to it is installed). A JSON file of its own, written whole and fsynced
-    (``write_atomic``) before the event that reports it; a floor never goes down. Created from
-    an older cloudsync's outbox state keys when it does not exist yet."""
+    (no version up to it is installed); for a package (``package:edged``) also ``handed``, the
+    release with edged-updater, and ``handed_at`` (seconds since the epoch). A JSON file of
+    its own, written whole and fsynced (``write_atomic``) before the event that reports it; a
+    floor never goes down. Created from an older cloudsync's outbox state keys when it does not
+    exist yet."""
 
     def __init__(self, path: Path, outbox: Outbox) -> None:
         self.path = path
@@ -94,7 +99,6 @@ def _state_doc(doc: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
     return isinstance(doc, dict) and all(
-        isinstance(state, dict)
-        and all(version(state[k]) for k in ("floor", "failed", "removed") if k in state)
+        isinstance(state, dict) and all(version(state[k]) for k in NUMBERS if k in state)
         for state in doc.values()
     )

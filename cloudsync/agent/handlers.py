@@ -64,6 +64,10 @@ class Handlers:
         is the active one (a rollout's rollback must not take a node that never got it back
         further)."""
         model, wrong = _text(args, "model"), args.get("from")
+        if model.startswith("package:"):  # (a rollout's abort sends it to every node)
+            why = ("a package goes back by itself (edged-updater) when it is not healthy here;"
+                   " one that is stays until a newer release is delivered")  # fmt: skip
+            return {"rolled_back": False, "why": why}
         active = edged.model_versions(model).get("active")
         if wrong is not None and active != wrong:
             return {"rolled_back": False, "active": active, "why": f"{wrong} is not active"}

@@ -89,9 +89,9 @@ def check(doc: Any, anchors: Mapping[str, Any] | None = None, now_ms: int = 0) -
         if not isinstance(entry, dict) or set(entry) != {"manifest", "urls"}:
             raise Invalid(f"{where}: an object {{manifest, urls}}")
         signed = check_entry(entry, anchors, now_ms, where)
-        if signed.model in seen:
-            raise Invalid(f"{where}: model {signed.model} twice")
-        seen.add(signed.model)
+        if signed.key in seen:
+            raise Invalid(f"{where}: model {signed.key} twice")
+        seen.add(signed.key)
     return Deployment(ident, selector, priority, models)
 
 

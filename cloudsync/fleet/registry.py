@@ -39,8 +39,8 @@ from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.labels import LabelError, check_labels, selects
+from cloudsync.protocol.manifest import is_key, key_of
 from cloudsync.protocol.telemetry import FAILED_OUTCOMES
-from edged.models.names import is_model_name
 
 log = logging.getLogger("edgefleet.registry")
 MAX_PAGE = 1000
@@ -102,9 +102,11 @@ def digest_models(entries: list[Any]) -> str:
 
 
 def model_of(entry: Any) -> str | None:
+    """What a desired entry delivers: its model, or ``package:{name}`` (``Manifest.key``)."""
     try:
-        return str(entry["manifest"]["signed"]["model"])
-    except (KeyError, TypeError):
+        signed = entry["manifest"]["signed"]
+        return key_of(signed.get("type"), signed["model"])
+    except (KeyError, TypeError, AttributeError):
         return None
 
 
@@ -230,8 +232,8 @@ class Registry:
         if not isinstance(step, dict):
             return 0  # not a delivery step
         model, version = step.get("model"), step.get("version")
-        if not is_model_name(model):
-            raise ValueError("events.delivery.model: a model name")
+        if not is_key(model):
+            raise ValueError("events.delivery.model: a model name, or package:{name}")
         if isinstance(version, bool) or not isinstance(version, int) or not 0 < version < 2**53:
             raise ValueError("events.delivery.version: a positive integer")
         tx.execute(

@@ -40,6 +40,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloudsync.fleet.registry import model_of
 from cloudsync.protocol import commands, envelope
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.manifest import parse_signed
@@ -256,7 +257,7 @@ class Controller:
         gates: Gates,
     ) -> Rollout:
         signed = parse_signed(manifest.get("signed"))
-        view = self.watch(fleet, signed.model, rollout_id)
+        view = self.watch(fleet, signed.key, rollout_id)
         self.pump(1.0)
         deadline = time.monotonic() + 1.0  # retained messages come at once
         while time.monotonic() < deadline:
@@ -269,7 +270,7 @@ class Controller:
         )  # fmt: skip
         if not nodes:
             raise ValueError("no online node of the fleet is a target of this manifest")
-        rollout = Rollout(rollout_id, fleet, signed.model, signed.version, manifest, urls,
+        rollout = Rollout(rollout_id, fleet, signed.key, signed.version, manifest, urls,
                           stages, soak_s, gates, nodes)  # fmt: skip
         rollout.note(f"created for {len(nodes)} nodes, stages {stages}")
         self.save(rollout)
@@ -317,7 +318,7 @@ class Controller:
         if before:
             try:
                 entries = [e for e in envelope.decode(before).body.get("models", [])
-                           if _model_of(e) != rollout.model]  # fmt: skip
+                           if model_of(e) != rollout.model]  # fmt: skip
             except EnvelopeError:
                 entries = []
         entries.append({"manifest": rollout.manifest, "urls": rollout.urls})
@@ -411,10 +412,3 @@ class Controller:
         rollout.note("rollback sent")
         self.save(rollout)
         return rollout
-
-
-def _model_of(entry: Any) -> str | None:
-    try:
-        return str(entry["manifest"]["signed"]["model"])
-    except (KeyError, TypeError):
-        return None

@@ -156,7 +156,7 @@ def check(doc: Any, anchors: dict[str, Any] | None, now_ms: int) -> Rollout:
             raise TypeError
     except TypeError:
         raise Invalid(f"gates: an object of {', '.join(asdict(Gates()))}, numbers >= 0") from None
-    return Rollout(ident, signed.model, signed.version, entry, selector, deployment,
+    return Rollout(ident, signed.key, signed.version, entry, selector, deployment,
                    [float(s) for s in stages], float(soak_s), gates, most, window,
                    float(timeout_s))  # fmt: skip
 

@@ -51,6 +51,7 @@ MAX_FILE_BYTES = 8 << 30
 FILE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 DEB_VERSION = re.compile(r"^(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]{0,63}$")
+PACKAGE_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+~-]{0,127}\.deb")  # no directory, no ":"
 
 
 class ManifestError(Exception):
@@ -78,6 +79,12 @@ class Manifest:
     deb_version: str = ""  # a package's Debian version
 
     @property
+    def key(self) -> str:
+        """What it is delivered as: the model's name, or ``package:{name}`` for a package (a
+        model may be called edged too: the two never share a delivery state or a rollout)."""
+        return key_of(self.kind, self.model)
+
+    @property
     def configured(self) -> bool:
         """Whether the version carries its own config.pbtxt (a new model must)."""
         return any(f.path == "config.pbtxt" for f in self.files)
@@ -96,6 +103,18 @@ class Manifest:
         if "nodes" in targets and node not in targets["nodes"]:
             return "this node is not among its nodes"
         return ""
+
+
+def key_of(kind: Any, model: Any) -> str:
+    """A manifest's delivery key from its signed fields (``Manifest.key``)."""
+    return f"package:{model}" if kind == "package" else str(model)
+
+
+def is_key(value: Any) -> bool:
+    """Whether ``value`` is a delivery key (``key_of``): a model name or ``package:{name}``."""
+    if isinstance(value, str) and value.startswith("package:"):
+        value = value[len("package:") :]
+    return is_model_name(value)
 
 
 def file_entry(path: Path, name: str | None = None) -> dict[str, Any]:
@@ -208,8 +227,8 @@ def parse_signed(signed: Any) -> Manifest:
     if kind == "package":
         if not isinstance(deb_version, str) or not DEB_VERSION.fullmatch(deb_version):
             raise ManifestError("'deb_version' must be a Debian version (a package manifest)")
-        if remove or len(entries) != 1 or not entries[0].path.endswith(".deb"):
-            raise ManifestError("a package manifest lists one file, the .deb")
+        if remove or len(entries) != 1 or not PACKAGE_FILE.fullmatch(entries[0].path):
+            raise ManifestError("a package manifest lists one file, the .deb (a plain name)")
     elif "deb_version" in signed:
         raise ManifestError("'deb_version' is for package manifests")
     return Manifest(model, version, tuple(entries), expires, targets, smoke, remove=remove,

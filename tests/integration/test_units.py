@@ -45,7 +45,7 @@ def test_every_unit_verifies_clean(analyze: str, tmp_path: Path) -> None:
         units.append(str(tmp_path / unit.name))
     assert {Path(u).name for u in units} >= {
         "edged.service", "edged.socket", "cloudsync.service", "edgefleet.service",
-        "edged-updater.service",
+        "edged-updater.service", "edged-updater.path",
     }  # fmt: skip
     done = subprocess.run(
         [analyze, "verify", "--man=no", *units], capture_output=True, text=True, timeout=120

@@ -28,8 +28,14 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloudsync.fleet.common import secure_link_url
+from cloudsync.protocol import envelope
 from cloudsync.protocol.manifest import file_entry, make, sign
 from edged.client import Client, ClientError
+from tests.conftest import skip_or_fail, wait_for
+from tests.integration.cloudsync.test_cloudsync import NODE, bodies, operator
+from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki
+from tests.nginx import SECRET, Cdn
 from tests.packaging.test_deb import BASE, SOCKET, VERSION, Tree, deb, debian_tree  # noqa: F401
 
 RESTART = "/usr/local/sbin/edged-restart"
@@ -244,3 +250,112 @@ def test_good_bad_and_a_power_cut_at_each_point_leave_n_or_n_plus_1_serving(
     world.serving()
     status = json.loads(world.tree.run("edged-updater", "status"))
     assert status["installed"] == world.versions["A"] and status["journal"] == {}
+
+
+def test_cloudsync_fetches_a_package_and_hands_it_to_the_updater_through_the_spool(
+    world: World, tmp_path: Path
+) -> None:
+    """The whole way of a package manifest: the desired state on a real Mosquitto, the package's
+    cloudsync (as edged's user, in the tree, on the host's loopback) fetching the .deb from nginx
+    into the spool and writing request.json, `edged-updater apply-spool` (what
+    edged-updater.path starts; no systemd in the tree, so the test starts it once the request is
+    there) updating, and cloudsync reporting the outcome: active, then a bad release
+    rolled-back."""
+    for why in (Broker.available(), Cdn.available()):
+        if why:
+            skip_or_fail(why)
+    tree = world.tree
+    world.power_cut()  # whatever the test before left: a boot, and the way back kept
+    world.boot()
+    current = next(n for n, v in world.versions.items() if world.installed() == f"ii {v}")
+    tree.run("edged-updater", "keep", world.builds[current])
+    good = "B" if current != "B" else "A"
+    # a Debian system resolves localhost (the CDN's certificate names it); debootstrap's tree
+    # has no /etc/hosts
+    tree.path("/etc/hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+    pki = make_pki(tree.path("/etc/edged/test-pki"), ["n1"])
+    broker = Broker(tmp_path / "mosquitto", pki).start()
+    cdn = Cdn(tmp_path / "cdn", pki).start()
+    work = Path("/var/lib/edged/cs")
+    inside = cloudsync_config(broker, work, "f1", edged_socket=Path(SOCKET))
+    inside = inside.replace(str(tree.root), "").replace(f"{work}/trust", "/etc/edged/trust")
+    inside = inside.replace(f"{work}/cloudsync.sock", "/run/edged/cloudsync.sock")
+    inside += ('[delivery]\nca_file = "/etc/edged/test-pki/ca.pem"\nretry_s = 2\n'
+               "attempts = 2\n[heartbeat]\ninterval_s = 1\n")  # fmt: skip
+    tree.path("/etc/edged/cloudsync.toml").write_text(inside)
+    tree.run("install", "-d", "-o", "edged", "-g", "edged", str(work))
+    tree.run("chown", "-R", "edged:edged", "/etc/edged/test-pki")
+    consumer = operator(broker)
+    with (tmp_path / "cloudsync.log").open("ab") as log:
+        agent = subprocess.Popen(
+            ["chroot", str(tree.root), "setpriv", "--reuid=edged", "--regid=edged",
+             "--init-groups", "/usr/bin/cloudsync", "--config", "/etc/edged/cloudsync.toml"],
+            stdout=log, stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+        )  # fmt: skip
+    spool_dir = tree.path("/var/lib/edged/updates")
+
+    def steps() -> list[dict[str, Any]]:
+        found = bodies(list(consumer.received), "events")
+        return [e.body["delivery"] for e in found if "delivery" in e.body]
+
+    def step(name: str, release: int, timeout: float = 120) -> dict[str, Any]:
+        def row() -> dict[str, Any] | None:
+            return next((r for r in steps() if r["step"] == name
+                         and r.get("version") == release), None)  # fmt: skip
+
+        wait_for(row, timeout, f"step {name} of release {release}: {steps()}", agent)
+        found = row()
+        assert found is not None and found["model"] == "package:edged", found
+        return found
+
+    def deliver(name: str) -> int:
+        manifest = json.loads(tree.path(world.manifest(name)).read_text())
+        uri = cdn.put(f"edged/{Path(world.builds[name]).name}",
+                      tree.path(world.builds[name]).read_bytes())  # fmt: skip
+        urls = {Path(world.builds[name]).name: secure_link_url(cdn.base, uri, SECRET, 600)}
+        body = {"models": [{"manifest": manifest, "urls": urls}]}
+        payload = envelope.Envelope(OPERATOR, int(time.time() * 1000), body).encode()
+        assert not consumer.publish(NODE.desired_models, payload, retain=True).is_failure
+        return world.release
+
+    try:
+        release = deliver(good)
+        wait_for(lambda: (spool_dir / "request.json").exists(), 120,
+                 f"the request in the spool: {steps()}", agent)  # fmt: skip
+        assert step("accepted", release)["deb_version"] == world.versions[good]
+        deb = Path(world.builds[good]).name
+        assert step("downloaded", release)["bytes"] == tree.path(world.builds[good]).stat().st_size
+        step("handed-over", release)
+        assert (spool_dir / deb).stat().st_uid != 0  # cloudsync's, not root's
+        proc = world.updater("apply-spool")
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0 and json.loads(out)["outcome"] == "committed", err
+        assert world.installed() == f"ii {world.versions[good]}"
+        active = step("active", release)
+        assert active["outcome"] == "committed" and active["deb_version"] == world.versions[good]
+        assert not (spool_dir / "result.json").exists()  # taken by cloudsync
+        assert not (spool_dir / "request.json").exists()
+        world.serving()
+
+        release = deliver("BAD")
+        wait_for(lambda: (spool_dir / "request.json").exists(), 120,
+                 f"the request in the spool: {steps()}", agent)  # fmt: skip
+        proc = world.updater("apply-spool", health_s=20)
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 1 and json.loads(out)["outcome"] == "rolled-back", err
+        back = step("rolled-back", release)
+        assert "edged" in back["why"] and back["deb_version"] == world.versions["BAD"]
+        assert world.installed() == f"ii {world.versions[good]}"
+        world.serving()
+        # the same release is not handed over again (cloudsync's state, and the updater's)
+        time.sleep(6)
+        assert not (spool_dir / "request.json").exists()
+        assert [r["step"] for r in steps() if r.get("version") == release].count("handed-over") == 1
+    finally:
+        agent.kill()
+        agent.wait()
+        consumer.close()
+        cdn.stop()
+        broker.kill()
+        print((tmp_path / "cloudsync.log").read_text(errors="replace")[-3000:])

@@ -231,3 +231,30 @@ def test_a_removal_is_deployed_not_rolled_out() -> None:
     removal = manifest.sign(manifest.make("m", 3, [], lifetime_s=1e9, remove=True), {"k": KEY})
     with pytest.raises(Invalid, match=r"^manifest.signed.remove: a removal is deployed"):
         check({"id": "r1", "manifest": removal, "urls": {}}, None, NOW)
+
+
+def test_a_package_and_a_model_of_the_same_name_are_two_rollouts_on_one_node(
+    tmp_path: Path,
+) -> None:
+    """A release of edged (a package manifest, key package:edged) rolls out as a model does,
+    beside a model that happens to be called edged: each keeps the other's entry, each is
+    judged by its own nodes' steps."""
+    run = Runner(tmp_path, nodes=1)
+    files = [{"path": "edged_0.2.0_arm64.deb", "sha256": "a" * 64, "length": 1}]
+    signed = manifest.make("edged", 7, files, lifetime_s=1e9, deb_version="0.2.0")
+    package = {"id": "rp", "manifest": manifest.sign(signed, {"k": KEY}), "stages": [1.0],
+               "urls": {"edged_0.2.0_arm64.deb": "https://cdn/edged.deb"}}  # fmt: skip
+    made = check(package, None, NOW)
+    assert made.model == "package:edged"
+    run.rollouts.create(made, "alice")
+    run.rollouts.create(check(body(2, "edged", "rm", stages=[1.0]), None, NOW), "alice")
+    run.rollouts.turn()
+    kinds = sorted((e["manifest"]["signed"]["type"], e["manifest"]["signed"]["version"])
+                   for e in run.desired["n0"])  # fmt: skip
+    assert kinds == [("model", 2), ("package", 7)]
+    run.report("n0", "package:edged", 7, "active")  # the updater committed it
+    run.report("n0", "edged", 2, "rolled-back")  # the model's version did not hold
+    run.rollouts.turn()
+    run.rollouts.turn()
+    assert {r.id: r.state for r in run.rollouts.all()} == {"rp": "done", "rm": "aborted"}
+    assert [e["manifest"]["signed"]["type"] for e in run.desired["n0"]] == ["package"]

@@ -11,9 +11,19 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cloudsync.fleet.cli import main as edgefleet
-from cloudsync.protocol.manifest import ManifestError, file_entry, make, sign, verify
+from cloudsync.protocol.manifest import (
+    DEB_VERSION,
+    PACKAGE_FILE,
+    ManifestError,
+    file_entry,
+    make,
+    sign,
+    verify,
+)
 
 KEYS = {kid: Ed25519PrivateKey.generate() for kid in ("fleet-1", "fleet-2", "fleet-3")}
 ANCHORS = {kid: key.public_key() for kid, key in KEYS.items()}
@@ -164,3 +174,34 @@ def test_edgefleet_signs_a_removal_and_refuses_what_a_node_would_refuse(
     ):
         assert edgefleet(argv) == 2, argv
         assert says in capsys.readouterr().err, argv
+
+
+FIELD = (st.none() | st.booleans() | st.integers() | st.text(max_size=70)
+         | st.sampled_from(["1.0", "2:1.0+1~rc1", "1.0/..", "model", "package", ""]))  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["model", "package", None, "Package"]) | FIELD,
+       remove=FIELD, deb_version=FIELD,
+       path=st.sampled_from(["edged_1.0_amd64.deb", "model.onnx", "a/edged.deb", ".deb",
+                             "edged:1.deb", "edged_1.0_amd64.deb\n"]))  # fmt: skip
+def test_any_type_remove_and_deb_version_give_a_consistent_manifest_or_a_refusal(
+    kind: Any, remove: Any, deb_version: Any, path: str
+) -> None:
+    """What verify accepts is one of three shapes: a model version (files, no deb_version), a
+    removal (no files), or a package (one .deb by a plain name, a Debian version); never a
+    package that removes, nor a deb_version on a model."""
+    doc = manifest(files=[{"path": path, "sha256": "0" * 64, "length": 1}], type=kind,
+                   remove=remove, deb_version=deb_version)  # fmt: skip
+    try:
+        found = verify(sign(doc, {"fleet-1": KEYS["fleet-1"]}), ANCHORS)
+    except ManifestError:
+        return
+    assert found.remove is remove and found.kind == kind
+    if kind == "package":
+        assert DEB_VERSION.fullmatch(found.deb_version) and found.deb_version == deb_version
+        assert not remove and len(found.files) == 1 and PACKAGE_FILE.fullmatch(path)
+        assert found.key == f"package:{found.model}"
+    else:
+        assert found.deb_version == "" and found.key == found.model
+        assert (found.files == ()) is bool(remove)
