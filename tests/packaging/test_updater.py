@@ -202,6 +202,11 @@ def test_good_bad_and_a_power_cut_at_each_point_leave_n_or_n_plus_1_serving(
     assert world.installed() == f"ii {world.versions['A']}"
     assert world.serving() == VERSION  # the package's edged (its --version is the source's)
     assert not world.tree.path("/var/lib/edged-updater/journal.json").exists()
+    kept = world.tree.path("/var/lib/edged-updater/packages")
+    assert sorted(p.name for p in kept.glob("*.deb")) == [
+        f"edged_{VERSION}.deb",
+        f"edged_{world.versions['A']}.deb",
+    ]  # N and N+1: the way back, and the way back from the next
 
     # a bad one (edged exits at start): rolled back to N+1 by itself
     code, result = world.update("BAD", health_s=20)
@@ -209,6 +214,10 @@ def test_good_bad_and_a_power_cut_at_each_point_leave_n_or_n_plus_1_serving(
     assert "edged" in result["why"] and result["to"] == world.versions["BAD"]
     assert world.installed() == f"ii {world.versions['A']}"
     world.serving()
+    # the same release again: refused, from the updater's own record
+    proc = world.updater("apply", f"/tmp/manifest-{world.release}.json", world.builds["BAD"])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "was rolled back here" in err, err
 
     # a power cut at each point of the update A -> B, then a boot
     expected = {
