@@ -173,6 +173,22 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        self.outcome_seconds = Counter(
+            "edged_inference_request_outcome_seconds",
+            "Time of model calls summed by outcome (Triton's statistics: success and fail"
+            " durations)",
+            [*model, "outcome"],
+            registry=r,
+        )
+        self.last_call = Gauge(
+            "edged_inference_last_timestamp_seconds",
+            "When a model version's last call ended (Unix time)",
+            model,
+            registry=r,
+        )
+        # Triton's batch_stats: executions and their time by exact batch size, per version
+        # (kept here, not exported: up to max_batch_size series a version would be too many)
+        self.batches: dict[tuple[str, str], dict[int, list[float]]] = {}
         self.executions = Counter(
             "edged_inference_executions",
             "Executions of the model (fewer than requests when batching)",
@@ -254,11 +270,15 @@ class Metrics:
         compute = self.compute_seconds.labels(*labels)
         batch = self.batch_size.labels(*labels)
         executions = self.executions.labels(*labels)
+        sizes = self.batches.setdefault(labels, {})
 
         def executed(rows: int, seconds: float) -> None:
             executions.inc()
             batch.observe(rows)
             compute.observe(seconds)
+            row = sizes.setdefault(rows, [0, 0.0])
+            row[0] += 1
+            row[1] += seconds
 
         scheduler.observer = Observer(queued=queue.observe, executed=executed)
         self.queue_depth.labels(*labels).set_function(lambda: scheduler.depth)
@@ -268,8 +288,78 @@ class Metrics:
     ) -> None:
         """A model call ended (answered, refused or failed)."""
         outcome = "cancelled" if error is not None and not isinstance(error, Exception) else None
-        self.requests.labels(model, str(version), outcome or outcome_of(error)).inc()
+        outcome = outcome or outcome_of(error)
+        self.requests.labels(model, str(version), outcome).inc()
+        self.outcome_seconds.labels(model, str(version), outcome).inc(seconds)
         self.request_seconds.labels(model, str(version)).observe(seconds)
+        self.last_call.labels(model, str(version)).set_to_current_time()
+
+    def statistics(self, versions: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """Triton's statistics extension for these (model, version) pairs, from the counters
+        above: calls by outcome (success, fail: every other outcome) with their time, queue,
+        executions (compute_infer: edged times an execution whole, so compute_input and
+        compute_output stay 0) and the rows they ran (inference_count), per batch size too."""
+        wanted = set(versions)
+        figures: dict[tuple[str, str], dict[str, float]] = {v: {} for v in versions}
+        metrics: list[Any] = [self.requests, self.outcome_seconds, self.queue_seconds,
+                              self.compute_seconds, self.batch_size, self.executions,
+                              self.last_call]  # fmt: skip
+        for metric in metrics:
+            for family in metric.collect():
+                for sample in family.samples:
+                    key = (sample.labels.get("model", ""), sample.labels.get("version", ""))
+                    if key not in wanted or sample.name.endswith(("_bucket", "_created")):
+                        continue
+                    name = sample.name
+                    if "outcome" in sample.labels:
+                        good = "success" if sample.labels["outcome"] == "success" else "fail"
+                        name = f"{name}:{good}"
+                    figures[key][name] = figures[key].get(name, 0.0) + sample.value
+        return [self._statistics(m, v, figures[(m, v)]) for m, v in versions]
+
+    def _statistics(self, model: str, version: str, f: dict[str, float]) -> dict[str, Any]:
+        def duration(count: float, seconds: float) -> dict[str, int]:
+            return {"count": int(count), "ns": int(seconds * 1e9)}
+
+        def of(name: str) -> float:
+            return f.get(f"edged_inference_{name}", 0.0)
+
+        def outcome(good: str) -> dict[str, int]:
+            return duration(
+                of(f"requests_total:{good}"), of(f"request_outcome_seconds_total:{good}")
+            )
+
+        zero = duration(0, 0)
+        executions = of("executions_total")
+        stats = {
+            "success": outcome("success"),
+            "fail": outcome("fail"),
+            "queue": duration(of("queue_duration_seconds_count"), of("queue_duration_seconds_sum")),
+            "compute_input": zero,
+            "compute_infer": duration(executions, of("compute_duration_seconds_sum")),
+            "compute_output": zero,
+            "cache_hit": zero,
+            "cache_miss": zero,
+        }
+        batches = [
+            {
+                "batch_size": size,
+                "compute_input": duration(n, 0),
+                "compute_infer": duration(n, seconds),
+                "compute_output": duration(n, 0),
+            }
+            for size, (n, seconds) in sorted(self.batches.get((model, version), {}).items())
+        ]
+        return {
+            "name": model,
+            "version": version,
+            "last_inference": int(of("last_timestamp_seconds") * 1000),
+            "inference_count": int(of("batch_size_sum")),
+            "execution_count": int(executions),
+            "inference_stats": stats,
+            "batch_stats": batches,
+            "memory_usage": [],
+        }
 
     def render(self) -> bytes:
         """The text exposition format."""

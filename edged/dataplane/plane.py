@@ -39,6 +39,7 @@ EXTENSIONS = [
     "classification",
     "model_repository",
     "model_configuration",
+    "statistics",
     "edged_tasks",
 ]
 
@@ -147,6 +148,21 @@ class DataPlane:
         if shown is not None and shown.runtime is not None:
             meta["parameters"] = shown.runtime.metadata()
         return meta
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        """GET /v2/models[/{m}[/versions/{v}]]/stats (Triton's statistics extension): every
+        ready model version's, or those of ``name`` (NotFound: no such model or version)."""
+        rows = [r for r in self.manager.index() if r.get("version") and r["state"] == "READY"]
+        if name is not None:
+            self.manager.entry(name)  # NotFound for a model the repository does not have
+            rows = [r for r in rows if r["name"] == name]
+            wanted = parse_version(version)
+            if wanted is not None:
+                rows = [r for r in rows if r["version"] == str(wanted)]
+                if not rows:
+                    raise NotFound(f"model '{name}' has no version {wanted} ready")
+        pairs = [(str(r["name"]), str(r["version"])) for r in rows]
+        return {"model_stats": self.manager.metrics.statistics(pairs)}
 
     def model_ready(self, name: str, version: str | None) -> bool:
         """GET /v2/models/{m}[/versions/{v}]/ready."""

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -271,6 +272,14 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
                 else:
                     param.double_param = float(value)
             return reply
+
+        return await self._call(context, work)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
+        async def work() -> pb.ModelStatisticsResponse:
+            doc = self.plane.statistics(request.name or None, request.version or None)
+            reply = pb.ModelStatisticsResponse()
+            return json_format.ParseDict(doc, reply, ignore_unknown_fields=True)
 
         return await self._call(context, work)
 

@@ -286,6 +286,10 @@ def create_app(
         info = request.match_info
         return status_only(plane.ready and plane.model_ready(info["model"], info.get("version")))
 
+    async def statistics(request: web.Request) -> web.Response:
+        info = request.match_info
+        return ok(plane.statistics(info.get("model"), info.get("version")))
+
     async def model_config(request: web.Request) -> web.Response:
         return ok(plane.model_config(request.match_info["model"]).as_json())
 
@@ -453,6 +457,9 @@ def create_app(
             web.get("/v2", server_metadata),
             web.get("/v2/health/live", live),
             web.get("/v2/health/ready", ready),
+            web.get("/v2/models/stats", statistics),  # before /v2/models/{model}
+            web.get(model + "/stats", statistics),
+            web.get(versioned + "/stats", statistics),
             web.get(model, model_metadata),
             web.get(versioned, model_metadata),
             web.get(model + "/ready", model_ready),
