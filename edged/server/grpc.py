@@ -153,6 +153,8 @@ def decode_infer(request: pb.ModelInferRequest) -> InferRequest:
     )
 
 
+STREAM_IN_FLIGHT = 64  # requests of one stream being answered at once
+
 # Calls that change what serves: admin only. (The shared-memory, trace and log settings calls
 # change state too; edged answers them UNIMPLEMENTED, to anyone allowed.)
 ADMIN_METHODS = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
@@ -245,35 +247,88 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
 
         return await self._call(context, work)
 
+    async def _infer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        """One inference request, as ModelInfer and ModelStreamInfer answer it (EdgedError when
+        it is refused)."""
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        decoded = decode_infer(request)
+        response, _ = await self.plane.infer(
+            request.model_name, request.model_version or None, decoded, deadline
+        )
+        reply = pb.ModelInferResponse(
+            model_name=response.model_name, model_version=response.model_version, id=request.id
+        )
+        for name, array in response.outputs.items():
+            reply.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
+            reply.raw_output_contents.append(to_binary(array))
+        for key, value in response.parameters.items():
+            param = reply.parameters[key]
+            if isinstance(value, bool):  # before int: a bool is one
+                param.bool_param = value
+            elif isinstance(value, str):
+                param.string_param = value
+            else:
+                param.double_param = float(value)
+        return reply
+
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
-        async def work() -> pb.ModelInferResponse:
-            remaining = context.time_remaining()
-            deadline = time.monotonic() + remaining if remaining is not None else None
-            decoded = decode_infer(request)
-            response, _ = await self.plane.infer(
-                request.model_name, request.model_version or None, decoded, deadline
-            )
-            reply = pb.ModelInferResponse(
-                model_name=response.model_name,
-                model_version=response.model_version,
-                id=request.id,
-            )
-            for name, array in response.outputs.items():
-                reply.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
-                reply.raw_output_contents.append(to_binary(array))
-            for key, value in response.parameters.items():
-                param = reply.parameters[key]
-                if isinstance(value, bool):  # before int: a bool is one
-                    param.bool_param = value
-                elif isinstance(value, str):
-                    param.string_param = value
-                else:
-                    param.double_param = float(value)
-            return reply
+        return await self._call(context, lambda: self._infer(request, context))
 
-        return await self._call(context, work)
+    async def ModelStreamInfer(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
+        """Bidirectional streaming: each request answered as ModelInfer answers it (the same
+        admission, priority, deadline and routing), in the order they finish, at most
+        ``STREAM_IN_FLIGHT`` at once (the stream is not read further meanwhile); a refused
+        request is answered with ``error_message`` (and its id) and the stream goes on. The
+        stream's deadline bounds every request in it."""
+        room = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        writing = asyncio.Lock()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def answer(request: pb.ModelInferRequest) -> None:
+            self.plane.begin()
+            try:
+                reply = pb.ModelStreamInferResponse(
+                    infer_response=await self._infer(request, context)
+                )
+            except EdgedError as exc:
+                traceback.clear_frames(exc.__traceback__)
+                reply = pb.ModelStreamInferResponse(
+                    error_message=exc.message,
+                    infer_response=pb.ModelInferResponse(
+                        id=request.id, model_name=request.model_name
+                    ),
+                )
+            except Exception:
+                log.exception("gRPC stream request failed")
+                reply = pb.ModelStreamInferResponse(
+                    error_message="internal error; the daemon's log has the details",
+                    infer_response=pb.ModelInferResponse(id=request.id),
+                )
+            finally:
+                self.plane.end()
+                room.release()
+            async with writing:
+                await context.write(reply)
+
+        try:
+            while True:
+                await room.acquire()
+                request = await context.read()
+                if request is grpc.aio.EOF:
+                    break
+                task = asyncio.get_running_loop().create_task(answer(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:  # the caller went away: what it asked is not answered
+                task.cancel()
 
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
         async def work() -> pb.ModelStatisticsResponse:

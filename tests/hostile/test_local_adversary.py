@@ -75,6 +75,22 @@ for action in actions:
             triton.unload_model(model)
         elif op == "index":
             triton.get_model_repository_index()
+        elif op == "stats":
+            triton.get_inference_statistics(model)
+        elif op == "stream":
+            import queue
+            got = queue.Queue()
+            triton.start_stream(callback=lambda result, error: got.put(error))
+            x = grpcclient.InferInput("x", [1, 2], "FP32")
+            x.set_data_from_numpy(np.array([[1.0, 2.0]], dtype=np.float32))
+            try:
+                triton.async_stream_infer(model, [x])
+            except InferenceServerException:
+                pass  # the stream ended already: its callback has why
+            error = got.get(timeout=30)
+            triton.stop_stream()
+            if error is not None:
+                raise error
         seen.append(["OK", ""])
     except InferenceServerException as exc:
         seen.append([str(exc.status()).rsplit(".", 1)[-1], exc.message()])
@@ -220,6 +236,8 @@ def test_the_allowed_lists_hold_on_the_grpc_socket_too(public: type[Public]) -> 
         ["grpc", "infer", MODEL],
         ["grpc", "index", ""],
         ["grpc", "unload", MODEL],
+        ["grpc", "stream", MODEL],
+        ["grpc", "stats", MODEL],
     ]
     seen = daemon.as_nobody(actions)
     for (kind, *what), (status, message) in zip(actions, seen):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -116,3 +117,45 @@ def test_typed_contents_as_other_grpc_clients_send_them(daemon: Daemon) -> None:
     session = ort.InferenceSession(str(MODELS / "intent-classifier" / "1" / "model.onnx"))
     (expected,) = session.run(["probabilities"], {"embedding": embedding[None, :]})
     np.testing.assert_allclose(probabilities, expected.reshape(-1), atol=1e-6)
+
+
+def test_a_stream_answers_each_request_by_id_and_goes_on_after_an_error(
+    triton: grpcclient.InferenceServerClient,
+) -> None:
+    """ModelStreamInfer as tritonclient streams: every request answered once, under its id, as
+    the unary call answers it; a bad one answered with its error while the stream goes on."""
+    import queue
+
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    rng = np.random.default_rng(1)
+    sent: dict[str, np.ndarray] = {}
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for i in range(40):
+            embedding = rng.standard_normal((1, 384)).astype(np.float32)
+            tensor = grpcclient.InferInput("embedding", [1, 384], "FP32")
+            if i == 17:  # a wrong shape: refused, this request only
+                embedding = np.zeros((1, 3), np.float32)
+                tensor = grpcclient.InferInput("embedding", [1, 3], "FP32")
+            tensor.set_data_from_numpy(embedding)
+            sent[f"r{i}"] = embedding
+            triton.async_stream_infer("intent-classifier", [tensor], request_id=f"r{i}",
+                                      priority=1 + i % 2)  # fmt: skip
+        got = [answers.get(timeout=30) for _ in range(40)]
+    finally:
+        triton.stop_stream()
+    assert answers.empty()  # one answer per request, no more
+    session = ort.InferenceSession(str(MODELS / "intent-classifier" / "1" / "model.onnx"))
+    ids = set()
+    for result, error in got:
+        if error is not None:
+            assert "r17" not in ids and "embedding" in str(error), error
+            ids.add("r17")
+            continue
+        response = result.get_response()
+        ids.add(response.id)
+        (expected,) = session.run(["probabilities"], {"embedding": sent[response.id]})
+        # (within 1e-5: requests of a stream are batched together, as concurrent calls are)
+        np.testing.assert_allclose(result.as_numpy("probabilities"), expected, atol=1e-5)
+        assert response.parameters["route"].string_param == "local"
+    assert ids == set(sent)
