@@ -133,7 +133,8 @@ class Daemon:
             else None
         )
         self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
-        self.plane = DataPlane(self.manager, self.router, self.load, self.events)
+        self.plane = DataPlane(self.manager, self.router, self.load, self.events,
+                               config.server.shm_regions)  # fmt: skip
         self.admin = Admin(
             config.state_dir / ADMIN_FILE,
             self.router,
@@ -525,6 +526,7 @@ class Daemon:
             )
         await grpc_stopped
         await runner.cleanup()
+        self.plane.shm.close()
         for task in (*tasks, *self.reloads):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

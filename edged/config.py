@@ -58,6 +58,12 @@ class ServerConfig(Section):
     max_connections: int = Field(
         256, gt=0, description="open connections to the REST socket (503 above, at once)"
     )
+    shm_regions: int = Field(
+        64,
+        ge=0,
+        description="system shared-memory regions registered at once, all callers"
+        " together (Triton's extension; 0 turns it off)",
+    )
     read_timeout_s: float = Field(
         30.0,
         gt=0,

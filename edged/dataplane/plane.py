@@ -19,6 +19,7 @@ from edged.errors import InvalidRequest, NotFound, Unavailable
 from edged.events import EventLog
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
+from edged.protocol.shm import Bound, Regions
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
 from edged.request import (
     ROUTE_PARAMETERS,
@@ -40,6 +41,7 @@ EXTENSIONS = [
     "model_repository",
     "model_configuration",
     "statistics",
+    "system_shared_memory",
     "edged_tasks",
 ]
 
@@ -85,6 +87,7 @@ class DataPlane:
         router: Router,
         monitor: LoadMonitor | None = None,
         events: EventLog | None = None,
+        shm_regions: int = 64,
     ) -> None:
         """The manager's metrics also count the API requests in flight; ``router`` decides where
         each call runs; ``monitor`` gives the device's load for the status; ``events``: the
@@ -100,6 +103,12 @@ class DataPlane:
         self.idle.set()
         self.started = time.monotonic()
         manager.metrics.inflight.set_function(lambda: self.inflight)
+        self.shm = Regions(shm_regions)  # Triton's system shared memory (edged.protocol.shm)
+
+    def shared_memory(self, caller: Any, limit: int) -> Bound:
+        """The shared-memory regions as ``caller`` (a socket's ``Peer``; None: not a local
+        caller) may use them, ``limit`` bytes a read."""
+        return Bound(self.shm, caller, limit)
 
     def begin(self) -> None:
         """A request started."""

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from edged.errors import InvalidRequest
+from edged.protocol.shm import Bound, Use, use_of
 
 # OIP datatype name -> numpy dtype. BYTES tensors are numpy object arrays of ``bytes``.
 DATATYPES: dict[str, np.dtype[Any]] = {
@@ -124,6 +125,7 @@ class RequestedOutput:
     name: str
     binary: bool | None = None
     classification: int = 0
+    shm: Use | None = None  # written into a shared-memory region instead of the answer
 
 
 @dataclass
@@ -258,9 +260,10 @@ def from_json(
 
 
 def from_binary(
-    name: str, datatype: str, shape: list[int], chunk: bytes | memoryview
+    name: str, datatype: str, shape: list[int], chunk: bytes | memoryview, copy: bool = True
 ) -> np.ndarray:
-    """One tensor of the binary tensor extension as an array, checking its size."""
+    """One tensor of the binary tensor extension as an array, checking its size (``copy``
+    False: a view of ``chunk`` where the byte order allows, for a buffer of edged's own)."""
     count = element_count(shape)
     if datatype == "BYTES":
         if count > MAX_BYTES_ELEMENTS or 4 * count > len(chunk):  # before parsing any
@@ -295,11 +298,48 @@ def from_binary(
             f"tensor '{name}': shape {shape} of {datatype} needs {expected} bytes,"
             f" binary_data_size gives {len(chunk)}"
         )
-    return np.frombuffer(chunk, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+    array = np.frombuffer(chunk, dtype=dtype.newbyteorder("<"))
+    return array.astype(dtype, copy=copy).reshape(shape)
 
 
-def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
-    """Decode a REST inference request body (JSON, or JSON followed by binary tensor data)."""
+def from_region(
+    name: str, datatype: str, shape: list[int], use: Use, shm: Bound | None
+) -> np.ndarray:
+    """An input that a shared-memory region holds (read once, into an array of its own)."""
+    if shm is None:
+        raise InvalidRequest(f"input '{name}': shared memory is for callers on edged's sockets")
+    if datatype != "BYTES":  # its size is known: checked before anything is read
+        expected = element_count(shape) * DATATYPES[datatype].itemsize
+        if use.byte_size != expected:
+            raise InvalidRequest(
+                f"tensor '{name}': shape {shape} of {datatype} needs {expected} bytes,"
+                f" shared_memory_byte_size gives {use.byte_size}"
+            )
+    return from_binary(name, datatype, shape, shm.read(use), copy=False)
+
+
+def place(
+    response: InferResponse, requested: Iterable[RequestedOutput], shm: Bound | None
+) -> dict[str, dict[str, Any]]:
+    """The outputs asked for in shared memory, written there; their answer's parameters."""
+    placed: dict[str, dict[str, Any]] = {}
+    for wanted in requested:
+        if wanted.shm is None or wanted.name not in response.outputs:
+            continue
+        if shm is None:
+            raise InvalidRequest(f"output '{wanted.name}': shared memory is for local callers")
+        data = to_binary(response.outputs[wanted.name])
+        shm.write(wanted.shm, data)
+        placed[wanted.name] = {"shared_memory_region": wanted.shm.region,
+                               "shared_memory_byte_size": len(data)}  # fmt: skip
+    return placed
+
+
+def decode_request(
+    body: bytes, header_length: int | None = None, shm: Bound | None = None
+) -> InferRequest:
+    """Decode a REST inference request body (JSON, or JSON followed by binary tensor data;
+    inputs in shared memory read through ``shm``)."""
     view = memoryview(body)  # the binary data is sliced, never copied, until arrays are built
     if header_length is None:
         header, binary = body, view[len(body) :]
@@ -337,7 +377,10 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
         if not isinstance(params, dict):
             raise InvalidRequest(f"input '{name}': 'parameters' must be an object")
         size = params.get("binary_data_size")
-        if size is not None:
+        use = use_of(f"input '{name}'", params)
+        if use is not None:
+            inputs[name] = from_region(name, datatype, shape, use, shm)
+        elif size is not None:
             if type(size) is not int or size < 0:
                 raise InvalidRequest(f"tensor '{name}': binary_data_size must be an integer >= 0")
             if offset + size > len(binary):
@@ -377,6 +420,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
                 raw["name"],
                 None if binary_flag is None else bool(binary_flag),
                 classification,
+                use_of(f"output '{raw['name']}'", params),
             )
         )
     request_id = doc.get("id")
@@ -416,10 +460,13 @@ def to_binary(array: np.ndarray) -> bytes:
 
 
 def encode_tensors(
-    arrays: Mapping[str, np.ndarray], binary: Mapping[str, bool]
+    arrays: Mapping[str, np.ndarray],
+    binary: Mapping[str, bool],
+    placed: Mapping[str, dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[bytes]]:
     """Tensor entries for a request or response body, and the binary chunks that follow it
-    (for the names that ``binary`` marks), in order."""
+    (for the names that ``binary`` marks), in order; those ``placed`` in shared memory carry
+    its parameters instead of data."""
     entries = []
     chunks: list[bytes] = []
     for name, array in arrays.items():
@@ -428,7 +475,9 @@ def encode_tensors(
             "datatype": datatype_of(array),
             "shape": list(array.shape),
         }
-        if binary.get(name):
+        if placed and name in placed:
+            entry["parameters"] = placed[name]
+        elif binary.get(name):
             chunk = to_binary(array)
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
@@ -439,10 +488,12 @@ def encode_tensors(
 
 
 def encode_response(
-    response: InferResponse, binary: Mapping[str, bool] | None = None
+    response: InferResponse,
+    binary: Mapping[str, bool] | None = None,
+    placed: Mapping[str, dict[str, Any]] | None = None,
 ) -> tuple[bytes, int | None]:
     """Encode a response; returns the body and the JSON header length when binary data follows."""
-    outputs, chunks = encode_tensors(response.outputs, binary or {})
+    outputs, chunks = encode_tensors(response.outputs, binary or {}, placed)
     doc: dict[str, Any] = {
         "model_name": response.model_name,
         "model_version": response.model_version,

@@ -44,6 +44,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
 from edged.errors import ConfigError, EdgedError, Forbidden, InvalidRequest, NotFound, retry_after
+from edged.protocol.shm import Bound, use_of
 from edged.protocol.tensors import (
     DATATYPES,
     InferRequest,
@@ -53,6 +54,8 @@ from edged.protocol.tensors import (
     element_count,
     from_binary,
     from_json,
+    from_region,
+    place,
     to_binary,
 )
 from edged.server.access import Access, Peer, peer_of
@@ -98,17 +101,21 @@ def _parameters(message: Any) -> dict[str, Any]:
     return out
 
 
-def decode_infer(request: pb.ModelInferRequest) -> InferRequest:
-    """A ModelInferRequest as the data plane's InferRequest (raw or typed contents)."""
+def decode_infer(request: pb.ModelInferRequest, shm: Bound | None = None) -> InferRequest:
+    """A ModelInferRequest as the data plane's InferRequest (raw or typed contents, or a
+    shared-memory region read through ``shm``: raw contents are the other inputs', in order)."""
     if not request.inputs:
         raise InvalidRequest("request needs at least one input")
     raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
+    uses = [use_of(f"input '{t.name}'", _parameters(t.parameters)) for t in request.inputs]
+    carried = sum(use is None for use in uses)
+    if raw and len(raw) != carried:
         raise InvalidRequest(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs"
+            f"raw_input_contents has {len(raw)} entries for {carried} inputs not in shared memory"
         )
     inputs: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(request.inputs):
+    chunks = iter(raw)
+    for tensor, use in zip(request.inputs, uses):
         name = tensor.name
         if name in inputs:
             raise InvalidRequest(f"tensor '{name}' is given twice")
@@ -118,8 +125,11 @@ def decode_infer(request: pb.ModelInferRequest) -> InferRequest:
                 f" {', '.join(DATATYPES)}"
             )
         shape = check_shape(name, list(tensor.shape), tensor.datatype)
+        if use is not None:
+            inputs[name] = from_region(name, tensor.datatype, shape, use, shm)
+            continue
         if raw:
-            inputs[name] = from_binary(name, tensor.datatype, shape, raw[i])
+            inputs[name] = from_binary(name, tensor.datatype, shape, next(chunks))
             continue
         field = CONTENTS.get(tensor.datatype)
         if field is None:
@@ -143,7 +153,8 @@ def decode_infer(request: pb.ModelInferRequest) -> InferRequest:
         classification = params.get("classification", 0)
         if not isinstance(classification, int) or classification < 0:
             raise InvalidRequest(f"output '{wanted.name}': classification must be an integer >= 0")
-        outputs.append(RequestedOutput(wanted.name, True, classification))
+        use = use_of(f"output '{wanted.name}'", params)
+        outputs.append(RequestedOutput(wanted.name, True, classification, use))
     return InferRequest(
         inputs=inputs,
         id=request.id or None,
@@ -169,10 +180,12 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         plane: DataPlane,
         access: Access | None = None,
         peers: Callable[[str], Peer | None] = lambda peer: None,
+        limit: int = 64 << 20,
     ) -> None:
         self.plane = plane
         self.access = access
         self.peers = peers
+        self.limit = limit  # bytes a shared-memory input may hold (server.max_request_bytes)
 
     async def _check(self, context: grpc.aio.ServicerContext, method: str) -> None:
         """PERMISSION_DENIED, naming what is needed, unless the caller may make this call."""
@@ -254,16 +267,23 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         it is refused)."""
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
-        decoded = decode_infer(request)
+        shm = self.plane.shared_memory(self.peers(context.peer()), self.limit)
+        decoded = decode_infer(request, shm)
         response, _ = await self.plane.infer(
             request.model_name, request.model_version or None, decoded, deadline
         )
+        placed = place(response, decoded.outputs, shm)
         reply = pb.ModelInferResponse(
             model_name=response.model_name, model_version=response.model_version, id=request.id
         )
         for name, array in response.outputs.items():
-            reply.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
-            reply.raw_output_contents.append(to_binary(array))
+            tensor = reply.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
+            if name in placed:  # in shared memory: no raw contents, as Triton answers
+                for key, value in placed[name].items():
+                    field = "string_param" if isinstance(value, str) else "int64_param"
+                    setattr(tensor.parameters[key], field, value)
+            else:
+                reply.raw_output_contents.append(to_binary(array))
         for key, value in response.parameters.items():
             param = reply.parameters[key]
             if isinstance(value, bool):  # before int: a bool is one
@@ -329,6 +349,39 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             for task in tasks:  # the caller went away: what it asked is not answered
                 task.cancel()
+
+    async def SystemSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        async def work() -> pb.SystemSharedMemoryRegisterResponse:
+            self.plane.shm.register(self.peers(context.peer()), request.name, request.key,
+                                    request.offset, request.byte_size)  # fmt: skip
+            return pb.SystemSharedMemoryRegisterResponse()
+
+        return await self._call(context, work)
+
+    async def SystemSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        async def work() -> pb.SystemSharedMemoryUnregisterResponse:
+            self.plane.shm.unregister(self.peers(context.peer()), request.name or None)
+            return pb.SystemSharedMemoryUnregisterResponse()
+
+        return await self._call(context, work)
+
+    async def SystemSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        async def work() -> pb.SystemSharedMemoryStatusResponse:
+            found = self.plane.shm.status(self.peers(context.peer()), request.name or None)
+            reply = pb.SystemSharedMemoryStatusResponse()
+            for row in found:
+                reply.regions[row["name"]].CopyFrom(
+                    pb.SystemSharedMemoryStatusResponse.RegionStatus(**row)
+                )
+            return reply
+
+        return await self._call(context, work)
 
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
         async def work() -> pb.ModelStatisticsResponse:
@@ -488,7 +541,7 @@ class GrpcServer:
                 ("grpc.max_send_message_length", -1),
             ]
         )
-        service = Service(plane, access, self.peer)
+        service = Service(plane, access, self.peer, settings.max_request_bytes)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, self.server)
 
     def peer(self, name: str) -> Peer | None:

@@ -26,6 +26,7 @@ from edged.protocol.tensors import (
     encode_response,
     is_count,
     parse_json,
+    place,
 )
 from edged.server import connections
 from edged.server.access import Access, Peer, peer_of
@@ -286,6 +287,24 @@ def create_app(
         info = request.match_info
         return status_only(plane.ready and plane.model_ready(info["model"], info.get("version")))
 
+    async def shm_register(request: web.Request) -> web.Response:
+        doc = await read_json(request)
+        if not isinstance(doc, dict):
+            raise InvalidRequest("body: an object {key, offset, byte_size}")
+        plane.shm.register(peer_credentials(request), request.match_info["region"],
+                           doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))  # fmt: skip
+        return ok({})
+
+    async def shm_unregister(request: web.Request) -> web.Response:
+        plane.shm.unregister(peer_credentials(request), request.match_info.get("region"))
+        return ok({})
+
+    async def shm_status(request: web.Request) -> web.Response:
+        return ok(plane.shm.status(peer_credentials(request), request.match_info.get("region")))
+
+    async def cuda_shm(request: web.Request) -> web.Response:
+        raise InvalidRequest("CUDA shared memory: not on this edged (system shared memory is)")
+
     async def statistics(request: web.Request) -> web.Response:
         info = request.match_info
         return ok(plane.statistics(info.get("model"), info.get("version")))
@@ -302,11 +321,13 @@ def create_app(
         check_json_size(json_size, settings)
         body = await read_body(request)
         check_json_size(len(body) if header is None else None, settings)
+        shm = plane.shared_memory(peer_credentials(request), settings.max_request_bytes)
         decoded = await offload(
-            len(body), decode_request, body, int(header) if header is not None else None
+            len(body), decode_request, body, int(header) if header is not None else None, shm
         )
         response, binary = await plane.infer(info["model"], info.get("version"), decoded)
-        payload, header_length = encode_response(response, binary)
+        placed = place(response, decoded.outputs, shm)
+        payload, header_length = encode_response(response, binary, placed)
         if header_length is None:
             return web.Response(body=payload, content_type="application/json")
         return web.Response(
@@ -458,6 +479,12 @@ def create_app(
             web.get("/v2/health/live", live),
             web.get("/v2/health/ready", ready),
             web.get("/v2/models/stats", statistics),  # before /v2/models/{model}
+            web.get("/v2/systemsharedmemory/status", shm_status),
+            web.get("/v2/systemsharedmemory/region/{region}/status", shm_status),
+            web.post("/v2/systemsharedmemory/region/{region}/register", shm_register),
+            web.post("/v2/systemsharedmemory/region/{region}/unregister", shm_unregister),
+            web.post("/v2/systemsharedmemory/unregister", shm_unregister),
+            web.route("*", "/v2/cudasharedmemory{rest:.*}", cuda_shm),
             web.get(model + "/stats", statistics),
             web.get(versioned + "/stats", statistics),
             web.get(model, model_metadata),

@@ -84,7 +84,10 @@ PATHS = [
     "/v2/models/vad/versions/1/infer", "/v2/models/intent/versions/99999999999999999999/infer",
     "/v1/intent", "/v1/embed", "/v1/ocr", "/v1/vad", "/v1/tasks", "/v1/kb/ns/search",
     "/v1/events?after=" + "9" * 5000, "/v2/models/%00/infer", "/v2/models/" + "a" * 5000,
-    "/v2/repository/index", "/v1/tasks?stream=true",
+    "/v2/repository/index", "/v1/tasks?stream=true", "/v2/models/stats",
+    "/v2/systemsharedmemory/region/r/register", "/v2/systemsharedmemory/region/%2e%2e/register",
+    "/v2/systemsharedmemory/status", "/v2/systemsharedmemory/region/r/unregister",
+    "/v2/systemsharedmemory/unregister", "/v2/cudasharedmemory/region/r/register",
 ]  # fmt: skip
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
@@ -98,14 +101,19 @@ JSON = st.recursive(
 @st.composite
 def documents(draw: st.DrawFn) -> bytes:
     """API documents close to valid: real keys and shapes, hostile values."""
-    kind = draw(st.sampled_from(["infer", "task", "graph", "texts", "any"]))
+    kind = draw(st.sampled_from(["infer", "task", "graph", "texts", "shm", "any"]))
     if kind == "infer":
         tensor = {
             "name": draw(st.sampled_from(["text", "input_ids", "image", "audio", "x"])),
             "datatype": draw(st.sampled_from(["BYTES", "INT64", "FP32", "BOOL", "FP16", "?"])),
             "shape": draw(st.lists(st.integers(-1, 2**31), max_size=3) | JSON),
             "data": draw(JSON),
-        }
+            "parameters": draw(st.none() | st.fixed_dictionaries({
+                "shared_memory_region": st.sampled_from(["r", "", "../x"]) | JSON,
+                "shared_memory_byte_size": st.integers(-1, 2**63) | JSON,
+                "shared_memory_offset": st.integers(-1, 2**63) | JSON,
+            })),
+        }  # fmt: skip
         doc: Any = {"inputs": [tensor], "parameters": draw(JSON), "outputs": draw(JSON)}
     elif kind == "task":
         doc = {"template": draw(st.sampled_from(["ask", "search", "image-report", "x"])),
@@ -114,6 +122,11 @@ def documents(draw: st.DrawFn) -> bytes:
         node = {"id": draw(st.text(max_size=4)), "task": draw(st.sampled_from(
             ["ocr", "intent", "extract", "report", "x"])), "inputs": draw(JSON)}  # fmt: skip
         doc = {"graph": {"nodes": [node, draw(JSON)]}, "inputs": draw(JSON)}
+    elif kind == "shm":  # a region: keys that are not one name, sizes past any file
+        doc = {"key": draw(st.sampled_from(["/x", "/../etc/passwd", "", "/" + "a" * 300,
+                                            "/dev/shm/x", "x\x00y"]) | JSON),
+               "offset": draw(st.integers(-1, 2**63) | JSON),
+               "byte_size": draw(st.integers(-1, 2**63) | JSON)}  # fmt: skip
     elif kind == "texts":
         doc = {"texts": draw(st.lists(st.text(max_size=20), max_size=3) | JSON)}
     else:
@@ -349,7 +362,7 @@ def test_grpc_model_ready_for_an_unknown_model_is_false_as_triton_answers(
     assert client.is_model_ready("intent") is True
     for _ in range(20):  # what edged does not serve: one clear status, no traceback logged
         with pytest.raises(InferenceServerException, match="UNIMPLEMENTED"):
-            client.get_inference_statistics("intent")
+            client.get_trace_settings("intent")
 
 
 @pytest.mark.parametrize("where", ["source ==", "((", "x > 1", "\x00", "source == 'a' and"])

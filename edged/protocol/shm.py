@@ -1,0 +1,284 @@
+"""Triton's system shared memory extension: a local client passes tensors through a POSIX
+shared-memory region (``/dev/shm/<key>``) instead of the socket.
+
+A client registers a region (a name, the key it created with ``shm_open``, an offset and a
+size); an input then says ``shared_memory_region``, ``shared_memory_byte_size`` and, optionally,
+``shared_memory_offset`` instead of carrying data, and a requested output with the same
+parameters is written into the region instead of the answer.
+
+What edged holds is bounded and the caller's own:
+
+- A region belongs to the uid that registered it: another uid neither sees nor uses nor
+  unregisters it (a name is per uid), and edged reads a region only for a caller whom its file
+  mode lets read it (and writes outputs only where it lets the caller write): a file of another
+  uid is not readable through edged unless its permissions allow that uid. edged opens the file
+  itself (``O_NOFOLLOW``: a link is refused), so edged's user must be able to open it too (the
+  file's group, or mode 0666): the refusal says so.
+- At most ``max_regions`` regions at once; each is checked against the file's size when it is
+  registered and again at each use (a file made smaller since is an error, not a crash).
+- Tensors are read and written with ``pread``/``pwrite`` on the file, not through a mapping: a
+  client that truncates its file under a mapping would kill edged (SIGBUS). That is one copy
+  by the kernel, the same one a mapping's page faults would do, and none through the socket.
+- A process's regions go when it exits (a pidfd watched by the event loop): nothing is left
+  open for a client that crashed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+SHM_ROOT = Path("/dev/shm")
+# a POSIX shared-memory name is one path component; Triton's clients pass it with its "/"
+KEY = re.compile(r"/?[A-Za-z0-9_.@+=-]{1,200}")
+NAME = re.compile(r"[A-Za-z0-9_.@+=-]{1,128}")
+PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+@dataclass
+class Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    fd: int
+    writable: bool
+    uid: int
+    pid: int
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset,
+                "byte_size": self.byte_size}  # fmt: skip
+
+
+def may(uid: int, gids: frozenset[int], info: os.stat_result, write: bool) -> bool:
+    """Whether the file's mode lets this caller read it (and write it, with ``write``)."""
+    if uid == 0:
+        return True
+    if info.st_uid == uid:
+        bits = info.st_mode >> 6
+    elif info.st_gid in gids:
+        bits = info.st_mode >> 3
+    else:
+        bits = info.st_mode
+    need = 0o6 if write else 0o4
+    return bits & need == need
+
+
+@dataclass(frozen=True)
+class Use:
+    """Where a tensor goes or comes from: a region, an offset in it, a size."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+def use_of(where: str, params: dict[str, Any]) -> Use | None:
+    """The shared-memory parameters of an input or a requested output (None: it has none)."""
+    region = params.get("shared_memory_region")
+    if region is None:
+        return None
+    size, offset = params.get("shared_memory_byte_size"), params.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not NAME.fullmatch(region):
+        raise InvalidRequest(f"{where}: shared_memory_region must be a region's name")
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidRequest(f"{where}: {key} must be an integer >= 0")
+    assert isinstance(size, int) and isinstance(offset, int)
+    return Use(region, size, offset)
+
+
+@dataclass
+class Regions:
+    """Every region registered: by (uid, name)."""
+
+    max_regions: int = 64
+    root: Path = SHM_ROOT
+    regions: dict[tuple[int, str], Region] = field(default_factory=dict)
+    watched: dict[int, int] = field(default_factory=dict)  # pid -> its pidfd
+
+    def register(self, caller: Any, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        """``caller``: a ``Peer`` (uid, gids, pid); InvalidRequest names what is wrong."""
+        if caller is None:
+            raise InvalidRequest("shared memory is for local callers on edged's Unix sockets")
+        if self.max_regions == 0:
+            raise InvalidRequest("system shared memory is off here (server.shm_regions = 0)")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise InvalidRequest("region name: 1 to 128 letters, digits or _.@+=-")
+        if not isinstance(key, str) or not KEY.fullmatch(key) or key.strip("/.") == "":
+            raise InvalidRequest("key: a shared-memory name (/name, one path component)")
+        for what, value in (("offset", offset), ("byte_size", byte_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequest(f"{what}: an integer >= 0")
+        if (caller.uid, name) in self.regions:
+            raise InvalidRequest(f"region '{name}' is registered already: unregister it first")
+        if len(self.regions) >= self.max_regions:
+            raise InvalidRequest(f"{self.max_regions} regions are registered: at most that many")
+        path = self.root / key.lstrip("/")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            writable = True
+        except PermissionError:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError as exc:
+                raise InvalidRequest(self._unopened(key, exc)) from None
+            writable = False
+        except OSError as exc:
+            raise InvalidRequest(self._unopened(key, exc)) from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidRequest(f"key {key}: not a shared-memory file")
+            if not may(caller.uid, caller.gids, info, write=False):
+                raise InvalidRequest(f"key {key}: its mode does not let {caller} read it")
+            writable = writable and may(caller.uid, caller.gids, info, write=True)
+            if offset + byte_size > info.st_size:
+                raise InvalidRequest(
+                    f"region '{name}': offset {offset} + byte_size {byte_size} is past the end"
+                    f" of {key} ({info.st_size} bytes)"
+                )
+            self.watch(caller.pid)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.regions[(caller.uid, name)] = Region(name, key, offset, byte_size, fd, writable,
+                                                  caller.uid, caller.pid)  # fmt: skip
+        log.info("shared memory: %s registered region %s (%s, %d bytes)", caller, name, key,
+                 byte_size)  # fmt: skip
+
+    @staticmethod
+    def _unopened(key: str, exc: OSError) -> str:
+        if isinstance(exc, PermissionError):
+            return (f"key {key}: edged cannot open it (let edged's group read and write it:"
+                    " chgrp edged, mode 0660)")  # fmt: skip
+        if isinstance(exc, FileNotFoundError):
+            return f"key {key}: no such shared-memory file"
+        return f"key {key}: cannot be opened ({exc.strerror}; a link is refused)"
+
+    def unregister(self, caller: Any, name: str | None) -> None:
+        """The caller's region ``name``, or all of the caller's (None); unknown: an error."""
+        if caller is None:
+            return
+        names = [n for (uid, n) in self.regions if uid == caller.uid and name in (None, n)]
+        if name is not None and not names:
+            raise InvalidRequest(f"no shared-memory region '{name}' is registered")
+        for n in names:
+            self._drop(self.regions.pop((caller.uid, n)))
+
+    def status(self, caller: Any, name: str | None) -> list[dict[str, Any]]:
+        if caller is None:
+            return []
+        found = [r.status() for (uid, n), r in sorted(self.regions.items())
+                 if uid == caller.uid and name in (None, n)]  # fmt: skip
+        if name is not None and not found:
+            raise InvalidRequest(f"no shared-memory region '{name}' is registered")
+        return found
+
+    def _region(self, caller: Any, use: Use, write: bool) -> Region:
+        region = self.regions.get((caller.uid, use.region)) if caller is not None else None
+        if region is None:
+            raise InvalidRequest(f"no shared-memory region '{use.region}' is registered")
+        if use.offset + use.byte_size > region.byte_size:
+            raise InvalidRequest(
+                f"region '{use.region}': offset {use.offset} + {use.byte_size} bytes is past its"
+                f" {region.byte_size} bytes"
+            )
+        if write and not region.writable:
+            raise InvalidRequest(f"region '{use.region}': not writable by {caller} and edged")
+        if os.fstat(region.fd).st_size < region.offset + use.offset + use.byte_size:
+            raise InvalidRequest(f"region '{use.region}': its file is smaller than registered")
+        return region
+
+    def read(self, caller: Any, use: Use, limit: int) -> memoryview:
+        """The bytes of ``use`` (at most ``limit``: checked before anything is allocated)."""
+        if use.byte_size > limit:
+            raise InvalidRequest(
+                f"region '{use.region}': {use.byte_size} bytes, more than {limit} for a request"
+            )
+        region = self._region(caller, use, write=False)
+        data = np.empty(use.byte_size, np.uint8).data  # not zeroed: every byte is read over
+        got = os.preadv(region.fd, [data], region.offset + use.offset)
+        if got != use.byte_size:
+            raise InvalidRequest(f"region '{use.region}': its file is smaller than registered")
+        return data
+
+    def write(self, caller: Any, use: Use, data: bytes) -> None:
+        if len(data) > use.byte_size:
+            raise InvalidRequest(
+                f"region '{use.region}': the output is {len(data)} bytes, the request gave"
+                f" {use.byte_size}"
+            )
+        region = self._region(caller, use, write=True)
+        os.pwrite(region.fd, data, region.offset + use.offset)
+
+    # ---- lifetime ---------------------------------------------------------------------------
+
+    def watch(self, pid: int) -> None:
+        """The caller's regions go when it exits (a pidfd in the running event loop)."""
+        if pid in self.watched or pid <= 0:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a test of this class alone): nothing to watch with
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError as exc:
+            raise InvalidRequest(f"the calling process ({pid}) is gone ({exc.strerror})") from None
+        self.watched[pid] = fd
+        loop.add_reader(fd, self._exited, loop, pid)
+
+    def _exited(self, loop: asyncio.AbstractEventLoop, pid: int) -> None:
+        fd = self.watched.pop(pid)
+        loop.remove_reader(fd)
+        os.close(fd)
+        gone = [key for key, r in self.regions.items() if r.pid == pid]
+        for key in gone:
+            self._drop(self.regions.pop(key))
+        if gone:
+            log.info("shared memory: process %d exited; its %d region(s) unregistered", pid,
+                     len(gone))  # fmt: skip
+
+    def _drop(self, region: Region) -> None:
+        with contextlib.suppress(OSError):
+            os.close(region.fd)
+
+    def close(self) -> None:
+        for region in self.regions.values():
+            self._drop(region)
+        self.regions.clear()
+        for fd in self.watched.values():
+            with contextlib.suppress(OSError, RuntimeError):
+                asyncio.get_running_loop().remove_reader(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.watched.clear()
+
+
+@dataclass
+class Bound:
+    """The regions as one caller sees them: what the decoders and encoders are handed."""
+
+    regions: Regions
+    caller: Any
+    limit: int
+
+    def read(self, use: Use) -> memoryview:
+        return self.regions.read(self.caller, use, self.limit)
+
+    def write(self, use: Use, data: bytes) -> None:
+        self.regions.write(self.caller, use, data)
