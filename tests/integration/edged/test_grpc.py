@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from typing import Any
 
 import numpy as np
@@ -159,3 +160,32 @@ def test_a_stream_answers_each_request_by_id_and_goes_on_after_an_error(
         np.testing.assert_allclose(result.as_numpy("probabilities"), expected, atol=1e-5)
         assert response.parameters["route"].string_param == "local"
     assert ids == set(sent)
+
+
+def test_a_caller_that_leaves_mid_stream_leaves_nothing_behind(
+    daemon: Daemon, triton: grpcclient.InferenceServerClient
+) -> None:
+    """The stream's pending requests are cancelled with it: no error logged, nothing in
+    flight, and the next stream is served."""
+    logged = daemon.log.stat().st_size
+    text = grpcclient.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"how hot is the gpu"], object))
+    for _ in range(3):
+        triton.start_stream(callback=lambda result, error: None)
+        for i in range(50):
+            triton.async_stream_infer("intent", [text], request_id=str(i))
+        triton.stop_stream(cancel_requests=True)
+    status = daemon.client.call("GET", "/v1/status")
+    deadline = time.monotonic() + 10
+    while status["inflight"] > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        status = daemon.client.call("GET", "/v1/status")
+    assert status["inflight"] == 1  # this status call
+    tail = daemon.log.read_bytes()[logged:].decode(errors="replace")
+    assert '"log.level":"error"' not in tail, tail[-2000:]
+    answers: list[Any] = []
+    triton.start_stream(callback=lambda result, error: answers.append((result, error)))
+    triton.async_stream_infer("intent", [text], request_id="after")
+    triton.stop_stream()  # waits for the answers of what was sent
+    [(result, error)] = answers
+    assert error is None and list(result.as_numpy("intent")) == [b"device-status"]
