@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.load import UnixHTTPConnection, rest_request  # noqa: E402
+from bench.serving import timed  # noqa: E402
 from edged.client import Client  # noqa: E402
 
 SHAPE = [1, 1080, 1920, 3]
@@ -69,17 +69,6 @@ def frame_model(repository: Path) -> Path:
     save(model, str(path))
     (repository / "frame" / "config.pbtxt").write_text(CONFIG)
     return path
-
-
-def timed(call: Callable[[], object], runs: int) -> list[float]:
-    for _ in range(5):
-        call()
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 def main() -> None:

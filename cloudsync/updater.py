@@ -340,26 +340,18 @@ class Updater:
         holds, and answered there (``result.json``), a refusal too."""
         if self.settings.spool is None:
             raise UpdateError("no spool: --spool or cloudsync's [delivery] spool_dir")
+        where = self.settings.spool
         try:
-            fd = spool.open_spool(self.settings.spool)
-        except spool.SpoolError as exc:
-            raise UpdateError(str(exc)) from None
+            request = spool.take(where, spool.REQUEST, spool.MAX_REQUEST)  # taken: the path
+        except spool.SpoolError as exc:  # unit does not start again for it
+            return self.refuse({}, str(exc))
+        if request is None:
+            return None
+        manifest = request.get("manifest")
         try:
-            try:
-                request = spool.read_json(fd, spool.REQUEST, spool.MAX_REQUEST)
-            except FileNotFoundError:
-                return None
-            except spool.SpoolError as exc:
-                return self.refuse({}, str(exc))
-            finally:
-                spool.remove(fd, spool.REQUEST)  # taken: the path unit does not start again
-            manifest = request.get("manifest")
-            try:
-                return self.apply(manifest, lambda name, length: spool.open_file(fd, name, length))
-            except (UpdateError, TrustError) as exc:
-                return self.refuse(manifest, str(exc))
-        finally:
-            os.close(fd)
+            return self.apply(manifest, lambda name, length: spool.open_in(where, name, length))
+        except (UpdateError, TrustError) as exc:
+            return self.refuse(manifest, str(exc))
 
     def refuse(self, manifest: Any, why: str) -> dict[str, Any]:
         """A spool request refused before anything changed: said in the spool's result."""

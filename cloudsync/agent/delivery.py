@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import platform
 import re
 import shutil
@@ -352,21 +351,11 @@ class Delivery:
         to do now (True: done; False: again later); None when it is not this release's."""
         where = self.config.spool_dir
         try:
-            fd = spool.open_spool(where)
+            result = spool.take(where, spool.RESULT, spool.MAX_RESULT)
         except spool.SpoolError as exc:
-            self.report("failed", manifest, stage="update", why=str(exc))
-            return False
-        try:
-            try:
-                result = spool.read_json(fd, spool.RESULT, spool.MAX_RESULT)
-            except FileNotFoundError:
-                return None
-            except spool.SpoolError as exc:
-                result = {"outcome": "refused", "why": f"edged-updater's {exc}"}
-            finally:
-                spool.remove(fd, spool.RESULT)
-        finally:
-            os.close(fd)
+            result = {"outcome": "refused", "why": f"edged-updater's {exc}"}
+        if result is None:
+            return None
         outcome = str(result.get("outcome"))
         version = result.get("version")
         if isinstance(version, bool) or not isinstance(version, int):  # a request refused

@@ -108,6 +108,30 @@ def read_json(spool: int, name: str, limit: int) -> dict[str, Any]:
     return doc
 
 
+def take(directory: str | os.PathLike[str], name: str, limit: int) -> dict[str, Any] | None:
+    """The JSON object ``name`` in the spool, removed whatever it held (None: there is none);
+    SpoolError, naming it, for a spool that is not opened or a file that is not one."""
+    spool = open_spool(directory)
+    try:
+        try:
+            return read_json(spool, name, limit)
+        except FileNotFoundError:
+            return None
+        finally:
+            remove(spool, name)
+    finally:
+        os.close(spool)
+
+
+def open_in(directory: str | os.PathLike[str], name: str, limit: int) -> IO[bytes]:
+    """``open_file`` of ``name`` in the spool ``directory``."""
+    spool = open_spool(directory)
+    try:
+        return open_file(spool, name, limit)
+    finally:
+        os.close(spool)
+
+
 def write_file(spool: int, name: str, data: bytes) -> None:
     """``name`` in the spool, whole or not at all: written to a new file (O_EXCL, no link
     followed) and renamed over ``name`` within the same directory."""
