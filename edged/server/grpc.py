@@ -59,6 +59,7 @@ from edged.protocol.tensors import (
     to_binary,
 )
 from edged.server.access import Access, Peer, peer_of
+from edged.server.rest import OFFLOAD_BYTES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -268,7 +269,13 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         shm = self.plane.shared_memory(self.peers(context.peer()), self.limit)
-        decoded = decode_infer(request, shm)
+        carried = sum(len(chunk) for chunk in request.raw_input_contents)
+        if carried > OFFLOAD_BYTES or any(
+            "shared_memory_region" in t.parameters for t in request.inputs
+        ):  # copying a large tensor (or reading it from a region): off the event loop
+            decoded = await asyncio.to_thread(decode_infer, request, shm)
+        else:
+            decoded = decode_infer(request, shm)
         response, _ = await self.plane.infer(
             request.model_name, request.model_version or None, decoded, deadline
         )

@@ -322,8 +322,11 @@ def create_app(
         body = await read_body(request)
         check_json_size(len(body) if header is None else None, settings)
         shm = plane.shared_memory(peer_credentials(request), settings.max_request_bytes)
+        size = len(body)
+        if size <= OFFLOAD_BYTES and b"shared_memory_region" in body:
+            size = OFFLOAD_BYTES + 1  # a region's bytes are read off the event loop too
         decoded = await offload(
-            len(body), decode_request, body, int(header) if header is not None else None, shm
+            size, decode_request, body, int(header) if header is not None else None, shm
         )
         response, binary = await plane.infer(info["model"], info.get("version"), decoded)
         placed = place(response, decoded.outputs, shm)
