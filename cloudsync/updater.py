@@ -126,7 +126,7 @@ class Updater:
         result.update(outcome=outcome, why=why, at=time.time())
         self.write(self.store / "result.json", result)
         floor = self.read(self.store / "floor.json")
-        if outcome == "committed":  # nothing below it again; the packages but N and N-1 go
+        if outcome == "committed":  # nothing below it again; the packages but N and N+1 go
             floor["version"] = journal["version"]
             self.prune(journal["from"], journal["to"])
         elif outcome == "rolled-back":  # not this release again: a new one is needed

@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import stat
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,9 @@ class Regions:
     root: Path = SHM_ROOT
     regions: dict[tuple[int, str], Region] = field(default_factory=dict)
     watched: dict[int, int] = field(default_factory=dict)  # pid -> its pidfd
+    # Reads run in worker threads: a region's descriptor is not closed (and its number reused
+    # by another file) while one reads through it.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def register(self, caller: Any, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         """``caller``: a ``Peer`` (uid, gids, pid); InvalidRequest names what is wrong."""
@@ -155,8 +159,9 @@ class Regions:
         except BaseException:
             os.close(fd)
             raise
-        self.regions[(caller.uid, name)] = Region(name, key, offset, byte_size, fd, writable,
-                                                  caller.uid, caller.pid)  # fmt: skip
+        with self.lock:
+            self.regions[(caller.uid, name)] = Region(name, key, offset, byte_size, fd,
+                                                      writable, caller.uid, caller.pid)  # fmt: skip
         log.info("shared memory: %s registered region %s (%s, %d bytes)", caller, name, key,
                  byte_size)  # fmt: skip
 
@@ -173,11 +178,12 @@ class Regions:
         """The caller's region ``name``, or all of the caller's (None); unknown: an error."""
         if caller is None:
             return
-        names = [n for (uid, n) in self.regions if uid == caller.uid and name in (None, n)]
-        if name is not None and not names:
-            raise InvalidRequest(f"no shared-memory region '{name}' is registered")
-        for n in names:
-            self._drop(self.regions.pop((caller.uid, n)))
+        with self.lock:
+            names = [n for (uid, n) in self.regions if uid == caller.uid and name in (None, n)]
+            if name is not None and not names:
+                raise InvalidRequest(f"no shared-memory region '{name}' is registered")
+            for n in names:
+                self._drop(self.regions.pop((caller.uid, n)))
 
     def status(self, caller: Any, name: str | None) -> list[dict[str, Any]]:
         if caller is None:
@@ -209,9 +215,10 @@ class Regions:
             raise InvalidRequest(
                 f"region '{use.region}': {use.byte_size} bytes, more than {limit} for a request"
             )
-        region = self._region(caller, use, write=False)
-        data = np.empty(use.byte_size, np.uint8).data  # not zeroed: every byte is read over
-        got = os.preadv(region.fd, [data], region.offset + use.offset)
+        with self.lock:
+            region = self._region(caller, use, write=False)  # checked before allocating
+            data = np.empty(use.byte_size, np.uint8).data  # not zeroed: all read over
+            got = os.preadv(region.fd, [data], region.offset + use.offset)
         if got != use.byte_size:
             raise InvalidRequest(f"region '{use.region}': its file is smaller than registered")
         return data
@@ -222,8 +229,9 @@ class Regions:
                 f"region '{use.region}': the output is {len(data)} bytes, the request gave"
                 f" {use.byte_size}"
             )
-        region = self._region(caller, use, write=True)
-        os.pwrite(region.fd, data, region.offset + use.offset)
+        with self.lock:
+            region = self._region(caller, use, write=True)
+            os.pwrite(region.fd, data, region.offset + use.offset)
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -246,9 +254,10 @@ class Regions:
         fd = self.watched.pop(pid)
         loop.remove_reader(fd)
         os.close(fd)
-        gone = [key for key, r in self.regions.items() if r.pid == pid]
-        for key in gone:
-            self._drop(self.regions.pop(key))
+        with self.lock:
+            gone = [key for key, r in self.regions.items() if r.pid == pid]
+            for key in gone:
+                self._drop(self.regions.pop(key))
         if gone:
             log.info("shared memory: process %d exited; its %d region(s) unregistered", pid,
                      len(gone))  # fmt: skip
@@ -258,9 +267,10 @@ class Regions:
             os.close(region.fd)
 
     def close(self) -> None:
-        for region in self.regions.values():
-            self._drop(region)
-        self.regions.clear()
+        with self.lock:
+            for region in self.regions.values():
+                self._drop(region)
+            self.regions.clear()
         for fd in self.watched.values():
             with contextlib.suppress(OSError, RuntimeError):
                 asyncio.get_running_loop().remove_reader(fd)

@@ -117,6 +117,11 @@ def test_tritons_http_client_through_a_relay_does_the_same(
             assert [r["name"] for r in client.get_system_shared_memory_status()] == ["out"]
         finally:
             client.unregister_system_shared_memory()
+        with pytest.raises(InferenceServerException) as cuda:  # no CUDA here: said so
+            client.get_cuda_shared_memory_status()
+        assert "CUDA shared memory: not on this edged" in cuda.value.message()
+    with pytest.raises(InferenceServerException, match="UNIMPLEMENTED"):
+        grpc_of(daemon).get_cuda_shared_memory_status()
 
 
 def test_the_error_cases_name_the_region_and_the_limit(
