@@ -161,16 +161,15 @@ class DataPlane:
     def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         """GET /v2/models[/{m}[/versions/{v}]]/stats (Triton's statistics extension): every
         ready model version's, or those of ``name`` (NotFound: no such model or version)."""
-        rows = [r for r in self.manager.index() if r.get("version") and r["state"] == "READY"]
+        entries = sorted(self.manager.entries.items())  # what is loaded: no repository scan
         if name is not None:
-            self.manager.entry(name)  # NotFound for a model the repository does not have
-            rows = [r for r in rows if r["name"] == name]
-            wanted = parse_version(version)
-            if wanted is not None:
-                rows = [r for r in rows if r["version"] == str(wanted)]
-                if not rows:
-                    raise NotFound(f"model '{name}' has no version {wanted} ready")
-        pairs = [(str(r["name"]), str(r["version"])) for r in rows]
+            entries = [(name, self.manager.entry(name))]  # NotFound: no such model
+        pairs = [(n, str(v)) for n, entry in entries for v in entry.ready_versions]
+        wanted = parse_version(version) if name is not None else None
+        if wanted is not None:
+            pairs = [p for p in pairs if p[1] == str(wanted)]
+            if not pairs:
+                raise NotFound(f"model '{name}' has no version {wanted} ready")
         return {"model_stats": self.manager.metrics.statistics(pairs)}
 
     def model_ready(self, name: str, version: str | None) -> bool:

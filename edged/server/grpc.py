@@ -55,11 +55,10 @@ from edged.protocol.tensors import (
     from_binary,
     from_json,
     from_region,
-    place,
     to_binary,
 )
 from edged.server.access import Access, Peer, peer_of
-from edged.server.rest import OFFLOAD_BYTES
+from edged.server.rest import OFFLOAD_BYTES, offload, place_outputs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -269,17 +268,14 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         shm = self.plane.shared_memory(self.peers(context.peer()), self.limit)
-        carried = sum(len(chunk) for chunk in request.raw_input_contents)
-        if carried > OFFLOAD_BYTES or any(
-            "shared_memory_region" in t.parameters for t in request.inputs
-        ):  # copying a large tensor (or reading it from a region): off the event loop
-            decoded = await asyncio.to_thread(decode_infer, request, shm)
-        else:
-            decoded = decode_infer(request, shm)
+        size = sum(len(chunk) for chunk in request.raw_input_contents)
+        if any("shared_memory_region" in t.parameters for t in request.inputs):
+            size = OFFLOAD_BYTES + 1  # a region's bytes are read off the event loop too
+        decoded = await offload(size, decode_infer, request, shm)  # as REST bodies are
         response, _ = await self.plane.infer(
             request.model_name, request.model_version or None, decoded, deadline
         )
-        placed = place(response, decoded.outputs, shm)
+        placed = await place_outputs(response, decoded.outputs, shm)
         reply = pb.ModelInferResponse(
             model_name=response.model_name, model_version=response.model_version, id=request.id
         )

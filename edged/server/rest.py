@@ -19,8 +19,11 @@ from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
 from edged.errors import EdgedError, InvalidRequest, PayloadTooLarge, retry_after
 from edged.metrics import Metrics
+from edged.protocol.shm import Bound
 from edged.protocol.tensors import (
     HEADER_LENGTH,
+    InferResponse,
+    RequestedOutput,
     decode_request,
     dump_json,
     encode_response,
@@ -120,6 +123,19 @@ async def offload(size: int, fn: Callable[..., Any], *args: Any) -> Any:
     if size <= OFFLOAD_BYTES:
         return fn(*args)
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+async def place_outputs(
+    response: InferResponse, requested: list[RequestedOutput], shm: Bound
+) -> dict[str, dict[str, Any]]:
+    """``place``: the outputs asked for in shared memory written there, large ones off the
+    event loop (as large bodies are read)."""
+    size = sum(
+        response.outputs[o.name].nbytes
+        for o in requested
+        if o.shm is not None and o.name in response.outputs
+    )
+    return dict(await offload(size, place, response, requested, shm))
 
 
 def check_json_size(size: int | None, settings: ServerConfig) -> None:
@@ -329,7 +345,7 @@ def create_app(
             size, decode_request, body, int(header) if header is not None else None, shm
         )
         response, binary = await plane.infer(info["model"], info.get("version"), decoded)
-        placed = place(response, decoded.outputs, shm)
+        placed = await place_outputs(response, decoded.outputs, shm)
         payload, header_length = encode_response(response, binary, placed)
         if header_length is None:
             return web.Response(body=payload, content_type="application/json")
