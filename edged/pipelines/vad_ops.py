@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import struct
 import wave
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -203,55 +203,114 @@ def segments(
 
     ``probs[i]`` is the model's output for samples [i * chunk, (i + 1) * chunk) at ``rate``
     (chunk defaults to the model's chunk for the rate); ``total_samples`` is the audio's length
-    (default: len(probs) * chunk). Speech starts at the first chunk with prob >= threshold; it
-    ends where prob first fell below ``neg_threshold`` (default max(threshold - 0.15, 0.01))
-    once it has stayed under ``threshold`` for ``min_silence_ms``; segments not longer than
-    ``min_speech_ms`` are dropped; then each is widened by ``speech_pad_ms``, except that
-    neighbours closer than two pads split the gap between them. The same rules as silero-vad's
-    ``get_speech_timestamps`` (without its max_speech_duration_s splitting).
+    (default: len(probs) * chunk). The rules are ``Segmenter``'s.
     """
     p = np.asarray(probs, dtype=np.float32).reshape(-1)
-    if chunk is None and rate not in CHUNK:
-        raise ValueError(f"no default chunk for {rate} Hz; pass chunk")
-    size = chunk if chunk is not None else CHUNK[rate]
-    total = total_samples if total_samples is not None else len(p) * size
-    neg = neg_threshold if neg_threshold is not None else max(threshold - 0.15, 0.01)
-    min_speech = rate * min_speech_ms / 1000
-    min_silence = rate * min_silence_ms / 1000
-    pad = rate * speech_pad_ms / 1000
+    cutter = Segmenter(
+        rate,
+        chunk,
+        threshold=threshold,
+        neg_threshold=neg_threshold,
+        min_speech_ms=min_speech_ms,
+        min_silence_ms=min_silence_ms,
+        speech_pad_ms=speech_pad_ms,
+    )
+    found = [segment for prob in p.tolist() for segment in cutter.push(prob)]
+    found += cutter.finish(total_samples if total_samples is not None else len(p) * cutter.size)
+    return np.asarray(found, dtype=np.float32).reshape(-1, 2)
 
-    found: list[list[float]] = []
-    start: int | None = None  # sample where the current speech began
-    silence_from: int | None = None  # sample where prob first dropped below neg
-    for i, prob in enumerate(p.tolist()):
-        pos = i * size
-        if prob >= threshold:
-            silence_from = None  # speech came back before the silence was long enough
-            if start is None:
-                start = pos
-            continue
-        if start is None or prob >= neg:
-            continue  # between the thresholds: speech goes on, silence keeps counting
-        if silence_from is None:
-            silence_from = pos
-        if pos - silence_from >= min_silence:
-            if silence_from - start > min_speech:
-                found.append([start, silence_from])
-            start = silence_from = None
-    if start is not None and total - start > min_speech:
-        found.append([start, total])  # speech running until the end of the audio
 
-    for k, seg in enumerate(found):
-        if k == 0:
-            seg[0] = int(max(0, seg[0] - pad))
-        if k + 1 < len(found):
-            gap = found[k + 1][0] - seg[1]
-            # Neighbours closer than two pads meet in the middle instead of overlapping.
-            half = gap // 2 if gap < 2 * pad else pad
-            seg[1] = int(min(total, seg[1] + half))
-            found[k + 1][0] = int(max(0, found[k + 1][0] - half))
-        else:
-            seg[1] = int(min(total, seg[1] + pad))
-    if not found:
-        return np.zeros((0, 2), dtype=np.float32)
-    return (np.array(found, dtype=np.float64) / rate).astype(np.float32)
+class Segmenter:
+    """Speech segments from per-chunk probabilities fed one at a time, each given out as soon
+    as it is final (what a stream answers with).
+
+    Speech starts at the first chunk with prob >= threshold; it ends where prob first fell
+    below ``neg_threshold`` (default max(threshold - 0.15, 0.01)) once it has stayed under
+    ``threshold`` for ``min_silence_ms``; segments not longer than ``min_speech_ms`` are
+    dropped; then each is widened by ``speech_pad_ms``, except that neighbours closer than two
+    pads split the gap between them. The same rules as silero-vad's ``get_speech_timestamps``
+    (without its max_speech_duration_s splitting). A closed segment's end is final once the
+    next segment's start is known, or once no later speech could start within two pads of it.
+    """
+
+    def __init__(
+        self,
+        rate: int,
+        chunk: int | None = None,
+        *,
+        threshold: float = 0.5,
+        neg_threshold: float | None = None,
+        min_speech_ms: float = 250,
+        min_silence_ms: float = 100,
+        speech_pad_ms: float = 30,
+    ) -> None:
+        if chunk is None and rate not in CHUNK:
+            raise ValueError(f"no default chunk for {rate} Hz; pass chunk")
+        self.rate = rate
+        self.size = chunk if chunk is not None else CHUNK[rate]
+        self.threshold = threshold
+        self.neg = neg_threshold if neg_threshold is not None else max(threshold - 0.15, 0.01)
+        self.min_speech = rate * min_speech_ms / 1000
+        self.min_silence = rate * min_silence_ms / 1000
+        self.pad = rate * speech_pad_ms / 1000
+        self.fed = 0  # chunks so far
+        self.start: int | None = None  # sample where the current speech began
+        self.silence_from: int | None = None  # sample where prob first dropped below neg
+        # closed segments not given out yet: [start, end, padded start] in samples
+        self.closed: list[list[int]] = []
+
+    def push(self, prob: float) -> list[tuple[float, float]]:
+        """Feed the next chunk's probability; the segments that became final (seconds)."""
+        pos = self.fed * self.size
+        self.fed += 1
+        if prob >= self.threshold:
+            self.silence_from = None  # speech came back before the silence was long enough
+            if self.start is None:
+                self.start = pos
+        elif self.start is not None and prob < self.neg:
+            # (between the thresholds: speech goes on, silence keeps counting)
+            if self.silence_from is None:
+                self.silence_from = pos
+            if pos - self.silence_from >= self.min_silence:
+                self._close(self.silence_from)
+        # any later speech starts at or after the open one's start, or the next chunk
+        later = self.start if self.start is not None else self.fed * self.size
+        # the audio is at least this long: the last chunk fed holds one sample or more
+        known = (self.fed - 1) * self.size + 1
+        return self._give(lambda end: min(later, known) - end >= 2 * self.pad)
+
+    def finish(self, total_samples: int) -> list[tuple[float, float]]:
+        """The end of the audio (``total_samples`` long): the segments still held."""
+        if self.start is not None:
+            self._close(total_samples)  # speech running until the end of the audio
+        return self._give(lambda end: True, total_samples)
+
+    def _close(self, end: int) -> None:
+        assert self.start is not None
+        if end - self.start > self.min_speech:
+            # the padded start: a pad earlier, unless the segment before splits a short gap
+            self.closed.append([self.start, end, int(max(0, self.start - self.pad))])
+        self.start = self.silence_from = None
+
+    def _give(
+        self, alone: Callable[[int], bool], total: int | None = None
+    ) -> list[tuple[float, float]]:
+        """The closed segments whose padding is known: the next one's start is, or ``alone``
+        says for its end that no later speech could come close enough to split the gap."""
+        out = []
+        while self.closed:
+            _, end, padded = self.closed[0]
+            if len(self.closed) > 1:
+                following = self.closed[1]
+                gap = following[0] - end
+                # neighbours closer than two pads meet in the middle instead of overlapping
+                half = gap // 2 if gap < 2 * self.pad else self.pad
+                following[2] = int(max(0, following[0] - half))
+            elif alone(end):
+                half = self.pad
+            else:
+                break
+            last = end + half if total is None else min(total, end + half)
+            out.append((padded / self.rate, int(last) / self.rate))
+            del self.closed[0]
+        return out

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edged.errors import InvalidRequest
 from edged.pipelines import vad_ops
@@ -236,3 +238,84 @@ def test_segments_rules() -> None:
     # Neighbours closer than two pads split the gap instead of overlapping.
     close = vad_ops.segments(frames((0.9, 10), (0.1, 1), (0.9, 10)), rate, min_silence_ms=0)
     assert (close * rate).round().tolist() == [[0, 5120 + 256], [5120 + 256, 21 * size]]
+
+
+def reference_segments(
+    probs: list[float], rate: int, size: int, total: int, threshold: float,
+    min_speech_ms: float, min_silence_ms: float, pad_ms: float,
+) -> list[list[float]]:  # fmt: skip
+    """The segment rules as one pass over the whole audio, then the padding (the form of
+    silero-vad's get_speech_timestamps): the oracle for the streaming Segmenter."""
+    neg = max(threshold - 0.15, 0.01)
+    min_speech, min_silence, pad = (rate * ms / 1000 for ms in (min_speech_ms, min_silence_ms,
+                                                                 pad_ms))  # fmt: skip
+    found: list[list[float]] = []
+    start = silence_from = None
+    for i, prob in enumerate(probs):
+        pos = i * size
+        if prob >= threshold:
+            silence_from = None
+            start = pos if start is None else start
+        elif start is not None and prob < neg:
+            silence_from = pos if silence_from is None else silence_from
+            if pos - silence_from >= min_silence:
+                if silence_from - start > min_speech:
+                    found.append([start, silence_from])
+                start = silence_from = None
+    if start is not None and total - start > min_speech:
+        found.append([start, total])
+    for k, seg in enumerate(found):
+        if k == 0:
+            seg[0] = int(max(0, seg[0] - pad))
+        if k + 1 < len(found):
+            gap = found[k + 1][0] - seg[1]
+            half = gap // 2 if gap < 2 * pad else pad
+            seg[1] = int(min(total, seg[1] + half))
+            found[k + 1][0] = int(max(0, found[k + 1][0] - half))
+        else:
+            seg[1] = int(min(total, seg[1] + pad))
+    return [[float(np.float32(v / rate)) for v in seg] for seg in found]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    runs=st.lists(
+        st.tuples(st.sampled_from([0.0, 0.2, 0.4, 0.6, 0.9]), st.integers(1, 12)), max_size=14
+    ),
+    min_speech_ms=st.sampled_from([0, 32, 250]),
+    min_silence_ms=st.sampled_from([0, 20, 100, 300]),
+    pad_ms=st.sampled_from([0, 30, 100, 400]),
+    short_tail=st.integers(0, 511),
+)
+def test_segmenter_streams_the_batch_rules_early(
+    runs: list[tuple[float, int]], min_speech_ms: int, min_silence_ms: int, pad_ms: int,
+    short_tail: int,
+) -> None:  # fmt: skip
+    """Fed chunk by chunk, the Segmenter gives out exactly the one-pass rules' segments, each
+    final when given (never revised), and none held longer than its padding needs: once the
+    audio is two pads past a closed segment's end with no speech since, it is out."""
+    rate, size = 16000, 512
+    probs = [p for value, count in runs for p in [value] * count]
+    total = max(1, len(probs) * size - short_tail)
+    rules = dict(min_speech_ms=min_speech_ms, min_silence_ms=min_silence_ms, speech_pad_ms=pad_ms)
+    cutter = vad_ops.Segmenter(rate, **rules)  # type: ignore[arg-type]
+    given_at: list[tuple[int, tuple[float, float]]] = []
+    for i, prob in enumerate(probs):
+        given_at += [(i, seg) for seg in cutter.push(prob)]
+    given_at += [(len(probs), seg) for seg in cutter.finish(total)]
+    got = [[float(np.float32(v)) for v in seg] for _, seg in given_at]
+    want = reference_segments(probs, rate, size, total, 0.5, min_speech_ms, min_silence_ms, pad_ms)
+    assert got == want
+    batch = vad_ops.segments(np.asarray(probs, np.float32), rate, total_samples=total, **rules)
+    assert batch.tolist() == want and batch.dtype == np.float32
+    pad, silence = rate * pad_ms / 1000, rate * min_silence_ms / 1000
+    for i, (start, end) in given_at:
+        assert 0 <= start <= end <= total / rate
+        # Held no longer than its padding needs: its raw end lies within a pad before its
+        # padded end; once the audio was quiet from there until min_silence (to close it) and
+        # two pads (no later speech could split the gap) past it, it was out.
+        quiet_from = max(0, int((end * rate - pad) // size))
+        late = [j for j in range(quiet_from, len(probs))
+                if j * size >= end * rate + max(silence + size, 2 * pad)]  # fmt: skip
+        if late and all(p < 0.5 for p in probs[quiet_from : late[0] + 1]):
+            assert i <= late[0], (i, late[0])
