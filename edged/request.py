@@ -7,6 +7,8 @@ context variable (``CONTEXT``; asyncio copies it into each task the request star
   (sticky: once private, every later call of the request is), a route override, the request id
   and every decision taken (the answer's ``route_trace``).
 
+And, for a request made on a stream, ``RESPONSES``: where a decoupled model's responses go.
+
 The log fields (request id, model, route, reason) are ``edged.logs``' own context, shared with
 cloudsync.
 
@@ -18,9 +20,11 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from edged.errors import InvalidRequest
 
@@ -142,3 +146,19 @@ def set_route(ctx: RouteContext) -> contextvars.Token[RequestContext]:
     """Routing facts for what follows in this context (the QoS kept); ``CONTEXT.reset`` with
     the token puts the ones before back."""
     return CONTEXT.set(RequestContext(CONTEXT.get().qos, ctx))
+
+
+@dataclass
+class Responses:
+    """Where a decoupled model's responses go: the stream that called ``model``. ``send`` takes
+    the version that answers and one response's outputs; it waits while the stream's reader
+    is behind (back-pressure)."""
+
+    model: str
+    send: Callable[[str, dict[str, np.ndarray]], Awaitable[None]]
+    taken: bool = False  # a decoupled model answered through it
+
+
+RESPONSES: contextvars.ContextVar[Responses | None] = contextvars.ContextVar(
+    "edged_responses", default=None
+)

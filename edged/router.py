@@ -188,9 +188,13 @@ class Router:
             predicted += self.manager.wake_cost(name)
         return Path(True, "", predicted, 0.0, deviation), mv.config, None
 
-    def _cloud_path(self, name: str, version: int | None, payload: int) -> Path:
+    def _cloud_path(
+        self, name: str, version: int | None, payload: int, config: ModelConfig | None
+    ) -> Path:
         if self.cloud is None:
             return NO_CLOUD
+        if config is not None and config.decoupled:
+            return Path(False, "a decoupled model streams its responses from the device only")
         if version is not None:
             return Path(False, f"version {version} was asked for, and only the device has it")
         why = self.cloud.unavailable(name)
@@ -269,7 +273,7 @@ class Router:
             set_route(ctx)
         payload = payload_bytes(inputs)
         local, config, local_error = self._local_path(name, version, payload, ctx.internal)
-        cloud = self._cloud_path(name, version, payload)
+        cloud = self._cloud_path(name, version, payload, config)
         if not cloud.available and local_error is not None:
             if isinstance(local_error, NotFound) and name in self._catalog():
                 raise Unavailable(  # a cloud-only model while the cloud is down: not a 404

@@ -637,10 +637,12 @@ def build_vad_silero(repository: Path, wheel: Path) -> None:
 
 
 def build_vad(repository: Path) -> None:
-    """vad (pipeline): nothing to ship, but the version directory must exist."""
-    with version_dir(repository, "vad"):
-        pass
-    log("vad", "created empty version directory")
+    """vad and vad-segments (pipelines): nothing to ship, but the version directories must
+    exist."""
+    for name in ("vad", "vad-segments"):
+        with version_dir(repository, name):
+            pass
+        log(name, "created empty version directory")
 
 
 # --------------------------------------------------------------------------- verification
@@ -748,7 +750,7 @@ def verify_repository(repository: Path, expected: Sequence[str]) -> None:
 MODELS = [
     "text-encoder", "text-encoder-int8", "text-embedding", "text-embedding-int8",
     "intent-classifier", "intent",
-    "ocr-det", "ocr-cls", "ocr-rec", "ocr", "vad-silero", "vad",
+    "ocr-det", "ocr-cls", "ocr-rec", "ocr", "vad-silero", "vad", "vad-segments",
 ]  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,10 @@ from edged.models.repository import ModelManager
 from edged.protocol.shm import Bound, Regions
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
 from edged.request import (
+    RESPONSES,
     ROUTE_PARAMETERS,
     RequestQos,
+    Responses,
     RouteContext,
     enter,
     qos_from_parameters,
@@ -31,9 +33,13 @@ from edged.request import (
 )
 from edged.router import Router
 
-# Request parameters that the scheduler (Triton's names) and the router take; the model never
-# sees them.
-TAKEN_PARAMETERS = ("priority", "timeout", *ROUTE_PARAMETERS)
+# Taken out of a request's parameters before its model sees them: the QoS, the routing facts
+# and Triton's stream flag (whether a decoupled request's end is sent as an empty response).
+EMPTY_FINAL = "triton_enable_empty_final_response"
+TAKEN_PARAMETERS = ("priority", "timeout", *ROUTE_PARAMETERS, EMPTY_FINAL)
+FINAL = "triton_final_response"  # in each response on a stream: the request's last or not
+# what a stream's writer is: one response of a decoupled model, and its binary outputs
+Send = Callable[[InferResponse, dict[str, bool]], Awaitable[None]]
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -225,19 +231,59 @@ class DataPlane:
         version: str | None,
         request: InferRequest,
         deadline: float | None = None,
+        send: Send | None = None,
     ) -> tuple[InferResponse, dict[str, bool]]:
         """POST /v2/models/{m}[/versions/{v}]/infer (or gRPC ModelInfer, whose deadline comes
-        along); returns the response and which outputs go as binary data."""
+        along); returns the response and which outputs go as binary data.
+
+        A call on a stream passes ``send``: a decoupled model's responses go there as they
+        come (``triton_final_response`` false in each), and the response returned is the
+        final one, with no outputs (its ``triton_final_response`` true); any other model's
+        one response is returned, final."""
         self.check_ready()
         # Not reset on return: the request's task ends with it, and the transport's own log
         # lines about this request (errors, the access line) come after the return.
         logs.set_fields(request_id=request.id or logs.short_id(), model=name)
         parameters, route = self.take_parameters(request.parameters, deadline, request.id)
-        served, outputs = await self.router.infer(
-            name, parse_version(version), request.inputs, parameters
-        )
+        explain = request.parameters.get("explain") is True
+        sink = None
+        if send is not None:
+
+            async def partial(served: str, outputs: dict[str, np.ndarray]) -> None:
+                response, binary = self._answer(name, served, outputs, request, route, explain)
+                response.parameters[FINAL] = False
+                await send(response, binary)
+
+            sink = Responses(name, partial)
+        token = RESPONSES.set(sink)
+        try:
+            served, outputs = await self.router.infer(
+                name, parse_version(version), request.inputs, parameters
+            )
+        finally:
+            RESPONSES.reset(token)
         main = route.summary()  # where it ran, for the transport's access line
         logs.set_fields(route=main.get("route"), reason=main.get("reason"))
+        if sink is not None and sink.taken:  # decoupled: its responses went out already
+            response = InferResponse(name, served, {}, request.id, route_parameters(route, explain))
+            binary: dict[str, bool] = {}
+        else:
+            response, binary = self._answer(name, served, outputs, request, route, explain)
+        if send is not None:
+            response.parameters[FINAL] = True
+        return response, binary
+
+    def _answer(
+        self,
+        name: str,
+        served: str,
+        outputs: dict[str, np.ndarray],
+        request: InferRequest,
+        route: RouteContext,
+        explain: bool,
+    ) -> tuple[InferResponse, dict[str, bool]]:
+        """A response with the outputs the request asked for (all when it named none, as
+        classifications where it asked that), and which go as binary data."""
         binary: dict[str, bool] = {}
         if request.outputs:
             chosen: dict[str, np.ndarray] = {}
@@ -263,7 +309,7 @@ class DataPlane:
             model_version=served,
             outputs=outputs,
             id=request.id,
-            parameters=route_parameters(route, request.parameters.get("explain") is True),
+            parameters=route_parameters(route, explain),
         )
         return response, binary
 

@@ -118,6 +118,12 @@ class ModelConfig:
         return next((o.name for o in self.outputs if o.label_filename), None)
 
     @property
+    def decoupled(self) -> bool:
+        """Triton's ``model_transaction_policy { decoupled: true }``: zero or many responses
+        per request, so it is called on a stream (gRPC ModelStreamInfer) only."""
+        return bool(self.proto.model_transaction_policy.decoupled)
+
+    @property
     def is_pipeline(self) -> bool:
         """True for edged's pipeline backend (pre/post-processing around other models)."""
         return bool(self.proto.backend == PIPELINE_BACKEND)
@@ -241,6 +247,11 @@ def read_config(directory: Path, name: str | None = None) -> ModelConfig:
         )
     if proto.max_batch_size < 0:
         raise ConfigError(f"{path}: max_batch_size must be >= 0")
+    if proto.model_transaction_policy.decoupled and proto.backend != PIPELINE_BACKEND:
+        raise ConfigError(
+            f'{path}: only a pipeline (backend "{PIPELINE_BACKEND}") can be decoupled; a'
+            " graph answers each request once"
+        )
     config = ModelConfig(proto, directory)
     names = [t.name for t in config.inputs] + [t.name for t in config.outputs]
     if len(set(names)) != len(names):

@@ -1,4 +1,5 @@
-"""Voice activity detection: a WAV file in, speech segments (start, end in seconds) out.
+"""Voice activity detection: a WAV file in, speech segments (start, end in seconds) out: all
+at once, or (decoupled, on a stream) one response per segment as soon as it is final.
 
 Silero VAD is stateful: each 32 ms chunk is run with the state the previous chunk left, so the
 chunks of one request run in order.
@@ -6,7 +7,7 @@ chunks of one request run in order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -40,11 +41,32 @@ class VoiceActivity(Pipeline):
         return {"audio": blob}
 
     async def run(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
-        """Speech probabilities chunk by chunk, then segments with hysteresis."""
-        threshold = parameter(parameters, "threshold", 0.5, 0.05, 0.95)
-        min_speech_ms = parameter(parameters, "min_speech_ms", 250, 0, 60_000)
-        min_silence_ms = parameter(parameters, "min_silence_ms", 100, 0, 60_000)
-        speech_pad_ms = parameter(parameters, "speech_pad_ms", 30, 0, 10_000)
+        """Every speech segment of the audio at once."""
+        found = [segment async for segment in self.speech(inputs, parameters)]
+        return {"segments": np.asarray(found, dtype=np.float32).reshape(-1, 2)}
+
+    async def stream(
+        self,
+        inputs: Tensors,
+        parameters: Mapping[str, Any],
+        send: Callable[[Tensors], Awaitable[None]],
+    ) -> None:
+        """Decoupled: one response per speech segment ([1, 2]), sent as soon as it is final."""
+        async for segment in self.speech(inputs, parameters):
+            await send({"segments": np.asarray([segment], dtype=np.float32)})
+
+    async def speech(
+        self, inputs: Tensors, parameters: Mapping[str, Any]
+    ) -> AsyncIterator[tuple[float, float]]:
+        """Speech probabilities chunk by chunk; each segment (start, end in seconds) as soon
+        as the hysteresis makes it final."""
+        cutter = vad_ops.Segmenter(
+            16000,
+            threshold=parameter(parameters, "threshold", 0.5, 0.05, 0.95),
+            min_speech_ms=parameter(parameters, "min_speech_ms", 250, 0, 60_000),
+            min_silence_ms=parameter(parameters, "min_silence_ms", 100, 0, 60_000),
+            speech_pad_ms=parameter(parameters, "speech_pad_ms", 30, 0, 10_000),
+        )
         data = single_blob("audio", inputs["audio"])
         limit = self.limit("max_seconds", MAX_SECONDS)
         # samples, not seconds, bound the memory: max_seconds at the model's 16 kHz, whatever
@@ -58,18 +80,10 @@ class VoiceActivity(Pipeline):
         model = self.step("vad_model")
         state = vad_ops.initial_state()
         sr = np.array([rate], dtype=np.int64)
-        probs = []
         for chunk in vad_ops.chunks(pcm, rate):
             out = await self.steps.call(model, {"input": chunk, "state": state, "sr": sr})
             state = out["stateN"]
-            probs.append(float(out["output"].reshape(-1)[0]))
-        segments = vad_ops.segments(
-            np.asarray(probs, dtype=np.float32),
-            rate,
-            threshold=threshold,
-            min_speech_ms=min_speech_ms,
-            min_silence_ms=min_silence_ms,
-            speech_pad_ms=speech_pad_ms,
-            total_samples=len(pcm),
-        )
-        return {"segments": np.asarray(segments, dtype=np.float32).reshape(-1, 2)}
+            for segment in cutter.push(float(out["output"].reshape(-1)[0])):
+                yield segment
+        for segment in cutter.finish(len(pcm)):
+            yield segment

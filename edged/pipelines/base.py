@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +19,7 @@ import numpy as np
 from edged.config import ModelsConfig
 from edged.errors import EdgedError, InvalidRequest, ModelLoadError
 from edged.models.config import ModelConfig
+from edged.request import RESPONSES
 from edged.runtimes.base import Steps, Tensors
 
 T = TypeVar("T")
@@ -91,7 +92,10 @@ class Pipeline:
         sample = self.sample()
         if sample is not None:
             try:
-                await self.run(sample, {})
+                if self.config.decoupled:
+                    await self.stream(sample, {}, _discard)
+                else:
+                    await self.run(sample, {})
             except EdgedError as exc:
                 raise ModelLoadError(f"warm-up failed: {exc.message}") from None
 
@@ -103,11 +107,41 @@ class Pipeline:
         return None
 
     async def infer(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
-        """Run one request."""
-        return await self.run(inputs, parameters)
+        """Run one request. A decoupled model sends its responses to the stream that called
+        it and answers with no outputs of its own; called otherwise, it is refused."""
+        if not self.config.decoupled:
+            return await self.run(inputs, parameters)
+        sink = RESPONSES.get()
+        if sink is None or sink.model != self.config.name:
+            raise InvalidRequest(
+                f"model '{self.config.name}' is decoupled (zero or many responses per"
+                " request): call it on a stream, gRPC ModelStreamInfer"
+            )
+        sink.taken = True
+        version = self.version_dir.name
+
+        async def send(outputs: Tensors) -> None:
+            await sink.send(version, outputs)
+
+        token = RESPONSES.set(None)  # the models it calls answer it, not the stream
+        try:
+            await self.stream(inputs, parameters, send)
+        finally:
+            RESPONSES.reset(token)
+        return {}
 
     async def run(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
         """Subclasses: the pipeline itself."""
+        raise NotImplementedError
+
+    async def stream(
+        self,
+        inputs: Tensors,
+        parameters: Mapping[str, Any],
+        send: Callable[[Tensors], Awaitable[None]],
+    ) -> None:
+        """Subclasses that can be decoupled: the pipeline, sending each response as it is
+        ready."""
         raise NotImplementedError
 
     async def unload(self) -> None:
@@ -116,6 +150,10 @@ class Pipeline:
     def metadata(self) -> dict[str, Any]:
         """The models this pipeline calls."""
         return {"steps": {k: v for k, v in self.config.parameters.items() if k.endswith("_model")}}
+
+
+async def _discard(outputs: Tensors) -> None:
+    """A warm-up's responses go nowhere."""
 
 
 def texts_of(name: str, array: np.ndarray) -> list[str]:

@@ -37,4 +37,9 @@ def create_pipeline(
             f"model '{config.name}': parameter pipeline='{kind}' is not one of"
             f" {', '.join(sorted(PIPELINES))}"
         )
+    if config.decoupled and cls.stream is Pipeline.stream:
+        raise ModelLoadError(
+            f"model '{config.name}': pipeline '{kind}' answers each request once; it cannot be"
+            " decoupled"
+        )
     return cls(config, version_dir, steps, executor, settings)

@@ -42,12 +42,13 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from edged.config import ServerConfig
-from edged.dataplane.plane import DataPlane
+from edged.dataplane.plane import EMPTY_FINAL, DataPlane
 from edged.errors import ConfigError, EdgedError, Forbidden, InvalidRequest, NotFound, retry_after
 from edged.protocol.shm import Bound, use_of
 from edged.protocol.tensors import (
     DATATYPES,
     InferRequest,
+    InferResponse,
     RequestedOutput,
     check_shape,
     datatype_of,
@@ -164,6 +165,35 @@ def decode_infer(request: pb.ModelInferRequest, shm: Bound | None = None) -> Inf
     )
 
 
+def encode_infer(
+    response: InferResponse, placed: dict[str, dict[str, Any]]
+) -> pb.ModelInferResponse:
+    """A response as a ModelInferResponse: outputs as raw contents, or, for those ``placed``
+    in shared memory, their region's parameters only (as Triton answers)."""
+    reply = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id or "",
+    )
+    for name, array in response.outputs.items():
+        tensor = reply.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
+        if name in placed:
+            for key, value in placed[name].items():
+                field = "string_param" if isinstance(value, str) else "int64_param"
+                setattr(tensor.parameters[key], field, value)
+        else:
+            reply.raw_output_contents.append(to_binary(array))
+    for key, value in response.parameters.items():
+        param = reply.parameters[key]
+        if isinstance(value, bool):  # before int: a bool is one
+            param.bool_param = value
+        elif isinstance(value, str):
+            param.string_param = value
+        else:
+            param.double_param = float(value)
+    return reply
+
+
 STREAM_IN_FLIGHT = 64  # requests of one stream being answered at once
 
 # Calls that change what serves: admin only. (The shared-memory, trace and log settings calls
@@ -261,10 +291,14 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call(context, work)
 
     async def _infer(
-        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ModelInferRequest,
+        context: grpc.aio.ServicerContext,
+        write: Callable[[pb.ModelInferResponse], Awaitable[None]] | None = None,
     ) -> pb.ModelInferResponse:
         """One inference request, as ModelInfer and ModelStreamInfer answer it (EdgedError when
-        it is refused)."""
+        it is refused). On a stream, ``write`` sends a decoupled model's responses as they come;
+        the one returned is then the final one, with no outputs."""
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         shm = self.plane.shared_memory(self.peers(context.peer()), self.limit)
@@ -272,30 +306,22 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         if any("shared_memory_region" in t.parameters for t in request.inputs):
             size = OFFLOAD_BYTES + 1  # a region's bytes are read off the event loop too
         decoded = await offload(size, decode_infer, request, shm)  # as REST bodies are
+
+        async def reply(response: InferResponse) -> pb.ModelInferResponse:
+            return encode_infer(response, await place_outputs(response, decoded.outputs, shm))
+
+        async def send(response: InferResponse, _binary: dict[str, bool]) -> None:
+            assert write is not None
+            await write(await reply(response))
+
         response, _ = await self.plane.infer(
-            request.model_name, request.model_version or None, decoded, deadline
+            request.model_name,
+            request.model_version or None,
+            decoded,
+            deadline,
+            send if write is not None else None,
         )
-        placed = await place_outputs(response, decoded.outputs, shm)
-        reply = pb.ModelInferResponse(
-            model_name=response.model_name, model_version=response.model_version, id=request.id
-        )
-        for name, array in response.outputs.items():
-            tensor = reply.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
-            if name in placed:  # in shared memory: no raw contents, as Triton answers
-                for key, value in placed[name].items():
-                    field = "string_param" if isinstance(value, str) else "int64_param"
-                    setattr(tensor.parameters[key], field, value)
-            else:
-                reply.raw_output_contents.append(to_binary(array))
-        for key, value in response.parameters.items():
-            param = reply.parameters[key]
-            if isinstance(value, bool):  # before int: a bool is one
-                param.bool_param = value
-            elif isinstance(value, str):
-                param.string_param = value
-            else:
-                param.double_param = float(value)
-        return reply
+        return await reply(response)
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
@@ -307,17 +333,29 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         admission, priority, deadline and routing), in the order they finish, at most
         ``STREAM_IN_FLIGHT`` at once (the stream is not read further meanwhile); a refused
         request is answered with ``error_message`` (and its id) and the stream goes on. The
-        stream's deadline bounds every request in it."""
+        stream's deadline bounds every request in it. A decoupled model's responses are
+        written as they come; its end is an empty response (``triton_final_response`` true)
+        only when the request asked for it (``triton_enable_empty_final_response``), as
+        Triton does. Writes wait for the caller to read (back-pressure)."""
         room = asyncio.Semaphore(STREAM_IN_FLIGHT)
         writing = asyncio.Lock()
         tasks: set[asyncio.Task[None]] = set()
 
+        async def write(reply: pb.ModelStreamInferResponse) -> None:
+            async with writing:
+                await context.write(reply)
+
+        async def partial(response: pb.ModelInferResponse) -> None:
+            await write(pb.ModelStreamInferResponse(infer_response=response))
+
         async def answer(request: pb.ModelInferRequest) -> None:
             self.plane.begin()
+            reply: pb.ModelStreamInferResponse | None = None
             try:
-                reply = pb.ModelStreamInferResponse(
-                    infer_response=await self._infer(request, context)
-                )
+                final = await self._infer(request, context, partial)
+                empty = request.parameters.get(EMPTY_FINAL)
+                if final.outputs or (empty is not None and empty.bool_param):
+                    reply = pb.ModelStreamInferResponse(infer_response=final)
             except EdgedError as exc:
                 traceback.clear_frames(exc.__traceback__)
                 reply = pb.ModelStreamInferResponse(
@@ -335,8 +373,8 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             finally:
                 self.plane.end()
                 room.release()
-            async with writing:
-                await context.write(reply)
+            if reply is not None:
+                await write(reply)
 
         try:
             while True:

@@ -32,7 +32,7 @@ read_timeout_s = 2.0
 max_json_bytes = 4194304
 [models]
 load = ["intent", "text-embedding", "text-encoder", "intent-classifier", "ocr", "ocr-det",
-        "ocr-rec", "ocr-cls", "vad", "vad-silero"]
+        "ocr-rec", "ocr-cls", "vad", "vad-silero", "vad-segments"]
 """
 
 
@@ -82,7 +82,8 @@ def error_lines(daemon: Daemon) -> list[str]:
 PATHS = [
     "/v2/models/intent/infer", "/v2/models/text-encoder/infer", "/v2/models/ocr/infer",
     "/v2/models/vad/versions/1/infer", "/v2/models/intent/versions/99999999999999999999/infer",
-    "/v1/intent", "/v1/embed", "/v1/ocr", "/v1/vad", "/v1/tasks", "/v1/kb/ns/search",
+    "/v2/models/vad-segments/infer", "/v1/intent", "/v1/embed", "/v1/ocr", "/v1/vad",
+    "/v1/tasks", "/v1/kb/ns/search",
     "/v1/events?after=" + "9" * 5000, "/v2/models/%00/infer", "/v2/models/" + "a" * 5000,
     "/v2/repository/index", "/v1/tasks?stream=true", "/v2/models/stats",
     "/v2/systemsharedmemory/region/r/register", "/v2/systemsharedmemory/region/%2e%2e/register",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -14,6 +15,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MODELS, Daemon
+from tests.media import espeak, wav_bytes
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +191,81 @@ def test_a_caller_that_leaves_mid_stream_leaves_nothing_behind(
     triton.stop_stream()  # waits for the answers of what was sent
     [(result, error)] = answers
     assert error is None and list(result.as_numpy("intent")) == [b"device-status"]
+
+
+def test_a_decoupled_model_answers_each_speech_segment_on_the_stream(
+    daemon: Daemon, triton: grpcclient.InferenceServerClient
+) -> None:
+    """vad-segments (decoupled): one response per speech segment, the segments the unary vad
+    model finds in the same audio, each flagged not final; its end an empty final response
+    when asked for (Triton's enable_empty_final_response), nothing otherwise; zero segments
+    give zero responses; a non-decoupled model on the same stream answers once, final; bad
+    audio is answered with its error and the stream goes on; unary calls are refused."""
+    import queue
+
+    phrases = ["Turn on the lights.", "What is the weather tomorrow?", "Stop the music."]
+    pause = np.zeros(16000, np.float32)
+    pcm = np.concatenate([pause] + [part for p in phrases for part in (espeak(p), pause)])
+    wav = wav_bytes(pcm)
+    expected = [[s["start"], s["end"]] for s in daemon.client.vad(wav)]
+    assert len(expected) >= len(phrases)
+
+    def audio(blob: bytes) -> list[grpcclient.InferInput]:
+        tensor = grpcclient.InferInput("audio", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([blob], object))
+        return [tensor]
+
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    text = grpcclient.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"how hot is the gpu"], object))
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        triton.async_stream_infer("vad-segments", audio(wav), request_id="speech")
+        triton.async_stream_infer("vad-segments", audio(wav), request_id="speech-end",
+                                  enable_empty_final_response=True)  # fmt: skip
+        triton.async_stream_infer("vad-segments", audio(wav_bytes(pause)), request_id="quiet",
+                                  enable_empty_final_response=True)  # fmt: skip
+        triton.async_stream_infer("vad-segments", audio(b"RIFF not a wav"), request_id="bad")
+        triton.async_stream_infer("intent", [text], request_id="intent")
+    finally:
+        triton.stop_stream()  # waits for every answer of what was sent
+    by_id: dict[str, list[tuple[Any, Any]]] = {}
+    while not answers.empty():
+        result, error = answers.get()
+        key = "bad" if error is not None else result.get_response().id
+        by_id.setdefault(key, []).append((result, error))
+    assert sorted(by_id) == ["bad", "intent", "quiet", "speech", "speech-end"]
+
+    def final(result: Any) -> bool:
+        return bool(result.get_response().parameters["triton_final_response"].bool_param)
+
+    for key in ("speech", "speech-end"):
+        rows = [result for result, _ in by_id[key]]
+        segments = [r.as_numpy("segments") for r in rows if r.get_response().outputs]
+        assert [s.shape for s in segments] == [(1, 2)] * len(expected)
+        np.testing.assert_allclose(np.concatenate(segments), expected, atol=1e-6)
+        for r in rows[: len(expected)]:
+            response = r.get_response()
+            assert not final(r) and response.model_name == "vad-segments"
+            assert response.model_version == "1"
+            assert response.parameters["route"].string_param == "local"
+    assert len(by_id["speech"]) == len(expected)  # no empty final unless asked for
+    [*_, (end, _)] = by_id["speech-end"]
+    assert len(by_id["speech-end"]) == len(expected) + 1
+    assert final(end) and not end.get_response().outputs
+    [(quiet, _)] = by_id["quiet"]  # no speech: no segment, only the end asked for
+    assert final(quiet) and not quiet.get_response().outputs
+    [(_, error)] = by_id["bad"]
+    assert "not a WAV file" in str(error)
+    [(intent, _)] = by_id["intent"]
+    assert final(intent) and list(intent.as_numpy("intent")) == [b"device-status"]
+
+    with pytest.raises(InferenceServerException) as refused:
+        triton.infer("vad-segments", audio(wav))
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "decoupled" in str(refused.value) and "ModelStreamInfer" in str(refused.value)
+    body = {"inputs": [{"name": "audio", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}
+    status, _, answer = daemon.client.request(
+        "POST", "/v2/models/vad-segments/infer", json.dumps(body).encode()
+    )
+    assert status == 400 and "ModelStreamInfer" in json.loads(answer)["error"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -19,12 +20,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from edged.client import Client, ClientError
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import CLOUD_MODEL_B as MODEL_B
 from tests.conftest import MODELS, Cloud, Daemon, copy_model, linked_repository, wait_for
 from tests.integration.edged.test_scheduling import metric
+from tests.media import wav_bytes
 
 DIM = 384
 PRIVATE_HEAD = [0.0625, -0.125, 0.25, -0.5]  # the first values of every private input
@@ -419,3 +422,45 @@ def test_a_cloud_ab_split_sends_a_share_to_arm_b_with_metrics_per_arm(
     with pytest.raises(ClientError) as refused:
         client.set_ab(MODEL, MODEL_B, 2)
     assert refused.value.status == 400 and "b_share" in refused.value.message
+
+
+def test_a_decoupled_model_is_not_sent_to_the_cloud(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    """A decoupled model's responses stream from the device: with the cloud up, a request that
+    asks for the cloud runs locally as one that leaves the choice does, and both say why;
+    nothing reaches the cloud."""
+    daemon = edged_with_cloud(make_daemon, faults_cleared,
+                              models=(MODEL, "vad-segments", "vad-silero"))  # fmt: skip
+    triton = grpcclient.InferenceServerClient(
+        f"unix://{daemon.socket.with_name('edged-grpc.sock')}"
+    )
+    audio = grpcclient.InferInput("audio", [1], "BYTES")
+    audio.set_data_from_numpy(np.array([wav_bytes(np.zeros(16000, np.float32))], object))
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    seen = len(faults_cleared.seen())
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        triton.async_stream_infer("vad-segments", [audio], request_id="cloud",
+                                  enable_empty_final_response=True,
+                                  parameters={"route": "cloud"})  # fmt: skip
+        triton.async_stream_infer("vad-segments", [audio], request_id="auto",
+                                  enable_empty_final_response=True,
+                                  parameters={"explain": True})  # fmt: skip
+    finally:
+        triton.stop_stream()
+    got = {}
+    while not answers.empty():
+        result, error = answers.get_nowait()
+        assert error is None, error
+        got[result.get_response().id] = result.get_response().parameters
+    assert sorted(got) == ["auto", "cloud"]
+    for parameters in got.values():
+        assert parameters["route"].string_param == "local"
+        assert parameters["reason"].string_param == (
+            "cloud excluded: a decoupled model streams its responses from the device only"
+        )
+    (first, *steps) = json.loads(got["auto"]["route_trace"].string_param)
+    assert first["model"] == "vad-segments" and first["basis"] == "unavailable"
+    assert steps and {s["model"] for s in steps} == {"vad-silero"}
+    assert len(faults_cleared.seen()) == seen

@@ -84,3 +84,29 @@ def test_inputs_are_checked(tmp_path: Path, inputs: dict[str, np.ndarray], messa
 
 def test_good_inputs_pass(tmp_path: Path) -> None:
     read_config(write(tmp_path, CONFIG % "")).check_inputs({"x": np.zeros((2, 3), np.float32)})
+
+
+def test_only_a_pipeline_that_streams_can_be_decoupled(tmp_path: Path) -> None:
+    """Triton's model_transaction_policy: a graph answers each request once, so it cannot be
+    decoupled; a pipeline can, if it streams (vad), and one that answers once (intent) is
+    refused when it loads, naming why."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edged.config import ModelsConfig
+    from edged.errors import ModelLoadError
+    from edged.pipelines.factory import create_pipeline
+
+    decoupled = "model_transaction_policy { decoupled: true }"
+    assert not read_config(write(tmp_path, CONFIG % "")).decoupled
+    (tmp_path / "graph").mkdir()
+    with pytest.raises(ConfigError, match=r"only a pipeline .* can be decoupled"):
+        read_config(write(tmp_path / "graph", CONFIG % decoupled))
+    pipeline = 'backend: "pipeline"\nparameters { key: "pipeline" value { string_value: "%s" } }\n'
+    vad = read_config(write(tmp_path, pipeline % "vad" + decoupled, "vad"))
+    assert vad.decoupled
+    with ThreadPoolExecutor(1) as pool:
+        made = create_pipeline(vad, tmp_path, None, pool, ModelsConfig())  # type: ignore[arg-type]
+        assert made.config is vad
+        intent = read_config(write(tmp_path, pipeline % "intent" + decoupled, "intent"))
+        with pytest.raises(ModelLoadError, match="'intent' answers each request once"):
+            create_pipeline(intent, tmp_path, None, pool, ModelsConfig())  # type: ignore[arg-type]
