@@ -109,6 +109,9 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         if exc.status < 400:
             raise
         return error_response(exc.status, exc.reason)
+    except ConnectionResetError:  # the caller closed mid-body: no one is left to answer
+        log.info("%s %s: the caller went away mid-request", request.method, request.path)
+        return error_response(400, "the connection was lost mid-request")
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
         return error_response(500, "internal error; the daemon's log has the details")

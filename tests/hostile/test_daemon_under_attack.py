@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from edged.client import Client
-from tests.conftest import Daemon, require_models
+from tests.conftest import Daemon, require_models, wait_for
 
 ALLOWED_5XX = {503, 504}  # docs/SECURITY.md: a tier that cannot serve now, a deadline
 CONFIG = """
@@ -240,6 +240,21 @@ def test_a_body_sent_too_slowly_is_a_408(edged: Daemon) -> None:
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 408"), reply
     assert b"server.read_timeout_s" in reply
+
+
+def test_a_caller_that_leaves_mid_body_is_not_an_error(edged: Daemon) -> None:
+    """A caller gone halfway through its body (a relay that closed, a killed client) was
+    logged at ERROR with a traceback, as if edged had failed: it is an info line now."""
+    before = len(error_lines(edged))
+    for path in ("/v1/intent", "/v2/models/intent-classifier/infer"):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(edged.socket))
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: e\r\nContent-Length: 100\r\n\r\n{{"
+                         .encode())  # fmt: skip
+            time.sleep(0.2)  # the handler is reading the body when the caller goes
+    wait_for(lambda: "went away" in edged.logs(), 5, "the info line")
+    assert error_lines(edged)[before:] == []
+    assert_healthy(edged)
 
 
 def _rss(pid: int) -> int:
