@@ -114,11 +114,12 @@ def rest_client(socket_path: str, model: str, inputs: Tensors, **params: Any) ->
     return make
 
 
-def grpc_client(socket_path: str, model: str, inputs: Tensors) -> Callable[[], Call]:
+def grpc_client(url: str, model: str, inputs: Tensors) -> Callable[[], Call]:
+    """tritonclient.grpc, one client per thread: ``url`` is ``unix:///path`` or host:port."""
     import tritonclient.grpc as grpcclient
 
     def make() -> Call:
-        client = grpcclient.InferenceServerClient(f"unix://{socket_path}")
+        client = grpcclient.InferenceServerClient(url)
         tensors = []
         for name, array in inputs.items():
             tensor = grpcclient.InferInput(name, list(array.shape), _datatype(array))
@@ -375,7 +376,7 @@ def main() -> None:
                     "ORT in-process": ort_client(session, feeds),
                     "edged REST/UDS": rest_client(str(socket), graph, feeds),
                     "edged gRPC/UDS": grpc_client(
-                        str(socket.with_name("edged-grpc.sock")), graph, feeds
+                        f"unix://{socket.with_name('edged-grpc.sock')}", graph, feeds
                     ),
                 }
                 if peer is not None:

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""One client library for every row: tritonclient against edged's gRPC and REST sockets and
+MLServer's gRPC and REST ports, on the same ONNX graphs, in ONE run.
+
+What a Triton user measures: ``tritonclient.grpc`` on edged's gRPC socket (it takes
+``unix://``), ``tritonclient.http`` on edged's REST socket through a loopback relay (its HTTP
+client takes only TCP: socat when installed, as docs/API.md shows, else a Python relay in this
+process), and the same two clients on MLServer's ports (its own venv, bench/peer.py; without and
+with its adaptive batching, since edged batches). Binary tensors on REST where the server has
+the extension (edged), JSON otherwise (MLServer). One client per thread, closed loop; QPS and
+p50/p95 in ms, and QPS against MLServer gRPC (no batching) in the same run.
+
+Then the floors of the two protocol stacks on this machine: a bare ``grpc.aio`` servicer and a
+bare aiohttp handler on Unix sockets, each answering a fixed response with no model, called by
+the same clients as edged (tritonclient.grpc, and the load benchmark's http.client), with the
+server's CPU time per call read from /proc: what no code of edged's can go below.
+
+    .venv/bin/python bench/triton_clients.py [--seconds 4] [--concurrency 1 8 32] [--no-peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket as socketlib
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.load import (  # noqa: E402
+    MODELS,
+    Call,
+    Result,
+    _datatype,
+    closed_loop,
+    grpc_client,
+    rest_client,
+    start_edged,
+    table,
+    tensor_inputs,
+)
+
+Tensors = dict[str, np.ndarray]
+
+
+def http_client(url: str, model: str, inputs: Tensors, binary: bool) -> Callable[[], Call]:
+    """tritonclient.http, one client (one connection) per thread: made in the thread that calls
+    it (geventhttpclient's connections belong to the thread that made them)."""
+    import tritonclient.http as httpclient
+
+    tensors = []
+    for name, array in inputs.items():
+        tensor = httpclient.InferInput(name, list(array.shape), _datatype(array))
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        tensors.append(tensor)
+
+    def make() -> Call:
+        mine = threading.local()
+
+        def call() -> int:
+            if not hasattr(mine, "client"):
+                mine.client = httpclient.InferenceServerClient(
+                    url, concurrency=1, connection_timeout=60, network_timeout=60
+                )
+            mine.client.infer(model, tensors)
+            return 200
+
+        return call
+
+    return make
+
+
+@contextlib.contextmanager
+def relay(target: Path) -> Iterator[tuple[str, str]]:
+    """A loopback TCP port that reaches the Unix socket ``target``: (host:port, what relays)."""
+    socat = shutil.which("socat")
+    if socat is None:
+        from tests.relay import tcp_relay
+
+        with tcp_relay(target) as address:
+            yield address, "a Python relay in the client process"
+        return
+    with socketlib.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([socat, f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
+                             f"UNIX-CONNECT:{target}"])  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socketlib.create_connection(("127.0.0.1", port)):
+                break
+            time.sleep(0.05)
+        yield f"127.0.0.1:{port}", "socat"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(make: Callable[[], Call], c: int, seconds: float, pid: int) -> tuple[Result, float]:
+    """A closed-loop run, and the server's CPU microseconds per answered call."""
+    before = cpu_seconds(pid)
+    result = closed_loop(make, c, seconds)
+    spent = cpu_seconds(pid) - before
+    return result, 1e6 * spent / max(1, len(result.latencies))
+
+
+# ---- the floors: bare servers answering a fixed response ---------------------------------------
+
+BARE = r"""
+import asyncio, sys
+import numpy as np
+kind, path = sys.argv[1], sys.argv[2]
+answer = np.zeros((1, 20), np.float32)
+
+async def main():
+    if kind == "grpc":
+        import grpc
+        from tritonclient.grpc import service_pb2 as pb, service_pb2_grpc as pb_grpc
+
+        class Servicer(pb_grpc.GRPCInferenceServiceServicer):
+            async def ModelInfer(self, request, context):
+                reply = pb.ModelInferResponse(model_name=request.model_name, model_version="1")
+                reply.outputs.add(name="probabilities", datatype="FP32", shape=[1, 20])
+                reply.raw_output_contents.append(answer.tobytes())
+                return reply
+
+        server = grpc.aio.server()
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(), server)
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        await server.wait_for_termination()
+    else:
+        import json
+        from aiohttp import web
+
+        body = answer.tobytes()
+        header = json.dumps({"model_name": "m", "model_version": "1", "outputs": [
+            {"name": "probabilities", "datatype": "FP32", "shape": [1, 20],
+             "parameters": {"binary_data_size": len(body)}}]}).encode()
+
+        async def infer(request):
+            await request.read()
+            return web.Response(body=header + body, headers={
+                "Inference-Header-Content-Length": str(len(header)),
+                "Content-Type": "application/octet-stream"})
+
+        app = web.Application()
+        app.router.add_post("/v2/models/{name}/infer", infer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.UnixSite(runner, path).start()
+        await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@contextlib.contextmanager
+def bare_server(kind: str, workdir: Path) -> Iterator[tuple[Path, int]]:
+    """A bare ``grpc`` or ``rest`` server on a Unix socket: (its path, its pid)."""
+    path = workdir / f"bare-{kind}.sock"
+    proc = subprocess.Popen([sys.executable, "-c", BARE, kind, str(path)])
+    try:
+        deadline = time.monotonic() + 30
+        while not path.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the bare {kind} server did not start")
+            time.sleep(0.05)
+        time.sleep(0.3)
+        yield path, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=4.0, help="length of each run")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--no-peer", action="store_true", help="skip MLServer")
+    args = parser.parse_args()
+    inputs = tensor_inputs()
+    graphs = {"intent-classifier": "intent head", "text-encoder": "text encoder"}
+    header = ["model", "target", "client", "conc.", "QPS", "p50 ms", "p95 ms", "errors",
+              "server CPU µs/call", "QPS / MLServer gRPC"]  # fmt: skip
+    rows: list[list[str]] = []
+    peers: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        proc, sock = start_edged(work / "edged")
+        try:
+            if not args.no_peer:
+                from bench import peer as peer_module
+
+                venv = peer_module.ensure_venv(ROOT / ".bench-venv" / "mlserver")
+                spin_off = {
+                    "session.intra_op.allow_spinning": "0",
+                    "session.inter_op.allow_spinning": "0",
+                }
+                for graph in graphs:
+                    onnx_file = MODELS / graph / "1" / "model.onnx"
+                    peers[graph] = peer_module.start_peer(
+                        venv, onnx_file, graph, work / graph, session_config=spin_off
+                    )
+                    peers[graph + "+batching"] = peer_module.start_peer(
+                        venv, onnx_file, graph, work / (graph + "-batching"),
+                        max_batch_size=64, max_batch_time=0.002, session_config=spin_off,
+                    )  # fmt: skip
+            with relay(sock) as (address, relayed_by):
+                print(f"tritonclient.http reaches edged's socket through {relayed_by}")
+                for graph, label in graphs.items():
+                    feeds = inputs[graph]
+                    targets: dict[str, tuple[str, Callable[[], Call], int]] = {
+                        "edged gRPC/UDS": ("tritonclient.grpc", grpc_client(
+                            f"unix://{sock.with_name('edged-grpc.sock')}", graph, feeds),
+                            proc.pid),
+                        "edged REST/UDS": ("tritonclient.http", http_client(
+                            address, graph, feeds, binary=True), proc.pid),
+                    }  # fmt: skip
+                    for suffix, name in (("", "MLServer"), ("+batching", "MLServer batching")):
+                        peer = peers.get(graph + suffix)
+                        if peer is None:
+                            continue
+                        targets[f"{name} gRPC/TCP"] = ("tritonclient.grpc", grpc_client(
+                            peer.grpc_url, graph, feeds), peer.proc.pid)  # fmt: skip
+                        targets[f"{name} REST/TCP"] = ("tritonclient.http", http_client(
+                            peer.http_url.removeprefix("http://"), graph, feeds, binary=False),
+                            peer.proc.pid)  # fmt: skip
+                    for c in args.concurrency:
+                        measured = {}
+                        for target, (client, make, pid) in targets.items():
+                            measured[target] = (client, *run(make, c, args.seconds, pid))
+                        base = measured.get("MLServer gRPC/TCP")
+                        for target, (client, r, cpu) in measured.items():
+                            ratio = f"{r.qps / base[1].qps:.2f}x" if base and base[1].qps else "-"
+                            rows.append([label, target, client, str(c), f"{r.qps:,.0f}",
+                                         f"{r.pct(0.5):.2f}", f"{r.pct(0.95):.2f}",
+                                         str(r.errors), f"{cpu:.0f}", ratio])  # fmt: skip
+                            print(" | ".join(rows[-1]), flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+            for p in peers.values():
+                p.stop()
+        print()
+        print(table(rows, header))
+
+        floor_rows: list[list[str]] = []
+        feeds = inputs["intent-classifier"]
+        for kind, client in (("grpc", "tritonclient.grpc"), ("rest", "http.client")):
+            with bare_server(kind, work) as (path, pid):
+                make = (grpc_client(f"unix://{path}", "m", feeds) if kind == "grpc"
+                        else rest_client(str(path), "m", feeds))  # fmt: skip
+                for c in args.concurrency:
+                    r, cpu = run(make, c, args.seconds, pid)
+                    stack = "grpc.aio" if kind == "grpc" else "aiohttp"
+                    floor_rows.append(
+                        [
+                            f"bare {stack} (fixed answer)",
+                            client,
+                            str(c),
+                            f"{r.qps:,.0f}",
+                            f"{r.pct(0.5):.2f}",
+                            f"{cpu:.0f}",
+                        ]
+                    )
+                    print(" | ".join(floor_rows[-1]), flush=True)
+        print()
+        print(table(floor_rows, ["server", "client", "conc.", "QPS", "p50 ms",
+                                 "server CPU µs/call"]))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
