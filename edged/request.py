@@ -148,14 +148,81 @@ def set_route(ctx: RouteContext) -> contextvars.Token[RequestContext]:
     return CONTEXT.set(RequestContext(CONTEXT.get().qos, ctx))
 
 
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")  # Triton's names
+MAX_SEQUENCE_ID = 256  # characters of a string sequence id
+
+
+@dataclass
+class Sequence:
+    """One sequence of a stateful model on a stream: the model's own state between requests."""
+
+    id: int | str
+    state: dict[str, Any] = field(default_factory=dict)
+    used: float = field(default_factory=time.monotonic)
+    end: bool = False  # this request is the sequence's last
+
+
+class Sequences:
+    """The open sequences of one stream (Triton's sequence batching, kept per stream): a
+    sequence lives on the stream that started it, at most ``limit`` at once per model, and is
+    dropped when it ends, when it has been idle for its model's ``max_sequence_idle`` or when
+    the stream goes (no other caller can reach it)."""
+
+    def __init__(self, limit: int = 16) -> None:
+        self.limit = limit
+        self.open: dict[tuple[str, int | str], Sequence] = {}
+
+    def take(self, model: str, parameters: Mapping[str, Any], idle_s: float) -> Sequence:
+        """The sequence a request of ``model`` belongs to, started by ``sequence_start``;
+        InvalidRequest naming the parameter when it has none, or one not open."""
+        sid = parameters.get("sequence_id")
+        if not (
+            (isinstance(sid, int) and not isinstance(sid, bool) and sid > 0)
+            or (isinstance(sid, str) and 0 < len(sid) <= MAX_SEQUENCE_ID)
+        ):
+            raise InvalidRequest(
+                f"model '{model}' is stateful: parameter 'sequence_id' must be an integer > 0"
+                f" or a string of 1 to {MAX_SEQUENCE_ID} characters"
+            )
+        flags = [parameters.get(key, False) for key in SEQUENCE_PARAMETERS[1:]]
+        if not all(isinstance(flag, bool) for flag in flags):
+            raise InvalidRequest("parameters 'sequence_start' and 'sequence_end' must be booleans")
+        start, end = flags
+        now = time.monotonic()
+        for key, open_one in list(self.open.items()):
+            if key[0] == model and now - open_one.used > idle_s:
+                del self.open[key]
+        key = (model, sid)
+        if start:
+            self.open.pop(key, None)  # a start on an open sequence starts it again
+            if sum(k[0] == model for k in self.open) >= self.limit:
+                raise InvalidRequest(
+                    f"model '{model}': {self.limit} sequences are open on this stream already;"
+                    " end one (sequence_end) first"
+                )
+            self.open[key] = Sequence(sid)
+        found = self.open.get(key)
+        if found is None:
+            raise InvalidRequest(
+                f"model '{model}': sequence {sid!r} is not open on this stream (it never"
+                f" started, ended, or was idle for over {idle_s:g} s): start it with"
+                " sequence_start"
+            )
+        found.used, found.end = now, end
+        if end:
+            del self.open[key]
+        return found
+
+
 @dataclass
 class Responses:
     """Where a decoupled model's responses go: the stream that called ``model``. ``send`` takes
     the version that answers and one response's outputs; it waits while the stream's reader
-    is behind (back-pressure)."""
+    is behind (back-pressure). ``sequences`` holds the stream's open sequences."""
 
     model: str
     send: Callable[[str, dict[str, np.ndarray]], Awaitable[None]]
+    sequences: Sequences | None = None
     taken: bool = False  # a decoupled model answered through it
 
 

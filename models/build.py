@@ -637,9 +637,9 @@ def build_vad_silero(repository: Path, wheel: Path) -> None:
 
 
 def build_vad(repository: Path) -> None:
-    """vad and vad-segments (pipelines): nothing to ship, but the version directories must
-    exist."""
-    for name in ("vad", "vad-segments"):
+    """vad, vad-segments and vad-live (pipelines): nothing to ship, but the version
+    directories must exist."""
+    for name in ("vad", "vad-segments", "vad-live"):
         with version_dir(repository, name):
             pass
         log(name, "created empty version directory")
@@ -751,6 +751,7 @@ MODELS = [
     "text-encoder", "text-encoder-int8", "text-embedding", "text-embedding-int8",
     "intent-classifier", "intent",
     "ocr-det", "ocr-cls", "ocr-rec", "ocr", "vad-silero", "vad", "vad-segments",
+    "vad-live",
 ]  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from edged.request import (
     RequestQos,
     Responses,
     RouteContext,
+    Sequences,
     enter,
     qos_from_parameters,
     route_context,
@@ -232,6 +233,7 @@ class DataPlane:
         request: InferRequest,
         deadline: float | None = None,
         send: Send | None = None,
+        sequences: Sequences | None = None,
     ) -> tuple[InferResponse, dict[str, bool]]:
         """POST /v2/models/{m}[/versions/{v}]/infer (or gRPC ModelInfer, whose deadline comes
         along); returns the response and which outputs go as binary data.
@@ -239,7 +241,8 @@ class DataPlane:
         A call on a stream passes ``send``: a decoupled model's responses go there as they
         come (``triton_final_response`` false in each), and the response returned is the
         final one, with no outputs (its ``triton_final_response`` true); any other model's
-        one response is returned, final."""
+        one response is returned, final. ``sequences`` are the stream's open sequences, for
+        stateful models."""
         self.check_ready()
         # Not reset on return: the request's task ends with it, and the transport's own log
         # lines about this request (errors, the access line) come after the return.
@@ -254,7 +257,7 @@ class DataPlane:
                 response.parameters[FINAL] = False
                 await send(response, binary)
 
-            sink = Responses(name, partial)
+            sink = Responses(name, partial, sequences)
         token = RESPONSES.set(sink)
         try:
             served, outputs = await self.router.infer(

@@ -124,6 +124,16 @@ class ModelConfig:
         return bool(self.proto.model_transaction_policy.decoupled)
 
     @property
+    def sequence_idle_s(self) -> float | None:
+        """Triton's ``sequence_batching``: a stateful model, whose requests carry a sequence
+        id; None for any other. The seconds a sequence may stay idle before it is dropped
+        (``max_sequence_idle_microseconds``, Triton's default 1 s)."""
+        if not self.proto.HasField("sequence_batching"):
+            return None
+        idle = self.proto.sequence_batching.max_sequence_idle_microseconds
+        return idle / 1e6 if idle else 1.0
+
+    @property
     def is_pipeline(self) -> bool:
         """True for edged's pipeline backend (pre/post-processing around other models)."""
         return bool(self.proto.backend == PIPELINE_BACKEND)
@@ -251,6 +261,11 @@ def read_config(directory: Path, name: str | None = None) -> ModelConfig:
         raise ConfigError(
             f'{path}: only a pipeline (backend "{PIPELINE_BACKEND}") can be decoupled; a'
             " graph answers each request once"
+        )
+    if proto.HasField("sequence_batching") and not proto.model_transaction_policy.decoupled:
+        raise ConfigError(
+            f"{path}: a model with sequence_batching must be decoupled in edged (its sequences"
+            " live on the stream that carries them)"
         )
     config = ModelConfig(proto, directory)
     names = [t.name for t in config.inputs] + [t.name for t in config.outputs]

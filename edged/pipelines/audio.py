@@ -15,11 +15,17 @@ import numpy as np
 from edged.errors import PayloadTooLarge
 from edged.pipelines import vad_ops
 from edged.pipelines.base import Pipeline, parameter, single_blob
+from edged.request import Sequence
 from edged.runtimes.base import Tensors
 
 # Longest audio per request by default (the model's `max_seconds` parameter): 10 minutes take
 # about 5 s of CPU at 16 kHz.
 MAX_SECONDS = 600
+# Longest chunk of a live stream per request (`max_chunk_seconds`).
+MAX_CHUNK_SECONDS = 10
+RATE = 16000  # the rate the model runs at
+CHUNK, CONTEXT = vad_ops.CHUNK[RATE], vad_ops.CONTEXT[RATE]
+SAMPLE_RATE = np.array([RATE], dtype=np.int64)
 
 
 class VoiceActivity(Pipeline):
@@ -50,6 +56,7 @@ class VoiceActivity(Pipeline):
         inputs: Tensors,
         parameters: Mapping[str, Any],
         send: Callable[[Tensors], Awaitable[None]],
+        sequence: Sequence | None,
     ) -> None:
         """Decoupled: one response per speech segment ([1, 2]), sent as soon as it is final."""
         async for segment in self.speech(inputs, parameters):
@@ -60,13 +67,7 @@ class VoiceActivity(Pipeline):
     ) -> AsyncIterator[tuple[float, float]]:
         """Speech probabilities chunk by chunk; each segment (start, end in seconds) as soon
         as the hysteresis makes it final."""
-        cutter = vad_ops.Segmenter(
-            16000,
-            threshold=parameter(parameters, "threshold", 0.5, 0.05, 0.95),
-            min_speech_ms=parameter(parameters, "min_speech_ms", 250, 0, 60_000),
-            min_silence_ms=parameter(parameters, "min_silence_ms", 100, 0, 60_000),
-            speech_pad_ms=parameter(parameters, "speech_pad_ms", 30, 0, 10_000),
-        )
+        cutter = self.cutter(parameters)
         data = single_blob("audio", inputs["audio"])
         limit = self.limit("max_seconds", MAX_SECONDS)
         # samples, not seconds, bound the memory: max_seconds at the model's 16 kHz, whatever
@@ -77,13 +78,79 @@ class VoiceActivity(Pipeline):
                 f"the audio is {len(pcm) / rate:.0f} s long; at most {limit} s per request"
             )
         pcm, rate = await self.offload(vad_ops.to_model_rate, pcm, rate)
-        model = self.step("vad_model")
         state = vad_ops.initial_state()
-        sr = np.array([rate], dtype=np.int64)
         for chunk in vad_ops.chunks(pcm, rate):
-            out = await self.steps.call(model, {"input": chunk, "state": state, "sr": sr})
-            state = out["stateN"]
-            for segment in cutter.push(float(out["output"].reshape(-1)[0])):
+            prob, state = await self.probability(chunk, state)
+            for segment in cutter.push(prob):
                 yield segment
         for segment in cutter.finish(len(pcm)):
             yield segment
+
+    def cutter(self, parameters: Mapping[str, Any]) -> vad_ops.Segmenter:
+        """The segment rules, with the request's parameters."""
+        return vad_ops.Segmenter(
+            RATE,
+            threshold=parameter(parameters, "threshold", 0.5, 0.05, 0.95),
+            min_speech_ms=parameter(parameters, "min_speech_ms", 250, 0, 60_000),
+            min_silence_ms=parameter(parameters, "min_silence_ms", 100, 0, 60_000),
+            speech_pad_ms=parameter(parameters, "speech_pad_ms", 30, 0, 10_000),
+        )
+
+    async def probability(self, window: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
+        """The model on one window (the context, then a chunk): the speech probability and
+        the state for the next."""
+        out = await self.steps.call(
+            self.step("vad_model"), {"input": window, "state": state, "sr": SAMPLE_RATE}
+        )
+        return float(out["output"].reshape(-1)[0]), out["stateN"]
+
+
+class LiveVoiceActivity(VoiceActivity):
+    """``vad_live``: audio as it is captured, a chunk per request of a sequence (16 kHz mono
+    16-bit PCM, ``pcm`` INT16 [-1], any length up to ``max_chunk_seconds``); one response per
+    speech segment, in seconds since the sequence started, as soon as it is final; the
+    sequence's last request (``sequence_end``) gives the rest. The same chunks, model state and
+    rules as the whole file through ``vad``: the same segments. The segment rules are the first
+    request's parameters."""
+
+    stateful = True
+
+    def sample(self) -> Tensors:
+        """Half a second of silence."""
+        return {"pcm": np.zeros(RATE // 2, dtype=np.int16)}
+
+    async def stream(
+        self,
+        inputs: Tensors,
+        parameters: Mapping[str, Any],
+        send: Callable[[Tensors], Awaitable[None]],
+        sequence: Sequence | None,
+    ) -> None:
+        assert sequence is not None  # a stateful model is called in a sequence
+        pcm = inputs["pcm"].reshape(-1)
+        limit = self.limit("max_chunk_seconds", MAX_CHUNK_SECONDS)
+        if pcm.size > limit * RATE:
+            raise PayloadTooLarge(
+                f"input 'pcm' holds {pcm.size} samples; at most {limit * RATE} ({limit} s at"
+                f" {RATE} Hz) per request: send shorter chunks"
+            )
+        live = sequence.state
+        if not live:
+            live.update(cutter=self.cutter(parameters), state=vad_ops.initial_state(),
+                        context=np.zeros(CONTEXT, np.float32),
+                        tail=np.zeros(0, np.float32), samples=0)  # fmt: skip
+        audio = np.concatenate([live["tail"], pcm.astype(np.float32) / 32768.0])
+        live["samples"] += pcm.size
+        if sequence.end and audio.size % CHUNK:  # the last chunk is zero-padded, as a file's
+            audio = np.concatenate([audio, np.zeros(CHUNK - audio.size % CHUNK, np.float32)])
+        whole = audio.size - audio.size % CHUNK
+        for start in range(0, whole, CHUNK):
+            window = np.concatenate([live["context"], audio[start : start + CHUNK]])
+            prob, live["state"] = await self.probability(window.reshape(1, -1), live["state"])
+            live["context"] = window[-CONTEXT:]
+            for segment in live["cutter"].push(prob):
+                await send({"segments": np.asarray([segment], dtype=np.float32)})
+        live["tail"] = audio[whole:]
+        if sequence.end:
+            for segment in live["cutter"].finish(live["samples"]):
+                await send({"segments": np.asarray([segment], dtype=np.float32)})

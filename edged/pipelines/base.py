@@ -19,7 +19,7 @@ import numpy as np
 from edged.config import ModelsConfig
 from edged.errors import EdgedError, InvalidRequest, ModelLoadError
 from edged.models.config import ModelConfig
-from edged.request import RESPONSES
+from edged.request import RESPONSES, Sequence
 from edged.runtimes.base import Steps, Tensors
 
 T = TypeVar("T")
@@ -28,7 +28,11 @@ MAX_ITEMS = 256
 
 
 class Pipeline:
-    """Base class: subclasses implement ``prepare`` (load assets), ``run`` and ``sample``."""
+    """Base class: subclasses implement ``prepare`` (load assets), ``run`` and ``sample``; those
+    that can be decoupled ``stream``; the stateful ones (``sequence_batching`` in their
+    config, a ``stateful`` class) keep a sequence's state between requests."""
+
+    stateful = False
 
     def __init__(
         self,
@@ -93,7 +97,7 @@ class Pipeline:
         if sample is not None:
             try:
                 if self.config.decoupled:
-                    await self.stream(sample, {}, _discard)
+                    await self.stream(sample, {}, _discard, self.warm_sequence())
                 else:
                     await self.run(sample, {})
             except EdgedError as exc:
@@ -119,13 +123,19 @@ class Pipeline:
             )
         sink.taken = True
         version = self.version_dir.name
+        sequence = None
+        idle_s = self.config.sequence_idle_s
+        if idle_s is not None:
+            if sink.sequences is None:
+                raise InvalidRequest(f"model '{self.config.name}' is stateful: call it on a stream")
+            sequence = sink.sequences.take(self.config.name, parameters, idle_s)
 
         async def send(outputs: Tensors) -> None:
             await sink.send(version, outputs)
 
         token = RESPONSES.set(None)  # the models it calls answer it, not the stream
         try:
-            await self.stream(inputs, parameters, send)
+            await self.stream(inputs, parameters, send, sequence)
         finally:
             RESPONSES.reset(token)
         return {}
@@ -139,10 +149,18 @@ class Pipeline:
         inputs: Tensors,
         parameters: Mapping[str, Any],
         send: Callable[[Tensors], Awaitable[None]],
+        sequence: Sequence | None,
     ) -> None:
         """Subclasses that can be decoupled: the pipeline, sending each response as it is
-        ready."""
+        ready. A stateful one (``sequence_batching``) keeps what it needs between the requests
+        of a sequence in ``sequence.state``; ``sequence.end`` says this request is the last."""
         raise NotImplementedError
+
+    def warm_sequence(self) -> Sequence | None:
+        """The sequence a stateful pipeline warms up in: one that starts and ends."""
+        if self.config.sequence_idle_s is None:
+            return None
+        return Sequence(0, end=True)
 
     async def unload(self) -> None:
         """Pipelines hold only small assets; nothing to release."""

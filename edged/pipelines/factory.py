@@ -8,7 +8,7 @@ from pathlib import Path
 from edged.config import ModelsConfig
 from edged.errors import ModelLoadError
 from edged.models.config import ModelConfig
-from edged.pipelines.audio import VoiceActivity
+from edged.pipelines.audio import LiveVoiceActivity, VoiceActivity
 from edged.pipelines.base import Pipeline
 from edged.pipelines.image import TextRecognition
 from edged.pipelines.text import Intent, TextEmbedding
@@ -19,6 +19,7 @@ PIPELINES: dict[str, type[Pipeline]] = {
     "intent": Intent,
     "ocr": TextRecognition,
     "vad": VoiceActivity,
+    "vad_live": LiveVoiceActivity,
 }
 
 
@@ -41,5 +42,12 @@ def create_pipeline(
         raise ModelLoadError(
             f"model '{config.name}': pipeline '{kind}' answers each request once; it cannot be"
             " decoupled"
+        )
+    if (config.sequence_idle_s is not None) != cls.stateful:
+        raise ModelLoadError(
+            f"model '{config.name}': pipeline '{kind}' is stateful (it needs sequence_batching)"
+            if cls.stateful
+            else f"model '{config.name}': pipeline '{kind}' keeps no state between requests;"
+            " sequence_batching does not apply to it"
         )
     return cls(config, version_dir, steps, executor, settings)

@@ -58,6 +58,7 @@ from edged.protocol.tensors import (
     from_region,
     to_binary,
 )
+from edged.request import Sequences
 from edged.server.access import Access, Peer, peer_of
 from edged.server.rest import OFFLOAD_BYTES, offload, place_outputs
 
@@ -295,6 +296,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         request: pb.ModelInferRequest,
         context: grpc.aio.ServicerContext,
         write: Callable[[pb.ModelInferResponse], Awaitable[None]] | None = None,
+        sequences: Sequences | None = None,
     ) -> pb.ModelInferResponse:
         """One inference request, as ModelInfer and ModelStreamInfer answer it (EdgedError when
         it is refused). On a stream, ``write`` sends a decoupled model's responses as they come;
@@ -320,6 +322,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             decoded,
             deadline,
             send if write is not None else None,
+            sequences,
         )
         return await reply(response)
 
@@ -340,19 +343,28 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         room = asyncio.Semaphore(STREAM_IN_FLIGHT)
         writing = asyncio.Lock()
         tasks: set[asyncio.Task[None]] = set()
+        sequences = Sequences()
+        # the last request of each (model, sequence id): the next one waits for it (in order)
+        last: dict[tuple[str, Any], asyncio.Task[None]] = {}
 
         async def write(reply: pb.ModelStreamInferResponse) -> None:
             async with writing:
                 await context.write(reply)
 
+        def forget(key: tuple[str, Any], done: asyncio.Task[None]) -> None:
+            if last.get(key) is done:
+                del last[key]
+
         async def partial(response: pb.ModelInferResponse) -> None:
             await write(pb.ModelStreamInferResponse(infer_response=response))
 
-        async def answer(request: pb.ModelInferRequest) -> None:
+        async def answer(request: pb.ModelInferRequest, after: asyncio.Task[None] | None) -> None:
+            if after is not None:  # the sequence's previous request first (its errors its own)
+                await asyncio.wait([after])
             self.plane.begin()
             reply: pb.ModelStreamInferResponse | None = None
             try:
-                final = await self._infer(request, context, partial)
+                final = await self._infer(request, context, partial, sequences)
                 empty = request.parameters.get(EMPTY_FINAL)
                 if final.outputs or (empty is not None and empty.bool_param):
                     reply = pb.ModelStreamInferResponse(infer_response=final)
@@ -382,9 +394,15 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
                 request = await context.read()
                 if request is grpc.aio.EOF:
                     break
-                task = asyncio.get_running_loop().create_task(answer(request))
+                sid = _parameters(request.parameters).get("sequence_id") or None
+                key = (request.model_name, sid) if sid is not None else None
+                after = last.get(key) if key is not None else None
+                task = asyncio.get_running_loop().create_task(answer(request, after))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                if key is not None:
+                    last[key] = task
+                    task.add_done_callback(functools.partial(forget, key))
             if tasks:
                 await asyncio.gather(*tasks)
         finally:

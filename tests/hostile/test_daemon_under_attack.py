@@ -32,7 +32,8 @@ read_timeout_s = 2.0
 max_json_bytes = 4194304
 [models]
 load = ["intent", "text-embedding", "text-encoder", "intent-classifier", "ocr", "ocr-det",
-        "ocr-rec", "ocr-cls", "vad", "vad-silero", "vad-segments"]
+        "ocr-rec", "ocr-cls", "vad", "vad-silero", "vad-segments",
+        "vad-live"]
 """
 
 
@@ -364,6 +365,48 @@ def test_fuzzed_grpc_calls_get_no_internal_error(
     except Exception as exc:
         code = getattr(exc, "code", lambda: None)()
         assert code is not None and code.name not in ("INTERNAL", "UNKNOWN"), (exc, request)
+
+
+SEQUENCE_IDS = st.sampled_from([1, 2, 0, -1, 2**63 - 1, "a", "", "x" * 300]) | st.booleans()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.sampled_from(["vad-live", "vad-segments", "intent", "nope"]),
+            st.none() | SEQUENCE_IDS,
+            st.booleans(),
+            st.booleans(),
+            st.sampled_from(["INT16", "FP32", "BYTES", "INT64"]),
+            st.lists(st.integers(-(2**40), 2**40), max_size=3),
+            st.binary(max_size=4000),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_fuzzed_streams_of_stateful_and_decoupled_models_get_no_internal_error(
+    triton: grpcclient.InferenceServerClient, requests: list[tuple[Any, ...]]
+) -> None:
+    """Garbage on ModelStreamInfer (sequence ids of every type, starts and ends out of order,
+    chunks of any datatype, shape and bytes): each request is answered or refused with its
+    reason, none with an internal error, and the stream itself ends OK."""
+    stream = []
+    for model, sid, start, end, datatype, shape, raw in requests:
+        request = pb.ModelInferRequest(model_name=model, id=str(len(stream)))
+        name = "audio" if model == "vad-segments" else "text" if model == "intent" else "pcm"
+        tensor = request.inputs.add(name=name, datatype=datatype)
+        tensor.shape.extend(shape)
+        request.raw_input_contents.append(raw)
+        if sid is not None:
+            field = {bool: "bool_param", int: "int64_param", str: "string_param"}[type(sid)]
+            setattr(request.parameters["sequence_id"], field, sid)
+            request.parameters["sequence_start"].bool_param = start
+            request.parameters["sequence_end"].bool_param = end
+        stream.append(request)
+    for reply in triton._client_stub.ModelStreamInfer(iter(stream), timeout=30):
+        assert "internal error" not in reply.error_message, (reply.error_message, requests)
 
 
 def test_grpc_model_ready_for_an_unknown_model_is_false_as_triton_answers(

@@ -269,3 +269,79 @@ def test_a_decoupled_model_answers_each_speech_segment_on_the_stream(
         "POST", "/v2/models/vad-segments/infer", json.dumps(body).encode()
     )
     assert status == 400 and "ModelStreamInfer" in json.loads(answer)["error"]
+
+
+def test_live_audio_in_a_sequence_gives_the_whole_files_segments(
+    daemon: Daemon, triton: grpcclient.InferenceServerClient
+) -> None:
+    """vad-live (stateful, decoupled): audio sent as it is captured, in chunks of uneven
+    length (one sequence per stream of audio), gives the segments that vad finds in the whole
+    file, in order, the last ones at sequence_end; two sequences interleaved on one stream
+    keep their own state; a chunk of a sequence never started, a chunk in the wrong datatype
+    and a chunk over max_chunk_seconds are each refused with their reason, and the stream and
+    its sequences go on; unary calls are refused."""
+    import queue
+
+    phrases = ["Turn on the lights.", "What is the weather tomorrow?"]
+    pause = np.zeros(16000, np.float32)
+    pcm = np.concatenate([pause] + [part for p in phrases for part in (espeak(p), pause)])
+    pcm16 = (np.clip(pcm, -1, 1) * 32767).astype(np.int16)
+    expected = [[s["start"], s["end"]] for s in daemon.client.vad(wav_bytes(pcm))]
+    assert len(expected) >= len(phrases)
+    rng = np.random.default_rng(7)
+    n = len(pcm16)
+    cuts = np.concatenate(
+        [
+            rng.choice(np.arange(1, n // 4), size=20, replace=False),
+            rng.choice(np.arange(3 * n // 4, n), size=20, replace=False),
+        ]
+    )
+    # 41 chunks, from a few samples to half the audio (over 64 KiB, decoded in a thread: the
+    # chunks after it must still wait for it)
+    chunks = np.split(pcm16, np.sort(cuts))  # fmt: skip
+
+    def chunk(samples: np.ndarray, datatype: str = "INT16") -> list[grpcclient.InferInput]:
+        tensor = grpcclient.InferInput("pcm", [len(samples)], datatype)
+        tensor.set_data_from_numpy(samples)
+        return [tensor]
+
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for i, part in enumerate(chunks):
+            for sequence in (11, "second"):  # the same audio twice, interleaved
+                triton.async_stream_infer(
+                    "vad-live", chunk(part), request_id=f"{sequence}-{i}",
+                    sequence_id=sequence, sequence_start=i == 0,
+                    sequence_end=i == len(chunks) - 1,
+                )  # fmt: skip
+            if i == 3:
+                triton.async_stream_infer("vad-live", chunk(part), request_id="stray",
+                                          sequence_id=99)  # fmt: skip
+                triton.async_stream_infer("vad-live", chunk(part.astype(np.float32), "FP32"),
+                                          request_id="float", sequence_id=11)  # fmt: skip
+                triton.async_stream_infer("vad-live", chunk(np.zeros(16000 * 11, np.int16)),
+                                          request_id="long", sequence_id=11)  # fmt: skip
+    finally:
+        triton.stop_stream()
+    segments: dict[str, list[list[float]]] = {"11": [], "second": []}
+    errors = []
+    while not answers.empty():
+        result, error = answers.get()
+        if error is not None:
+            errors.append(str(error))
+            continue
+        response = result.get_response()
+        assert response.model_name == "vad-live"
+        assert not response.parameters["triton_final_response"].bool_param
+        segments[response.id.split("-")[0]] += result.as_numpy("segments").tolist()
+    for found in segments.values():
+        np.testing.assert_allclose(found, expected, atol=1e-6)
+    assert len(errors) == 3, errors
+    assert any("sequence 99 is not open on this stream" in e for e in errors), errors
+    assert any("pcm" in e and "INT16" in e for e in errors), errors
+    assert any("at most 160000" in e for e in errors), errors
+
+    with pytest.raises(InferenceServerException) as refused:
+        triton.infer("vad-live", chunk(chunks[0]))
+    assert "ModelStreamInfer" in str(refused.value)
