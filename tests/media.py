@@ -63,13 +63,16 @@ def wav_bytes(pcm: np.ndarray, rate: int = RATE) -> bytes:
     return buffer.getvalue()
 
 
-def espeak(text: str) -> np.ndarray:
-    """Speech from espeak-ng, as float samples at 16 kHz."""
+def espeak(text: str, voice: str | None = None) -> np.ndarray:
+    """Speech from espeak-ng (its default voice, or ``voice``: en-us+f3 ...), as float samples
+    at 16 kHz."""
     if shutil.which("espeak-ng") is None:
         skip_or_fail("espeak-ng is not installed (make test installs it)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "speech.wav"
-        subprocess.run(["espeak-ng", "-w", str(out), text], check=True, capture_output=True)
+        voices = ["-v", voice] if voice else []
+        command = ["espeak-ng", *voices, "-w", str(out), text]
+        subprocess.run(command, check=True, capture_output=True)
         with wave.open(str(out)) as wav:
             rate = wav.getframerate()
             pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2").astype(np.float32) / 32768

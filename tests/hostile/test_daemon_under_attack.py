@@ -33,7 +33,7 @@ max_json_bytes = 4194304
 [models]
 load = ["intent", "text-embedding", "text-encoder", "intent-classifier", "ocr", "ocr-det",
         "ocr-rec", "ocr-cls", "vad", "vad-silero", "vad-segments",
-        "vad-live"]
+        "vad-live", "wake-word"]
 """
 
 
@@ -374,7 +374,7 @@ SEQUENCE_IDS = st.sampled_from([1, 2, 0, -1, 2**63 - 1, "a", "", "x" * 300]) | s
 @given(
     requests=st.lists(
         st.tuples(
-            st.sampled_from(["vad-live", "vad-segments", "intent", "nope"]),
+            st.sampled_from(["vad-live", "vad-segments", "wake-word", "intent", "nope"]),
             st.none() | SEQUENCE_IDS,
             st.booleans(),
             st.booleans(),

@@ -1,0 +1,148 @@
+"""The wake word on a live stream: tritonclient's gRPC stream, audio in 100 ms chunks of a
+sequence, as a microphone loop sends it. Speech from espeak-ng (several voices), with a little
+noise as a microphone has (pocketsphinx hears nothing in digital silence)."""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import Daemon
+from tests.media import espeak
+
+RATE = 16000
+CHUNK = RATE // 10  # 100 ms
+
+
+@pytest.fixture(scope="module")
+def triton(daemon: Daemon) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(f"unix://{daemon.socket.with_name('edged-grpc.sock')}")
+
+
+def recording(sentences: list[str], voice: str, seed: int) -> tuple[np.ndarray, list[float]]:
+    """16-bit audio of the sentences with 0.7 s between them and -50 dB noise; and where each
+    "hey jetson" starts, in seconds."""
+    parts, starts, position = [], [], 0
+    for sentence in sentences:
+        speech = espeak(sentence, voice)
+        if sentence == "hey jetson":
+            starts.append(position / RATE)
+        parts += [speech, np.zeros(int(0.7 * RATE), np.float32)]
+        position += len(parts[-2]) + len(parts[-1])
+    audio = np.concatenate(parts)
+    audio += 0.003 * np.random.default_rng(seed).standard_normal(len(audio)).astype(np.float32)
+    return (np.clip(audio, -1, 1) * 32767).astype(np.int16), starts
+
+
+def listen(
+    triton: grpcclient.InferenceServerClient, streams: dict[str, np.ndarray]
+) -> dict[str, list[tuple[str, float, float]]]:
+    """Each recording as a sequence of 100 ms chunks, all on one stream, interleaved; the wake
+    events of each: (phrase, start, end)."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        longest = max(len(audio) for audio in streams.values())
+        for offset in range(0, longest + CHUNK, CHUNK):
+            for name, audio in streams.items():
+                if offset > len(audio):
+                    continue
+                chunk = audio[offset : offset + CHUNK]
+                pcm = grpcclient.InferInput("pcm", [len(chunk)], "INT16")
+                pcm.set_data_from_numpy(chunk)
+                triton.async_stream_infer(
+                    "wake-word", [pcm], request_id=f"{name}@{offset}", sequence_id=name,
+                    sequence_start=offset == 0, sequence_end=offset + CHUNK > len(audio),
+                )  # fmt: skip
+    finally:
+        triton.stop_stream()
+    heard: dict[str, list[tuple[str, float, float]]] = {name: [] for name in streams}
+    while not answers.empty():
+        result, error = answers.get()
+        assert error is None, error
+        response = result.get_response()
+        assert not response.parameters["triton_final_response"].bool_param
+        start, end = result.as_numpy("times").tolist()
+        heard[response.id.split("@")[0]].append((result.as_numpy("phrase")[0].decode(), start, end))
+    return heard
+
+
+def test_the_wake_phrase_is_heard_where_it_was_said_and_not_elsewhere(
+    triton: grpcclient.InferenceServerClient,
+) -> None:
+    """Three voices, each saying "hey jetson" twice among other sentences, and one recording
+    of other speech only, as four sequences on one stream: each phrase heard once, its start
+    within 0.15 s of where it was said, in the sequence's own time; nothing in the other."""
+    script = [
+        "Good morning, this is a test of the speech system.", "hey jetson",
+        "the weather is nice today", "hey jetson", "please call my brother tomorrow",
+    ]  # fmt: skip
+    streams, truth = {}, {}
+    for seed, voice in enumerate(["en-us", "en-us+f3", "en+m7"]):
+        streams[voice], truth[voice] = recording(script, voice, seed)
+    others = [
+        "Good morning, this is a test of the speech system.", "turn on the lights",
+        "the weather is nice today", "what time is it", "play some music please",
+    ]  # fmt: skip
+    streams["other"], truth["other"] = recording(others, "en-us", 9)
+    heard = listen(triton, streams)
+    print({name: [(p, round(s, 2)) for p, s, _ in found] for name, found in heard.items()})
+    assert heard["other"] == []
+    for voice in ("en-us", "en-us+f3", "en+m7"):
+        found = heard[voice]
+        assert [phrase for phrase, _, _ in found] == ["hey jetson", "hey jetson"], (voice, found)
+        for (_, start, end), said in zip(found, truth[voice]):
+            assert abs(start - said) <= 0.15 and 0.3 < end - start < 1.2, (voice, found, said)
+
+
+def test_wake_word_refusals_name_their_reason(
+    triton: grpcclient.InferenceServerClient,
+) -> None:
+    """A unary call, a chunk over max_chunk_seconds, and more sequences at once than the model
+    has decoders (4): each refused with its reason; the others are served."""
+    with pytest.raises(InferenceServerException, match="ModelStreamInfer"):
+        pcm = grpcclient.InferInput("pcm", [CHUNK], "INT16")
+        pcm.set_data_from_numpy(np.zeros(CHUNK, np.int16))
+        triton.infer("wake-word", [pcm])
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for sid in range(1, 7):  # six sequences started, none ended: the fifth and sixth refused
+            pcm = grpcclient.InferInput("pcm", [CHUNK], "INT16")
+            pcm.set_data_from_numpy(np.zeros(CHUNK, np.int16))
+            triton.async_stream_infer(
+                "wake-word", [pcm], request_id=str(sid), sequence_id=sid, sequence_start=True,
+                enable_empty_final_response=True,
+            )  # fmt: skip
+        long = grpcclient.InferInput("pcm", [11 * RATE], "INT16")
+        long.set_data_from_numpy(np.zeros(11 * RATE, np.int16))
+        triton.async_stream_infer("wake-word", [long], request_id="long", sequence_id=1)
+    finally:
+        triton.stop_stream()
+    got = [answers.get_nowait() for _ in range(answers.qsize())]
+    errors = sorted(str(error) for _, error in got if error is not None)
+    assert len(errors) == 3, errors
+    assert sum("its 4 decoders are in use" in e for e in errors) == 2, errors
+    assert any("at most 160000" in e for e in errors), errors
+    served = sorted(result.get_response().id for result, error in got if error is None)
+    assert served == ["1", "2", "3", "4"]
+    # none of the four was ended: the stream's end gave their decoders back
+    answers = queue.Queue()
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for sid in range(1, 5):
+            pcm = grpcclient.InferInput("pcm", [CHUNK], "INT16")
+            pcm.set_data_from_numpy(np.zeros(CHUNK, np.int16))
+            triton.async_stream_infer(
+                "wake-word", [pcm], request_id=str(sid), sequence_id=sid, sequence_start=True,
+                sequence_end=True, enable_empty_final_response=True,
+            )  # fmt: skip
+    finally:
+        triton.stop_stream()
+    again = [answers.get_nowait() for _ in range(answers.qsize())]
+    assert [error for _, error in again] == [None] * 4
