@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""The wake word against a test set made offline with espeak-ng: detection rate, false
+accepts per hour, and the time from the end of the phrase to the event.
+
+The set: "hey jetson" said by several voices at three speeds, each after a carrier sentence,
+clean and with white noise mixed in at 20 and 10 dB SNR (of the speech); negatives: phrases
+that sound alike ("hey jackson", "hey jason", ...) and other speech (commands, sentences), by
+the same voices. Each condition is one long recording streamed as one sequence of 100 ms chunks
+to a fresh edged (`wake-word` on its gRPC socket), as a microphone loop sends it: the decoder
+stays warm across it. A phrase is detected when an event starts within 0.3 s of where it was
+said; any other event is a false accept, counted against every second of the recording that is
+not the wake phrase (other speech and silence).
+
+Latency: the clean recording again, sent at the pace of real time; for each phrase, the time
+from the moment its end was sent to the moment its event arrived.
+
+    .venv/bin/python bench/voice.py [--voices 5] [--latency-seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.load import start_edged, table  # noqa: E402
+
+RATE = 16000
+CHUNK = RATE // 10
+VOICES = ["en-us", "en-us+f3", "en+m7", "en-us+m3", "en-gb-x-rp", "en-us+f4", "en+m2"]
+SPEEDS = [140, 175, 210]  # words per minute (espeak-ng's -s; 175 is its default)
+WAKE = "hey jetson"
+CARRIERS = ["Good morning, this is the kitchen speaker.", "The meeting starts at ten.",
+            "I left my keys on the table.", "Could you check the oven?"]  # fmt: skip
+NEAR = ["hey jackson", "hey jason", "hey johnson", "hey json", "jetson", "hey jet set",
+        "hey nelson", "hey Stetson", "get some", "hey Jeff son"]  # fmt: skip
+OTHER = ["turn on the lights", "what time is it", "play some music please", "stop the timer",
+         "how is the weather tomorrow", "call my brother", "set an alarm for seven",
+         "the train was late again this morning", "we need more milk and bread",
+         "please close the garage door"]  # fmt: skip
+
+
+def speech(text: str, voice: str, speed: int) -> np.ndarray:
+    """espeak-ng at ``speed`` words per minute, 16 kHz float."""
+    import subprocess
+    import wave
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "s.wav"
+        subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(out), text],
+                       check=True, capture_output=True)  # fmt: skip
+        with wave.open(str(out)) as wav:
+            rate = wav.getframerate()
+            pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2").astype(np.float32)
+    pcm /= 32768
+    times = np.arange(int(len(pcm) * RATE / rate)) / RATE
+    return np.interp(times, np.arange(len(pcm)) / rate, pcm).astype(np.float32)
+
+
+Recording = tuple[np.ndarray, list[float], list[float], list[tuple[float, float, str]]]
+
+
+def build(voices: list[str], snr_db: float | None, seed: int) -> Recording:
+    """One recording: (16-bit audio, where each wake phrase starts and ends, and every other
+    utterance: (start, end, text)). Speech at about -20 dBFS, 0.8 s of silence between
+    utterances, and white noise at ``snr_db`` below the speech's power (None: a -60 dB floor,
+    as a quiet room)."""
+    rng = np.random.default_rng(seed)
+    parts: list[np.ndarray] = []
+    starts, ends = [], []
+    others: list[tuple[float, float, str]] = []
+    position = 0
+    gap = np.zeros(int(0.8 * RATE), np.float32)
+
+    def add(x: np.ndarray) -> int:
+        nonlocal position
+        x = x / max(1e-6, float(np.sqrt(np.mean(x**2)))) * 0.1  # -20 dBFS RMS
+        parts.extend([x, gap])
+        at = position
+        position += len(x) + len(gap)
+        return at
+
+    for voice in voices:
+        for speed in SPEEDS:
+            texts = [CARRIERS[rng.integers(len(CARRIERS))], WAKE,
+                     NEAR[rng.integers(len(NEAR))], OTHER[rng.integers(len(OTHER))]]  # fmt: skip
+            for text in texts:
+                said = speech(text, voice, speed)
+                at = add(said)
+                if text != WAKE:
+                    others.append((at / RATE, (at + len(said)) / RATE, text))
+                    continue
+                # where the phrase is heard: its 10 ms envelope over 2% of its peak
+                envelope = np.convolve(np.abs(said), np.ones(160) / 160, mode="same")
+                active = np.flatnonzero(envelope > 0.02 * envelope.max())
+                starts.append((at + active[0]) / RATE)
+                ends.append((at + active[-1]) / RATE)
+    audio = np.concatenate(parts)
+    sigma = np.sqrt(0.1**2 / 10 ** (snr_db / 10)) if snr_db is not None else 0.001
+    audio = audio + sigma * rng.standard_normal(len(audio)).astype(np.float32)
+    return (np.clip(audio, -1, 1) * 32767).astype(np.int16), starts, ends, others
+
+
+def listen(socket: Path, audio: np.ndarray, pace: bool = False) -> list[tuple[float, float, float]]:
+    """The recording as one sequence: its events (start, end, when it arrived: seconds since
+    the stream started sending)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"unix://{socket}")
+    events: queue.Queue[tuple[Any, Any, float]] = queue.Queue()
+    t0 = time.perf_counter()
+    client.start_stream(
+        callback=lambda result, error: events.put((result, error, time.perf_counter() - t0))
+    )
+    try:
+        for offset in range(0, len(audio), CHUNK):
+            if pace:  # the chunk is sent once it has been "recorded"
+                due = (offset + CHUNK) / RATE
+                time.sleep(max(0.0, due - (time.perf_counter() - t0)))
+            chunk = audio[offset : offset + CHUNK]
+            pcm = grpcclient.InferInput("pcm", [len(chunk)], "INT16")
+            pcm.set_data_from_numpy(chunk)
+            client.async_stream_infer("wake-word", [pcm], sequence_id=1,
+                                      sequence_start=offset == 0,
+                                      sequence_end=offset + CHUNK >= len(audio))  # fmt: skip
+    finally:
+        client.stop_stream()
+        client.close()
+    found = []
+    while not events.empty():
+        result, error, arrived = events.get()
+        if error is not None:
+            raise SystemExit(f"the stream failed: {error}")
+        start, end = result.as_numpy("times").tolist()
+        found.append((start, end, arrived))
+    return found
+
+
+def score(
+    found: list[tuple[float, float, float]],
+    starts: list[float],
+    others: list[tuple[float, float, str]],
+) -> tuple[int, list[str]]:
+    """(phrases detected, what each false accept was heard in)."""
+    hits, false = set(), []
+    for start, _, _ in found:
+        near = [i for i, said in enumerate(starts) if abs(start - said) <= 0.3]
+        if near and near[0] not in hits:
+            hits.add(near[0])
+            continue
+        within = [text for a, b, text in others if a - 0.3 <= start <= b]
+        false.append(within[0] if within else "silence or a repeat")
+    return len(hits), false
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--voices", type=int, default=5, help=f"of {len(VOICES)}")
+    parser.add_argument("--latency-seconds", type=float, default=60.0)
+    args = parser.parse_args()
+    voices = VOICES[: args.voices]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, socket = start_edged(Path(tmp) / "edged")
+        grpc = socket.with_name("edged-grpc.sock")
+        try:
+            clean = None
+            for label, snr in (("clean", None), ("20 dB SNR", 20.0), ("10 dB SNR", 10.0)):
+                audio, starts, ends, others = build(voices, snr, seed=1)
+                clean = clean or (audio, starts, ends)
+                t = time.perf_counter()
+                found = listen(grpc, audio)
+                took = time.perf_counter() - t
+                hits, false = score(found, starts, others)
+                # every second that is not the wake phrase counts as negative audio
+                hours = (len(audio) / RATE - sum(b - a for a, b in zip(starts, ends))) / 3600
+                rate = f"{100 * hits / len(starts):.1f}%"
+                rows.append([label, f"{hits}/{len(starts)}", rate, str(len(false)),
+                             f"{hours * 60:.1f} min", f"{len(false) / hours:.0f}",
+                             f"{len(audio) / RATE / took:.0f}x"])  # fmt: skip
+                print(" | ".join(rows[-1]), flush=True)
+                if false:
+                    print("  false accepts in:", sorted(false), flush=True)
+            assert clean is not None
+            audio, starts, ends = clean
+            audio = audio[: int(args.latency_seconds * RATE)]
+            found = listen(grpc, audio, pace=True)
+            delays = []
+            for start, _, arrived in found:
+                near = [i for i, said in enumerate(starts) if abs(start - said) <= 0.3]
+                if near:
+                    delays.append(1000 * (arrived - ends[near[0]]))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    print()
+    header = ["condition", "detected", "rate", "false accepts", "negative audio",
+              "false accepts / hour", "speed (x real time)"]  # fmt: skip
+    print(table(rows, header))
+    if delays:
+        p50, p95 = np.percentile(delays, [50, 95])
+        print(f"\nend of phrase to event, at the pace of real time ({len(delays)} phrases):"
+              f" p50 {p50:.0f} ms, p95 {p95:.0f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
