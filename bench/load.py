@@ -286,10 +286,10 @@ def _status(call: Call) -> int:
 # ---- the run ------------------------------------------------------------------------------
 
 
-def start_edged(workdir: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def start_edged(workdir: Path, models: Path = MODELS) -> tuple[subprocess.Popen[bytes], Path]:
     socket = workdir / "edged.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edged", "--socket", str(socket), "--models", str(MODELS),
+        [sys.executable, "-m", "edged", "--socket", str(socket), "--models", str(models),
          "--state-dir", str(workdir / "state"), "--log-level", "warning"],
     )  # fmt: skip
     client = Client(str(socket))

@@ -14,7 +14,7 @@ not the wake phrase (other speech and silence).
 Latency: the clean recording again, sent at the pace of real time; for each phrase, the time
 from the moment its end was sent to the moment its event arrived.
 
-    .venv/bin/python bench/voice.py [--voices 5] [--latency-seconds 60]
+    .venv/bin/python bench/voice.py [--voices 5] [--latency-seconds 60] [--thresholds 1e-30 ...]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.load import start_edged, table  # noqa: E402
+from bench.load import MODELS, start_edged, table  # noqa: E402
 
 RATE = 16000
 CHUNK = RATE // 10
@@ -110,7 +110,9 @@ def build(voices: list[str], snr_db: float | None, seed: int) -> Recording:
     return (np.clip(audio, -1, 1) * 32767).astype(np.int16), starts, ends, others
 
 
-def listen(socket: Path, audio: np.ndarray, pace: bool = False) -> list[tuple[float, float, float]]:
+def listen(
+    socket: Path, audio: np.ndarray, pace: bool = False, model: str = "wake-word"
+) -> list[tuple[float, float, float]]:
     """The recording as one sequence: its events (start, end, when it arrived: seconds since
     the stream started sending)."""
     import tritonclient.grpc as grpcclient
@@ -129,7 +131,7 @@ def listen(socket: Path, audio: np.ndarray, pace: bool = False) -> list[tuple[fl
             chunk = audio[offset : offset + CHUNK]
             pcm = grpcclient.InferInput("pcm", [len(chunk)], "INT16")
             pcm.set_data_from_numpy(chunk)
-            client.async_stream_infer("wake-word", [pcm], sequence_id=1,
+            client.async_stream_infer(model, [pcm], sequence_id=1,
                                       sequence_start=offset == 0,
                                       sequence_end=offset + CHUNK >= len(audio))  # fmt: skip
     finally:
@@ -143,6 +145,22 @@ def listen(socket: Path, audio: np.ndarray, pace: bool = False) -> list[tuple[fl
         start, end = result.as_numpy("times").tolist()
         found.append((start, end, arrived))
     return found
+
+
+def repository(root: Path, thresholds: list[str]) -> Path:
+    """The default models (links), and a copy of wake-word per threshold: wake-word-<t>."""
+    root.mkdir()
+    for model in MODELS.iterdir():
+        if (model / "config.pbtxt").is_file() and model.name != "wake-word":
+            (root / model.name).symlink_to(model, target_is_directory=True)
+    for threshold in thresholds:
+        copy = root / f"wake-word-{threshold}"
+        copy.mkdir()
+        (copy / "1").symlink_to(MODELS / "wake-word" / "1", target_is_directory=True)
+        config = (MODELS / "wake-word" / "config.pbtxt").read_text()
+        config = config.replace('name: "wake-word"', f'name: "wake-word-{threshold}"')
+        (copy / "config.pbtxt").write_text(config.replace("=1e-30", f"={threshold}"))
+    return root
 
 
 def score(
@@ -166,34 +184,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--voices", type=int, default=5, help=f"of {len(VOICES)}")
     parser.add_argument("--latency-seconds", type=float, default=60.0)
+    parser.add_argument("--thresholds", nargs="+", default=["1e-30"],
+                        help="the phrase's threshold, one wake-word model each")  # fmt: skip
     args = parser.parse_args()
     voices = VOICES[: args.voices]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        proc, socket = start_edged(Path(tmp) / "edged")
+        models = repository(Path(tmp) / "models", args.thresholds)
+        proc, socket = start_edged(Path(tmp) / "edged", models)
         grpc = socket.with_name("edged-grpc.sock")
         try:
             clean = None
             for label, snr in (("clean", None), ("20 dB SNR", 20.0), ("10 dB SNR", 10.0)):
                 audio, starts, ends, others = build(voices, snr, seed=1)
                 clean = clean or (audio, starts, ends)
-                t = time.perf_counter()
-                found = listen(grpc, audio)
-                took = time.perf_counter() - t
-                hits, false = score(found, starts, others)
                 # every second that is not the wake phrase counts as negative audio
                 hours = (len(audio) / RATE - sum(b - a for a, b in zip(starts, ends))) / 3600
-                rate = f"{100 * hits / len(starts):.1f}%"
-                rows.append([label, f"{hits}/{len(starts)}", rate, str(len(false)),
-                             f"{hours * 60:.1f} min", f"{len(false) / hours:.0f}",
-                             f"{len(audio) / RATE / took:.0f}x"])  # fmt: skip
-                print(" | ".join(rows[-1]), flush=True)
-                if false:
-                    print("  false accepts in:", sorted(false), flush=True)
+                for threshold in args.thresholds:
+                    t = time.perf_counter()
+                    found = listen(grpc, audio, model=f"wake-word-{threshold}")
+                    took = time.perf_counter() - t
+                    hits, false = score(found, starts, others)
+                    rate = f"{100 * hits / len(starts):.1f}%"
+                    rows.append([label, threshold, f"{hits}/{len(starts)}", rate,
+                                 str(len(false)), f"{hours * 60:.1f} min",
+                                 f"{len(false) / hours:.0f}",
+                                 f"{len(audio) / RATE / took:.0f}x"])  # fmt: skip
+                    print(" | ".join(rows[-1]), flush=True)
+                    if false:
+                        print("  false accepts in:", sorted(false), flush=True)
             assert clean is not None
             audio, starts, ends = clean
             audio = audio[: int(args.latency_seconds * RATE)]
-            found = listen(grpc, audio, pace=True)
+            found = listen(grpc, audio, pace=True, model=f"wake-word-{args.thresholds[0]}")
             delays = []
             for start, _, arrived in found:
                 near = [i for i, said in enumerate(starts) if abs(start - said) <= 0.3]
@@ -203,7 +226,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(60)
     print()
-    header = ["condition", "detected", "rate", "false accepts", "negative audio",
+    header = ["condition", "threshold", "detected", "rate", "false accepts", "negative audio",
               "false accepts / hour", "speed (x real time)"]  # fmt: skip
     print(table(rows, header))
     if delays:
