@@ -12,7 +12,8 @@ import http.client
 import json
 import os
 import socket
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -327,6 +328,46 @@ class Client:
                 _raise_for_status(response.status, response.read(), dict(response.getheaders()))
             for line in iter(response.readline, b""):
                 yield json.loads(line)
+
+    def listen(
+        self, audio: Iterable[bytes], model: str = "wake-word", **params: Any
+    ) -> Iterator[dict[str, Any]]:
+        """``POST /v2/models/{model}/stream``: ``audio`` (16 kHz mono 16-bit little-endian
+        PCM, in chunks as it is captured) sent from a thread while the answers are read; each
+        response's document as it comes, then ``{"event": "end"}`` (or ``{"event": "error"}``).
+        """
+        path = f"/v2/models/{model}/stream" + _query(params)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise ClientError(0, f"cannot reach edged at {self.socket_path}: {exc}") from None
+
+        def upload() -> None:
+            head = (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                    "Content-Type: application/octet-stream\r\n\r\n")  # fmt: skip
+            with contextlib.suppress(OSError):  # refused before the end: the answer says why
+                sock.sendall(head.encode())
+                for chunk in audio:
+                    if chunk:
+                        sock.sendall(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                sock.sendall(b"0\r\n\r\n")
+
+        sender = threading.Thread(target=upload, name="edgectl-listen", daemon=True)
+        sender.start()
+        try:
+            response = http.client.HTTPResponse(sock, method="POST")
+            response.begin()
+            if response.status != 200:
+                _raise_for_status(response.status, response.read(), dict(response.getheaders()))
+            for line in iter(response.readline, b""):
+                yield json.loads(line)
+        except OSError as exc:
+            raise ClientError(0, f"the stream to edged broke: {exc}") from None
+        finally:
+            sock.close()
 
     def embed(self, texts: list[str], model: str = "text-embedding", **params: Any) -> np.ndarray:
         """Sentence embeddings, one row per text (``model``: text-embedding or its -int8)."""

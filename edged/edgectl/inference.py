@@ -1,16 +1,19 @@
 """Inference from the shell: ``edgectl infer`` (a raw Open Inference Protocol request) and the
-default models' tasks, ``embed``, ``intent``, ``ocr`` and ``vad``; with --explain, where each
-call ran and why."""
+default models' tasks, ``embed``, ``intent``, ``ocr`` and ``vad``, with --explain where each
+call ran and why; and ``listen``, audio streamed to the wake word (or live VAD)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import wave
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from edged.client import Client
+from edged.client import Client, ClientError
 from edged.common.cli import UsageError
 from edged.edgectl.base import read_input, request_params
 
@@ -92,3 +95,50 @@ def cmd_vad(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     segments = reply["segments"]
     text = "\n".join(f"{s['start']:8.3f} s -> {s['end']:8.3f} s" for s in segments)
     return reply, _explained(reply, text or "no speech", args)
+
+
+def cmd_listen(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    """Stream audio to a stateful model (the wake word by default) and print each event as it
+    comes (with --json, each response as a JSON line), then how many: a 16 kHz mono 16-bit WAV
+    file, or raw 16 kHz 16-bit little-endian PCM on stdin (``arecord -f S16_LE -r 16000 -c 1
+    -t raw | edgectl listen -``)."""
+    audio = _pcm_chunks(args.source)
+    events = 0
+    for event in client.listen(audio, args.model, **request_params(args)):
+        if event.get("event") == "error":
+            raise ClientError(event["status"], event["error"])
+        if event.get("event") == "end":
+            break
+        events += 1
+        outputs = {o["name"]: o["data"] for o in event["outputs"]}
+        if args.json:
+            line = json.dumps(event)
+        elif "phrase" in outputs:
+            start, end = outputs["times"]
+            line = f"{start:8.2f} s -> {end:8.2f} s  wake: {outputs['phrase'][0]}"
+        elif "segments" in outputs:
+            start, end = outputs["segments"][:2]
+            line = f"{start:8.2f} s -> {end:8.2f} s  speech"
+        else:
+            line = json.dumps(outputs)
+        print(line, flush=True)
+    return {"events": events}, f"{events} event(s)"
+
+
+def _pcm_chunks(source: str) -> Iterator[bytes]:
+    """100 ms chunks of 16 kHz mono 16-bit PCM from a WAV file, or raw PCM from stdin."""
+    if source == "-":
+        stdin = sys.stdin.buffer
+        return iter(lambda: stdin.read(3200), b"")
+    try:
+        with wave.open(source, "rb") as wav:
+            shape = (wav.getframerate(), wav.getnchannels(), wav.getsampwidth())
+            frames = wav.readframes(wav.getnframes())
+    except (OSError, wave.Error, EOFError) as exc:
+        raise UsageError(f"cannot read {source} as a WAV file: {exc}") from None
+    if shape != (16000, 1, 2):
+        raise UsageError(
+            f"{source} is {shape[0]} Hz, {shape[1]} channel(s), {8 * shape[2]}-bit: send 16 kHz"
+            f" mono 16-bit (sox {source} -r 16000 -c 1 -b 16 out.wav)"
+        )
+    return (frames[i : i + 3200] for i in range(0, len(frames), 3200))

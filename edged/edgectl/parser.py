@@ -15,7 +15,14 @@ from edged.client import Client, ClientError, default_socket
 from edged.common.cli import UsageError
 from edged.edgectl.admin import cmd_drain, cmd_reload, cmd_resume, cmd_routing
 from edged.edgectl.base import EXIT_NOT_READY, EXIT_OK, EXIT_USAGE, exit_code
-from edged.edgectl.inference import cmd_embed, cmd_infer, cmd_intent, cmd_ocr, cmd_vad
+from edged.edgectl.inference import (
+    cmd_embed,
+    cmd_infer,
+    cmd_intent,
+    cmd_listen,
+    cmd_ocr,
+    cmd_vad,
+)
 from edged.edgectl.kb import cmd_kb
 from edged.edgectl.models import cmd_models
 from edged.edgectl.status import cmd_capabilities, cmd_status
@@ -199,6 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
     vad.add_argument("wav", help="WAV file, or - for stdin")
     vad.add_argument("--threshold", type=float, help="speech probability threshold (0.5)")
     vad.set_defaults(fn=cmd_vad)
+
+    listen = sub.add_parser(
+        "listen",
+        help="stream audio to the wake word and print each event as it comes",
+        description="Streams a 16 kHz mono 16-bit WAV file, or raw 16 kHz 16-bit little-endian"
+        " PCM from stdin (a microphone: arecord -f S16_LE -r 16000 -c 1 -t raw | edgectl listen"
+        " -), to a stateful model over POST /v2/models/{model}/stream, and prints each event as"
+        " it comes: the wake phrases heard (wake-word) or the speech segments (vad-live), in"
+        " seconds since the audio began.",
+    )
+    listen.add_argument("source", help="WAV file, or - for raw PCM on stdin")
+    listen.add_argument("--model", default="wake-word", help="wake-word (default) or vad-live")
+    listen.set_defaults(fn=cmd_listen)
     return parser
 
 

@@ -487,12 +487,12 @@ def encode_tensors(
     return entries, chunks
 
 
-def encode_response(
+def response_document(
     response: InferResponse,
     binary: Mapping[str, bool] | None = None,
     placed: Mapping[str, dict[str, Any]] | None = None,
-) -> tuple[bytes, int | None]:
-    """Encode a response; returns the body and the JSON header length when binary data follows."""
+) -> tuple[dict[str, Any], list[bytes]]:
+    """A response as its JSON document, and the binary data of the outputs sent that way."""
     outputs, chunks = encode_tensors(response.outputs, binary or {}, placed)
     doc: dict[str, Any] = {
         "model_name": response.model_name,
@@ -503,6 +503,16 @@ def encode_response(
         doc["id"] = response.id
     if response.parameters:
         doc["parameters"] = response.parameters
+    return doc, chunks
+
+
+def encode_response(
+    response: InferResponse,
+    binary: Mapping[str, bool] | None = None,
+    placed: Mapping[str, dict[str, Any]] | None = None,
+) -> tuple[bytes, int | None]:
+    """Encode a response; returns the body and the JSON header length when binary data follows."""
+    doc, chunks = response_document(response, binary, placed)
     header = dump_json(doc).encode("utf-8")
     if not chunks:
         return header, None

@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -17,11 +18,12 @@ from edged.admin import Admin
 from edged.config import ServerConfig
 from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
-from edged.errors import EdgedError, InvalidRequest, PayloadTooLarge, retry_after
+from edged.errors import EdgedError, InvalidRequest, PayloadTooLarge, RequestTimeout, retry_after
 from edged.metrics import Metrics
 from edged.protocol.shm import Bound
 from edged.protocol.tensors import (
     HEADER_LENGTH,
+    InferRequest,
     InferResponse,
     RequestedOutput,
     decode_request,
@@ -30,7 +32,9 @@ from edged.protocol.tensors import (
     is_count,
     parse_json,
     place,
+    response_document,
 )
+from edged.request import Sequences
 from edged.server import connections
 from edged.server.access import Access, Peer, peer_of
 from edged.server.services import Services
@@ -116,6 +120,46 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         log.exception("%s %s failed", request.method, request.path)
         return error_response(500, "internal error; the daemon's log has the details")
 
+
+class Lines:
+    """An answer of JSON lines (``application/x-ndjson``) written as they come; a caller that
+    leaves stops the writing, not the handler (which is cancelled soon)."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
+        self.lock = asyncio.Lock()
+        self.gone = False
+
+    @classmethod
+    async def start(cls, request: web.Request) -> Lines:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        return cls(response)
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        async with self.lock:
+            if self.gone:
+                return
+            try:
+                await self.response.write(dump_json(event).encode() + b"\n")
+            except ConnectionError:
+                self.gone = True
+
+    async def fail(self, exc: Exception, what: str) -> None:
+        """The error as the last line: its status and message (a bug: 500, logged)."""
+        if isinstance(exc, EdgedError):
+            await self.emit({"event": "error", "status": exc.status, "error": exc.message})
+            return
+        log.exception(what)
+        await self.emit({"event": "error", "status": 500, "error": f"{type(exc).__name__}: {exc}"})
+
+    async def end(self) -> web.StreamResponse:
+        if not self.gone:
+            await self.response.write_eof()
+        return self.response
+
+
+STREAM_CHUNK = 3200  # bytes of a streamed body per request of the sequence: 100 ms at 16 kHz
 
 # Bodies past this are decoded in a thread: a 38 MiB JSON held the event loop for 4.6 s
 OFFLOAD_BYTES = 64 * 1024
@@ -447,31 +491,57 @@ def create_app(
         if not streamed:
             return ok(await runner.execute(plan, params))
         # JSON lines as the nodes start and finish, then the answer (or the error)
-        stream = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await stream.prepare(request)
-        lock = asyncio.Lock()
-        gone = False
+        lines = await Lines.start(request)
+        try:
+            await lines.emit({"event": "answer", **await runner.execute(plan, params, lines.emit)})
+        except Exception as exc:  # the stream has started: no second response can be sent
+            await lines.fail(exc, "task stream failed")
+        return await lines.end()
 
-        async def emit(event: dict[str, Any]) -> None:
-            nonlocal gone
-            async with lock:
-                if gone:
-                    return
-                try:
-                    await stream.write(dump_json(event).encode() + b"\n")
-                except ConnectionError:  # the caller left; the handler is cancelled soon
-                    gone = True
+    async def stream(request: web.Request) -> web.StreamResponse:
+        """A stateful model's sequence over one request: the body is 16 kHz mono 16-bit
+        little-endian PCM as it is captured (chunked), each 100 ms of it one request of the
+        sequence; each response a JSON line as it comes, then {"event": "end"}."""
+        name, params = request.match_info["model"], query_parameters(request)
+        config = plane.model_config(name)
+        if config.sequence_idle_s is None or [i.datatype for i in config.inputs] != ["INT16"]:
+            raise InvalidRequest(
+                f"model '{name}' is not a stateful model of one INT16 input: POST"
+                " /v2/models/{model}/stream takes those (wake-word, vad-live)"
+            )
+        idle_s, tensor = config.sequence_idle_s, config.inputs[0].name
+        lines = await Lines.start(request)
+        sequences, started, pending = Sequences(limit=1), False, b""
+
+        async def partial(response: InferResponse, _binary: dict[str, bool]) -> None:
+            await lines.emit(response_document(response)[0])
+
+        async def send(pcm: bytes, end: bool) -> None:
+            nonlocal started
+            samples = np.frombuffer(pcm, dtype="<i2").astype(np.int16)
+            flags = {"sequence_id": 1, "sequence_start": not started, "sequence_end": end}
+            call = InferRequest(inputs={tensor: samples}, parameters={**params, **flags})
+            started = True
+            await plane.infer(name, None, call, send=partial, sequences=sequences)
 
         try:
-            await emit({"event": "answer", **await runner.execute(plan, params, emit)})
-        except EdgedError as exc:
-            await emit({"event": "error", "status": exc.status, "error": exc.message})
-        except Exception as exc:  # the stream has started: no second response can be sent
-            log.exception("task stream failed")
-            await emit({"event": "error", "status": 500, "error": f"{type(exc).__name__}: {exc}"})
-        if not gone:
-            await stream.write_eof()
-        return stream
+            while True:
+                try:
+                    data = await asyncio.wait_for(request.content.read(STREAM_CHUNK), idle_s)
+                except asyncio.TimeoutError:
+                    raise RequestTimeout(f"no audio for {idle_s:g} s: the sequence ends") from None
+                if not data:
+                    break
+                pending += data
+                if len(pending) >= STREAM_CHUNK:
+                    whole = len(pending) - len(pending) % 2
+                    await send(pending[:whole], False)
+                    pending = pending[whole:]
+            await send(pending[: len(pending) - len(pending) % 2], True)
+            await lines.emit({"event": "end"})
+        except Exception as exc:
+            await lines.fail(exc, "stream failed")
+        return await lines.end()
 
     async def embed(request: web.Request) -> web.Response:
         return ok(
@@ -515,6 +585,7 @@ def create_app(
             web.get(versioned + "/ready", model_ready),
             web.get(model + "/config", model_config),
             web.post(model + "/infer", infer),
+            web.post(model + "/stream", stream),
             web.post(versioned + "/infer", infer),
             web.post("/v2/repository/index", repository_index),
             web.post("/v2/repository/models/{model}/load", repository_load),

@@ -5,6 +5,10 @@ noise as a microphone has (pocketsphinx hears nothing in digital silence)."""
 from __future__ import annotations
 
 import queue
+import subprocess
+import sys
+import wave
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from edged.client import ClientError
 from tests.conftest import Daemon
 from tests.media import espeak
 
@@ -146,3 +151,48 @@ def test_wake_word_refusals_name_their_reason(
         triton.stop_stream()
     again = [answers.get_nowait() for _ in range(answers.qsize())]
     assert [error for _, error in again] == [None] * 4
+
+
+def test_rest_and_edgectl_hear_what_grpc_hears(
+    daemon: Daemon, triton: grpcclient.InferenceServerClient, tmp_path: Path
+) -> None:
+    """The same recording over POST /v2/models/wake-word/stream (a chunked upload, sent as
+    fast as the socket takes it, answers read while it is sent) and through `edgectl listen`
+    gives the events of the gRPC stream; a model that is not stateful is refused with the
+    reason, and a WAV that is not 16 kHz mono 16-bit is a usage error naming what to send."""
+    script = ["The meeting starts at ten.", "hey jetson", "please call my brother tomorrow"]
+    audio, _ = recording(script, "en-us", 3)
+    [grpc_heard] = listen(triton, {"one": audio}).values()
+    data = audio.tobytes()
+    chunks = (data[i : i + 5000] for i in range(0, len(data), 5000))  # not 100 ms: any size
+    events = list(daemon.client.listen(chunks))
+    assert events[-1] == {"event": "end"}
+    heard = []
+    for event in events[:-1]:
+        outputs = {o["name"]: o["data"] for o in event["outputs"]}
+        heard.append((outputs["phrase"][0], *outputs["times"]))
+        assert event["parameters"]["route"] == "local"
+    assert len(heard) == len(grpc_heard) == 1
+    assert heard[0][0] == grpc_heard[0][0] == "hey jetson"
+    np.testing.assert_allclose(heard[0][1:], grpc_heard[0][1:], atol=0.011)  # one frame
+    with pytest.raises(ClientError, match="not a stateful model of one INT16 input") as refused:
+        list(daemon.client.listen(iter([data[:3200]]), model="intent"))
+    assert refused.value.status == 400
+
+    wav = tmp_path / "wake.wav"
+    with wave.open(str(wav), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(data)
+    edgectl = [sys.executable, "-m", "edged.edgectl", "--socket", str(daemon.socket), "listen"]
+    done = subprocess.run([*edgectl, str(wav)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "wake: hey jetson" in done.stdout and "1 event(s)" in done.stdout
+    with wave.open(str(wav), "wb") as out:
+        out.setnchannels(2)
+        out.setsampwidth(2)
+        out.setframerate(44100)
+        out.writeframes(data)
+    done = subprocess.run([*edgectl, str(wav)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "send 16 kHz mono 16-bit" in done.stderr, done.stderr
