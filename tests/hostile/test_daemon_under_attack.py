@@ -83,7 +83,9 @@ def error_lines(daemon: Daemon) -> list[str]:
 PATHS = [
     "/v2/models/intent/infer", "/v2/models/text-encoder/infer", "/v2/models/ocr/infer",
     "/v2/models/vad/versions/1/infer", "/v2/models/intent/versions/99999999999999999999/infer",
-    "/v2/models/vad-segments/infer", "/v1/intent", "/v1/embed", "/v1/ocr", "/v1/vad",
+    "/v2/models/vad-segments/infer", "/v2/models/wake-word/stream",
+    "/v2/models/vad-live/stream?threshold=2", "/v2/models/intent/stream",
+    "/v1/intent", "/v1/embed", "/v1/ocr", "/v1/vad",
     "/v1/tasks", "/v1/kb/ns/search",
     "/v1/events?after=" + "9" * 5000, "/v2/models/%00/infer", "/v2/models/" + "a" * 5000,
     "/v2/repository/index", "/v1/tasks?stream=true", "/v2/models/stats",
