@@ -665,6 +665,28 @@ def build_wake_word(repository: Path) -> None:
         f" ({size:.1f} MB)")  # fmt: skip
 
 
+def build_transcribe(repository: Path, intents_path: Path) -> None:
+    """transcribe (pipeline): wake-word's acoustic model and dictionary (hard links: no second
+    copy), and the phrases it recognises: the intent model's training sentences whose every
+    word the dictionary knows, lower case, without punctuation."""
+    source = repository / "wake-word" / "1"
+    known = set()
+    with open(source / "cmudict-en-us.dict", encoding="utf-8") as words:
+        for line in words:
+            known.add(line.split(" ", 1)[0].split("(", 1)[0])
+    _, texts = read_intents(intents_path)
+    phrases = set()
+    for text in texts:
+        phrase = " ".join(re.sub(r"[^a-z' ]", " ", text.lower()).split())
+        if phrase and all(word in known for word in phrase.split()):
+            phrases.add(phrase)
+    with version_dir(repository, "transcribe") as target:
+        shutil.copytree(source / "en-us", target / "en-us", copy_function=os.link)
+        os.link(source / "cmudict-en-us.dict", target / "cmudict-en-us.dict")
+        (target / "phrases.txt").write_text("".join(f"{p}\n" for p in sorted(phrases)))
+    log("transcribe", f"{len(phrases)} of {len(texts)} intent sentences as its phrases")
+
+
 # --------------------------------------------------------------------------- verification
 
 
@@ -771,7 +793,7 @@ MODELS = [
     "text-encoder", "text-encoder-int8", "text-embedding", "text-embedding-int8",
     "intent-classifier", "intent",
     "ocr-det", "ocr-cls", "ocr-rec", "ocr", "vad-silero", "vad", "vad-segments",
-    "vad-live", "wake-word",
+    "vad-live", "wake-word", "transcribe",
 ]  # fmt: skip
 
 
@@ -797,6 +819,7 @@ def build(repository: Path, intents_path: Path) -> None:
     build_vad_silero(repository, silero_wheel)
     build_vad(repository)
     build_wake_word(repository)
+    build_transcribe(repository, intents_path)
     shutil.rmtree(build_dir / "staging", ignore_errors=True)
     verify_repository(repository, MODELS)
 

@@ -20,6 +20,7 @@ MAX_TEXTS = 256
 INTENT_MODEL = "intent"
 OCR_MODEL = "ocr"
 VAD_MODEL = "vad"
+TRANSCRIBE_MODEL = "transcribe"
 
 
 def _strings(doc: Any, single: str, plural: str) -> list[str]:
@@ -95,3 +96,16 @@ async def vad(plane: DataPlane, audio: bytes, params: Mapping[str, Any]) -> dict
         {"start": round(float(a), 3), "end": round(float(b), 3)} for a, b in out["segments"]
     ]
     return {"model": VAD_MODEL, "version": str(version), "segments": segments, **route}
+
+
+async def transcribe(plane: DataPlane, audio: bytes, params: Mapping[str, Any]) -> dict[str, Any]:
+    """An utterance (a WAV file's bytes) -> its text: one of the device's command phrases, or
+    "" when it is none of them."""
+    if not audio:
+        raise InvalidRequest("the audio is empty: send a WAV file's bytes")
+    version, out, route = await plane.run(
+        TRANSCRIBE_MODEL, {"audio": bytes_tensor([audio])}, params
+    )
+    text = out["text"].reshape(-1)[0]
+    text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+    return {"model": TRANSCRIBE_MODEL, "version": str(version), "text": text, **route}

@@ -1,4 +1,4 @@
-"""Speech recognition on the device with pocketsphinx 5: the wake word.
+"""Speech recognition on the device with pocketsphinx 5: the wake word, and commands.
 
 ``wake_word`` (stateful, decoupled): live 16 kHz mono 16-bit audio in chunks of a sequence; one
 response per wake phrase heard (the phrase, and its start and end in seconds since the sequence
@@ -7,6 +7,11 @@ ones pocketsphinx's wheel ships (models/build.py copies them into the version di
 keyword spotting needs no language model. Each sequence has a decoder of its own (about 27 MiB:
 pocketsphinx shares no model between decoders), so at most ``max_sequences`` run at once.
 
+``transcribe``: a WAV file of one utterance in, its text out, recognised against a grammar of the
+commands the device knows (a phrase per line of ``phrases.txt`` in the version directory: the
+intent model's training sentences, by default), so that the intent model can take it from
+there; an utterance that is not one of them gives an empty text.
+
 pocketsphinx holds the GIL while it decodes (about 1.5 ms per 100 ms of audio on an x86 core):
 chunks are decoded in the executor, 100 ms at a time, so that the event loop never waits for a
 long chunk and a phrase is reported within 100 ms of the decoder hearing it.
@@ -14,9 +19,13 @@ long chunk and a phrase is reported within 100 ms of the decoder hearing it.
 
 from __future__ import annotations
 
+import asyncio
+import io
+import re
 import shutil
 import tempfile
 import threading
+import wave
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -25,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from edged.errors import ModelLoadError, PayloadTooLarge, Unavailable
-from edged.pipelines.base import Pipeline
+from edged.pipelines import vad_ops
+from edged.pipelines.base import Pipeline, single_blob
 from edged.request import Sequence
 from edged.runtimes.base import Tensors
 
@@ -35,6 +45,9 @@ MAX_CHUNK_SECONDS = 10
 MAX_SEQUENCES = 4
 ACOUSTIC_MODEL = "en-us"  # the directory of the version that holds it
 DICTIONARY = "cmudict-en-us.dict"
+PHRASES = "phrases.txt"
+MAX_UTTERANCE_SECONDS = 30
+WORD = re.compile(r"^[a-z']+$")
 
 
 def parse_phrases(model: str, text: str) -> list[tuple[str, float]]:
@@ -87,9 +100,7 @@ class WakeWord(Pipeline):
         keys.write_text("".join(f"{p} /{t:g}/\n" for p, t in self.phrases), encoding="utf-8")
         self.keys = keys
         probe = self._decoder()  # every word must be in the dictionary, or it would never fire
-        missing = sorted(
-            {w for p, _ in self.phrases for w in p.split() if probe.lookup_word(w) is None}
-        )
+        missing = unknown_words(probe, [phrase for phrase, _ in self.phrases])
         if missing:
             raise ModelLoadError(
                 f"model '{self.config.name}': no pronunciation for {', '.join(missing)} in"
@@ -185,6 +196,98 @@ class WakeWord(Pipeline):
 
     async def unload(self) -> None:
         shutil.rmtree(getattr(self, "work", ""), ignore_errors=True)
+
+
+class Transcribe(Pipeline):
+    """The ``transcribe`` pipeline (see the module's doc)."""
+
+    def prepare(self) -> None:
+        try:
+            import pocketsphinx
+        except ImportError:
+            raise ModelLoadError(
+                "pocketsphinx is not installed: pip install pocketsphinx"
+            ) from None
+        hmm = self.version_dir / ACOUSTIC_MODEL
+        if not (hmm / "mdef").is_file():
+            raise ModelLoadError(f"pipeline '{self.config.name}' needs {hmm}/ (make models)")
+        lines = self.asset(PHRASES).read_text(encoding="utf-8").splitlines()
+        phrases = sorted({" ".join(line.lower().split()) for line in lines if line.strip()})
+        bad = [p for p in phrases if not all(WORD.match(w) for w in p.split())]
+        if bad or not phrases:
+            raise ModelLoadError(
+                f"model '{self.config.name}': {PHRASES} needs phrases of lower-case words"
+                f" (a-z and '), one per line: {bad[:3] or 'none found'}"
+            )
+        self.phrases = set(phrases)
+        grammar = (f"#JSGF V1.0;\ngrammar commands;\npublic <command> = "
+                   f"{' | '.join(phrases)};\n")  # fmt: skip
+        count = self.limit("max_decoders", 2)
+        self.decoders: asyncio.Queue[Any] = asyncio.Queue()
+        for _ in range(count):
+            decoder = pocketsphinx.Decoder(
+                hmm=str(hmm), dict=str(self.asset(DICTIONARY)), lm=None, loglevel="FATAL"
+            )
+            missing = unknown_words(decoder, phrases)
+            if missing:
+                raise ModelLoadError(
+                    f"model '{self.config.name}': no pronunciation for {', '.join(missing[:10])}"
+                    f" in {DICTIONARY}: take those phrases out of {PHRASES}"
+                )
+            decoder.add_jsgf_string("commands", grammar)
+            decoder.activate_search("commands")
+            self.decoders.put_nowait(decoder)
+
+    def sample(self) -> Tensors:
+        """Half a second of quiet noise as a WAV file."""
+        noise = 0.003 * np.random.default_rng(0).standard_normal(RATE // 2)
+        blob = np.empty(1, dtype=object)
+        blob[0] = wav_bytes((noise * 32767).astype(np.int16))
+        return {"audio": blob}
+
+    async def run(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
+        data = single_blob("audio", inputs["audio"])
+        limit = self.limit("max_seconds", MAX_UTTERANCE_SECONDS)
+        pcm, rate = await self.offload(vad_ops.decode_wav, data, int(limit * RATE))
+        if len(pcm) > limit * rate:
+            raise PayloadTooLarge(
+                f"the audio is {len(pcm) / rate:.0f} s long; at most {limit} s per request"
+            )
+        pcm, _ = await self.offload(vad_ops.to_model_rate, pcm, rate)
+        samples = (np.clip(pcm, -1, 1) * 32767).astype(np.int16).tobytes()
+        decoder = await self.decoders.get()
+        try:
+            text = await self.offload(self._decode, decoder, samples)
+        finally:
+            self.decoders.put_nowait(decoder)
+        return {"text": np.array([text.encode()], dtype=object)}
+
+    def _decode(self, decoder: Any, samples: bytes) -> str:
+        """The utterance's phrase, or "" when the best path is not a whole phrase (a grammar
+        has no rejection of its own: it returns the nearest partial path)."""
+        decoder.start_utt()
+        decoder.process_raw(samples, False, True)
+        decoder.end_utt()
+        hypothesis = decoder.hyp()
+        text = " ".join(hypothesis.hypstr.split()) if hypothesis is not None else ""
+        return text if text in self.phrases else ""
+
+
+def unknown_words(decoder: Any, phrases: list[str]) -> list[str]:
+    """The words of ``phrases`` that the decoder's dictionary has no pronunciation for."""
+    words = {word for phrase in phrases for word in phrase.split()}
+    return sorted(word for word in words if decoder.lookup_word(word) is None)
+
+
+def wav_bytes(samples: np.ndarray) -> bytes:
+    """16 kHz mono 16-bit samples as a WAV file."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(RATE)
+        wav.writeframes(samples.tobytes())
+    return buffer.getvalue()
 
 
 class _Slot:

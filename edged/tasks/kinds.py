@@ -117,9 +117,19 @@ async def _vad(ctx: Context, node: Node, values: dict[str, Any]) -> tuple[Output
     return {"segments": segments, "speech": bool(segments)}, _route(reply)
 
 
+async def _transcribe(
+    ctx: Context, node: Node, values: dict[str, Any]
+) -> tuple[Outputs, dict[str, Any]]:
+    audio = _bytes(node, "audio", values["audio"])
+    reply = await default_models.transcribe(ctx.plane, audio, ctx.params)
+    return {"text": reply["text"]}, _route(reply)
+
+
 async def _intent(
     ctx: Context, node: Node, values: dict[str, Any]
 ) -> tuple[Outputs, dict[str, Any]]:
+    if values["text"] == "":  # a transcript that matched no phrase: nothing to classify
+        return {"intent": None, "score": 0.0}, {"route": "local", "reason": "no text: no intent"}
     text = _text(node, "text", values["text"])
     reply = await default_models.intent(ctx.plane, {"texts": [text]}, ctx.params)
     (first,) = reply["intents"]
@@ -254,6 +264,9 @@ KINDS: dict[str, Kind] = {
     "ocr": Kind(("image",), ("lines", "text"), _ocr, models=(default_models.OCR_MODEL,)),
     "vad": Kind(("audio",), ("segments", "speech"), _vad, models=(default_models.VAD_MODEL,)),
     "intent": Kind(("text",), ("intent", "score"), _intent, models=(default_models.INTENT_MODEL,)),
+    "transcribe": Kind(
+        ("audio",), ("text",), _transcribe, models=(default_models.TRANSCRIBE_MODEL,)
+    ),
     "embed": Kind(("text",), ("embedding",), _embed, models=(default_models.EMBED_MODEL,)),
     "extract": Kind(("text",), ("fields",), _extract),
     "search": Kind(

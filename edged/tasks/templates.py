@@ -30,12 +30,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         ],
     },
     "voice-command": {
-        "description": "speech found in the audio on the device, the command's intent from its"
-        " transcript (edged has no speech recognizer: the caller's transcript is 'text')",
-        "inputs": {"audio": {"private": True}, "text": {}},
+        "description": "a spoken command from audio alone, on the device: where the speech is,"
+        " its transcript against the device's command phrases (empty when it is none of them),"
+        " then the command's intent",
+        "inputs": {"audio": {"private": True}},
         "nodes": [
             {"id": "speech", "task": "vad", "inputs": {"audio": "$audio"}},
-            {"id": "command", "task": "intent", "inputs": {"text": "$text"}},
+            {"id": "transcript", "task": "transcribe", "inputs": {"audio": "$audio"}},
+            {"id": "command", "task": "intent", "inputs": {"text": "transcript.text"}},
         ],
     },
     "ask": {

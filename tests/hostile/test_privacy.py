@@ -184,7 +184,7 @@ def test_request_flag_keeps_every_step_and_template_on_the_device(
         _assert_nothing_left(quiet, f"image-report, route {route}")
         daemon.client.run_task(doc, route=route)  # control: the released text is reported
         assert b"/infer" in _left(quiet), "control: image-report's report never reached the cloud"
-        voice = {"audio": {"base64": base64.b64encode(inputs["vad"]).decode()}, "text": MARK}
+        voice = {"audio": {"base64": base64.b64encode(inputs["vad"]).decode()}}
         daemon.client.run_task({"template": "voice-command", "inputs": voice}, route=route,
                                private=True)  # fmt: skip
         _assert_nothing_left(quiet, f"voice-command, route {route}")

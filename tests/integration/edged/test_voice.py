@@ -4,7 +4,10 @@ noise as a microphone has (pocketsphinx hears nothing in digital silence)."""
 
 from __future__ import annotations
 
+import base64
+import csv
 import queue
+import re
 import subprocess
 import sys
 import wave
@@ -17,8 +20,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from edged.client import ClientError
-from tests.conftest import Daemon
-from tests.media import espeak
+from tests.conftest import MODELS, Daemon
+from tests.media import espeak, wav_bytes
 
 RATE = 16000
 CHUNK = RATE // 10  # 100 ms
@@ -196,3 +199,33 @@ def test_rest_and_edgectl_hear_what_grpc_hears(
         out.writeframes(data)
     done = subprocess.run([*edgectl, str(wav)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "send 16 kHz mono 16-bit" in done.stderr, done.stderr
+
+
+def test_voice_command_runs_from_audio_alone(daemon: Daemon) -> None:
+    """The voice-command template from a WAV file only: where the speech is, its transcript
+    against the device's phrases (the intent model's sentences), the intent of that; every
+    node on the device (the audio is private by default); an utterance that is none of the
+    phrases has an empty transcript and no intent."""
+    phrases = (MODELS / "transcribe" / "1" / "phrases.txt").read_text().splitlines()
+    labels = {}
+    for row in csv.DictReader((MODELS / "intents.tsv").open(), delimiter="\t"):
+        labels[" ".join(re.sub(r"[^a-z' ]", " ", row["text"].lower()).split())] = row["label"]
+    said = ["scan this receipt", "listen to me", "the weather is nice today"]
+    assert said[0] in phrases and said[1] in phrases and said[2] not in phrases
+    for seed, text in enumerate(said):
+        speech = espeak(text)
+        audio = np.concatenate([np.zeros(4000, np.float32), speech, np.zeros(4000, np.float32)])
+        audio += 0.003 * np.random.default_rng(seed).standard_normal(len(audio)).astype(np.float32)
+        wav = base64.b64encode(wav_bytes(audio)).decode()
+        doc = {"template": "voice-command", "inputs": {"audio": {"base64": wav}}}
+        answer = daemon.client.run_task(doc)
+        outputs = answer["outputs"]
+        assert answer["status"] == "ok" and outputs["speech"]["speech"] is True
+        assert [n["route"] for n in answer["nodes"]] == ["local"] * 3
+        assert all(n["private"] for n in answer["nodes"][:2])  # the audio's nodes
+        if text in phrases:
+            assert outputs["transcript"]["text"] == text
+            assert outputs["command"]["intent"] == labels[text] and outputs["command"]["score"] > 0
+        else:
+            assert outputs["transcript"]["text"] == ""
+            assert outputs["command"] == {"intent": None, "score": 0.0}
