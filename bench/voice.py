@@ -14,7 +14,13 @@ not the wake phrase (other speech and silence).
 Latency: the clean recording again, sent at the pace of real time; for each phrase, the time
 from the moment its end was sent to the moment its event arrived.
 
-    .venv/bin/python bench/voice.py [--voices 5] [--latency-seconds 60] [--thresholds 1e-30 ...]
+Commands: the voice-command template (vad, transcribe, intent) on WAV files of one utterance:
+in-grammar phrases (drawn from transcribe's phrases, said by 3 voices: is the transcript exact,
+is the intent the phrase's label) and other sentences (is the transcript empty); and how long
+each call takes.
+
+    .venv/bin/python bench/voice.py [--voices 5] [--latency-seconds 60] [--commands 40]
+                                    [--thresholds 1e-30 ...]
 """
 
 from __future__ import annotations
@@ -180,10 +186,71 @@ def score(
     return len(hits), false
 
 
+def commands(socket: Path, voices: list[str], count: int) -> tuple[list[str], str]:
+    """The voice-command template on in-grammar phrases (``count`` of transcribe's phrases,
+    each said by every voice) and on sentences that are none of them: (a table row per set,
+    the latency line)."""
+    import base64
+    import csv
+    import io
+    import re
+    import wave
+
+    from edged.client import Client
+
+    client = Client(str(socket), timeout=60)
+    phrases = (MODELS / "transcribe" / "1" / "phrases.txt").read_text().splitlines()
+    labels = {}
+    for row in csv.DictReader((MODELS / "intents.tsv").open(), delimiter="\t"):
+        labels[" ".join(re.sub(r"[^a-z' ]", " ", row["text"].lower()).split())] = row["label"]
+    rng = np.random.default_rng(2)
+    chosen = [phrases[i] for i in rng.choice(len(phrases), size=count, replace=False)]
+    outside = [t for t in CARRIERS + OTHER if " ".join(t.lower().strip(".?").split()) not in labels]
+
+    def run(text: str, voice: str) -> tuple[str, Any, float]:
+        x = np.concatenate([np.zeros(4000, np.float32), speech(text, voice, 175),
+                            np.zeros(4000, np.float32)])  # fmt: skip
+        x = x / max(1e-6, float(np.sqrt(np.mean(x**2)))) * 0.1
+        x += 0.001 * rng.standard_normal(len(x)).astype(np.float32)
+        buffer = io.BytesIO()
+        with wave.open(buffer, "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(RATE)
+            wav.writeframes((np.clip(x, -1, 1) * 32767).astype(np.int16).tobytes())
+        audio = {"base64": base64.b64encode(buffer.getvalue()).decode()}
+        started = time.perf_counter()
+        answer = client.run_task({"template": "voice-command", "inputs": {"audio": audio}})
+        took = 1000 * (time.perf_counter() - started)
+        return answer["outputs"]["transcript"]["text"], answer["outputs"]["command"]["intent"], took
+
+    exact = right = 0
+    times = []
+    for text in chosen:
+        for voice in voices:
+            heard, intent, took = run(text, voice)
+            exact += heard == text
+            right += intent == labels[text]
+            times.append(took)
+    rejected = 0
+    for text in outside:
+        for voice in voices:
+            heard, _, took = run(text, voice)
+            rejected += heard == ""
+            times.append(took)
+    n, m = len(chosen) * len(voices), len(outside) * len(voices)
+    rows = [f"{count} phrases x {len(voices)} voices", f"{100 * exact / n:.1f}%",
+            f"{100 * right / n:.1f}%", f"{rejected}/{m} ({100 * rejected / m:.0f}%)"]  # fmt: skip
+    p50, p95 = np.percentile(times, [50, 95])
+    what = "voice-command (a WAV of one utterance: vad, transcribe, intent)"
+    return rows, f"{what}: p50 {p50:.0f} ms, p95 {p95:.0f} ms ({len(times)} calls)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--voices", type=int, default=5, help=f"of {len(VOICES)}")
     parser.add_argument("--latency-seconds", type=float, default=60.0)
+    parser.add_argument("--commands", type=int, default=40, help="in-grammar phrases to say")
     parser.add_argument("--thresholds", nargs="+", default=["1e-30"],
                         help="the phrase's threshold, one wake-word model each")  # fmt: skip
     args = parser.parse_args()
@@ -217,6 +284,7 @@ def main() -> None:
             audio, starts, ends = clean
             audio = audio[: int(args.latency_seconds * RATE)]
             found = listen(grpc, audio, pace=True, model=f"wake-word-{args.thresholds[0]}")
+            command_row, command_latency = commands(socket, voices[:3], args.commands)
             delays = []
             for start, _, arrived in found:
                 near = [i for i, said in enumerate(starts) if abs(start - said) <= 0.3]
@@ -229,6 +297,10 @@ def main() -> None:
     header = ["condition", "threshold", "detected", "rate", "false accepts", "negative audio",
               "false accepts / hour", "speed (x real time)"]  # fmt: skip
     print(table(rows, header))
+    print()
+    print(table([command_row], ["commands said", "transcript exact", "intent right",
+                                "other speech rejected"]))  # fmt: skip
+    print(command_latency)
     if delays:
         p50, p95 = np.percentile(delays, [50, 95])
         print(f"\nend of phrase to event, at the pace of real time ({len(delays)} phrases):"
