@@ -24,7 +24,7 @@ import io
 import re
 import shutil
 import tempfile
-import threading
+import time
 import wave
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import ModelLoadError, PayloadTooLarge, Unavailable
+from edged.errors import InvalidRequest, ModelLoadError, PayloadTooLarge, Unavailable
 from edged.pipelines import vad_ops
 from edged.pipelines.base import Pipeline, single_blob
 from edged.request import Sequence
@@ -93,8 +93,8 @@ class WakeWord(Pipeline):
         self.dictionary = self.asset(DICTIONARY)
         self.phrases = parse_phrases(self.config.name, self.config.parameters.get("phrases", ""))
         self.plp = float(self.config.parameters.get("kws_plp", "1e-4"))
-        self.max_sequences = self.limit("max_sequences", MAX_SEQUENCES)
-        self.slots = threading.BoundedSemaphore(self.max_sequences)
+        idle_s = self.config.sequence_idle_s or 1.0
+        self.holders = Holders(self.config.name, self.limit("max_sequences", MAX_SEQUENCES), idle_s)
         self.work = Path(tempfile.mkdtemp(prefix="edged-wake-"))
         keys = self.work / "phrases.kws"
         keys.write_text("".join(f"{p} /{t:g}/\n" for p, t in self.phrases), encoding="utf-8")
@@ -135,24 +135,24 @@ class WakeWord(Pipeline):
                 f" {RATE} Hz) per request: send shorter chunks"
             )
         live = sequence.state
+        if live.get("dropped"):
+            raise InvalidRequest(
+                f"model '{self.config.name}': sequence {sequence.id!r} was idle for over"
+                f" {self.holders.idle_s:g} s and its decoder went to another: start it again"
+            )
         if not live:
-            if not self.slots.acquire(blocking=False):
-                raise Unavailable(
-                    f"model '{self.config.name}': its {self.max_sequences} decoders are in use"
-                    " (parameter max_sequences); end a sequence first"
-                )
-            slot = _Slot(self.slots)
+            self.holders.take(sequence)
             try:
                 decoder = await self.offload(self._decoder)
             except BaseException:
-                slot.release()
+                self.holders.give(sequence)
                 raise
-            # the slot comes back when the sequence ends, or is dropped (idle, or its stream
-            # gone) with its decoder
-            weakref.finalize(sequence, slot.release)
-            live.update(decoder=decoder, slot=slot, samples=0, utterance=0,
-                        pending=np.zeros(0, np.int16))  # fmt: skip
-        heard = await self.offload(self._feed, live, pcm, sequence.end)
+            live.update(decoder=decoder, samples=0, utterance=0, pending=np.zeros(0, np.int16))
+        live["busy"] = True
+        try:
+            heard = await self.offload(self._feed, live, pcm, sequence.end)
+        finally:
+            live["busy"] = False
         for phrase, start, end in heard:
             await send({
                 "phrase": np.array([phrase.encode()], dtype=object),
@@ -160,7 +160,7 @@ class WakeWord(Pipeline):
             })  # fmt: skip
         if sequence.end:
             live.pop("decoder", None)
-            live["slot"].release()
+            self.holders.give(sequence)
 
     def _feed(
         self, live: dict[str, Any], pcm: np.ndarray, end: bool
@@ -290,17 +290,35 @@ def wav_bytes(samples: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-class _Slot:
-    """One of the model's decoders, taken, given back once."""
+class Holders:
+    """The sequences that hold one of the model's decoders: at most ``limit``. A sequence gives
+    its decoder back when it ends or is dropped (idle in its stream, or its stream gone: the
+    decoder goes with it); when all are held, one idle for over ``idle_s`` is taken back for a
+    new sequence (its next request is refused), so that callers who stop sending cannot hold
+    the model."""
 
-    def __init__(self, slots: threading.BoundedSemaphore) -> None:
-        self.slots = slots
-        self.lock = threading.Lock()
-        self.taken = True
+    def __init__(self, model: str, limit: int, idle_s: float) -> None:
+        self.model = model
+        self.limit = limit
+        self.idle_s = idle_s
+        self.held: dict[int, weakref.ref[Sequence]] = {}
 
-    def release(self) -> None:
-        with self.lock:
-            if not self.taken:
-                return
-            self.taken = False
-        self.slots.release()
+    def take(self, sequence: Sequence) -> None:
+        if len(self.held) >= self.limit:
+            now = time.monotonic()
+            idle = [s for s in (ref() for ref in self.held.values()) if s is not None
+                    and not s.state.get("busy") and now - s.used > self.idle_s]  # fmt: skip
+            if not idle:
+                raise Unavailable(
+                    f"model '{self.model}': its {self.limit} decoders are in use (parameter"
+                    " max_sequences); end a sequence first"
+                )
+            oldest = min(idle, key=lambda s: s.used)
+            oldest.state.clear()
+            oldest.state["dropped"] = True
+            self.give(oldest)
+        key = id(sequence)
+        self.held[key] = weakref.ref(sequence, lambda _: self.held.pop(key, None))
+
+    def give(self, sequence: Sequence) -> None:
+        self.held.pop(id(sequence), None)

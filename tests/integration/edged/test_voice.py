@@ -10,7 +10,9 @@ import queue
 import re
 import subprocess
 import sys
+import time
 import wave
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from edged.client import ClientError
-from tests.conftest import MODELS, Daemon
+from tests.conftest import MODELS, Daemon, copy_model, linked_repository
 from tests.media import espeak, wav_bytes
 
 RATE = 16000
@@ -229,3 +231,59 @@ def test_voice_command_runs_from_audio_alone(daemon: Daemon) -> None:
         else:
             assert outputs["transcript"]["text"] == ""
             assert outputs["command"] == {"intent": None, "score": 0.0}
+
+
+def test_callers_who_stop_sending_do_not_hold_the_model(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    """wake-word with one decoder and a 1 s idle time: a stream that started a sequence and
+    went quiet holds the decoder for 1 s, no longer: another caller is refused (503, the
+    reason) before, served after, and the quiet one's next chunk is refused with why; a REST
+    upload that stops sending ends with a 408 line after the idle time, and the daemon
+    serves the next caller meanwhile."""
+    repo = linked_repository(tmp_path / "models", ["wake-word"])
+    model = copy_model(repo, "wake-word")
+    config = (model / "config.pbtxt").read_text()
+    config = config.replace("max_sequence_idle_microseconds: 10000000",
+                            "max_sequence_idle_microseconds: 1000000")  # fmt: skip
+    (model / "config.pbtxt").write_text(config.replace('string_value: "4"', 'string_value: "1"'))
+    daemon = make_daemon(models=repo).start()
+    url = f"unix://{daemon.socket.with_name('edged-grpc.sock')}"
+    quiet_client, other_client = (grpcclient.InferenceServerClient(url) for _ in range(2))
+    answers: dict[str, queue.Queue[tuple[Any, Any]]] = {"quiet": queue.Queue(),
+                                                        "other": queue.Queue()}  # fmt: skip
+
+    def chunk() -> list[grpcclient.InferInput]:
+        pcm = grpcclient.InferInput("pcm", [CHUNK], "INT16")
+        pcm.set_data_from_numpy(np.zeros(CHUNK, np.int16))
+        return [pcm]
+
+    def one(client: grpcclient.InferenceServerClient, name: str, **sequence: Any) -> Any:
+        client.async_stream_infer("wake-word", chunk(), request_id=name, sequence_id=1,
+                                  enable_empty_final_response=True, **sequence)  # fmt: skip
+        return answers[name.split("-")[0]].get(timeout=30)
+
+    quiet_client.start_stream(callback=lambda result, error: answers["quiet"].put((result, error)))
+    other_client.start_stream(callback=lambda result, error: answers["other"].put((result, error)))
+    try:
+        assert one(quiet_client, "quiet-1", sequence_start=True)[1] is None
+        _, refused = one(other_client, "other-1", sequence_start=True)
+        assert "its 1 decoders are in use" in str(refused), refused
+        time.sleep(1.5)
+        assert one(other_client, "other-2", sequence_start=True)[1] is None
+        _, dropped = one(quiet_client, "quiet-2")
+        assert "was idle for over 1 s" in str(dropped), dropped
+    finally:
+        quiet_client.stop_stream()
+        other_client.stop_stream()
+
+    def slow() -> Iterator[bytes]:
+        yield np.zeros(CHUNK, np.int16).tobytes()
+        time.sleep(2.5)  # the caller stops sending, without ending the upload
+        yield np.zeros(CHUNK, np.int16).tobytes()
+
+    started = time.monotonic()
+    events = list(daemon.client.listen(slow()))
+    assert events[-1]["event"] == "error" and events[-1]["status"] == 408, events
+    assert "no audio for 1 s" in events[-1]["error"]
+    assert time.monotonic() - started < 2.4  # it did not wait for the caller
