@@ -687,6 +687,15 @@ def build_transcribe(repository: Path, intents_path: Path) -> None:
     log("transcribe", f"{len(phrases)} of {len(texts)} intent sentences as its phrases")
 
 
+def build_voice_assistant(repository: Path) -> None:
+    """voice-assistant (pipeline): wake-word's acoustic model and dictionary (hard links)."""
+    source = repository / "wake-word" / "1"
+    with version_dir(repository, "voice-assistant") as target:
+        shutil.copytree(source / "en-us", target / "en-us", copy_function=os.link)
+        os.link(source / "cmudict-en-us.dict", target / "cmudict-en-us.dict")
+    log("voice-assistant", "linked wake-word's acoustic model and dictionary")
+
+
 # --------------------------------------------------------------------------- verification
 
 
@@ -793,7 +802,7 @@ MODELS = [
     "text-encoder", "text-encoder-int8", "text-embedding", "text-embedding-int8",
     "intent-classifier", "intent",
     "ocr-det", "ocr-cls", "ocr-rec", "ocr", "vad-silero", "vad", "vad-segments",
-    "vad-live", "wake-word", "transcribe",
+    "vad-live", "wake-word", "transcribe", "voice-assistant",
 ]  # fmt: skip
 
 
@@ -820,6 +829,7 @@ def build(repository: Path, intents_path: Path) -> None:
     build_vad(repository)
     build_wake_word(repository)
     build_transcribe(repository, intents_path)
+    build_voice_assistant(repository)
     shutil.rmtree(build_dir / "staging", ignore_errors=True)
     verify_repository(repository, MODELS)
 

@@ -113,6 +113,18 @@ def cmd_listen(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         outputs = {o["name"]: o["data"] for o in event["outputs"]}
         if args.json:
             line = json.dumps(event)
+        elif "event" in outputs:  # voice-assistant: the wake phrase, then the command
+            start, end = outputs["times"]
+            said = outputs["text"][0]
+            if outputs["event"][0] == "wake":
+                line = f"{start:8.2f} s -> {end:8.2f} s  wake: {said}"
+            elif said:
+                intent, score = outputs["intent"][0], outputs["score"][0]
+                line = (
+                    f"{start:8.2f} s -> {end:8.2f} s  command: {said!r} -> {intent} ({score:.2f})"
+                )
+            else:
+                line = f"{start:8.2f} s -> {end:8.2f} s  command: none of the device's phrases"
         elif "phrase" in outputs:
             start, end = outputs["times"]
             line = f"{start:8.2f} s -> {end:8.2f} s  wake: {outputs['phrase'][0]}"

@@ -213,11 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Streams a 16 kHz mono 16-bit WAV file, or raw 16 kHz 16-bit little-endian"
         " PCM from stdin (a microphone: arecord -f S16_LE -r 16000 -c 1 -t raw | edgectl listen"
         " -), to a stateful model over POST /v2/models/{model}/stream, and prints each event as"
-        " it comes: the wake phrases heard (wake-word) or the speech segments (vad-live), in"
-        " seconds since the audio began.",
+        " it comes: the wake phrases heard (wake-word), each wake phrase and the command said after"
+        " it with its intent (voice-assistant), or the speech segments (vad-live), in seconds"
+        " since the audio began.",
     )
     listen.add_argument("source", help="WAV file, or - for raw PCM on stdin")
-    listen.add_argument("--model", default="wake-word", help="wake-word (default) or vad-live")
+    listen.add_argument(
+        "--model",
+        default="wake-word",
+        help="wake-word (default), voice-assistant (the wake word, then the command), vad-live",
+    )
     listen.set_defaults(fn=cmd_listen)
     return parser
 

@@ -11,7 +11,7 @@ from edged.models.config import ModelConfig
 from edged.pipelines.audio import LiveVoiceActivity, VoiceActivity
 from edged.pipelines.base import Pipeline
 from edged.pipelines.image import TextRecognition
-from edged.pipelines.speech import Transcribe, WakeWord
+from edged.pipelines.speech import Transcribe, VoiceAssistant, WakeWord
 from edged.pipelines.text import Intent, TextEmbedding
 from edged.runtimes.base import Steps
 
@@ -23,6 +23,7 @@ PIPELINES: dict[str, type[Pipeline]] = {
     "vad_live": LiveVoiceActivity,
     "wake_word": WakeWord,
     "transcribe": Transcribe,
+    "voice_assistant": VoiceAssistant,
 }
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from edged.errors import InvalidRequest, ModelLoadError, PayloadTooLarge, Unavailable
 from edged.pipelines import vad_ops
 from edged.pipelines.base import Pipeline, single_blob
-from edged.request import Sequence
+from edged.request import Sequence, current_route
 from edged.runtimes.base import Tensors
 
 RATE = 16000
@@ -48,6 +48,8 @@ DICTIONARY = "cmudict-en-us.dict"
 PHRASES = "phrases.txt"
 MAX_UTTERANCE_SECONDS = 30
 WORD = re.compile(r"^[a-z']+$")
+# what a stream heard: ("wake", phrase, start, end) or ("utterance", 16-bit samples, start, end)
+Event = tuple[str, Any, float, float]
 
 
 def parse_phrases(model: str, text: str) -> list[tuple[str, float]]:
@@ -151,51 +153,161 @@ class WakeWord(Pipeline):
         live["busy"] = True
         try:
             heard = await self.offload(self._feed, live, pcm, sequence.end)
+            await self._answer(heard, send)
         finally:
             live["busy"] = False
-        for phrase, start, end in heard:
-            await send({
-                "phrase": np.array([phrase.encode()], dtype=object),
-                "times": np.array([start, end], dtype=np.float32),
-            })  # fmt: skip
         if sequence.end:
             live.pop("decoder", None)
             self.holders.give(sequence)
 
-    def _feed(
-        self, live: dict[str, Any], pcm: np.ndarray, end: bool
-    ) -> list[tuple[str, float, float]]:
-        """Decode ``pcm`` 100 ms at a time (in the executor); the phrases heard, with their
-        times in seconds since the sequence started."""
-        decoder = live["decoder"]
+    def _feed(self, live: dict[str, Any], pcm: np.ndarray, end: bool) -> list[Event]:
+        """Decode ``pcm`` 100 ms at a time (in the executor); what was heard, with its times
+        in seconds since the sequence started."""
         audio = np.concatenate([live["pending"], pcm.astype(np.int16, copy=False)])
         whole = audio.size if end else audio.size - audio.size % STEP
-        heard: list[tuple[str, float, float]] = []
-
-        def collect() -> None:
-            base = live["utterance"] / RATE
-            for segment in decoder.seg():  # 10 ms frames since the utterance started
-                heard.append((segment.word.strip(), base + segment.start_frame / 100,
-                              base + segment.end_frame / 100))  # fmt: skip
-
+        events: list[Event] = []
         for start in range(0, whole, STEP):
-            part = audio[start : start + STEP]
-            decoder.process_raw(part.tobytes(), False, False)
-            live["samples"] += part.size
-            if decoder.hyp() is not None:
-                collect()
-                decoder.end_utt()  # and listen again, from here
-                decoder.start_utt()
-                live["utterance"] = live["samples"]
+            events += self._part(live, audio[start : start + STEP])
         live["pending"] = audio[whole:]
-        if end:  # a phrase that ends with the audio
-            decoder.end_utt()
-            if decoder.hyp() is not None:
-                collect()
+        if end:
+            events += self._end(live)
+        return events
+
+    def _end(self, live: dict[str, Any]) -> list[Event]:
+        """The sequence's end: a phrase that ends with the audio."""
+        live["decoder"].end_utt()
+        return self._heard(live) if live["decoder"].hyp() is not None else []
+
+    def _part(self, live: dict[str, Any], part: np.ndarray) -> list[Event]:
+        """100 ms to the keyword spotter: the phrases it heard, and it listens again."""
+        decoder = live["decoder"]
+        decoder.process_raw(part.tobytes(), False, False)
+        live["samples"] += part.size
+        if decoder.hyp() is None:
+            return []
+        heard = self._heard(live)
+        decoder.end_utt()
+        decoder.start_utt()
+        live["utterance"] = live["samples"]
         return heard
+
+    def _heard(self, live: dict[str, Any]) -> list[Event]:
+        base = live["utterance"] / RATE
+        return [("wake", segment.word.strip(), base + segment.start_frame / 100,
+                 base + segment.end_frame / 100)
+                for segment in live["decoder"].seg()]  # fmt: skip
+
+    async def _answer(
+        self, events: list[Event], send: Callable[[Tensors], Awaitable[None]]
+    ) -> None:
+        for _, phrase, start, end in events:
+            await send({
+                "phrase": np.array([str(phrase).encode()], dtype=object),
+                "times": np.array([start, end], dtype=np.float32),
+            })  # fmt: skip
 
     async def unload(self) -> None:
         shutil.rmtree(getattr(self, "work", ""), ignore_errors=True)
+
+
+class VoiceAssistant(WakeWord):
+    """``voice_assistant``: the wake word, then the command that follows it, on one live
+    stream. After a wake phrase the audio goes to a voice activity detector (pocketsphinx's
+    WebRTC endpointer) instead of the spotter: from the phrase's end until the speech that
+    follows ends (or ``command_seconds``; nothing said within 2 s gives an empty command),
+    then that utterance to the ``transcribe_model`` and its text to the ``intent_model``, as
+    steps routed like any call, on the device (the audio is private). One response per event:
+    ``event`` "wake" or "command", ``text`` (the phrase, or the transcript: "" when it is none
+    of the device's phrases), ``intent`` and ``score`` (a command's), ``times``."""
+
+    QUIET_S = 2.0  # no speech this long after the wake phrase: no command
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.endpointer = self.pocketsphinx.Endpointer
+        self.command_s = self.limit("command_seconds", 5)
+
+    def _part(self, live: dict[str, Any], part: np.ndarray) -> list[Event]:
+        command = live.get("command")
+        if command is not None:
+            live["samples"] += part.size
+            return self._capture(live, command, part)
+        recent = np.concatenate([live.get("recent", np.zeros(0, np.int16)), part])[-RATE:]
+        live["recent"] = recent
+        events = super()._part(live, part)
+        if events:  # listen for the command from where the phrase ended
+            end = int(events[-1][3] * RATE)
+            after = recent[recent.size - max(0, min(recent.size, live["samples"] - end)) :]
+            detector = self.endpointer(window=0.3, ratio=0.9, vad_mode=3)
+            command = {"start": end, "audio": [], "frames": b"", "spoke": False,
+                       "endpointer": detector}  # fmt: skip
+            live["command"] = command
+            events += self._capture(live, command, after)
+        return events
+
+    def _capture(
+        self, live: dict[str, Any], command: dict[str, Any], part: np.ndarray
+    ) -> list[Event]:
+        command["audio"].append(part)
+        frames = command["frames"] + part.tobytes()
+        size = command["endpointer"].frame_bytes
+        ended = False
+        for at in range(0, len(frames) - len(frames) % size, size):
+            command["endpointer"].process(frames[at : at + size])
+            if command["endpointer"].in_speech:
+                command["spoke"] = True
+            elif command["spoke"]:
+                ended = True
+        command["frames"] = frames[len(frames) - len(frames) % size :]
+        took = (live["samples"] - command["start"]) / RATE
+        if not (ended or took >= self.command_s or (not command["spoke"] and took >= self.QUIET_S)):
+            return []
+        live["command"] = None  # back to the wake phrase, from here
+        live["decoder"].end_utt()
+        live["decoder"].start_utt()
+        live["utterance"] = live["samples"]
+        audio = np.concatenate(command["audio"]) if command["spoke"] else np.zeros(0, np.int16)
+        return [("utterance", audio, command["start"] / RATE, live["samples"] / RATE)]
+
+    def _end(self, live: dict[str, Any]) -> list[Event]:
+        """The sequence's end: a command still being said ends with it."""
+        command = live.get("command")
+        if command is None:
+            return super()._end(live)
+        live["command"] = None
+        audio = np.concatenate(command["audio"]) if command["spoke"] else np.zeros(0, np.int16)
+        return [("utterance", audio, command["start"] / RATE, live["samples"] / RATE)]
+
+    async def _answer(
+        self, events: list[Event], send: Callable[[Tensors], Awaitable[None]]
+    ) -> None:
+        route = current_route()
+        if route is not None:
+            route.make_private("the audio is private")
+        for kind, what, start, end in events:
+            text, intent, score = str(what), "", 0.0
+            if kind == "utterance":
+                text = await self._transcript(what) if what.size else ""
+                if text:
+                    found = await self.steps.call(self.step("intent_model"), {
+                        "text": np.array([text.encode()], dtype=object)})  # fmt: skip
+                    label = found["intent"].reshape(-1)[0]
+                    intent = label.decode() if isinstance(label, bytes) else str(label)
+                    score = float(found["score"].reshape(-1)[0])
+            await send({
+                "event": np.array([b"wake" if kind == "wake" else b"command"], dtype=object),
+                "text": np.array([text.encode()], dtype=object),
+                "intent": np.array([intent.encode()], dtype=object),
+                "score": np.array([score], dtype=np.float32),
+                "times": np.array([start, end], dtype=np.float32),
+            })  # fmt: skip
+
+    async def _transcript(self, samples: np.ndarray) -> str:
+        blob = np.empty(1, dtype=object)
+        blob[0] = wav_bytes(samples)
+        out = await self.steps.call(self.step("transcribe_model"), {"audio": blob})
+        text = out["text"].reshape(-1)[0]
+        return text.decode() if isinstance(text, bytes) else str(text)
 
 
 class Transcribe(Pipeline):

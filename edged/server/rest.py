@@ -150,6 +150,10 @@ class Lines:
         if isinstance(exc, EdgedError):
             await self.emit({"event": "error", "status": exc.status, "error": exc.message})
             return
+        if isinstance(exc, ConnectionResetError):  # the caller closed mid-body: no one to tell
+            log.info("%s: the caller went away mid-request", what)
+            self.gone = True
+            return
         log.exception(what)
         await self.emit({"event": "error", "status": 500, "error": f"{type(exc).__name__}: {exc}"})
 

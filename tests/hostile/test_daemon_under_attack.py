@@ -33,7 +33,7 @@ max_json_bytes = 4194304
 [models]
 load = ["intent", "text-embedding", "text-encoder", "intent-classifier", "ocr", "ocr-det",
         "ocr-rec", "ocr-cls", "vad", "vad-silero", "vad-segments",
-        "vad-live", "wake-word"]
+        "vad-live", "wake-word", "transcribe", "voice-assistant"]
 """
 
 
@@ -85,6 +85,7 @@ PATHS = [
     "/v2/models/vad/versions/1/infer", "/v2/models/intent/versions/99999999999999999999/infer",
     "/v2/models/vad-segments/infer", "/v2/models/wake-word/stream",
     "/v2/models/vad-live/stream?threshold=2", "/v2/models/intent/stream",
+    "/v2/models/voice-assistant/stream",
     "/v1/intent", "/v1/embed", "/v1/ocr", "/v1/vad",
     "/v1/tasks", "/v1/kb/ns/search",
     "/v1/events?after=" + "9" * 5000, "/v2/models/%00/infer", "/v2/models/" + "a" * 5000,
@@ -249,13 +250,20 @@ def test_a_caller_that_leaves_mid_body_is_not_an_error(edged: Daemon) -> None:
     """A caller gone halfway through its body (a relay that closed, a killed client) was
     logged at ERROR with a traceback, as if edged had failed: it is an info line now."""
     before = len(error_lines(edged))
-    for path in ("/v1/intent", "/v2/models/intent-classifier/infer"):
+    logged = len(edged.logs())
+    partial = {  # a body cut short: by its length, or in the middle of a chunk (live audio)
+        "/v1/intent": "Content-Length: 100\r\n\r\n{",
+        "/v2/models/intent-classifier/infer": "Content-Length: 100\r\n\r\n{",
+        "/v2/models/wake-word/stream": "Transfer-Encoding: chunked\r\n\r\nc80\r\n" + "0" * 300,
+    }
+    for path, rest in partial.items():
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(str(edged.socket))
-            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: e\r\nContent-Length: 100\r\n\r\n{{"
-                         .encode())  # fmt: skip
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: e\r\n{rest}".encode())
             time.sleep(0.2)  # the handler is reading the body when the caller goes
-    wait_for(lambda: "went away" in edged.logs(), 5, "the info line")
+    lines = lambda: edged.logs()[logged:].splitlines()  # noqa: E731
+    gone = lambda: sum("went away mid-request" in line for line in lines()) == 3  # noqa: E731
+    wait_for(gone, 5, "an info line for each")
     assert error_lines(edged)[before:] == []
     assert_healthy(edged)
 
@@ -376,7 +384,9 @@ SEQUENCE_IDS = st.sampled_from([1, 2, 0, -1, 2**63 - 1, "a", "", "x" * 300]) | s
 @given(
     requests=st.lists(
         st.tuples(
-            st.sampled_from(["vad-live", "vad-segments", "wake-word", "intent", "nope"]),
+            st.sampled_from(
+                ["vad-live", "vad-segments", "wake-word", "voice-assistant", "intent", "nope"]
+            ),
             st.none() | SEQUENCE_IDS,
             st.booleans(),
             st.booleans(),

@@ -287,3 +287,33 @@ def test_callers_who_stop_sending_do_not_hold_the_model(
     assert events[-1]["event"] == "error" and events[-1]["status"] == 408, events
     assert "no audio for 1 s" in events[-1]["error"]
     assert time.monotonic() - started < 2.4  # it did not wait for the caller
+
+
+def test_the_voice_assistant_hears_the_wake_phrase_then_the_command(daemon: Daemon) -> None:
+    """voice-assistant on one live stream (REST, 100 ms chunks as they come): "hey jetson",
+    then "scan this receipt": a wake event, then a command event with its transcript and
+    intent, all on the device; a second "hey jetson" with nothing said after it: a wake
+    event and an empty command once 2 s have passed quietly; other speech: nothing."""
+    said = [("Good morning, this is the kitchen speaker.", 11000), ("hey jetson", 5000),
+            ("scan this receipt", 24000), ("the weather is nice today", 8000),
+            ("hey jetson", 40000)]  # (what, then samples of silence)  # fmt: skip
+    audio = np.concatenate([p for text, gap in said for p in (espeak(text), np.zeros(gap))])
+    audio += 0.003 * np.random.default_rng(0).standard_normal(len(audio))
+    data = (np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes()
+    chunks = (data[i : i + 2 * CHUNK] for i in range(0, len(data), 2 * CHUNK))
+    events = list(daemon.client.listen(chunks, model="voice-assistant"))
+    assert events[-1] == {"event": "end"}
+    got = []
+    for event in events[:-1]:
+        outputs = {o["name"]: o["data"] for o in event["outputs"]}
+        got.append((outputs["event"][0], outputs["text"][0], outputs["intent"][0]))
+        assert event["parameters"]["route"] == "local"
+    assert got == [
+        ("wake", "hey jetson", ""),
+        ("command", "scan this receipt", "image-report"),
+        ("wake", "hey jetson", ""),
+        ("command", "", ""),
+    ], got
+    times = [o["data"] for e in events[:-1] for o in e["outputs"] if o["name"] == "times"]
+    assert times[0][1] <= times[1][0] + 0.01 < times[1][1]  # the command follows the phrase
+    assert times[3][1] - times[3][0] == pytest.approx(2.0, abs=0.2)  # 2 s of quiet: no command
