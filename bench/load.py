@@ -286,6 +286,27 @@ def _status(call: Call) -> int:
 # ---- the run ------------------------------------------------------------------------------
 
 
+def start_peers(graphs: list[str], workdir: Path) -> dict[str, Any]:
+    """MLServer (its own venv, bench/peer.py) for each graph, without and with its adaptive
+    batching (up to 64 requests within 2 ms, ``<graph>+batching``), with the session settings
+    edged uses (spinning off), so that the rows differ by serving."""
+    from bench import peer as peer_module
+
+    venv = peer_module.ensure_venv(ROOT / ".bench-venv" / "mlserver")
+    spin_off = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+    peers = {}
+    for graph in graphs:
+        onnx_file = MODELS / graph / "1" / "model.onnx"
+        peers[graph] = peer_module.start_peer(
+            venv, onnx_file, graph, workdir / graph, session_config=spin_off
+        )
+        peers[graph + "+batching"] = peer_module.start_peer(
+            venv, onnx_file, graph, workdir / (graph + "-batching"),
+            max_batch_size=64, max_batch_time=0.002, session_config=spin_off,
+        )  # fmt: skip
+    return peers
+
+
 def start_edged(workdir: Path, models: Path = MODELS) -> tuple[subprocess.Popen[bytes], Path]:
     socket = workdir / "edged.sock"
     proc = subprocess.Popen(
@@ -338,29 +359,7 @@ def main() -> None:
         proc, socket = start_edged(Path(tmp) / "edged")
         try:
             if not args.no_peer:
-                from bench import peer as peer_module
-
-                venv = peer_module.ensure_venv(ROOT / ".bench-venv" / "mlserver")
-                spin_off = {
-                    "session.intra_op.allow_spinning": "0",
-                    "session.inter_op.allow_spinning": "0",
-                }
-                peer = {}
-                for graph in models:
-                    onnx_file = MODELS / graph / "1" / "model.onnx"
-                    peer[graph] = peer_module.start_peer(
-                        venv, onnx_file, graph, Path(tmp) / graph, session_config=spin_off
-                    )
-                    # MLServer's adaptive batching: up to 64 requests within 2 ms.
-                    peer[graph + "+batching"] = peer_module.start_peer(
-                        venv,
-                        onnx_file,
-                        graph,
-                        Path(tmp) / (graph + "-batching"),
-                        max_batch_size=64,
-                        max_batch_time=0.002,
-                        session_config=spin_off,
-                    )
+                peer = start_peers(list(models), Path(tmp))
             for graph, task in models.items():
                 feeds = inputs[graph]
                 # The session settings edged uses (spinning off), so the rows differ by serving.

@@ -40,7 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.load import (  # noqa: E402
-    MODELS,
     Call,
     Result,
     _datatype,
@@ -48,6 +47,7 @@ from bench.load import (  # noqa: E402
     grpc_client,
     rest_client,
     start_edged,
+    start_peers,
     table,
     tensor_inputs,
 )
@@ -209,22 +209,7 @@ def main() -> None:
         proc, sock = start_edged(work / "edged")
         try:
             if not args.no_peer:
-                from bench import peer as peer_module
-
-                venv = peer_module.ensure_venv(ROOT / ".bench-venv" / "mlserver")
-                spin_off = {
-                    "session.intra_op.allow_spinning": "0",
-                    "session.inter_op.allow_spinning": "0",
-                }
-                for graph in graphs:
-                    onnx_file = MODELS / graph / "1" / "model.onnx"
-                    peers[graph] = peer_module.start_peer(
-                        venv, onnx_file, graph, work / graph, session_config=spin_off
-                    )
-                    peers[graph + "+batching"] = peer_module.start_peer(
-                        venv, onnx_file, graph, work / (graph + "-batching"),
-                        max_batch_size=64, max_batch_time=0.002, session_config=spin_off,
-                    )  # fmt: skip
+                peers = start_peers(list(graphs), work)
             with relay(sock) as (address, relayed_by):
                 print(f"tritonclient.http reaches edged's socket through {relayed_by}")
                 for graph, label in graphs.items():

@@ -14,15 +14,13 @@ import numpy as np
 
 from edged.errors import PayloadTooLarge
 from edged.pipelines import vad_ops
-from edged.pipelines.base import Pipeline, parameter, single_blob
+from edged.pipelines.base import LiveAudio, Pipeline, parameter, single_blob
 from edged.request import Sequence
 from edged.runtimes.base import Tensors
 
 # Longest audio per request by default (the model's `max_seconds` parameter): 10 minutes take
 # about 5 s of CPU at 16 kHz.
 MAX_SECONDS = 600
-# Longest chunk of a live stream per request (`max_chunk_seconds`).
-MAX_CHUNK_SECONDS = 10
 RATE = 16000  # the rate the model runs at
 CHUNK, CONTEXT = vad_ops.CHUNK[RATE], vad_ops.CONTEXT[RATE]
 SAMPLE_RATE = np.array([RATE], dtype=np.int64)
@@ -105,19 +103,13 @@ class VoiceActivity(Pipeline):
         return float(out["output"].reshape(-1)[0]), out["stateN"]
 
 
-class LiveVoiceActivity(VoiceActivity):
+class LiveVoiceActivity(LiveAudio, VoiceActivity):
     """``vad_live``: audio as it is captured, a chunk per request of a sequence (16 kHz mono
     16-bit PCM, ``pcm`` INT16 [-1], any length up to ``max_chunk_seconds``); one response per
     speech segment, in seconds since the sequence started, as soon as it is final; the
     sequence's last request (``sequence_end``) gives the rest. The same chunks, model state and
     rules as the whole file through ``vad``: the same segments. The segment rules are the first
     request's parameters."""
-
-    stateful = True
-
-    def sample(self) -> Tensors:
-        """Half a second of silence."""
-        return {"pcm": np.zeros(RATE // 2, dtype=np.int16)}
 
     async def stream(
         self,
@@ -127,13 +119,7 @@ class LiveVoiceActivity(VoiceActivity):
         sequence: Sequence | None,
     ) -> None:
         assert sequence is not None  # a stateful model is called in a sequence
-        pcm = inputs["pcm"].reshape(-1)
-        limit = self.limit("max_chunk_seconds", MAX_CHUNK_SECONDS)
-        if pcm.size > limit * RATE:
-            raise PayloadTooLarge(
-                f"input 'pcm' holds {pcm.size} samples; at most {limit * RATE} ({limit} s at"
-                f" {RATE} Hz) per request: send shorter chunks"
-            )
+        pcm = self.chunk(inputs)
         live = sequence.state
         if not live:
             live.update(cutter=self.cutter(parameters), state=vad_ops.initial_state(),

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from edged.config import ModelsConfig
-from edged.errors import EdgedError, InvalidRequest, ModelLoadError
+from edged.errors import EdgedError, InvalidRequest, ModelLoadError, PayloadTooLarge
 from edged.models.config import ModelConfig
 from edged.request import RESPONSES, Sequence
 from edged.runtimes.base import Steps, Tensors
@@ -168,6 +168,30 @@ class Pipeline:
     def metadata(self) -> dict[str, Any]:
         """The models this pipeline calls."""
         return {"steps": {k: v for k, v in self.config.parameters.items() if k.endswith("_model")}}
+
+
+class LiveAudio(Pipeline):
+    """What the stateful audio pipelines share: a chunk of live 16 kHz mono 16-bit samples
+    per request of a sequence (``pcm`` INT16 [-1]), at most ``max_chunk_seconds`` long."""
+
+    stateful = True
+    RATE = 16000
+    MAX_CHUNK_SECONDS = 10
+
+    def sample(self) -> Tensors:
+        """Half a second of silence."""
+        return {"pcm": np.zeros(self.RATE // 2, dtype=np.int16)}
+
+    def chunk(self, inputs: Tensors) -> np.ndarray:
+        """The request's samples; PayloadTooLarge over ``max_chunk_seconds``."""
+        pcm = inputs["pcm"].reshape(-1)
+        limit = self.limit("max_chunk_seconds", self.MAX_CHUNK_SECONDS)
+        if pcm.size > limit * self.RATE:
+            raise PayloadTooLarge(
+                f"input 'pcm' holds {pcm.size} samples; at most {limit * self.RATE} ({limit} s"
+                f" at {self.RATE} Hz) per request: send shorter chunks"
+            )
+        return pcm
 
 
 async def _discard(outputs: Tensors) -> None:

@@ -35,13 +35,12 @@ import numpy as np
 
 from edged.errors import InvalidRequest, ModelLoadError, PayloadTooLarge, Unavailable
 from edged.pipelines import vad_ops
-from edged.pipelines.base import Pipeline, single_blob
+from edged.pipelines.base import LiveAudio, Pipeline, single_blob
 from edged.request import Sequence, current_route
 from edged.runtimes.base import Tensors
 
 RATE = 16000
 STEP = RATE // 10  # samples decoded between two looks for a phrase: 100 ms
-MAX_CHUNK_SECONDS = 10
 MAX_SEQUENCES = 4
 ACOUSTIC_MODEL = "en-us"  # the directory of the version that holds it
 DICTIONARY = "cmudict-en-us.dict"
@@ -50,6 +49,19 @@ MAX_UTTERANCE_SECONDS = 30
 WORD = re.compile(r"^[a-z']+$")
 # what a stream heard: ("wake", phrase, start, end) or ("utterance", 16-bit samples, start, end)
 Event = tuple[str, Any, float, float]
+
+
+def speech_model(pipeline: Pipeline) -> tuple[Any, Path, Path]:
+    """pocketsphinx, and the version's acoustic model and dictionary; ModelLoadError naming
+    what is missing."""
+    try:
+        import pocketsphinx
+    except ImportError:
+        raise ModelLoadError("pocketsphinx is not installed: pip install pocketsphinx") from None
+    hmm = pipeline.version_dir / ACOUSTIC_MODEL
+    if not (hmm / "mdef").is_file():
+        raise ModelLoadError(f"pipeline '{pipeline.config.name}' needs {hmm}/ (make models)")
+    return pocketsphinx, hmm, pipeline.asset(DICTIONARY)
 
 
 def parse_phrases(model: str, text: str) -> list[tuple[str, float]]:
@@ -76,23 +88,11 @@ def parse_phrases(model: str, text: str) -> list[tuple[str, float]]:
     return found
 
 
-class WakeWord(Pipeline):
+class WakeWord(LiveAudio):
     """The ``wake_word`` pipeline (see the module's doc)."""
 
-    stateful = True
-
     def prepare(self) -> None:
-        try:
-            import pocketsphinx
-        except ImportError:
-            raise ModelLoadError(
-                "pocketsphinx is not installed (pip install pocketsphinx)"
-            ) from None
-        self.pocketsphinx = pocketsphinx
-        self.hmm = self.version_dir / ACOUSTIC_MODEL
-        if not (self.hmm / "mdef").is_file():
-            raise ModelLoadError(f"pipeline '{self.config.name}' needs {self.hmm}/ (make models)")
-        self.dictionary = self.asset(DICTIONARY)
+        self.pocketsphinx, self.hmm, self.dictionary = speech_model(self)
         self.phrases = parse_phrases(self.config.name, self.config.parameters.get("phrases", ""))
         self.plp = float(self.config.parameters.get("kws_plp", "1e-4"))
         idle_s = self.config.sequence_idle_s or 1.0
@@ -117,10 +117,6 @@ class WakeWord(Pipeline):
         decoder.start_utt()
         return decoder
 
-    def sample(self) -> Tensors:
-        """Half a second of silence."""
-        return {"pcm": np.zeros(RATE // 2, dtype=np.int16)}
-
     async def stream(
         self,
         inputs: Tensors,
@@ -129,13 +125,7 @@ class WakeWord(Pipeline):
         sequence: Sequence | None,
     ) -> None:
         assert sequence is not None  # a stateful model is called in a sequence
-        pcm = inputs["pcm"].reshape(-1)
-        limit = self.limit("max_chunk_seconds", MAX_CHUNK_SECONDS)
-        if pcm.size > limit * RATE:
-            raise PayloadTooLarge(
-                f"input 'pcm' holds {pcm.size} samples; at most {limit * RATE} ({limit} s at"
-                f" {RATE} Hz) per request: send shorter chunks"
-            )
+        pcm = self.chunk(inputs)
         live = sequence.state
         if live.get("dropped"):
             raise InvalidRequest(
@@ -314,15 +304,7 @@ class Transcribe(Pipeline):
     """The ``transcribe`` pipeline (see the module's doc)."""
 
     def prepare(self) -> None:
-        try:
-            import pocketsphinx
-        except ImportError:
-            raise ModelLoadError(
-                "pocketsphinx is not installed: pip install pocketsphinx"
-            ) from None
-        hmm = self.version_dir / ACOUSTIC_MODEL
-        if not (hmm / "mdef").is_file():
-            raise ModelLoadError(f"pipeline '{self.config.name}' needs {hmm}/ (make models)")
+        pocketsphinx, hmm, dictionary = speech_model(self)
         lines = self.asset(PHRASES).read_text(encoding="utf-8").splitlines()
         phrases = sorted({" ".join(line.lower().split()) for line in lines if line.strip()})
         bad = [p for p in phrases if not all(WORD.match(w) for w in p.split())]
@@ -338,7 +320,7 @@ class Transcribe(Pipeline):
         self.decoders: asyncio.Queue[Any] = asyncio.Queue()
         for _ in range(count):
             decoder = pocketsphinx.Decoder(
-                hmm=str(hmm), dict=str(self.asset(DICTIONARY)), lm=None, loglevel="FATAL"
+                hmm=str(hmm), dict=str(dictionary), lm=None, loglevel="FATAL"
             )
             missing = unknown_words(decoder, phrases)
             if missing:
