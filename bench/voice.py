@@ -5,7 +5,7 @@ accepts per hour, and the time from the end of the phrase to the event.
 The set: "hey jetson" said by several voices at three speeds, each after a carrier sentence,
 clean and with white noise mixed in at 20 and 10 dB SNR (of the speech); negatives: phrases
 that sound alike ("hey jackson", "hey jason", ...) and other speech (commands, sentences), by
-the same voices. Each condition is one long recording streamed as one sequence of 100 ms chunks
+the same voices. Each condition is one long recording streamed as one sequence of 50 ms chunks
 to a fresh edged (`wake-word` on its gRPC socket), as a microphone loop sends it: the decoder
 stays warm across it. A phrase is detected when an event starts within 0.3 s of where it was
 said; any other event is a false accept, counted against every second of the recording that is
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from bench.load import MODELS, start_edged, table  # noqa: E402
 
 RATE = 16000
-CHUNK = RATE // 10
+CHUNK = RATE // 20  # 50 ms, as a microphone loop reads
 VOICES = ["en-us", "en-us+f3", "en+m7", "en-us+m3", "en-gb-x-rp", "en-us+f4", "en+m2"]
 SPEEDS = [140, 175, 210]  # words per minute (espeak-ng's -s; 175 is its default)
 WAKE = "hey jetson"
