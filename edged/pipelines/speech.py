@@ -414,7 +414,8 @@ class Holders:
     def take(self, sequence: Sequence) -> None:
         if len(self.held) >= self.limit:
             now = time.monotonic()
-            idle = [s for s in (ref() for ref in self.held.values()) if s is not None
+            held = list(self.held.values())  # a snapshot: the garbage collector may drop some
+            idle = [s for s in (ref() for ref in held) if s is not None
                     and not s.state.get("busy") and now - s.used > self.idle_s]  # fmt: skip
             if not idle:
                 raise Unavailable(
