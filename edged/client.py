@@ -344,6 +344,9 @@ class Client:
         except OSError as exc:
             sock.close()
             raise ClientError(0, f"cannot reach edged at {self.socket_path}: {exc}") from None
+        # a live stream may hear nothing for long: no timeout while reading (edged ends the
+        # stream itself when the audio stops)
+        sock.settimeout(None)
 
         def upload() -> None:
             head = (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
