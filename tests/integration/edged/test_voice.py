@@ -317,3 +317,30 @@ def test_the_voice_assistant_hears_the_wake_phrase_then_the_command(daemon: Daem
     times = [o["data"] for e in events[:-1] for o in e["outputs"] if o["name"] == "times"]
     assert times[0][1] <= times[1][0] + 0.01 < times[1][1]  # the command follows the phrase
     assert times[3][1] - times[3][0] == pytest.approx(2.0, abs=0.2)  # 2 s of quiet: no command
+
+
+def test_audio_far_faster_than_real_time_is_served_and_others_are_too(daemon: Daemon) -> None:
+    """A minute of audio pushed as fast as the socket takes it (hundreds of times real time)
+    to wake-word over REST, while other callers ask for intents: the stream is decoded to its
+    end (back-pressure, not a refusal), and every other call is answered meanwhile."""
+    import threading
+
+    audio, _ = recording(["Good morning, this is a test.", "hey jetson"] * 6, "en-us", 5)
+    minute = np.tile(audio, int(np.ceil(60 * RATE / len(audio))))[: 60 * RATE]
+    data = minute.tobytes()
+    events: list[dict[str, Any]] = []
+
+    def stream() -> None:
+        events.extend(daemon.client.listen(data[i : i + 32000] for i in range(0, len(data), 32000)))
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    answered = 0
+    while streamer.is_alive() and answered < 50:
+        reply = daemon.client.intent(["how hot is the gpu"])
+        answered += reply[0]["intent"] == "device-status"
+    streamer.join(120)
+    assert not streamer.is_alive() and events[-1] == {"event": "end"}, events[-3:]
+    heard = [e for e in events if "outputs" in e]
+    assert len(heard) >= 10  # "hey jetson" about a dozen times in the minute
+    assert answered >= 5, answered  # the others were served while the stream ran
