@@ -246,12 +246,14 @@ def test_edgefleet_drives_deployments_and_rollouts_through_the_service(
 def test_two_replicas_on_postgresql_one_runner_drives_a_rollout_to_the_end(
     tmp_path: Path, broker: Broker, postgres: Postgres
 ) -> None:
-    """The runner is killed mid-rollout; the other replica takes the lease and finishes it."""
+    """The runner is killed mid-rollout; the other replica takes the lease and finishes it.
+    (No call fails on the nodes: a good version's 0.5% of failed calls, on the few calls of a
+    3 s soak, once made one node 5.3% worse than the rest and the rollout aborted, in CI.)"""
     url = postgres.create_database("fleet")
     more = keys(tmp_path)
     one = FleetService(tmp_path / "one", broker, database=url, replica="one", more=more).start()
     two = FleetService(tmp_path / "two", broker, database=url, replica="two", more=more).start()
-    sim = simulator(broker, 40)
+    sim = simulator(broker, 40, fail_rate=0.0)
     try:
         assert sim.wait_connected(timeout=30)
         assert one.wait_for(lambda: len(versions(one)) == 40, 30)
