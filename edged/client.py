@@ -351,12 +351,17 @@ class Client:
         def upload() -> None:
             head = (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
                     "Content-Type: application/octet-stream\r\n\r\n")  # fmt: skip
-            with contextlib.suppress(OSError):  # refused before the end: the answer says why
+            try:
                 sock.sendall(head.encode())
                 for chunk in audio:
                     if chunk:
                         sock.sendall(b"%x\r\n%b\r\n" % (len(chunk), chunk))
                 sock.sendall(b"0\r\n\r\n")
+            except OSError:  # refused before the end: the answer says why
+                pass
+            except Exception:  # the audio source failed: end the upload, so the reader ends too
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_WR)
 
         sender = threading.Thread(target=upload, name="edgectl-listen", daemon=True)
         sender.start()

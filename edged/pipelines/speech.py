@@ -217,7 +217,6 @@ class VoiceAssistant(WakeWord):
 
     def prepare(self) -> None:
         super().prepare()
-        self.endpointer = self.pocketsphinx.Endpointer
         self.command_s = self.limit("command_seconds", 5)
 
     def _part(self, live: dict[str, Any], part: np.ndarray) -> list[Event]:
@@ -231,7 +230,7 @@ class VoiceAssistant(WakeWord):
         if events:  # listen for the command from where the phrase ended
             end = int(events[-1][3] * RATE)
             after = recent[recent.size - max(0, min(recent.size, live["samples"] - end)) :]
-            detector = self.endpointer(window=0.3, ratio=0.9, vad_mode=3)
+            detector = self.pocketsphinx.Endpointer(window=0.3, ratio=0.9, vad_mode=3)
             command = {"start": end, "audio": [], "frames": b"", "spoke": False, "onset": 0.0,
                        "endpointer": detector}  # fmt: skip
             live["command"] = command
