@@ -5,9 +5,11 @@ disk, a power cut does not take it back). One process owns the file.
 
 - **Priorities**: alert (0) before event (1) before telemetry (2); within a priority, the order
   of ``put`` (``seq``, never reused). ``peek`` gives the next records in that order.
-- **Idempotency**: each record has an ``id``; a ``put`` of an id already in the outbox is a
-  no-op (counted as ``duplicate``), and the id travels in the envelope, so a record sent twice
-  (a PUBACK lost to a crash) is recognisably the same record.
+- **Idempotency**: each record has an ``id``; a ``put`` of an id already in the outbox, or
+  among the last ``remember_ids`` that left it (acknowledged or dead-lettered), is a no-op
+  (counted as ``duplicate``): a producer that retries a batch whose answer a crash lost does
+  not send its delivered records again under new stream numbers. The id travels in the
+  envelope, so a record sent twice (a PUBACK lost to a crash) is recognisably the same record.
 - **Leaves only on acknowledgement**: ``ack`` deletes records, and the sender calls it from the
   PUBACK. A record the broker refuses goes to the ``dead`` table with the reason
   (``dead_letter``), never silently.
@@ -43,6 +45,7 @@ from cloudsync.protocol.envelope import Envelope, canonical, new_id, now_ms
 
 PRIORITIES = {"alert": 0, "event": 1, "telemetry": 2}
 PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
+REMEMBER_IDS = 100_000  # ids kept after their records left (about 5 MB on disk)
 ROW_OVERHEAD = 64  # bytes a row costs beyond its body, for the budget
 SQLITE_FULL = 13  # sqlite3.SQLITE_FULL from Python 3.11 on (sqlite_errorcode: 3.11 too)
 COUNTERS = ("put", "duplicate", "acked", "dropped_budget", "dropped_ttl", "dead")
@@ -93,9 +96,12 @@ class Item:
 
 
 class Outbox:
-    def __init__(self, path: str | Path, budget_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self, path: str | Path, budget_bytes: int = 256 << 20, remember_ids: int = REMEMBER_IDS
+    ) -> None:
         self.path = Path(path)
         self.budget = budget_bytes
+        self.remember_ids = remember_ids
         self._lock = threading.Lock()
         self.full = False  # the last write failed for a full disk (and none succeeded since)
         try:
@@ -147,6 +153,10 @@ class Outbox:
             )
         self.db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
         self.db.execute("CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY, last INTEGER)")
+        # the ids of records that left (acked, dead-lettered), newest ``remember_ids`` of them
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS settled (n INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE)"
+        )
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(outbox)")}
         if "stream_seq" not in columns:  # an outbox of an older cloudsync: numbered now, whole
             with self._lock, self._transaction():  # (a crash part-way leaves it as it was)
@@ -247,7 +257,10 @@ class Outbox:
             raise OutboxError(f"a body that is not JSON: {exc}") from None
         record_id = item.id or new_id()
         counts["put"] += 1
-        exists = self.db.execute("SELECT 1 FROM outbox WHERE id = ?", [record_id]).fetchone()
+        exists = self.db.execute(
+            "SELECT 1 FROM outbox WHERE id = ? UNION ALL SELECT 1 FROM settled WHERE id = ?",
+            [record_id, record_id],
+        ).fetchone()
         if exists:
             counts["duplicate"] += 1
             return record_id
@@ -355,6 +368,7 @@ class Outbox:
                 found = self.db.execute(
                     f"SELECT count(*), total(size) FROM outbox WHERE seq IN ({marks})", done
                 ).fetchone()
+                self._settle(f"SELECT id FROM outbox WHERE seq IN ({marks})", done)
                 self.db.execute(f"DELETE FROM outbox WHERE seq IN ({marks})", done)
                 self._bump({"acked": int(found[0])})
             self.bytes -= int(found[1])
@@ -382,10 +396,19 @@ class Outbox:
                     },
                     replace=True,
                 )
+                self._settle("SELECT id FROM outbox WHERE seq = ?", [seq])
                 self.db.execute("DELETE FROM outbox WHERE seq = ?", [seq])
                 self._bump({"dead": 1})
             self.bytes -= int(row[5])
             self.counters["dead"] = self.counters.get("dead", 0) + 1
+
+    def _settle(self, select_ids: str, args: list[int]) -> None:
+        """Remember the ids ``select_ids`` finds (records leaving the outbox), and forget the
+        oldest beyond ``remember_ids``."""
+        self.db.execute(f"INSERT OR IGNORE INTO settled (id) {select_ids}", args)
+        self.db.execute(
+            "DELETE FROM settled WHERE n <= (SELECT max(n) FROM settled) - ?", [self.remember_ids]
+        )
 
     def _bump(self, counts: dict[str, int]) -> None:
         self.db.conn.executemany(

@@ -96,6 +96,25 @@ def test_a_duplicate_id_is_stored_once(tmp_path: Path) -> None:
     assert box.counters["put"] == 2 and box.counters["duplicate"] == 1
 
 
+def test_a_retry_after_delivery_is_a_duplicate_within_the_remembered_ids(tmp_path: Path) -> None:
+    """A producer whose answer a crash lost posts the batch again after cloudsync delivered
+    it: the delivered (or dead-lettered) ids are not stored again under new stream numbers,
+    while the outbox remembers them (the newest ``remember_ids``)."""
+    box = Outbox(tmp_path / "outbox.db", remember_ids=3)
+    box.put_many([Item("events", {"n": i}, "alert", id=f"a{i}") for i in range(4)])
+    first = box.peek(10)
+    box.ack(r.seq for r in first[:3])
+    box.dead_letter(first[3].seq, "refused")
+    again = box.put_many([Item("events", {"n": i}, "alert", id=f"a{i}") for i in range(4)])
+    assert again == ["a0", "a1", "a2", "a3"] and box.counters["duplicate"] == 3
+    (redone,) = box.peek(10)  # a0: the oldest of 4 that left, beyond the 3 remembered
+    assert (redone.id, redone.envelope("n1").seq) == ("a0", 5)
+    box.close()
+    reopened = Outbox(tmp_path / "outbox.db", remember_ids=3)  # remembered on disk
+    assert reopened.put("events", {"n": 3}, "alert", id="a3") == "a3"
+    assert reopened.counters["duplicate"] == 4 and len(reopened.peek(10)) == 1
+
+
 def test_expired_records_are_dropped_and_counted(tmp_path: Path) -> None:
     box = Outbox(tmp_path / "outbox.db")
     box.put("telemetry", {"n": 1}, ttl_s=0.05)
