@@ -32,7 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = ROOT / ".bench-venv" / "mlserver"
-PACKAGES = ("mlserver==1.7.1", "onnxruntime==1.32.0", "numpy")
+PACKAGES = ("mlserver==1.7.1", "onnxruntime==1.32.0", "numpy", "pocketsphinx==5.1.1")
 STAMP = ".peer-installed"
 
 RUNTIME = """\
@@ -137,11 +137,63 @@ class AnswerModel(MLModel):
         return InferenceResponse(model_name=self.name, id=payload.id, outputs=[output])
 """
 
+# An open-vocabulary speech recogniser for the device's transcript escalations (docs/VOICE.md):
+# input ``audio`` (BYTES [1], a 16 kHz mono 16-bit WAV file), outputs ``text`` (BYTES [1]) and
+# ``confidence`` (FP32 [1]: 1 when it heard words). pocketsphinx with its own English acoustic
+# model, language model and dictionary (134,860 words), where the device's ``transcribe`` has
+# only a grammar of its command phrases. The journal keeps each request's id and audio size.
+SPEECH_RUNTIME = """\
+import io
+import json
+import wave
+
+import numpy as np
+from mlserver import MLModel
+from mlserver.codecs import NumpyCodec, StringCodec
+from mlserver.errors import MLServerError
+from mlserver.types import InferenceRequest, InferenceResponse
+from pocketsphinx import Decoder
+
+
+class SpeechModel(MLModel):
+    async def load(self) -> bool:
+        self._journal = (self.settings.parameters.extra or {}).get("journal")
+        self._decoder = Decoder(loglevel="FATAL")  # its default: US English, open vocabulary
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        (audio,) = [i for i in payload.inputs if i.name == "audio"]
+        data = list(audio.data)[0]
+        data = data.encode("latin-1") if isinstance(data, str) else bytes(data)
+        if self._journal:
+            line = {"id": payload.id, "model": self.name, "audio_bytes": len(data)}
+            with open(self._journal, "a") as f:
+                f.write(json.dumps(line) + "\\n")
+        try:
+            with wave.open(io.BytesIO(data)) as wav:
+                shape = (wav.getframerate(), wav.getnchannels(), wav.getsampwidth())
+                samples = wav.readframes(wav.getnframes())
+        except (wave.Error, EOFError) as exc:
+            raise MLServerError(f"audio: not a WAV file: {exc}", status_code=400) from None
+        if shape != (16000, 1, 2):
+            raise MLServerError(f"audio: 16 kHz mono 16-bit only, not {shape}", status_code=400)
+        self._decoder.start_utt()
+        self._decoder.process_raw(samples, False, True)
+        self._decoder.end_utt()
+        hypothesis = self._decoder.hyp()
+        text = " ".join(hypothesis.hypstr.split()) if hypothesis is not None else ""
+        text_out = StringCodec.encode_output("text", [text])
+        text_out.shape = [1]
+        sure = NumpyCodec.encode_output("confidence", np.array([1.0 if text else 0.0], np.float32))
+        sure.shape = [1]
+        return InferenceResponse(model_name=self.name, id=payload.id, outputs=[text_out, sure])
+"""
+
 
 def ensure_venv(path: Path = DEFAULT_VENV) -> Path:
-    """Create ``path`` with MLServer + onnxruntime + numpy; skipped when the stamp exists."""
+    """Create ``path`` with ``PACKAGES``; skipped when its stamp lists them all."""
     stamp = path / STAMP
-    if stamp.exists():
+    if stamp.exists() and all(p in stamp.read_text() for p in PACKAGES):
         return path
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
     log = path / "pip-install.log"
@@ -209,6 +261,7 @@ def start_peer(
     journal: Path | None = None,
     faults: Path | None = None,
     answer_model: str | None = None,
+    speech_model: str | None = None,
 ) -> Peer:
     """Write settings + runtime under ``workdir``, start ``mlserver start`` and wait until ready.
 
@@ -219,7 +272,8 @@ def start_peer(
     writes a line per request it sees (the tests check there what reached the cloud);
     ``faults``: a JSON file read at each call, ``{"fail_every": N, "status": 503}`` fails one call
     in N with that status (500 by default). ``answer_model``: also serve the extractive
-    question-answering model (``ANSWER_RUNTIME``) under that name.
+    question-answering model (``ANSWER_RUNTIME``) under that name; ``speech_model``: the
+    open-vocabulary recogniser (``SPEECH_RUNTIME``).
     """
     extra: dict[str, Any] = {"session": session_config or {}}
     if journal is not None:
@@ -240,6 +294,11 @@ def start_peer(
         write_model(
             workdir / answer_model, ANSWER_RUNTIME, "peer_answer_runtime.AnswerModel",
             {"extra": answer_extra},
+        )  # fmt: skip
+    if speech_model is not None:
+        write_model(
+            workdir / speech_model, SPEECH_RUNTIME, "peer_speech_runtime.SpeechModel",
+            {"extra": {"journal": str(journal)} if journal else {}},
         )  # fmt: skip
     http_port, grpc_port = free_port(), free_port()
     settings = {
@@ -267,7 +326,7 @@ def start_peer(
     peer = Peer(proc, name, f"http://{hp}", f"127.0.0.1:{grpc_port}", log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        names = [name, *(more_models or {}), *([answer_model] if answer_model else [])]
+        names = [name, *(more_models or {}), *[m for m in (answer_model, speech_model) if m]]
         if _status(hp, "/v2/health/ready") == 200 and all(
             _status(hp, f"/v2/models/{m}/ready") == 200 for m in names
         ):

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from edged.models.repository import ModelManager
 
 PRIVATE = "private"  # the value of config.pbtxt's ``privacy`` parameter that marks a model
+# ... and the value for a model whose inputs stay unless the request says ``private: false``
+DEFAULT_PRIVATE = "default-private"
 
 
 class Privacy:
@@ -28,12 +30,13 @@ class Privacy:
         """New ``routing.private_models`` (SIGHUP, an admin change)."""
         self.private_models = frozenset(private_models)
 
-    def why(self, name: str) -> str | None:
-        """Why a call of ``name`` is private whatever the request says, or None: the model or
-        a step it calls (transitively) is private by the operator's list or its own config."""
-        return self._why(name, ())
+    def why(self, name: str, released: bool = False) -> str | None:
+        """Why a call of ``name`` is private, or None: the model or a step it calls
+        (transitively) is private by the operator's list or its own config, or is
+        ``default-private`` and the request did not say ``private: false`` (``released``)."""
+        return self._why(name, (), released)
 
-    def _why(self, name: str, chain: tuple[str, ...]) -> str | None:
+    def _why(self, name: str, chain: tuple[str, ...], released: bool) -> str | None:
         if name in chain:  # a cycle: the repository refuses to load it; nothing more to find
             return None
         via = f" (a step of {' -> '.join(chain)})" if chain else ""
@@ -43,10 +46,16 @@ class Privacy:
         if entry is None:
             return None
         configs = [entry.config, *(mv.config for mv in entry.versions.values())]
-        if any(c is not None and c.parameters.get("privacy") == PRIVATE for c in configs):
+        privacy = {c.parameters.get("privacy") for c in configs if c is not None}
+        if PRIVATE in privacy:
             return f"model '{name}' is private (privacy: private in its config.pbtxt){via}"
+        if DEFAULT_PRIVATE in privacy and not released:
+            return (
+                f"model '{name}' keeps its inputs on the device unless the request says"
+                f" private: false (privacy: default-private in its config.pbtxt){via}"
+            )
         for step in entry.dependencies():
-            found = self._why(step, (*chain, name))
+            found = self._why(step, (*chain, name), released)
             if found:
                 return found
         return None

@@ -63,6 +63,8 @@ class RouteContext:
     deadline: float  # time.monotonic()
     private: bool = False  # once true, for every later call of the request (make_private)
     private_why: str = ""
+    # the caller said ``private: false``: inputs of ``privacy: default-private`` models may leave
+    released: bool = False
     override: str | None = None  # "local" | "cloud" | "hedged"
     request_id: str = ""
     decisions: list[dict[str, Any]] = field(default_factory=list)
@@ -109,6 +111,7 @@ def route_context(
         deadline=deadline,
         private=private,
         private_why="the request is private" if private else "",
+        released="private" in parameters and private is False,
         override=None if override == "auto" else override,
         request_id=request_id,
     )

@@ -281,7 +281,7 @@ class Router:
                     f" {cloud.why_not}"
                 )
             raise local_error  # nothing to route: the local error (404, 503) stands
-        why_private = self.privacy.why(name)
+        why_private = self.privacy.why(name, ctx.released)
         if why_private:  # the request's data reached a private model: private from here on
             ctx.make_private(why_private)
         private = ctx.private

@@ -29,6 +29,7 @@ EDGED = [sys.executable, "-m", "edged"]
 CLOUD_MODEL = "intent-classifier"  # what the cloud tier serves in tests
 CLOUD_MODEL_B = "intent-classifier-b"  # the same model under another name: arm b of an A/B
 ANSWER_MODEL = "kb-answer"  # and its question-answering model (bench/peer.py ANSWER_RUNTIME)
+SPEECH_MODEL = "transcribe"  # an open-vocabulary recogniser (bench/peer.py SPEECH_RUNTIME)
 
 
 def require_models() -> None:
@@ -221,6 +222,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
         journal=journal,
         faults=faults,
         answer_model=ANSWER_MODEL,
+        speech_model=SPEECH_MODEL,
         more_models={CLOUD_MODEL_B: onnx},  # a second version on the server, for A/B
     )
     port = int(peer.http_url.rsplit(":", 1)[1])

@@ -356,7 +356,8 @@ class Transcribe(Pipeline):
             text = await self.offload(self._decode, decoder, samples)
         finally:
             self.decoders.put_nowait(decoder)
-        return {"text": np.array([text.encode()], dtype=object)}
+        sure = np.array([1.0 if text else 0.0], dtype=np.float32)  # a whole phrase, or none
+        return {"text": np.array([text.encode()], dtype=object), "confidence": sure}
 
     def _decode(self, decoder: Any, samples: bytes) -> str:
         """The utterance's phrase, or "" when the best path is not a whole phrase (a grammar

@@ -90,13 +90,15 @@ class Outcome:
         return row
 
 
-def decode_inputs(doc: Any) -> tuple[dict[str, Any], set[str]]:
+def decode_inputs(doc: Any) -> tuple[dict[str, Any], set[str], set[str]]:
     """The request's inputs: a string, a list of strings, or {"base64": ...} for bytes; either
-    as {"text"|"base64": ..., "private": true} to label it private."""
+    as {"text"|"base64": ..., "private": true} to label it private, or ``false`` to release it
+    (a template's private input). (values, private names, released names)."""
     if not isinstance(doc, Mapping):
         raise InvalidRequest("'inputs' must be an object")
     values: dict[str, Any] = {}
     private: set[str] = set()
+    released: set[str] = set()
     for name, value in doc.items():
         if isinstance(value, Mapping):
             unknown = set(value) - {"text", "base64", "private"}
@@ -104,10 +106,11 @@ def decode_inputs(doc: Any) -> tuple[dict[str, Any], set[str]]:
                 raise InvalidRequest(
                     f"input '{name}': an object must have 'text' or 'base64' (and 'private')"
                 )
-            if value.get("private", False) is True:
-                private.add(name)
-            elif value.get("private", False) is not False:
+            label = value.get("private")
+            if label is not None and not isinstance(label, bool):
                 raise InvalidRequest(f"input '{name}': 'private' must be true or false")
+            if label is not None:
+                (private if label else released).add(name)
             if "base64" in value:
                 try:
                     values[name] = base64.b64decode(value["base64"], validate=True)
@@ -123,7 +126,7 @@ def decode_inputs(doc: Any) -> tuple[dict[str, Any], set[str]]:
             raise InvalidRequest(
                 f"input '{name}' must be text, a list of texts, or {{\"base64\": ...}}"
             )
-    return values, private
+    return values, private, released
 
 
 REQUEST_KEYS = {"template", "text", "graph", "inputs", "private", "deadline_ms", "run"}
@@ -178,7 +181,7 @@ class TaskRunner:
         ways = [k for k in ("template", "text", "graph") if k in doc]
         if len(ways) != 1:
             raise InvalidRequest("give one of 'template' (a name), 'text' or 'graph'")
-        values, private = decode_inputs(doc.get("inputs", {}))
+        values, private, released = decode_inputs(doc.get("inputs", {}))
         copies: set[str] = set()  # inputs filled with the free text
         intent = None
         if "graph" in doc:
@@ -197,7 +200,7 @@ class TaskRunner:
                     f"no template '{name}'; templates: {', '.join(sorted(self.templates))}"
                 )
             task, graph = template.name, template.graph
-            private |= template.private
+            private |= template.private - released
         marked = doc.get("private", [])
         if not isinstance(marked, list) or not all(isinstance(m, str) for m in marked):
             raise InvalidRequest("'private' must be a list of input names")
@@ -222,7 +225,8 @@ class TaskRunner:
         steps), or the knowledge store's private namespace?"""
         privacy = self.router.privacy
         models = [m for m in KINDS[node.task].models if m != "answer"]
-        if any(privacy.why(m) for m in models):
+        # released: a default-private model's inputs are labelled by the graph (the template)
+        if any(privacy.why(m, released=True) for m in models):
             return True
         namespace = node.params.get("namespace")
         return node.task in ("search", "ask") and namespace in self.private_namespaces

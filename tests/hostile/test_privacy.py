@@ -188,6 +188,13 @@ def test_request_flag_keeps_every_step_and_template_on_the_device(
         daemon.client.run_task({"template": "voice-command", "inputs": voice}, route=route,
                                private=True)  # fmt: skip
         _assert_nothing_left(quiet, f"voice-command, route {route}")
+        # no flag: the template's audio is private by default (and transcribe's is)
+        daemon.client.run_task({"template": "voice-command", "inputs": voice}, route=route)
+        _assert_nothing_left(quiet, f"voice-command without a flag, route {route}")
+        if route != "auto":  # control: the audio released, its steps do reach the cloud
+            released = {"audio": {**voice["audio"], "private": False}}
+            daemon.client.run_task({"template": "voice-command", "inputs": released}, route=route)
+            assert b"/infer" in _left(quiet), "control: released audio never reached the cloud"
 
 
 @pytest.mark.timeout(600)

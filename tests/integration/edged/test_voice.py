@@ -22,7 +22,15 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from edged.client import ClientError
-from tests.conftest import MODELS, Daemon, copy_model, linked_repository
+from tests.conftest import (
+    MODELS,
+    SPEECH_MODEL,
+    Cloud,
+    Daemon,
+    copy_model,
+    linked_repository,
+    wait_for,
+)
 from tests.media import espeak, wav_bytes
 
 RATE = 16000
@@ -231,6 +239,75 @@ def test_voice_command_runs_from_audio_alone(daemon: Daemon) -> None:
         else:
             assert outputs["transcript"]["text"] == ""
             assert outputs["command"] == {"intent": None, "score": 0.0}
+
+
+def test_an_open_transcript_escalates_to_the_cloud_only_when_the_audio_is_released(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    """An utterance that is none of the device's phrases goes to the cloud's open-vocabulary
+    recogniser (MLServer running pocketsphinx with its language model, over gRPC: OIP's JSON
+    cannot carry a WAV file's bytes) only when the caller released the audio; by default it is
+    private (the template's input, transcribe's ``privacy: default-private``) and never sent."""
+    cloud = faults_cleared
+    config = f"""
+[models]
+load = ["vad", "transcribe", "intent"]
+[cloud]
+url = "grpc://{cloud.peer.grpc_url}"
+[routing]
+local_threshold_ms = 10000  # the device first (2 cores: transcribe's estimate is over 100 ms)
+"""
+    daemon = make_daemon(config=config).start()
+    client = daemon.client
+    wait_for(lambda: SPEECH_MODEL in client.status()["cloud"]["catalog"], 30, "the catalog")
+
+    def utterance(text: str, seed: int) -> bytes:
+        speech = espeak(text, "en-us")
+        audio = np.concatenate([np.zeros(4000, np.float32), speech, np.zeros(4000, np.float32)])
+        audio += 0.003 * np.random.default_rng(seed).standard_normal(len(audio)).astype(np.float32)
+        return wav_bytes(audio)
+
+    def sent() -> list[int]:  # the sizes of the audio files the cloud's recogniser was sent
+        return [s["audio_bytes"] for s in cloud.seen() if s["model"] == SPEECH_MODEL]
+
+    other = utterance("how is the weather tomorrow", 1)  # none of the device's phrases
+    phrase = utterance("scan this receipt", 2)
+    before = sent()
+
+    def command(wav: bytes, **label: bool) -> dict[str, Any]:
+        audio = {"base64": base64.b64encode(wav).decode(), **label}
+        answer = client.run_task({"template": "voice-command", "inputs": {"audio": audio}})
+        assert answer["status"] == "ok", answer
+        return answer
+
+    # private by default: the template's audio, and transcribe called directly
+    kept = command(other)
+    node = kept["nodes"][1]
+    assert (node["id"], node["route"], node["private"]) == ("transcript", "local", True), node
+    assert kept["outputs"]["transcript"]["text"] == ""
+    blob = np.array([other], dtype=object)
+    out, answer = client.infer_answer(SPEECH_MODEL, {"audio": blob})
+    assert out["text"][0] == b"" and answer["route"] == "local" and answer["private"] is True
+    assert "privacy: default-private" in answer["reason"], answer
+    assert sent() == before  # nothing reached the cloud
+    # released: the open transcript is asked again of the cloud, the intent of what it heard
+    released = command(other, private=False)
+    node = released["nodes"][1]
+    assert (node["route"], node["private"]) == ("escalated", False), node["reason"]
+    assert "confidence 0.000 < 0.5: the cloud answered" in node["reason"], node
+    heard = released["outputs"]["transcript"]["text"]
+    assert heard == "how is the weather tomorrow", heard  # the cloud's language model
+    assert released["outputs"]["command"]["intent"] is not None
+    assert sent() == [*before, len(other)]
+    released_call = {"private": False, "timeout": 10_000_000}  # the LM takes ~0.5 s on 2 cores
+    out, answer = client.infer_answer(SPEECH_MODEL, {"audio": blob}, parameters=released_call)
+    assert answer["route"] == "escalated" and b"weather" in out["text"][0], (out, answer)
+    assert sent() == [*before, len(other), len(other)]
+    # a phrase of the device's, released: heard on the device, not escalated
+    local = command(phrase, private=False)
+    assert local["nodes"][1]["route"] == "local" and not local["nodes"][1]["private"]
+    assert local["outputs"]["transcript"]["text"] == "scan this receipt"
+    assert sent() == [*before, len(other), len(other)]
 
 
 def test_callers_who_stop_sending_do_not_hold_the_model(

@@ -97,16 +97,23 @@ def test_templates_from_the_config_are_checked_at_start() -> None:
     assert "template 'mine': node 'a' input 'text' refers to 'b.x'" in bad.value.message
 
 
-def test_inputs_are_text_or_base64_bytes_and_may_be_marked_private() -> None:
-    values, private = decode_inputs(
-        {"q": "hello", "img": {"base64": "aGk=", "private": True}, "t": {"text": "x"}}
+def test_inputs_are_text_or_base64_bytes_and_may_be_marked_private_or_released() -> None:
+    values, private, released = decode_inputs(
+        {
+            "q": "hello",
+            "img": {"base64": "aGk=", "private": True},
+            "t": {"text": "x"},
+            "wav": {"base64": "aGk=", "private": False},
+        }
     )
-    assert values == {"q": "hello", "img": b"hi", "t": "x"} and private == {"img"}
+    assert values == {"q": "hello", "img": b"hi", "t": "x", "wav": b"hi"}
+    assert private == {"img"} and released == {"wav"}
     for bad, says in [
         ({"img": {"base64": "%%%"}}, "not base64"),
         ({"img": {"text": "a", "base64": "aGk="}}, "'text' or 'base64'"),
         ({"n": 3}, "must be text"),
         ({"img": {"base64": "aGk=", "private": "yes"}}, "'private' must be true or false"),
+        ({"img": {"base64": "aGk=", "private": 1}}, "'private' must be true or false"),
     ]:
         with pytest.raises(InvalidRequest) as refused:
             decode_inputs(bad)
