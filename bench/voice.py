@@ -141,11 +141,9 @@ def level(x: np.ndarray) -> np.ndarray:
     return x / max(1e-6, float(np.sqrt(np.mean(x**2)))) * 0.1
 
 
-def listen(
-    socket: Path, audio: np.ndarray, pace: bool = False, model: str = "wake-word"
-) -> list[tuple[float, float, float]]:
-    """The recording as one sequence: its events (start, end, when it arrived: seconds since
-    the stream started sending)."""
+def stream(socket: Path, audio: np.ndarray, pace: bool, model: str) -> list[tuple[Any, float]]:
+    """The recording as one sequence of 50 ms chunks (``pace``: each sent once it has been
+    "recorded"): each response, with when it arrived (seconds since the stream started)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(f"unix://{socket}")
@@ -156,9 +154,8 @@ def listen(
     )
     try:
         for offset in range(0, len(audio), CHUNK):
-            if pace:  # the chunk is sent once it has been "recorded"
-                due = (offset + CHUNK) / RATE
-                time.sleep(max(0.0, due - (time.perf_counter() - t0)))
+            if pace:
+                time.sleep(max(0.0, (offset + CHUNK) / RATE - (time.perf_counter() - t0)))
             chunk = audio[offset : offset + CHUNK]
             pcm = grpcclient.InferInput("pcm", [len(chunk)], "INT16")
             pcm.set_data_from_numpy(chunk)
@@ -173,9 +170,18 @@ def listen(
         result, error, arrived = events.get()
         if error is not None:
             raise SystemExit(f"the stream failed: {error}")
-        start, end = result.as_numpy("times").tolist()
-        found.append((start, end, arrived))
+        found.append((result, arrived))
     return found
+
+
+def listen(
+    socket: Path, audio: np.ndarray, pace: bool = False, model: str = "wake-word"
+) -> list[tuple[float, float, float]]:
+    """The wake-word events of the recording: (start, end, when it arrived)."""
+    return [
+        (*result.as_numpy("times").tolist(), arrived)
+        for result, arrived in stream(socket, audio, pace, model)
+    ]
 
 
 def repository(root: Path, thresholds: list[str]) -> Path:
@@ -271,7 +277,6 @@ def assistant(socket: Path, voices: list[str], count: int, pace: bool) -> tuple[
     of transcribe's phrases, each by every voice), 2.5 s of room noise before the next: (a table
     row: wake heard, command transcript exact, intent right; the latency line: from the end of
     each command's speech to its command event, with ``pace`` at the pace of real time)."""
-    import tritonclient.grpc as grpcclient
 
     phrases, labels = _phrases()
     rng = np.random.default_rng(3)
@@ -291,30 +296,9 @@ def assistant(socket: Path, voices: list[str], count: int, pace: bool) -> tuple[
     audio = np.concatenate(parts)
     audio = audio + 0.001 * rng.standard_normal(len(audio)).astype(np.float32)
     pcm16 = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
-    client = grpcclient.InferenceServerClient(f"unix://{socket}")
-    events: queue.Queue[tuple[Any, Any, float]] = queue.Queue()
-    t0 = time.perf_counter()
-    client.start_stream(
-        callback=lambda result, error: events.put((result, error, time.perf_counter() - t0))
-    )
-    try:
-        for offset in range(0, len(pcm16), CHUNK):
-            if pace:
-                time.sleep(max(0.0, (offset + CHUNK) / RATE - (time.perf_counter() - t0)))
-            pcm = grpcclient.InferInput("pcm", [len(pcm16[offset : offset + CHUNK])], "INT16")
-            pcm.set_data_from_numpy(pcm16[offset : offset + CHUNK])
-            client.async_stream_infer("voice-assistant", [pcm], sequence_id=1,
-                                      sequence_start=offset == 0,
-                                      sequence_end=offset + CHUNK >= len(pcm16))  # fmt: skip
-    finally:
-        client.stop_stream()
-        client.close()
     wakes = exact = right = 0
     delays = []
-    while not events.empty():
-        result, error, arrived = events.get()
-        if error is not None:
-            raise SystemExit(f"the stream failed: {error}")
+    for result, arrived in stream(socket, pcm16, pace, "voice-assistant"):
         kind = result.as_numpy("event")[0].decode()
         start, _ = result.as_numpy("times").tolist()
         # the command said after this event's start: the first whose speech ends after it
