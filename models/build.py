@@ -681,19 +681,23 @@ def build_transcribe(repository: Path, intents_path: Path) -> None:
         if phrase and all(word in known for word in phrase.split()):
             phrases.add(phrase)
     with version_dir(repository, "transcribe") as target:
-        shutil.copytree(source / "en-us", target / "en-us", copy_function=os.link)
-        os.link(source / "cmudict-en-us.dict", target / "cmudict-en-us.dict")
+        link_speech_model(source, target)
         (target / "phrases.txt").write_text("".join(f"{p}\n" for p in sorted(phrases)))
     log("transcribe", f"{len(phrases)} of {len(texts)} intent sentences as its phrases")
 
 
 def build_voice_assistant(repository: Path) -> None:
     """voice-assistant (pipeline): wake-word's acoustic model and dictionary (hard links)."""
-    source = repository / "wake-word" / "1"
     with version_dir(repository, "voice-assistant") as target:
-        shutil.copytree(source / "en-us", target / "en-us", copy_function=os.link)
-        os.link(source / "cmudict-en-us.dict", target / "cmudict-en-us.dict")
+        link_speech_model(repository / "wake-word" / "1", target)
     log("voice-assistant", "linked wake-word's acoustic model and dictionary")
+
+
+def link_speech_model(source: Path, target: Path) -> None:
+    """The acoustic model and dictionary of ``source`` (a version directory) in ``target``, as
+    hard links: one copy on disk for the speech models."""
+    shutil.copytree(source / "en-us", target / "en-us", copy_function=os.link)
+    os.link(source / "cmudict-en-us.dict", target / "cmudict-en-us.dict")
 
 
 # --------------------------------------------------------------------------- verification

@@ -106,6 +106,5 @@ async def transcribe(plane: DataPlane, audio: bytes, params: Mapping[str, Any]) 
     version, out, route = await plane.run(
         TRANSCRIBE_MODEL, {"audio": bytes_tensor([audio])}, params
     )
-    text = out["text"].reshape(-1)[0]
-    text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+    text = out["text"].reshape(-1)[0].decode()
     return {"model": TRANSCRIBE_MODEL, "version": str(version), "text": text, **route}

@@ -111,30 +111,28 @@ def cmd_listen(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
             break
         events += 1
         outputs = {o["name"]: o["data"] for o in event["outputs"]}
-        if args.json:
-            line = json.dumps(event)
-        elif "event" in outputs:  # voice-assistant: the wake phrase, then the command
-            start, end = outputs["times"]
-            said = outputs["text"][0]
-            if outputs["event"][0] == "wake":
-                line = f"{start:8.2f} s -> {end:8.2f} s  wake: {said}"
-            elif said:
-                intent, score = outputs["intent"][0], outputs["score"][0]
-                line = (
-                    f"{start:8.2f} s -> {end:8.2f} s  command: {said!r} -> {intent} ({score:.2f})"
-                )
-            else:
-                line = f"{start:8.2f} s -> {end:8.2f} s  command: none of the device's phrases"
-        elif "phrase" in outputs:
-            start, end = outputs["times"]
-            line = f"{start:8.2f} s -> {end:8.2f} s  wake: {outputs['phrase'][0]}"
-        elif "segments" in outputs:
-            start, end = outputs["segments"][:2]
-            line = f"{start:8.2f} s -> {end:8.2f} s  speech"
-        else:
-            line = json.dumps(outputs)
+        line = json.dumps(event) if args.json else _event_line(outputs)
         print(line, flush=True)
     return {"events": events}, f"{events} event(s)"
+
+
+def _event_line(outputs: dict[str, Any]) -> str:
+    """One response of ``listen`` as a line: its span in seconds, then what was heard."""
+    if "segments" in outputs:  # vad-live
+        start, end = outputs["segments"][:2]
+        return f"{start:8.2f} s -> {end:8.2f} s  speech"
+    if "times" not in outputs or not ("phrase" in outputs or "event" in outputs):
+        return json.dumps(outputs)
+    start, end = outputs["times"]
+    span = f"{start:8.2f} s -> {end:8.2f} s"
+    if "phrase" in outputs:  # wake-word
+        return f"{span}  wake: {outputs['phrase'][0]}"
+    said = outputs["text"][0]  # voice-assistant: the wake phrase, then the command
+    if outputs["event"][0] == "wake":
+        return f"{span}  wake: {said}"
+    if said:
+        return f"{span}  command: {said!r} -> {outputs['intent'][0]} ({outputs['score'][0]:.2f})"
+    return f"{span}  command: none of the device's phrases"
 
 
 def _pcm_chunks(source: str) -> Iterator[bytes]:

@@ -86,7 +86,16 @@ class Pipeline:
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     async def load(self) -> None:
-        """Load the assets, then warm up with a real sample so the first request is not slow."""
+        """Load the assets, then warm up with a real sample so the first request is not slow;
+        on a failure, what was loaded is released (``unload``: the repository will not call
+        it for a pipeline that never loaded)."""
+        try:
+            await self._load()
+        except BaseException:
+            await self.unload()
+            raise
+
+    async def _load(self) -> None:
         try:
             await self.offload(self.prepare)
         except EdgedError:

@@ -35,8 +35,9 @@ import numpy as np
 
 from edged.errors import InvalidRequest, ModelLoadError, PayloadTooLarge, Unavailable
 from edged.pipelines import vad_ops
-from edged.pipelines.base import LiveAudio, Pipeline, single_blob
-from edged.request import Sequence, current_route
+from edged.pipelines.base import LiveAudio, Pipeline, single_blob, texts_of
+from edged.protocol.tensors import bytes_tensor
+from edged.request import Sequence
 from edged.runtimes.base import Tensors
 
 RATE = 16000
@@ -101,9 +102,8 @@ class WakeWord(LiveAudio):
         idle_s = self.config.sequence_idle_s or 1.0
         self.holders = Holders(self.config.name, self.limit("max_sequences", MAX_SEQUENCES), idle_s)
         self.work = Path(tempfile.mkdtemp(prefix="edged-wake-"))
-        keys = self.work / "phrases.kws"
-        keys.write_text("".join(f"{p} /{t:g}/\n" for p, t in self.phrases), encoding="utf-8")
-        self.keys = keys
+        self.keys = self.work / "phrases.kws"
+        self.keys.write_text("".join(f"{p} /{t:g}/\n" for p, t in self.phrases), encoding="utf-8")
         probe = self._decoder()  # every word must be in the dictionary, or it would never fire
         missing = unknown_words(probe, [phrase for phrase, _ in self.phrases])
         if missing:
@@ -195,7 +195,7 @@ class WakeWord(LiveAudio):
     ) -> None:
         for _, phrase, start, end in events:
             await send({
-                "phrase": np.array([str(phrase).encode()], dtype=object),
+                "phrase": bytes_tensor([str(phrase).encode()]),
                 "times": np.array([start, end], dtype=np.float32),
             })  # fmt: skip
 
@@ -209,7 +209,8 @@ class VoiceAssistant(WakeWord):
     WebRTC endpointer) instead of the spotter: from the phrase's end until the speech that
     follows ends (or ``command_seconds``; nothing said within 2 s gives an empty command),
     then that utterance to the ``transcribe_model`` and its text to the ``intent_model``, as
-    steps routed like any call, on the device (the audio is private). One response per event:
+    steps routed like any call, on the device (its config says ``privacy: private``). One
+    response per event:
     ``event`` "wake" or "command", ``text`` (the phrase, or the transcript: "" when it is none
     of the device's phrases), ``intent`` and ``score`` (a command's), ``times``."""
 
@@ -273,33 +274,30 @@ class VoiceAssistant(WakeWord):
     async def _answer(
         self, events: list[Event], send: Callable[[Tensors], Awaitable[None]]
     ) -> None:
-        route = current_route()
-        if route is not None:
-            route.make_private("the audio is private")
         for kind, what, start, end in events:
             text, intent, score = str(what), "", 0.0
             if kind == "utterance":
                 text = await self._transcript(what) if what.size else ""
                 if text:
-                    found = await self.steps.call(self.step("intent_model"), {
-                        "text": np.array([text.encode()], dtype=object)})  # fmt: skip
-                    label = found["intent"].reshape(-1)[0]
-                    intent = label.decode() if isinstance(label, bytes) else str(label)
+                    found = await self.steps.call(
+                        self.step("intent_model"), {"text": bytes_tensor([text.encode()])}
+                    )
+                    (intent,) = texts_of("intent", found["intent"])
                     score = float(found["score"].reshape(-1)[0])
             await send({
-                "event": np.array([b"wake" if kind == "wake" else b"command"], dtype=object),
-                "text": np.array([text.encode()], dtype=object),
-                "intent": np.array([intent.encode()], dtype=object),
+                "event": bytes_tensor([b"wake" if kind == "wake" else b"command"]),
+                "text": bytes_tensor([text.encode()]),
+                "intent": bytes_tensor([intent.encode()]),
                 "score": np.array([score], dtype=np.float32),
                 "times": np.array([start, end], dtype=np.float32),
             })  # fmt: skip
 
     async def _transcript(self, samples: np.ndarray) -> str:
-        blob = np.empty(1, dtype=object)
-        blob[0] = wav_bytes(samples)
-        out = await self.steps.call(self.step("transcribe_model"), {"audio": blob})
-        text = out["text"].reshape(-1)[0]
-        return text.decode() if isinstance(text, bytes) else str(text)
+        out = await self.steps.call(
+            self.step("transcribe_model"), {"audio": bytes_tensor([wav_bytes(samples)])}
+        )
+        (text,) = texts_of("text", out["text"])
+        return text
 
 
 class Transcribe(Pipeline):
@@ -337,9 +335,7 @@ class Transcribe(Pipeline):
     def sample(self) -> Tensors:
         """Half a second of quiet noise as a WAV file."""
         noise = 0.003 * np.random.default_rng(0).standard_normal(RATE // 2)
-        blob = np.empty(1, dtype=object)
-        blob[0] = wav_bytes((noise * 32767).astype(np.int16))
-        return {"audio": blob}
+        return {"audio": bytes_tensor([wav_bytes((noise * 32767).astype(np.int16))])}
 
     async def run(self, inputs: Tensors, parameters: Mapping[str, Any]) -> Tensors:
         data = single_blob("audio", inputs["audio"])
@@ -357,7 +353,7 @@ class Transcribe(Pipeline):
         finally:
             self.decoders.put_nowait(decoder)
         sure = np.array([1.0 if text else 0.0], dtype=np.float32)  # a whole phrase, or none
-        return {"text": np.array([text.encode()], dtype=object), "confidence": sure}
+        return {"text": bytes_tensor([text.encode()]), "confidence": sure}
 
     def _decode(self, decoder: Any, samples: bytes) -> str:
         """The utterance's phrase, or "" when the best path is not a whole phrase (a grammar

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,8 +30,13 @@ def test_phrases_and_thresholds() -> None:
             parse_phrases("m", bad)
 
 
-def test_a_word_not_in_the_dictionary_is_refused_when_the_model_loads(tmp_path: Path) -> None:
+def test_a_word_not_in_the_dictionary_is_refused_when_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     require_models()
+    scratch = tmp_path / "tmp"  # where the model writes its phrases file
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     model = tmp_path / "wake-word"
     shutil.copytree(MODELS / "wake-word", model, symlinks=True)
     config = (model / "config.pbtxt").read_text()
@@ -40,3 +46,4 @@ def test_a_word_not_in_the_dictionary_is_refused_when_the_model_loads(tmp_path: 
         wake = WakeWord(read_config(model), model / "1", None, pool, ModelsConfig())  # type: ignore[arg-type]
         with pytest.raises(ModelLoadError, match=r"no pronunciation for jetbot, xqzt"):
             asyncio.run(wake.load())
+    assert not list(scratch.iterdir())  # a model that did not load left nothing behind
