@@ -271,4 +271,35 @@ def read_config(directory: Path, name: str | None = None) -> ModelConfig:
     names = [t.name for t in config.inputs] + [t.name for t in config.outputs]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: input and output names must be unique")
+    check_routing_parameters(path, config)
     return config
+
+
+PRIVACY_VALUES = ("private", "default-private")
+
+
+def check_routing_parameters(path: Path, config: ModelConfig) -> None:
+    """The parameters the router reads: a typo must not let private data leave, nor fail
+    every request later (ConfigError naming the parameter)."""
+    parameters = config.parameters
+    privacy = parameters.get("privacy")
+    if privacy is not None and privacy not in PRIVACY_VALUES:
+        raise ConfigError(
+            f"{path}: parameter privacy is {privacy!r}; one of {', '.join(PRIVACY_VALUES)}"
+        )
+    threshold = parameters.get("escalate_below")
+    if threshold is not None:
+        try:
+            number = float(threshold)
+        except ValueError:
+            number = float("nan")
+        if not 0 <= number < float("inf"):  # NaN fails too
+            raise ConfigError(
+                f"{path}: parameter escalate_below must be a number >= 0 (a confidence: above 1"
+                f" always escalates), not {threshold!r}"
+            )
+    output = parameters.get("confidence_output")
+    if output is not None and output not in {o.name for o in config.outputs}:
+        raise ConfigError(
+            f"{path}: parameter confidence_output names {output!r}, not an output of the model"
+        )

@@ -89,18 +89,35 @@ def parse_phrases(model: str, text: str) -> list[tuple[str, float]]:
     return found
 
 
+def probability(model: str, key: str, parameters: Mapping[str, str], default: float) -> float:
+    """A parameter that is a probability (more than 0, at most 1); ModelLoadError naming it."""
+    raw = parameters.get(key, str(default))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise ModelLoadError(
+            f"model '{model}': parameter {key} must be a probability, more than 0 and at most 1"
+            f" (e.g. 1e-4), not {raw!r}"
+        )
+    return value
+
+
 class WakeWord(LiveAudio):
     """The ``wake_word`` pipeline (see the module's doc)."""
 
     def prepare(self) -> None:
         self.pocketsphinx, self.hmm, self.dictionary = speech_model(self)
         self.phrases = parse_phrases(self.config.name, self.config.parameters.get("phrases", ""))
-        self.plp = float(self.config.parameters.get("kws_plp", "1e-4"))
+        self.plp = probability(self.config.name, "kws_plp", self.config.parameters, 1e-4)
         # frames (10 ms) the spotter waits after a phrase before it reports it (its own
         # default, 10, costs 70 ms of latency and bought no accuracy on bench/voice.py's set)
-        self.delay = self.limit("kws_delay", 3)
+        self.delay = self.limit("kws_delay", 3, most=100)
         idle_s = self.config.sequence_idle_s or 1.0
-        self.holders = Holders(self.config.name, self.limit("max_sequences", MAX_SEQUENCES), idle_s)
+        # each sequence's decoder holds about 27 MiB
+        most = self.limit("max_sequences", MAX_SEQUENCES, most=64)
+        self.holders = Holders(self.config.name, most, idle_s)
         self.work = Path(tempfile.mkdtemp(prefix="edged-wake-"))
         self.keys = self.work / "phrases.kws"
         self.keys.write_text("".join(f"{p} /{t:g}/\n" for p, t in self.phrases), encoding="utf-8")
@@ -218,7 +235,7 @@ class VoiceAssistant(WakeWord):
 
     def prepare(self) -> None:
         super().prepare()
-        self.command_s = self.limit("command_seconds", 5)
+        self.command_s = self.limit("command_seconds", 5, most=60)  # the audio is kept
 
     def _part(self, live: dict[str, Any], part: np.ndarray) -> list[Event]:
         command = live.get("command")
@@ -316,7 +333,7 @@ class Transcribe(Pipeline):
         self.phrases = set(phrases)
         grammar = (f"#JSGF V1.0;\ngrammar commands;\npublic <command> = "
                    f"{' | '.join(phrases)};\n")  # fmt: skip
-        count = self.limit("max_decoders", 2)
+        count = self.limit("max_decoders", 2, most=16)  # about 27 MiB each, made now
         self.decoders: asyncio.Queue[Any] = asyncio.Queue()
         for _ in range(count):
             decoder = pocketsphinx.Decoder(

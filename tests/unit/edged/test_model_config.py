@@ -123,3 +123,27 @@ def test_only_a_pipeline_that_streams_can_be_decoupled(tmp_path: Path) -> None:
         stateless = read_config(write(tmp_path, pipeline % "vad" + decoupled + sequences, "v2"))
         with pytest.raises(ModelLoadError, match="keeps no state between requests"):
             create_pipeline(stateless, tmp_path, None, pool, ModelsConfig())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("privacy", "privat", "parameter privacy is 'privat'"),  # a typo must not let data out
+        ("privacy", "", "parameter privacy is ''"),
+        ("escalate_below", "high", "escalate_below must be a number >= 0"),
+        ("escalate_below", "nan", "escalate_below must be a number >= 0"),
+        ("escalate_below", "-1", "escalate_below must be a number >= 0"),
+        ("escalate_below", "inf", "escalate_below must be a number >= 0"),
+        ("confidence_output", "z", "confidence_output names 'z', not an output"),
+    ],
+)
+def test_routing_parameters_are_checked_when_the_config_is_read(
+    tmp_path: Path, key: str, value: str, says: str
+) -> None:
+    parameter = f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}'
+    with pytest.raises(ConfigError, match=says):
+        read_config(write(tmp_path, CONFIG % parameter))
+    good = {"privacy": "default-private", "escalate_below": "1.01", "confidence_output": "y"}
+    parameter = f'parameters {{ key: "{key}" value {{ string_value: "{good[key]}" }} }}'
+    (tmp_path / "good").mkdir()
+    assert read_config(write(tmp_path / "good", CONFIG % parameter)).parameters[key] == good[key]

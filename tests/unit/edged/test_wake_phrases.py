@@ -15,7 +15,7 @@ import pytest
 from edged.config import ModelsConfig
 from edged.errors import ModelLoadError
 from edged.models.config import read_config
-from edged.pipelines.speech import WakeWord, parse_phrases
+from edged.pipelines.speech import Transcribe, VoiceAssistant, WakeWord, parse_phrases
 from tests.conftest import MODELS, require_models
 
 
@@ -47,3 +47,34 @@ def test_a_word_not_in_the_dictionary_is_refused_when_the_model_loads(
         with pytest.raises(ModelLoadError, match=r"no pronunciation for jetbot, xqzt"):
             asyncio.run(wake.load())
     assert not list(scratch.iterdir())  # a model that did not load left nothing behind
+
+
+@pytest.mark.parametrize(
+    ("model", "key", "value", "says"),
+    [
+        ("wake-word", "kws_plp", "lots", "kws_plp must be a probability"),
+        ("wake-word", "kws_plp", "2", "kws_plp must be a probability"),
+        ("wake-word", "kws_plp", "0", "kws_plp must be a probability"),
+        ("wake-word", "max_sequences", "100000", "max_sequences must be between 1 and 64"),
+        ("wake-word", "kws_delay", "0", "kws_delay must be between 1 and 100"),
+        ("voice-assistant", "command_seconds", "86400", "command_seconds must be between 1 and"),
+        ("transcribe", "max_decoders", "1000000", "max_decoders must be between 1 and 16"),
+    ],
+)
+def test_speech_parameters_are_checked_before_anything_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, key: str, value: str, says: str
+) -> None:
+    """A decoder holds about 27 MiB: a million of them is refused, naming the parameter, before
+    the first is made."""
+    require_models()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    copy = tmp_path / model
+    shutil.copytree(MODELS / model, copy, symlinks=True)
+    parameter = f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+    config = copy / "config.pbtxt"
+    config.write_text(config.read_text() + parameter)  # the last of a key's entries counts
+    cls = {"wake-word": WakeWord, "voice-assistant": VoiceAssistant, "transcribe": Transcribe}
+    with ThreadPoolExecutor(1) as pool:
+        pipeline = cls[model](read_config(copy), copy / "1", None, pool, ModelsConfig())  # type: ignore[arg-type]
+        with pytest.raises(ModelLoadError, match=says):
+            asyncio.run(pipeline.load())
