@@ -10,7 +10,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -524,26 +524,49 @@ class Daemon:
             log.warning(
                 "%d requests still running after %.0f s: cut short", self.plane.inflight, drain
             )
-        await grpc_stopped
-        await runner.cleanup()
+        release = Release(RELEASE_S)
+        await release("the gRPC server", grpc_stopped)
+        await release("the REST server", runner.cleanup())
         self.plane.shm.close()
         for task in (*tasks, *self.reloads):
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await self.load.stop()
+            await release(f"task {task.get_name()}", task)
+        await release("the load monitor", self.load.stop())
         self.router.save_state(self.learner_state)
-        await self.knowledge.close()
+        await release("the knowledge store", self.knowledge.close())
         if self.chat is not None:
-            await self.chat.close()
+            await release("the chat model", self.chat.close())
         if self.cloud is not None:
-            await self.cloud.stop()
+            await release("the cloud tier", self.cloud.stop())
         if self.power is not None:
-            await self.power.busy()  # the power mode edged found
-        await self.manager.close()
+            await release("the power mode", self.power.busy())  # the power mode edged found
+        await release("the models", self.manager.close())
         log.removeHandler(self.events)
         self.executor.shutdown(wait=True, cancel_futures=True)
         if self.owned_socket is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.owned_socket.unlink()
         log.info("stopped")
+
+
+RELEASE_S = 10.0  # what stopping may take after the drain, all steps together
+
+
+class Release:
+    """The steps of a stop after the drain, each waited for while the budget lasts: one that
+    hangs is named in the log and left behind (cancelled, not awaited), so a stop ends in
+    ``drain_timeout_s`` + ``RELEASE_S`` whatever a step does, inside systemd's TimeoutStopSec,
+    and the journal says which step it was."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.deadline = time.monotonic() + budget_s
+
+    async def __call__(self, what: str, step: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(step)
+        left = max(0.5, self.deadline - time.monotonic())  # a step after a hang still runs
+        done, _ = await asyncio.wait({task}, timeout=left)
+        if not done:
+            task.cancel()
+            log.error("stopping: %s did not finish within %.1f s; left behind", what, left)
+        elif not task.cancelled() and task.exception() is not None:
+            log.error("stopping: %s failed: %r", what, task.exception())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import functools
 import json
 import logging
@@ -21,7 +22,8 @@ edged serves inference on this device over a Unix socket (Open Inference Protoco
 Config: --config FILE, else /etc/edged/edged.toml when it exists, else embedded defaults.
 Flags override the file. Under systemd: Type=notify, watchdog and socket activation work.
 Signals: SIGTERM drains in-flight requests and exits 0; SIGHUP re-reads the config file (the
-flags still override it) and polls the model repository (new, changed and removed models).
+flags still override it) and polls the model repository (new, changed and removed models);
+SIGABRT (systemd's watchdog) writes every thread's stack to stderr before edged dies.
 """
 
 
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logs.setup_logging(config.log.level, config.log.format, socket.gethostname(), "edged")
     from edged.app import Daemon  # heavy imports (onnxruntime) only when serving
+
+    faulthandler.enable()  # a hang killed by the watchdog leaves its stacks in the journal
 
     try:
         return asyncio.run(Daemon(config, functools.partial(effective_config, args)).run())

@@ -114,8 +114,12 @@ class Daemon:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
             raise AssertionError(
                 f"edged did not stop within {timeout} s; log:\n{self.logs()}"
             ) from None

@@ -397,3 +397,22 @@ def test_a_hung_daemon_stops_its_watchdog_pings(make_daemon: type[Daemon], tmp_p
     assert gap > 2.5, "no ping while hung: the manager's watchdog fires"
     assert len(after) >= 3, "and they come back once it is not"
     assert daemon.stop() == 0
+
+
+def test_the_watchdogs_sigabrt_leaves_the_hung_stack_in_the_log(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    """systemd's watchdog kills a hung service with SIGABRT: edged's stacks go to stderr (the
+    journal) first, the main thread's showing where the event loop is stuck."""
+    daemon = make_daemon(linked_repository(tmp_path / "repo", SMALL))
+    daemon.start(env={"EDGED_TEST_HOOKS": "1", "EDGED_TEST_HANG_S": "60"})
+    proc = daemon.proc
+    assert proc is not None
+    proc.send_signal(signal.SIGUSR2)
+    time.sleep(0.5)  # the loop is in the hook's sleep
+    proc.send_signal(signal.SIGABRT)
+    assert proc.wait(30) == -signal.SIGABRT
+    log = daemon.logs()
+    assert "Fatal Python error: Aborted" in log
+    stack = log[log.index("Current thread") :]
+    assert "asyncio/events.py" in stack and "run_forever" in stack and "edged/cli.py" in stack
