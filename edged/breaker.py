@@ -121,3 +121,64 @@ class CircuitBreaker:
         if not self.outcomes:
             return 0.0
         return sum(1 for _, ok in self.outcomes if not ok) / len(self.outcomes)
+
+
+class ScaleOut:
+    """The scale-out signal of a cloud endpoint, for whoever sizes the cloud (an autoscaler
+    reading the metric, the fleet reading the event): the share of its calls that failed over
+    the last ``window`` seconds, counted in one-second buckets (memory bound by the window,
+    whatever the traffic).
+
+    Raised when, with at least ``min_calls`` calls in the window, more than ``error_rate`` of
+    them failed; lowered when, with at least ``min_calls``, no more than that did, or when no
+    call at all was made for a whole window. With fewer calls than that it stays as it was:
+    while the breaker holds the traffic back, a few probes say too little either way."""
+
+    def __init__(
+        self,
+        error_rate: float = 0.05,
+        window: float = 60.0,
+        min_calls: int = 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.error_rate = error_rate
+        self.window = window
+        self.min_calls = min_calls
+        self.clock = clock
+        self.buckets: deque[list[int]] = deque()  # [second, calls, failures], oldest first
+        self.raised = False
+
+    def record(self, ok: bool) -> bool | None:
+        """How a call ended; the signal's new state when this changed it, else None."""
+        second = int(self.clock())
+        if not self.buckets or self.buckets[-1][0] != second:
+            self.buckets.append([second, 0, 0])
+        self.buckets[-1][1] += 1
+        self.buckets[-1][2] += not ok
+        return self.check()
+
+    def counts(self) -> tuple[int, int]:
+        """Calls and failures in the window, as of now."""
+        oldest = int(self.clock() - self.window)
+        while self.buckets and self.buckets[0][0] <= oldest:
+            self.buckets.popleft()
+        return sum(b[1] for b in self.buckets), sum(b[2] for b in self.buckets)
+
+    def ratio(self) -> float | None:
+        """The failed share in the window (None: no call in it)."""
+        calls, failures = self.counts()
+        return failures / calls if calls else None
+
+    def check(self) -> bool | None:
+        """Re-evaluate as of now; the new state when it changed, else None."""
+        calls, failures = self.counts()
+        if calls >= self.min_calls:
+            raised = failures > self.error_rate * calls
+        elif calls == 0:
+            raised = False
+        else:
+            return None
+        if raised == self.raised:
+            return None
+        self.raised = raised
+        return raised

@@ -21,6 +21,7 @@ limit here (the gRPC deadline too). Around the calls:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
@@ -37,7 +38,7 @@ import tritonclient.http.aio as triton
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from edged.background import Background
-from edged.breaker import CircuitBreaker
+from edged.breaker import CircuitBreaker, ScaleOut
 from edged.common.backoff import backoff_delay
 from edged.config import CloudConfig
 from edged.errors import ConfigError
@@ -186,6 +187,12 @@ class CloudEndpoint(Background):
             window=config.breaker_window_s,
             min_calls=config.breaker_min_calls,
         )
+        self.scale = ScaleOut(
+            error_rate=config.scale_out_error_rate,
+            window=config.scale_out_window_s,
+            min_calls=config.scale_out_min_calls,
+        )
+        self._scale_watch: asyncio.Task[None] | None = None
         self.link = LinkMonitor(
             self.url,
             self._probe,
@@ -217,9 +224,17 @@ class CloudEndpoint(Background):
             )
         self.link.start()
         super().start()
+        if self._scale_watch is None:
+            loop = asyncio.get_running_loop()
+            self._scale_watch = loop.create_task(self._watch_scale(), name="scale-out")
 
     async def stop(self) -> None:
         await super().stop()
+        if self._scale_watch is not None:
+            self._scale_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scale_watch
+            self._scale_watch = None
         await self.link.stop()
         if self.client is not None:
             await self.client.close()
@@ -421,6 +436,7 @@ class CloudEndpoint(Background):
         else:
             elapsed = time.perf_counter() - started
             self.breaker.record(True)
+            self._scaled(self.scale.record(True))
             self.link.observe(elapsed, payload, rtt=False)
             response = result.get_response()
             if self.grpc:
@@ -429,9 +445,33 @@ class CloudEndpoint(Background):
                 names = [o["name"] for o in response.get("outputs", [])]
             return {n: _as_bytes(result.as_numpy(n)) for n in names}
         self.breaker.record(not error.endpoint_fault)
+        self._scaled(self.scale.record(not error.endpoint_fault))
         if error.link_fault:
             self.link.observe(None)
         raise error
+
+    async def _watch_scale(self) -> None:
+        """Lower the scale-out signal once the window has no calls or enough good ones, even
+        while nothing is being called."""
+        while True:
+            await asyncio.sleep(1.0)
+            self._scaled(self.scale.check())
+
+    def _scaled(self, raised: bool | None) -> None:
+        """Say (an event, which reaches the fleet) that the scale-out signal changed."""
+        if raised is None:
+            return
+        calls, failures = self.scale.counts()
+        share = f"{failures} of {calls} calls failed in the last {self.scale.window:.0f} s"
+        if raised:
+            log.warning(
+                "cloud %s: scale out: %s, more than %.1f%% (the metric edged_cloud_scale_out is 1)",
+                self.url,
+                share,
+                100 * self.scale.error_rate,
+            )
+        else:
+            log.warning("cloud %s: scale-out signal lowered: %s", self.url, share)
 
     def backoff(self, attempt: int) -> float:
         """Pause before retry ``attempt`` (1, 2, ...) of one request: 50 ms doubling, with
@@ -447,6 +487,17 @@ class CloudEndpoint(Background):
             "breaker_opened": self.breaker.opened,
             "breaker_trials": self.breaker.trials,
             "error_rate": round(self.breaker.failure_rate(), 4),
+            "scale_out": self._scale_state(),
             "catalog": sorted(self.catalog),
             "ab": {m: {"b_cloud_name": b, "b_share": s} for m, (b, s) in self.splits.items()},
+        }
+
+    def _scale_state(self) -> dict[str, Any]:
+        calls, failures = self.scale.counts()
+        return {
+            "needed": self.scale.raised,
+            "calls": calls,
+            "failures": failures,
+            "window_s": self.scale.window,
+            "threshold": self.scale.error_rate,
         }

@@ -378,6 +378,19 @@ class CloudConfig(Section):
     )
     breaker_window_s: float = Field(10.0, gt=0, description="window the error rate is over")
     breaker_min_calls: int = Field(20, gt=0, description="calls in the window before it opens")
+    scale_out_error_rate: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="the scale-out signal (metric edged_cloud_scale_out, an event) is raised"
+        " above this share of failed cloud calls over scale_out_window_s",
+    )
+    scale_out_window_s: float = Field(
+        60.0, ge=1, le=3600, description="the window of the scale-out signal's error rate"
+    )
+    scale_out_min_calls: int = Field(
+        20, gt=0, description="calls in the window before the scale-out signal changes"
+    )
     catalog_refresh_s: float = Field(60.0, gt=0, description="re-read the cloud's model index")
     models: list[CloudModelConfig] = Field(
         default_factory=list, description="catalog entries added to the cloud's model index"

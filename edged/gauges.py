@@ -105,3 +105,16 @@ def cloud_families(state: dict[str, Any] | None) -> Iterator[Metric]:
         "The share of cloud calls that failed in the breaker's window",
         None if state is None else state.get("error_rate"),
     )
+    scale = (state or {}).get("scale_out") or {}
+    yield gauge(
+        "edged_cloud_scale_out",
+        "1 while the cloud tier needs more capacity: more than cloud.scale_out_error_rate of"
+        " its calls failed over cloud.scale_out_window_s (what an autoscaler reads)",
+        None if "needed" not in scale else float(bool(scale["needed"])),
+    )
+    calls = scale.get("calls")
+    yield gauge(
+        "edged_cloud_scale_out_error_ratio",
+        "The share of cloud calls that failed over cloud.scale_out_window_s",
+        scale["failures"] / calls if calls else None,
+    )

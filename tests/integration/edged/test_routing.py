@@ -189,6 +189,39 @@ def test_unsure_local_answers_escalate_to_the_cloud(
     assert kept["route"] == "local" and "the cloud failed" in kept["reason"], kept
 
 
+def test_the_scale_out_signal_rises_with_the_clouds_errors_and_falls_after(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    """A cloud answering 503 to one call in 4: over scale_out_error_rate (5%) with enough
+    calls in the window, edged raises the scale-out signal: the metric an autoscaler reads,
+    the status, an event for the fleet naming the figures; healthy again, the window empties
+    and the signal falls, with an event too."""
+    cloud = faults_cleared
+    extra = "scale_out_window_s = 4\nscale_out_min_calls = 12\nbreaker_min_calls = 1000"
+    daemon = edged_with_cloud(make_daemon, cloud, extra=extra)
+    client = daemon.client
+    scale = metric(client, "edged_cloud_scale_out")
+    assert scale == 0 and cloud_state(client)["scale_out"]["needed"] is False
+    cloud.fail_every(4, status=503)
+    answers = [ask(client, i, route="cloud") for i in range(12)]
+    assert [a["route"] for a in answers].count("fallback") == 3, routes(answers)
+    assert metric(client, "edged_cloud_scale_out") == 1
+    assert metric(client, "edged_cloud_scale_out_error_ratio") == 0.25
+    state = cloud_state(client)["scale_out"]
+    assert state == {"needed": True, "calls": 12, "failures": 3, "window_s": 4.0,
+                     "threshold": 0.05}  # fmt: skip
+    said = [e["message"] for e in client.events()["events"] if "scale" in e["message"]]
+    assert said == [
+        f"cloud http://{cloud.proxy.address}: scale out: 3 of 12 calls failed in the last 4 s,"
+        " more than 5.0% (the metric edged_cloud_scale_out is 1)"
+    ]
+    cloud.fail_every(0)
+    assert ask(client, 20, route="cloud")["route"] == "cloud"
+    wait_for(lambda: metric(client, "edged_cloud_scale_out") == 0, 10, "the signal lowered")
+    said = [e["message"] for e in client.events()["events"] if "scale" in e["message"]]
+    assert said[1].endswith("scale-out signal lowered: 0 of 0 calls failed in the last 4 s")
+
+
 def test_the_learned_policy_decides_learns_and_remembers(
     make_daemon: type[Daemon], faults_cleared: Cloud
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from edged.breaker import BreakerState, CircuitBreaker
+from edged.breaker import BreakerState, CircuitBreaker, ScaleOut
 
 
 class Clock:
@@ -111,3 +111,50 @@ def test_would_allow_takes_no_probe_slot_and_reset_closes() -> None:
     breaker.reset()
     assert breaker.state is BreakerState.CLOSED and breaker.allow()
     assert (breaker.opened, breaker.trials) == (1, 2)
+
+
+def test_scale_out_is_raised_above_the_rate_over_the_window_and_lowered_below_it() -> None:
+    clock = Clock()
+    scale = ScaleOut(error_rate=0.05, window=60.0, min_calls=20, clock=clock)
+    changes = []
+    for i in range(19):  # 2 failures of 19: too few calls to tell
+        changes.append(scale.record(ok=i % 10 != 0))
+        clock.now += 0.5
+    assert changes == [None] * 19 and not scale.raised
+    assert scale.record(ok=True) is True  # the 20th: 2 of 20 = 10% > 5%
+    assert scale.raised and scale.counts() == (20, 2)
+    assert scale.ratio() == 0.1
+    for _ in range(19):  # 2 of 39: still over
+        assert scale.record(ok=True) is None
+    assert scale.record(ok=True) is False  # 2 of 40 = 5%: not more than 5%
+    assert not scale.raised
+    assert scale.record(ok=False) is True  # 3 of 41
+
+
+def test_scale_out_forgets_what_left_the_window_and_holds_on_too_few_calls() -> None:
+    clock = Clock()
+    scale = ScaleOut(error_rate=0.05, window=10.0, min_calls=5, clock=clock)
+    for _ in range(5):
+        scale.record(ok=False)
+    assert scale.raised
+    clock.now += 9.0
+    assert scale.check() is None and scale.counts() == (5, 5)  # still in the window
+    clock.now += 2.0
+    assert scale.counts() == (0, 0) and scale.ratio() is None
+    assert scale.check() is False  # no call for a whole window: nothing to scale for
+    for _ in range(5):
+        scale.record(ok=False)
+    clock.now += 11.0
+    assert scale.record(ok=True) is None  # 1 call (a probe) is too few to lower it
+    assert scale.raised
+
+
+def test_scale_out_memory_is_bound_by_the_window_not_the_traffic() -> None:
+    clock = Clock()
+    scale = ScaleOut(window=60.0, clock=clock)
+    for _ in range(600):  # 10 minutes at 100 calls a second
+        for _ in range(100):
+            scale.record(ok=True)
+        clock.now += 1.0
+    assert len(scale.buckets) <= 60
+    assert scale.counts() == (5900, 0)  # the seconds after now - 60 (now is a second on)
