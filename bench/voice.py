@@ -28,6 +28,7 @@ and at the pace of real time, the time from the end of the command's speech to i
 
     .venv/bin/python bench/voice.py [--voices 5] [--latency-seconds 60] [--commands 40]
                                     [--assistant-paced 10] [--thresholds 1e-30 ...]
+                                    [--endpoints 200 ...] [--assistant-only]
 """
 
 from __future__ import annotations
@@ -184,19 +185,30 @@ def listen(
     ]
 
 
-def repository(root: Path, thresholds: list[str]) -> Path:
-    """The default models (links), and a copy of wake-word per threshold: wake-word-<t>."""
+def repository(root: Path, thresholds: list[str], endpoints: list[int]) -> Path:
+    """The default models (links), a copy of wake-word per threshold (wake-word-<t>) and of
+    voice-assistant per endpointer window (voice-assistant-<ms>)."""
     root.mkdir()
     for model in MODELS.iterdir():
         if (model / "config.pbtxt").is_file() and model.name != "wake-word":
             (root / model.name).symlink_to(model, target_is_directory=True)
+
+    def copy(model: str, suffix: str) -> tuple[Path, str]:
+        (root / f"{model}-{suffix}").mkdir()
+        (root / f"{model}-{suffix}" / "1").symlink_to(MODELS / model / "1")
+        config = (MODELS / model / "config.pbtxt").read_text()
+        return root / f"{model}-{suffix}" / "config.pbtxt", config.replace(
+            f'name: "{model}"', f'name: "{model}-{suffix}"'
+        )
+
     for threshold in thresholds:
-        copy = root / f"wake-word-{threshold}"
-        copy.mkdir()
-        (copy / "1").symlink_to(MODELS / "wake-word" / "1", target_is_directory=True)
-        config = (MODELS / "wake-word" / "config.pbtxt").read_text()
-        config = config.replace('name: "wake-word"', f'name: "wake-word-{threshold}"')
-        (copy / "config.pbtxt").write_text(config.replace("=1e-30", f"={threshold}"))
+        path, config = copy("wake-word", threshold)
+        path.write_text(config.replace("=1e-30", f"={threshold}"))
+    for ms in endpoints:  # the last of a key's entries counts
+        path, config = copy("voice-assistant", str(ms))
+        path.write_text(
+            f'{config}parameters {{ key: "endpoint_ms" value {{ string_value: "{ms}" }} }}\n'
+        )
     return root
 
 
@@ -272,7 +284,9 @@ def commands(socket: Path, voices: list[str], count: int) -> tuple[list[str], st
     return rows, f"{what}: p50 {p50:.0f} ms, p95 {p95:.0f} ms ({len(times)} calls)"
 
 
-def assistant(socket: Path, voices: list[str], count: int, pace: bool) -> tuple[list[str], str]:
+def assistant(
+    socket: Path, voices: list[str], count: int, pace: bool, model: str = "voice-assistant"
+) -> tuple[list[str], str]:
     """The voice-assistant model on one stream: "hey jetson", 0.3 s, then a command (``count``
     of transcribe's phrases, each by every voice), 2.5 s of room noise before the next: (a table
     row: wake heard, command transcript exact, intent right; the latency line: from the end of
@@ -298,7 +312,7 @@ def assistant(socket: Path, voices: list[str], count: int, pace: bool) -> tuple[
     pcm16 = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
     wakes = exact = right = 0
     delays = []
-    for result, arrived in stream(socket, pcm16, pace, "voice-assistant"):
+    for result, arrived in stream(socket, pcm16, pace, model):
         kind = result.as_numpy("event")[0].decode()
         start, _ = result.as_numpy("times").tolist()
         # the command said after this event's start: the first whose speech ends after it
@@ -313,12 +327,12 @@ def assistant(socket: Path, voices: list[str], count: int, pace: bool) -> tuple[
         right += result.as_numpy("intent")[0].decode() == labels[text]
         delays.append(1000 * (arrived - end))
     n = len(said)
-    row = [f"{count} commands x {len(voices)} voices", f"{wakes}/{n}",
+    row = [model, f"{count} commands x {len(voices)} voices", f"{wakes}/{n}",
            f"{100 * exact / n:.1f}% ({exact} of {wakes} woken)",
            f"{100 * right / n:.1f}% ({right} of {wakes} woken)"]  # fmt: skip
     p50, p95 = np.percentile(delays, [50, 95]) if delays else (float("nan"),) * 2
     how = "at the pace of real time" if pace else "as fast as it goes (not a latency)"
-    line = f"voice-assistant, end of command to its event, {how}:"
+    line = f"{model}, end of command to its event, {how}:"
     return row, f"{line} p50 {p50:.0f} ms, p95 {p95:.0f} ms ({len(delays)} commands)"
 
 
@@ -343,66 +357,89 @@ def main() -> None:
                         help="commands said to voice-assistant in real time")  # fmt: skip
     parser.add_argument("--thresholds", nargs="+", default=["1e-30"],
                         help="the phrase's threshold, one wake-word model each")  # fmt: skip
+    parser.add_argument("--endpoints", nargs="+", type=int, default=[],
+                        help="voice-assistant's endpoint_ms, one copy of it each")  # fmt: skip
+    parser.add_argument("--assistant-only", action="store_true",
+                        help="only the voice-assistant rows")  # fmt: skip
     args = parser.parse_args()
     voices = VOICES[: args.voices]
-    rows = []
+    rows: list[list[str]] = []
+    assistants = ["voice-assistant"] + [f"voice-assistant-{ms}" for ms in args.endpoints]
+    assistant_rows, assistant_latencies = [], []
+    delays = []
     with tempfile.TemporaryDirectory() as tmp:
-        models = repository(Path(tmp) / "models", args.thresholds)
+        models = repository(Path(tmp) / "models", args.thresholds, args.endpoints)
         proc, socket = start_edged(Path(tmp) / "edged", models)
         grpc = socket.with_name("edged-grpc.sock")
         try:
-            clean = None
-            conditions = [("clean", None), ("20 dB SNR", 20.0), ("10 dB SNR", 10.0)]
-            for (label, snr), negatives in itertools.product(conditions, (False, True)):
-                audio, starts, ends, others = build(voices, snr, seed=1, negatives=negatives)
-                label += ", negatives only" if negatives else ""
-                clean = clean or (audio, starts, ends)
-                # every second that is not the wake phrase counts as negative audio
-                hours = (len(audio) / RATE - sum(b - a for a, b in zip(starts, ends))) / 3600
-                for threshold in args.thresholds:
-                    t = time.perf_counter()
-                    found = listen(grpc, audio, model=f"wake-word-{threshold}")
-                    took = time.perf_counter() - t
-                    hits, false = score(found, starts, others)
-                    rate = f"{100 * hits / len(starts):.1f}%" if starts else "-"
-                    rows.append([label, threshold, f"{hits}/{len(starts)}", rate,
-                                 str(len(false)), f"{hours * 60:.1f} min",
-                                 f"{len(false) / hours:.0f}",
-                                 f"{len(audio) / RATE / took:.0f}x"])  # fmt: skip
-                    print(" | ".join(rows[-1]), flush=True)
-                    if false:
-                        print("  false accepts in:", sorted(false), flush=True)
-            assert clean is not None
-            audio, starts, ends = clean
-            audio = audio[: int(args.latency_seconds * RATE)]
-            found = listen(grpc, audio, pace=True, model=f"wake-word-{args.thresholds[0]}")
-            command_row, command_latency = commands(socket, voices[:3], args.commands)
-            assistant_row, _ = assistant(grpc, voices[:3], args.commands, pace=False)
-            _, assistant_latency = assistant(grpc, voices[:1], args.assistant_paced, pace=True)
-            delays = []
-            for start, _, arrived in found:
-                near = [i for i, said in enumerate(starts) if abs(start - said) <= 0.3]
-                if near:
-                    delays.append(1000 * (arrived - ends[near[0]]))
+            if not args.assistant_only:
+                rows, delays = wake_rows(grpc, voices, args.thresholds, args.latency_seconds)
+                command_row, command_latency = commands(socket, voices[:3], args.commands)
+            for model in assistants:
+                row, _ = assistant(grpc, voices[:3], args.commands, pace=False, model=model)
+                _, latency = assistant(grpc, voices[:1], args.assistant_paced, True, model)
+                assistant_rows.append(row)
+                assistant_latencies.append(latency)
+                print(" | ".join(row), flush=True)
+                print(latency, flush=True)
         finally:
             proc.terminate()
             proc.wait(60)
+    if not args.assistant_only:
+        print()
+        header = ["condition", "threshold", "detected", "rate", "false accepts",
+                  "negative audio", "false accepts / hour", "speed (x real time)"]  # fmt: skip
+        print(table(rows, header))
+        print()
+        print(table([command_row], ["commands said", "transcript exact", "intent right",
+                                    "other speech rejected"]))  # fmt: skip
+        print(command_latency)
     print()
-    header = ["condition", "threshold", "detected", "rate", "false accepts", "negative audio",
-              "false accepts / hour", "speed (x real time)"]  # fmt: skip
-    print(table(rows, header))
-    print()
-    print(table([command_row], ["commands said", "transcript exact", "intent right",
-                                "other speech rejected"]))  # fmt: skip
-    print(command_latency)
-    print()
-    print(table([assistant_row], ["wake phrase, then command", "wake heard", "transcript exact",
-                                  "intent right"]))  # fmt: skip
-    print(assistant_latency)
+    print(table(assistant_rows, ["model", "wake phrase, then command", "wake heard",
+                                 "transcript exact", "intent right"]))  # fmt: skip
+    print("\n".join(assistant_latencies))
     if delays:
         p50, p95 = np.percentile(delays, [50, 95])
         print(f"\nend of phrase to event, at the pace of real time ({len(delays)} phrases):"
               f" p50 {p50:.0f} ms, p95 {p95:.0f} ms")  # fmt: skip
+
+
+def wake_rows(
+    grpc: Path, voices: list[str], thresholds: list[str], latency_seconds: float
+) -> tuple[list[list[str]], list[float]]:
+    """The wake-word table's rows (each condition and threshold), and the delays from each
+    phrase's end to its event on the clean recording at the pace of real time."""
+    rows = []
+    clean = None
+    conditions = [("clean", None), ("20 dB SNR", 20.0), ("10 dB SNR", 10.0)]
+    for (label, snr), negatives in itertools.product(conditions, (False, True)):
+        audio, starts, ends, others = build(voices, snr, seed=1, negatives=negatives)
+        label += ", negatives only" if negatives else ""
+        clean = clean or (audio, starts, ends)
+        # every second that is not the wake phrase counts as negative audio
+        hours = (len(audio) / RATE - sum(b - a for a, b in zip(starts, ends))) / 3600
+        for threshold in thresholds:
+            t = time.perf_counter()
+            found = listen(grpc, audio, model=f"wake-word-{threshold}")
+            took = time.perf_counter() - t
+            hits, false = score(found, starts, others)
+            rate = f"{100 * hits / len(starts):.1f}%" if starts else "-"
+            rows.append([label, threshold, f"{hits}/{len(starts)}", rate, str(len(false)),
+                         f"{hours * 60:.1f} min", f"{len(false) / hours:.0f}",
+                         f"{len(audio) / RATE / took:.0f}x"])  # fmt: skip
+            print(" | ".join(rows[-1]), flush=True)
+            if false:
+                print("  false accepts in:", sorted(false), flush=True)
+    assert clean is not None
+    audio, starts, ends = clean
+    audio = audio[: int(latency_seconds * RATE)]
+    found = listen(grpc, audio, pace=True, model=f"wake-word-{thresholds[0]}")
+    delays = []
+    for start, _, arrived in found:
+        near = [i for i, said in enumerate(starts) if abs(start - said) <= 0.3]
+        if near:
+            delays.append(1000 * (arrived - ends[near[0]]))
+    return rows, delays
 
 
 if __name__ == "__main__":

@@ -55,12 +55,13 @@ class Pipeline:
             raise ModelLoadError(f"pipeline '{self.config.name}' needs parameter '{key}'")
         return name
 
-    def limit(self, key: str, default: int, most: int | None = None) -> int:
-        """A positive integer parameter of the model's config (a per-request limit), at most
-        ``most`` where a larger one would take what the device does not have."""
+    def limit(self, key: str, default: int, most: int | None = None, least: int = 1) -> int:
+        """A positive integer parameter of the model's config (a per-request limit), at least
+        ``least``, at most ``most`` where a larger one would take what the device does not
+        have."""
         raw = self.config.parameters.get(key, str(default))
-        if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= (most or int(raw)):
-            bound = f"between 1 and {most}" if most else ">= 1"
+        if not raw.isascii() or not raw.isdigit() or not least <= int(raw) <= (most or int(raw)):
+            bound = f"between {least} and {most}" if most else f">= {least}"
             raise ModelLoadError(f"model '{self.config.name}': parameter {key} must be {bound}")
         return int(raw)
 

@@ -236,6 +236,9 @@ class VoiceAssistant(WakeWord):
     def prepare(self) -> None:
         super().prepare()
         self.command_s = self.limit("command_seconds", 5, most=60)  # the audio is kept
+        # the endpointer's window: 90% of it speech starts the command, 90% quiet ends it
+        # (under 0.18 s its 30 ms frames cannot make 90%; 1 s missed a 1 s command)
+        self.endpoint_s = self.limit("endpoint_ms", 200, most=1000, least=180) / 1000
 
     def _part(self, live: dict[str, Any], part: np.ndarray) -> list[Event]:
         command = live.get("command")
@@ -248,7 +251,7 @@ class VoiceAssistant(WakeWord):
         if events:  # listen for the command from where the phrase ended
             end = int(events[-1][3] * RATE)
             after = recent[recent.size - max(0, min(recent.size, live["samples"] - end)) :]
-            detector = self.pocketsphinx.Endpointer(window=0.3, ratio=0.9, vad_mode=3)
+            detector = self.pocketsphinx.Endpointer(window=self.endpoint_s, ratio=0.9, vad_mode=3)
             command = {"start": end, "audio": [], "frames": b"", "spoke": False, "onset": 0.0,
                        "endpointer": detector}  # fmt: skip
             live["command"] = command

@@ -396,6 +396,34 @@ def test_the_voice_assistant_hears_the_wake_phrase_then_the_command(daemon: Daem
     assert times[3][1] - times[3][0] == pytest.approx(2.0, abs=0.2)  # 2 s of quiet: no command
 
 
+def test_endpoint_ms_is_the_quiet_that_ends_a_command(
+    daemon: Daemon, make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    """The same phrase and command to voice-assistant as shipped (endpoint_ms 200) and to a
+    copy with endpoint_ms 600: the command ends 0.4 s later in the second."""
+    said = ["Good morning, this is the kitchen speaker.", "hey jetson", "scan this receipt"]
+    gaps = [11000, 5000, 2 * RATE]  # samples of silence after each
+    audio = np.concatenate([p for t, gap in zip(said, gaps) for p in (espeak(t), np.zeros(gap))])
+    audio += 0.003 * np.random.default_rng(0).standard_normal(len(audio))
+    data = (np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes()
+    repo = linked_repository(tmp_path / "models")
+    model = copy_model(repo, "voice-assistant")
+    parameter = 'parameters { key: "endpoint_ms" value { string_value: "600" } }\n'
+    (model / "config.pbtxt").write_text((model / "config.pbtxt").read_text() + parameter)
+    slow = make_daemon(repo, config='[models]\nload = ["voice-assistant"]\n').start()
+    ends = []
+    for edged in (daemon, slow):
+        chunks = (data[i : i + 2 * CHUNK] for i in range(0, len(data), 2 * CHUNK))
+        events = list(edged.client.listen(chunks, model="voice-assistant"))
+        outputs = [{o["name"]: o["data"] for o in e["outputs"]} for e in events[:-1]]
+        assert [(o["event"][0], o["text"][0]) for o in outputs] == [  # (the same on each)
+            ("wake", "hey jetson"),
+            ("command", "scan this receipt"),
+        ]
+        ends.append(outputs[1]["times"][1])
+    assert ends[1] - ends[0] == pytest.approx(0.4, abs=0.1), ends
+
+
 def test_audio_far_faster_than_real_time_is_served_and_others_are_too(daemon: Daemon) -> None:
     """A minute of audio pushed as fast as the socket takes it (hundreds of times real time)
     to wake-word over REST, while other callers ask for intents: the stream is decoded to its

@@ -58,6 +58,8 @@ def test_a_word_not_in_the_dictionary_is_refused_when_the_model_loads(
         ("wake-word", "max_sequences", "100000", "max_sequences must be between 1 and 64"),
         ("wake-word", "kws_delay", "0", "kws_delay must be between 1 and 100"),
         ("voice-assistant", "command_seconds", "86400", "command_seconds must be between 1 and"),
+        ("voice-assistant", "endpoint_ms", "100", "endpoint_ms must be between 180 and 1000"),
+        ("voice-assistant", "endpoint_ms", "0.3", "endpoint_ms must be between 180 and 1000"),
         ("transcribe", "max_decoders", "1000000", "max_decoders must be between 1 and 16"),
     ],
 )
