@@ -36,6 +36,7 @@ PACKAGES = ("mlserver==1.7.1", "onnxruntime==1.32.0", "numpy", "pocketsphinx==5.
 STAMP = ".peer-installed"
 
 RUNTIME = """\
+import asyncio
 import json
 import os
 import time
@@ -59,16 +60,21 @@ class OnnxPeerModel(MLModel):
         self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self._names = [o.name for o in self._session.get_outputs()]
         self._journal = extra.get("journal")  # a line per request seen: {id, model, head}
-        self._faults = extra.get("faults")  # {"fail_every": N, "status": 500}: one call in N fails
+        # {"fail_every": N, "status": 500, "delay_s": 0, "models": [...]}: one call in N fails,
+        # every call waits delay_s first; "models": only these (default: every model)
+        self._faults = extra.get("faults")
         self._calls = 0
         return True
 
-    def _fault(self) -> None:
-        self._calls += 1
+    async def _fault(self) -> None:
         if not self._faults or not os.path.exists(self._faults):
             return
         with open(self._faults) as f:
             faults = json.load(f)
+        if self.name not in faults.get("models", [self.name]):
+            return
+        self._calls += 1
+        await asyncio.sleep(faults.get("delay_s", 0))
         every = faults.get("fail_every", 0)
         if every and self._calls % every == 0:
             raise MLServerError("injected fault", status_code=faults.get("status", 500))
@@ -81,7 +87,7 @@ class OnnxPeerModel(MLModel):
                     "t": time.time()}
             with open(self._journal, "a") as f:
                 f.write(json.dumps(line) + "\\n")
-        self._fault()
+        await self._fault()
         names = [o.name for o in payload.outputs] if payload.outputs else self._names
         results = self._session.run(names, feeds)
         outputs = [NumpyCodec.encode_output(n, np.asarray(r)) for n, r in zip(names, results)]
@@ -271,7 +277,8 @@ def start_peer(
     ``more_models``: other ONNX files to serve, by name. ``journal``: a file where the server
     writes a line per request it sees (the tests check there what reached the cloud);
     ``faults``: a JSON file read at each call, ``{"fail_every": N, "status": 503}`` fails one call
-    in N with that status (500 by default). ``answer_model``: also serve the extractive
+    in N with that status (500 by default); ``"delay_s"`` delays every call, ``"models"`` limits
+    the faults to those models. ``answer_model``: also serve the extractive
     question-answering model (``ANSWER_RUNTIME``) under that name; ``speech_model``: the
     open-vocabulary recogniser (``SPEECH_RUNTIME``).
     """

@@ -82,6 +82,8 @@ class Admin:
         self.drained: dict[str, Any] | None = None
         self.history: dict[str, list[int]] = {}  # per model, the versions activated, oldest first
         self.splits: dict[str, dict[str, Any]] = {}  # cloud A/B set here: model -> b and share
+        if router.cloud is not None:  # an A/B test's decision is kept as the operator's would be
+            router.cloud.on_decided = self._decided
         self._restore()
 
     # ---- what is kept --------------------------------------------------------------------
@@ -355,14 +357,22 @@ class Admin:
             raise InvalidRequest("'b_share' must be a share of calls, 0 to 1")
         if share and (not isinstance(b_name, str) or not 0 < len(b_name) <= 128):
             raise InvalidRequest("'b_cloud_name' must name the cloud model of arm b")
-        splits = {k: v for k, v in self.splits.items() if k != model}
-        if share:
-            splits[model] = {"b_cloud_name": b_name, "b_share": float(share)}
+        # kept even at share 0: the operator's "off" (or a test's) overrides the config file's
+        splits = {**self.splits, model: {"b_cloud_name": b_name, "b_share": float(share)}}
         if persist:
             self._save(cloud_ab=splits)
         cloud.set_split(model, b_name, float(share))
         self.splits = splits
         return {"model": model, "ab": cloud.state()["ab"].get(model)}
+
+    def _decided(self, model: str, b_cloud_name: str | None, share: float) -> None:
+        """An A/B test promoted its winner: in force now, and kept like a PUT of the split."""
+        try:
+            self._split(model, {"b_cloud_name": b_cloud_name, "b_share": share}, persist=True)
+        except EdgedError as exc:  # e.g. a full disk: in force until a restart
+            log.error("admin: the cloud A/B decision of %s is not kept: %s", model, exc.message)
+            assert self.router.cloud is not None
+            self.router.cloud.set_split(model, b_cloud_name, share)
 
     def set_split(self, model: str, doc: Any) -> dict[str, Any]:
         """PUT /v1/admin/cloud/{m}/ab {"b_cloud_name", "b_share"} (share 0: arm a only)."""

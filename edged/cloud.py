@@ -43,6 +43,7 @@ from edged.common.backoff import backoff_delay
 from edged.config import CloudConfig
 from edged.errors import ConfigError
 from edged.link import LinkMonitor
+from edged.routing.abtest import ABTest
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +179,14 @@ class CloudEndpoint(Background):
         self.binary = True if self.grpc else config.binary_data
         self.catalog: dict[str, CatalogEntry] = {}
         # A/B: local name -> (the b version's cloud name, the share of calls it gets)
-        self.splits: dict[str, tuple[str, float]] = {
-            m.name: (m.b_cloud_name, m.b_share) for m in config.models if m.b_cloud_name
-        }
+        self.splits: dict[str, tuple[str, float]] = {}
+        self.tests: dict[str, ABTest] = {}  # model -> its A/B test, while it runs
+        self.decisions: dict[str, ABTest] = {}  # model -> its last decided test (the status)
+        # where a decision is kept (the admin state): model, arm b's name, its new share
+        self.on_decided: Callable[[str, str | None, float], None] | None = None
+        for m in config.models:
+            if m.b_cloud_name:
+                self.set_split(m.name, m.b_cloud_name, m.b_share)
         self.rng = random.Random()
         self.breaker = CircuitBreaker(
             error_rate=config.breaker_error_rate,
@@ -327,11 +333,22 @@ class CloudEndpoint(Background):
     # ---- calls -----------------------------------------------------------------------------
 
     def set_split(self, model: str, b_cloud_name: str | None, share: float) -> None:
-        """A/B: ``share`` of ``model``'s cloud calls go to ``b_cloud_name`` (0 or None: none)."""
+        """A/B: ``share`` of ``model``'s cloud calls go to ``b_cloud_name`` (0 or None: none).
+        A split between two arms (0 < share < 1) with a new arm b starts a new test."""
         if b_cloud_name and share > 0:
             self.splits[model] = (b_cloud_name, share)
         else:
             self.splits.pop(model, None)
+        self.tests.pop(model, None)
+        if b_cloud_name and 0 < share < 1:  # two arms: a test, from the first call on
+            config = self.config
+            self.tests[model] = ABTest(
+                b_cloud_name,
+                min_calls=config.ab_min_calls,
+                confidence=config.ab_confidence,
+                max_calls=config.ab_max_calls,
+                latency_s=config.ab_latency_ms / 1000 or None,
+            )
 
     def arm(self, model: str) -> tuple[str, str]:
         """Which version a call of ``model`` goes to: ("a" or "b", its name on the server)."""
@@ -397,6 +414,7 @@ class CloudEndpoint(Background):
             kind = "application/octet-stream" if binary else JSON
             transport = {"headers": {**self.headers, "Content-Type": kind}}
         started = time.perf_counter()
+        timed_out = False
         try:
             result = await asyncio.wait_for(
                 self.client.infer(
@@ -410,6 +428,7 @@ class CloudEndpoint(Background):
                 timeout,
             )
         except asyncio.TimeoutError:
+            timed_out = True
             meaningful = self.link.silence_is_failure(timeout)
             error = CloudError(
                 f"the cloud did not answer within {timeout * 1000:.0f} ms",
@@ -437,6 +456,7 @@ class CloudEndpoint(Background):
             elapsed = time.perf_counter() - started
             self.breaker.record(True)
             self._scaled(self.scale.record(True))
+            self._tested(model, cloud_name, True, elapsed)
             self.link.observe(elapsed, payload, rtt=False)
             response = result.get_response()
             if self.grpc:
@@ -446,9 +466,34 @@ class CloudEndpoint(Background):
             return {n: _as_bytes(result.as_numpy(n)) for n in names}
         self.breaker.record(not error.endpoint_fault)
         self._scaled(self.scale.record(not error.endpoint_fault))
+        if error.endpoint_fault or timed_out:  # not the request's own faults (a 4xx)
+            self._tested(model, cloud_name, False, time.perf_counter() - started)
         if error.link_fault:
             self.link.observe(None)
         raise error
+
+    def _tested(self, model: str, cloud_name: str | None, ok: bool, seconds: float) -> None:
+        """One call of an A/B test's model; a decision promotes its winner (all calls)."""
+        test = self.tests.get(model)
+        if test is None:
+            return
+        decided = test.record("b" if cloud_name == test.b_name else "a", ok, seconds)
+        if decided is None:
+            return
+        self.tests.pop(model)
+        self.decisions[model] = test
+        share = 1.0 if decided == "b" else 0.0
+        if decided == "b":
+            verdict = f"arm b ({test.b_name}) is better: it gets every call"
+        elif decided == "a":
+            verdict = f"arm a is better: arm b ({test.b_name}) gets no more calls"
+        else:
+            verdict = f"no difference after {test.max_calls} calls: arm a stays, b gets none"
+        log.warning("cloud A/B of %s decided: %s (%s)", model, verdict, test.summary())
+        if self.on_decided is not None:
+            self.on_decided(model, test.b_name, share)
+        else:
+            self.set_split(model, test.b_name, share)
 
     async def _watch_scale(self) -> None:
         """Lower the scale-out signal once the window has no calls or enough good ones, even
@@ -490,6 +535,7 @@ class CloudEndpoint(Background):
             "scale_out": self._scale_state(),
             "catalog": sorted(self.catalog),
             "ab": {m: {"b_cloud_name": b, "b_share": s} for m, (b, s) in self.splits.items()},
+            "ab_tests": {m: t.as_dict() for m, t in {**self.decisions, **self.tests}.items()},
         }
 
     def _scale_state(self) -> dict[str, Any]:

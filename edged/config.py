@@ -378,6 +378,18 @@ class CloudConfig(Section):
     )
     breaker_window_s: float = Field(10.0, gt=0, description="window the error rate is over")
     breaker_min_calls: int = Field(20, gt=0, description="calls in the window before it opens")
+    ab_min_calls: int = Field(
+        100, ge=1, description="A/B: calls of each arm before the test may decide"
+    )
+    ab_confidence: float = Field(
+        0.95, gt=0.5, lt=1, description="A/B: P(b better), or P(a better), that decides"
+    )
+    ab_max_calls: int = Field(
+        5000, ge=2, description="A/B: calls in all after which an undecided test keeps arm a"
+    )
+    ab_latency_ms: float = Field(
+        0.0, ge=0, description="A/B: a call slower than this is not a good one (0: any in time)"
+    )
     scale_out_error_rate: float = Field(
         0.05,
         gt=0,

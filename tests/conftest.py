@@ -204,9 +204,15 @@ class Cloud:
             return []
         return [json.loads(line) for line in self.journal.read_text().splitlines() if line]
 
-    def fail_every(self, n: int, status: int = 500) -> None:
-        """The server fails one call in ``n`` (0: none) with ``status``."""
-        self.faults.write_text(json.dumps({"fail_every": n, "status": status}))
+    def fail_every(
+        self, n: int, status: int = 500, delay_s: float = 0.0, models: list[str] | None = None
+    ) -> None:
+        """The server fails one call in ``n`` (0: none) with ``status``, each after ``delay_s``;
+        ``models``: only calls of these (default: all)."""
+        faults: dict[str, Any] = {"fail_every": n, "status": status, "delay_s": delay_s}
+        if models is not None:
+            faults["models"] = models
+        self.faults.write_text(json.dumps(faults))
 
 
 @pytest.fixture(scope="session")

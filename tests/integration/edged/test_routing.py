@@ -457,6 +457,49 @@ def test_a_cloud_ab_split_sends_a_share_to_arm_b_with_metrics_per_arm(
     assert refused.value.status == 400 and "b_share" in refused.value.message
 
 
+@pytest.mark.parametrize("worse", ["b", "a"])
+def test_an_ab_test_stops_a_worse_arm_b_and_promotes_a_better_one(
+    make_daemon: type[Daemon], faults_cleared: Cloud, worse: str
+) -> None:
+    """Half the calls to each arm; the worse one (the real server fails one of its calls in 3
+    with 503, and answers it 50 ms later) loses within 400 calls, at least 30 per arm: arm b
+    stopped (all calls to a) or promoted (all to b), with an event naming the evidence, the
+    status, and the decision kept across a restart."""
+    cloud = faults_cleared
+    split = (f"ab_min_calls = 30\nbreaker_min_calls = 100000\n[[cloud.models]]\n"
+             f'name = "{MODEL}"\nb_cloud_name = "{MODEL_B}"\nb_share = 0.5\n')  # fmt: skip
+    daemon = edged_with_cloud(make_daemon, cloud, extra=split)
+    client = daemon.client
+    cloud.fail_every(3, status=503, delay_s=0.05, models=[MODEL_B if worse == "b" else MODEL])
+    calls, first = 0, 9000 if worse == "b" else 10000  # ids of its own: the journal is shared
+    while calls < 400:
+        ask(client, first + calls, route="cloud")
+        calls += 1
+        if calls % 10 == 0 and cloud_state(client)["ab_tests"][MODEL]["decided"]:
+            break
+    test = cloud_state(client)["ab_tests"][MODEL]
+    better = "a" if worse == "b" else "b"
+    assert test["decided"] == better, (calls, test)
+    assert min(test["a"]["calls"], test["b"]["calls"]) >= 30
+    assert test["p_b_better"] >= 0.95 if better == "b" else test["p_b_better"] <= 0.05
+    said = [e["message"] for e in client.events()["events"] if "A/B" in e["message"]]
+    verdict = {"a": f"arm a is better: arm b ({MODEL_B}) gets no more calls",
+               "b": f"arm b ({MODEL_B}) is better: it gets every call"}[better]  # fmt: skip
+    assert said[-1].startswith(f"cloud A/B of {MODEL} decided: {verdict} (good calls: a ")
+    cloud.fail_every(0)
+    after = [ask(client, first + 500 + i, route="cloud") for i in range(10)]
+    ids = {f"req-{first + 500 + i}" for i in range(10)}
+    arms = {s["model"] for s in cloud.seen() if s["id"] in ids}
+    assert all(a["route"] == "cloud" for a in after)
+    assert arms == {MODEL if better == "a" else MODEL_B}
+    assert daemon.stop() == 0
+    daemon.start()  # the decision is kept (as a split set by command is)
+    wait_for(lambda: MODEL in cloud_state(daemon.client)["catalog"], 10, "the catalog")
+    ab = cloud_state(daemon.client)["ab"].get(MODEL)
+    assert ab == (None if better == "a" else {"b_cloud_name": MODEL_B, "b_share": 1.0})
+    assert MODEL not in cloud_state(daemon.client)["ab_tests"]  # nothing left to test
+
+
 def test_a_decoupled_model_is_not_sent_to_the_cloud(
     make_daemon: type[Daemon], faults_cleared: Cloud
 ) -> None:

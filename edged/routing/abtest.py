@@ -1,0 +1,120 @@
+"""A/B tests of a cloud model that decide by themselves: which arm gives more good calls.
+
+A call is *good* when the cloud answered it (no timeout, no 5xx, no broken connection: the
+failures the breaker counts) within ``latency_s`` when one is set. Each arm's share of good
+calls has a Beta posterior (a uniform prior, Beta(1, 1)); after every call the test computes
+P(b's share > a's) exactly (Miller's sum over Beta functions, no sampling: the same counts give
+the same answer). The stopping rule, fixed before the first call:
+
+- no decision before each arm has ``min_calls`` calls; from then on the test looks again each
+  time the calls in all have grown by 5% (at most about 90 looks up to ``max_calls``, each a
+  sum of a few thousand terms at most);
+- then b wins when P(b better) >= ``confidence``, a wins when P(b better) <= 1 - ``confidence``;
+- after ``max_calls`` calls in all without either, the test ends undecided and arm a stays (b
+  could not show it is better).
+
+Checking after every call makes a false winner more likely than ``1 - confidence`` (the
+peeking problem); ``min_calls`` bounds it, and the decision's record carries the counts so an
+operator can judge it. A decision is final: the test stops counting, and a new split (the
+operator's) starts a new test.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Arm:
+    calls: int = 0
+    good: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "good": self.good}
+
+
+def _log_beta(x: float, y: float) -> float:
+    return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
+
+
+def _greater(a: Arm, b: Arm) -> float:
+    """P(p_b > p_a), summing over b's good calls."""
+    alpha_a, beta_a = 1 + a.good, 1 + a.calls - a.good
+    alpha_b, beta_b = 1 + b.good, 1 + b.calls - b.good
+    base = _log_beta(alpha_a, beta_a)
+    return sum(
+        math.exp(
+            _log_beta(alpha_a + i, beta_a + beta_b)
+            - math.log(beta_b + i)
+            - _log_beta(1 + i, beta_b)
+            - base
+        )
+        for i in range(alpha_b)
+    )
+
+
+def p_b_better(a: Arm, b: Arm) -> float:
+    """P(p_b > p_a) for p_x ~ Beta(1 + good, 1 + bad), exactly (the sum runs over the arm
+    with fewer good calls: P(b > a) = 1 - P(a > b))."""
+    p = _greater(a, b) if b.good <= a.good else 1 - _greater(b, a)
+    return min(1.0, max(0.0, p))
+
+
+@dataclass
+class ABTest:
+    """One model's test between its arms a and b (see the module's doc)."""
+
+    b_name: str
+    min_calls: int = 100
+    confidence: float = 0.95
+    max_calls: int = 5000
+    latency_s: float | None = None
+    arms: dict[str, Arm] = field(default_factory=lambda: {"a": Arm(), "b": Arm()})
+    decided: str | None = None  # "a", "b", or "none" (undecided after max_calls)
+    p_b: float = 0.5
+    checked_at: int = 0  # calls in all at the last check
+
+    def record(self, arm: str, ok: bool, seconds: float) -> str | None:
+        """One call's outcome; the decision when this call made it, else None."""
+        if self.decided is not None or arm not in self.arms:
+            return None
+        good = ok and (self.latency_s is None or seconds <= self.latency_s)
+        self.arms[arm].calls += 1
+        self.arms[arm].good += good
+        a, b = self.arms["a"], self.arms["b"]
+        calls = a.calls + b.calls
+        if min(a.calls, b.calls) < self.min_calls or calls < self.checked_at * 1.05:
+            return None  # checked when 5% more calls came in: bounded work, fewer peeks
+        self.checked_at = calls
+        self.p_b = p_b_better(a, b)
+        if self.p_b >= self.confidence:
+            self.decided = "b"
+        elif self.p_b <= 1 - self.confidence:
+            self.decided = "a"
+        elif a.calls + b.calls >= self.max_calls:
+            self.decided = "none"
+        return self.decided
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.arms["a"].as_dict(),
+            "b": self.arms["b"].as_dict(),
+            "p_b_better": round(self.p_b, 4),
+            "decided": self.decided,
+            "rule": {
+                "min_calls": self.min_calls,
+                "confidence": self.confidence,
+                "max_calls": self.max_calls,
+                "latency_s": self.latency_s,
+            },
+        }
+
+    def summary(self) -> str:
+        """The evidence, in a line."""
+        a, b = self.arms["a"], self.arms["b"]
+        return (
+            f"good calls: a {a.good} of {a.calls}, b {b.good} of {b.calls};"
+            f" P(b better) = {self.p_b:.4f}"
+        )
