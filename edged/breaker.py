@@ -164,11 +164,6 @@ class ScaleOut:
             self.buckets.popleft()
         return sum(b[1] for b in self.buckets), sum(b[2] for b in self.buckets)
 
-    def ratio(self) -> float | None:
-        """The failed share in the window (None: no call in it)."""
-        calls, failures = self.counts()
-        return failures / calls if calls else None
-
     def check(self) -> bool | None:
         """Re-evaluate as of now; the new state when it changed, else None."""
         calls, failures = self.counts()
