@@ -127,12 +127,16 @@ class Daemon:
             memory_free=lambda: self.load.latest.memory_available,
             before_load=self.power.busy if self.power is not None else None,
         )
-        self.cloud = (
-            CloudEndpoint(config.cloud, lambda: list(self.manager.entries))
-            if config.cloud.url
-            else None
+
+        def local_names() -> list[str]:
+            return list(self.manager.entries)
+
+        tiers = (config.cloud, *config.cloud.tiers) if config.cloud.url else ()
+        clouds = [CloudEndpoint(tier, local_names) for tier in tiers]
+        self.cloud = clouds[0] if clouds else None  # the first tier: A/B, metrics, status
+        self.router = Router(
+            self.manager, config.routing, self.cloud, self.load, self.metrics, clouds[1:]
         )
-        self.router = Router(self.manager, config.routing, self.cloud, self.load, self.metrics)
         self.plane = DataPlane(self.manager, self.router, self.load, self.events,
                                config.server.shm_regions)  # fmt: skip
         self.admin = Admin(
@@ -425,9 +429,9 @@ class Daemon:
             raise
         self.load.start()
         self.router.load_state(self.learner_state)
-        if self.cloud is not None:
-            self.cloud.start()
-            log.info("cloud tier: %s", self.cloud.url)
+        for tier in self.router.clouds:
+            tier.start()
+            log.info("cloud tier %s: %s", tier.name, tier.url)
         interval = systemd.watchdog_interval()
         watchdog = loop.create_task(self._watchdog(interval), name="watchdog") if interval else None
         keeper = loop.create_task(self._keep_learner(), name="learner-state")
@@ -536,8 +540,8 @@ class Daemon:
         await release("the knowledge store", self.knowledge.close())
         if self.chat is not None:
             await release("the chat model", self.chat.close())
-        if self.cloud is not None:
-            await release("the cloud tier", self.cloud.stop())
+        for tier in self.router.clouds:
+            await release(f"the cloud tier {tier.name}", tier.stop())
         if self.power is not None:
             await release("the power mode", self.power.busy())  # the power mode edged found
         await release("the models", self.manager.close())

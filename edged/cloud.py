@@ -69,7 +69,9 @@ class CloudError(Exception):
     """A cloud call that did not give an answer.
 
     ``endpoint_fault``: the endpoint failed (counts against its breaker); ``link_fault``: the
-    network failed (counts against the link); ``retryable``: the same call may succeed later.
+    network failed (counts against the link); ``retryable``: the same call may succeed later;
+    ``refused``: the endpoint would not take it now (its circuit open) or did not answer in the
+    time it had: another tier may.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class CloudError(Exception):
         endpoint_fault: bool = True,
         link_fault: bool = False,
         retryable: bool = False,
+        refused: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -87,6 +90,12 @@ class CloudError(Exception):
         self.endpoint_fault = endpoint_fault
         self.link_fault = link_fault
         self.retryable = retryable
+        self.refused = refused
+
+    @property
+    def tier_fault(self) -> bool:
+        """The tier's doing, not the request's: the next tier may answer."""
+        return self.endpoint_fault or self.link_fault or self.refused
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,7 @@ class CloudEndpoint(Background):
         """``local_names``: the models of the local repository, to look for in the cloud when
         it does not serve its repository index."""
         self.config = config
+        self.name = config.name
         self.local_names = local_names
         parts = urlsplit(config.url)  # checked by the config
         self.grpc = parts.scheme.startswith("grpc")
@@ -382,11 +392,13 @@ class CloudEndpoint(Background):
         server (as the OIP ``timeout`` parameter). ``cloud_name``: the version to call (an A/B
         arm; default the catalog's)."""
         if self.client is None:
-            raise CloudError("the cloud client is not started", link_fault=False)
+            raise CloudError("the cloud client is not started", refused=True, endpoint_fault=False)
         if timeout <= 0:
             raise CloudError("no time left for the cloud", endpoint_fault=False)
         if not self.breaker.allow():
-            raise CloudError(f"the circuit to {self.url} is open", endpoint_fault=False)
+            raise CloudError(
+                f"the circuit to {self.url} is open", endpoint_fault=False, refused=True
+            )
         entry = self.catalog.get(model)
         binary = bool(self.binary)
         module = self.module
@@ -435,6 +447,7 @@ class CloudEndpoint(Background):
                 endpoint_fault=meaningful,
                 link_fault=meaningful,
                 retryable=meaningful,
+                refused=True,
             )
         except InferenceServerException as exc:
             code = str(exc.status() or "")
@@ -525,7 +538,9 @@ class CloudEndpoint(Background):
 
     def state(self) -> dict[str, Any]:
         return {
+            "name": self.name,
             "url": self.url,
+            "cost": self.config.cost,
             "link": self.link.state().as_dict(),
             "breaker": self.breaker.current().value,
             "breaker_cooldown_s": self.breaker.cooldown,

@@ -343,6 +343,23 @@ class CloudConfig(Section):
         description="OIP REST base URL with the gateway's path prefix, e.g."
         " https://gw.example.com/api/v1, or OIP gRPC grpcs://host:port (empty: no cloud tier)",
     )
+    name: str = Field(
+        "cloud",
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$",
+        description="the tier's name, in routes' reasons and the status (several tiers)",
+    )
+    cost: float = Field(
+        0.0,
+        ge=0,
+        description="cost of one call on this tier, in the operator's unit (added to a"
+        " [[cloud.models]] entry's own)",
+    )
+    tiers: list[CloudConfig] = Field(
+        default_factory=list,
+        description="more cloud tiers, [[cloud.tiers]] with these keys (e.g. a cheaper"
+        " interruptible one): work that can wait goes to the cheapest tier that can take it,"
+        " urgent work to the fastest, and a failing tier's calls to the next",
+    )
     auth_header: str = Field(
         "Authorization", description="header (gRPC: metadata key) that carries the token"
     )
@@ -423,6 +440,22 @@ class CloudConfig(Section):
     @model_validator(mode="after")
     def _token_in_tls(self) -> CloudConfig:
         check_token_transport(self.url, self.token_file, "url")
+        return self
+
+    @model_validator(mode="after")
+    def _tiers(self) -> CloudConfig:
+        if not self.tiers:
+            return self
+        if not self.url:
+            raise ValueError("tiers: the first tier is [cloud] itself, which needs its url")
+        names = [self.name] + [t.name for t in self.tiers]
+        if len(set(names)) < len(names):
+            raise ValueError(f"tiers: each tier needs a name of its own (names: {names})")
+        for tier in self.tiers:
+            if tier.tiers:
+                raise ValueError(f"tiers: tier '{tier.name}' cannot have tiers of its own")
+            if not tier.url:
+                raise ValueError(f"tiers: tier '{tier.name}' needs a url")
         return self
 
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import pathlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.privacy import Privacy
 from edged.protocol.tensors import payload_bytes
-from edged.request import RouteContext, current_route, set_route
+from edged.request import RouteContext, current_qos, current_route, set_route
 from edged.routing import Decision, Estimates, Path, RouteRequest, decide
 from edged.routing.learned import Learner
 from edged.runtimes.base import Tensors
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 CLOUD_VERSION = "cloud"  # the model_version of an answer the cloud gave
 NO_CLOUD = Path(False, "no cloud tier is configured")
 MIN_LOCAL_RESERVE_S = 0.02  # time kept for a local fallback when the local path is unmeasured
+FLEXIBLE_S = 1.0  # a request with this long left can wait: the cheapest cloud tier takes it
 
 
 def confidence(array: np.ndarray) -> float:
@@ -88,12 +90,15 @@ class Router:
         cloud: CloudEndpoint | None,
         monitor: LoadMonitor | None,
         metrics: Metrics,
+        tiers: Sequence[CloudEndpoint] = (),
     ) -> None:
+        """``cloud``: the first cloud tier ([cloud]); ``tiers``: more ([[cloud.tiers]])."""
         self.manager = manager
         self.config = config
         self.policy = config.to_policy()
         self.privacy = Privacy(manager, config.private_models)
         self.cloud = cloud
+        self.clouds: list[CloudEndpoint] = [cloud, *tiers] if cloud is not None else []
         self.monitor = monitor
         self.metrics = metrics
         self.estimates = Estimates()
@@ -189,24 +194,52 @@ class Router:
         return Path(True, "", predicted, 0.0, deviation), mv.config, None
 
     def _cloud_path(
-        self, name: str, version: int | None, payload: int, config: ModelConfig | None
-    ) -> Path:
-        if self.cloud is None:
-            return NO_CLOUD
+        self,
+        name: str,
+        version: int | None,
+        payload: int,
+        config: ModelConfig | None,
+        flexible: bool = False,
+    ) -> tuple[Path, list[CloudEndpoint]]:
+        """The cloud as the decision sees it, and the tiers to try in order: of those that
+        can take the call now, work that can wait (``flexible``) prefers the cheapest, urgent
+        work the fastest (its estimate, else the link's RTT); the path is the first one's."""
+        if not self.clouds:
+            return NO_CLOUD, []
         if config is not None and config.decoupled:
-            return Path(False, "a decoupled model streams its responses from the device only")
+            why = "a decoupled model streams its responses from the device only"
+            return Path(False, why), []
         if version is not None:
-            return Path(False, f"version {version} was asked for, and only the device has it")
-        why = self.cloud.unavailable(name)
-        if why:
-            return Path(False, why)
-        link = self.cloud.link
-        entry = self.cloud.catalog[name]
-        found = self.estimates.forecast(
-            name, "cloud", None, payload, rtt=link.rtt, bandwidth=link.bandwidth
-        )
-        predicted, deviation = found or (None, None)
-        return Path(True, "", predicted, entry.cost, deviation)
+            why = f"version {version} was asked for, and only the device has it"
+            return Path(False, why), []
+        options: list[tuple[CloudEndpoint, Path]] = []
+        refused = []
+        for tier in self.clouds:
+            why = tier.unavailable(name)
+            if why:
+                refused.append(why if len(self.clouds) == 1 else f"tier {tier.name}: {why}")
+                continue
+            link = tier.link
+            found = self.estimates.forecast(
+                name, self._key(tier), None, payload, rtt=link.rtt, bandwidth=link.bandwidth
+            )
+            predicted, deviation = found or (None, None)
+            cost = tier.catalog[name].cost + tier.config.cost
+            options.append((tier, Path(True, "", predicted, cost, deviation)))
+        if not options:
+            return Path(False, "; ".join(refused)), []
+
+        def speed(option: tuple[CloudEndpoint, Path]) -> float:
+            tier, path = option
+            seconds = path.predicted_s if path.predicted_s is not None else tier.link.rtt
+            return math.inf if seconds is None else seconds
+
+        options.sort(key=lambda o: (o[1].cost, speed(o)) if flexible else (speed(o), o[1].cost))
+        return options[0][1], [tier for tier, _ in options]
+
+    def _key(self, tier: CloudEndpoint) -> str:
+        """The path a tier's latency is learned under: the first tier's is "cloud"."""
+        return "cloud" if tier is self.cloud else f"cloud:{tier.name}"
 
     # ---- the capability registry -----------------------------------------------------------
 
@@ -245,7 +278,8 @@ class Router:
         return row, task
 
     def _catalog(self) -> Mapping[str, Any]:
-        return self.cloud.catalog if self.cloud is not None else {}
+        """What some cloud tier serves (the first tier's entry where several do)."""
+        return {k: v for tier in reversed(self.clouds) for k, v in tier.catalog.items()}
 
     def capabilities(self) -> list[dict[str, Any]]:
         """For each task type: which models serve it on which tier, now (``tiers``)."""
@@ -273,7 +307,11 @@ class Router:
             set_route(ctx)
         payload = payload_bytes(inputs)
         local, config, local_error = self._local_path(name, version, payload, ctx.internal)
-        cloud = self._cloud_path(name, version, payload, config)
+        left = ctx.deadline - time.monotonic()
+        # work that can wait prefers the cheapest cloud tier: a lower priority level than the
+        # first, or a deadline of a second or more
+        flexible = current_qos().priority > 1 or left >= FLEXIBLE_S
+        cloud, tiers = self._cloud_path(name, version, payload, config, flexible)
         if not cloud.available and local_error is not None:
             if isinstance(local_error, NotFound) and name in self._catalog():
                 raise Unavailable(  # a cloud-only model while the cloud is down: not a 404
@@ -285,7 +323,6 @@ class Router:
         if why_private:  # the request's data reached a private model: private from here on
             ctx.make_private(why_private)
         private = ctx.private
-        left = ctx.deadline - time.monotonic()
         request = RouteRequest(
             model=name,
             task_type=config.parameters.get("task_type") if config else None,
@@ -313,6 +350,8 @@ class Router:
         }
         ctx.decisions.append(record)
         call = Call(name, version, inputs, parameters or {}, config, ctx, private, payload, record)
+        call.tiers = tiers
+        call.flexible = flexible
         # reset below: a pipeline's step must not leave its model and route on the pipeline's logs
         token = logs.set_fields(model=name, route=decision.route, reason=reason)
         started = time.perf_counter()
@@ -381,27 +420,50 @@ class Router:
         return str(served), out
 
     async def _cloud(self, call: Call, reserve: float) -> tuple[str, Tensors]:
-        """Call the cloud within the deadline (less ``reserve``, kept for a local fallback);
-        with no fallback, retry what may succeed later while time is left."""
-        assert self.cloud is not None
+        """Call the cloud within the deadline (less ``reserve``, kept for a local fallback):
+        the call's tiers in order, the next one when a tier fails (its fault, not the
+        request's) while time is left."""
         if call.private or call.ctx.private:  # the last gate before the network
             raise CloudError("a private input never leaves the device", endpoint_fault=False)
         if call.config is not None:
             call.config.check_inputs(call.inputs)  # bad input never travels (InvalidRequest)
+        if not call.tiers:
+            raise CloudError("no cloud tier can take it now", endpoint_fault=False)
+        for tier in call.tiers:
+            last = tier is call.tiers[-1]
+            if len(self.clouds) > 1:
+                call.record["tier"] = tier.name
+                how = "cheapest" if call.flexible else "fastest"
+                call.record["reason"] += f"; tier {tier.name} (the {how} that can take it)"
+            # a tier with another after it gets half the time left at most (and no retries): a
+            # silent one (an interrupted spot instance) leaves the next its time
+            keep = reserve if last else max(reserve, (call.ctx.deadline - time.monotonic()) / 2)
+            try:
+                return await self._on_tier(call, tier, keep)
+            except CloudError as exc:
+                if last or not exc.tier_fault or time.monotonic() >= call.ctx.deadline:
+                    raise
+                call.record["reason"] += f"; tier {tier.name} failed ({exc.message})"
+        raise AssertionError("unreachable: the last tier raises or returns")
+
+    async def _on_tier(
+        self, call: Call, tier: CloudEndpoint, reserve: float
+    ) -> tuple[str, Tensors]:
+        """One tier; with no fallback, retry what may succeed later while time is left."""
         wanted = [o.name for o in call.config.outputs] if call.config else []
         deadline = call.ctx.deadline
         attempt = 0
-        arm, target = self.cloud.arm(call.name)
+        arm, target = tier.arm(call.name)
         call.record["cloud_model"] = target
         if arm == "b":
             call.record["reason"] += f"; A/B: arm b ({target})"
         while True:
-            rtt = self.cloud.link.rtt
+            rtt = tier.link.rtt
             started = time.perf_counter()
             budget = deadline - time.monotonic() - reserve
             call.ran["cloud"] = None
             try:
-                out = await self.cloud.infer(
+                out = await tier.infer(
                     call.name,
                     call.inputs,
                     wanted,
@@ -413,11 +475,11 @@ class Router:
             except CloudError as exc:
                 self.metrics.cloud_call(call.name, target, time.perf_counter() - started, False)
                 attempt += 1
-                pause = self.cloud.backoff(attempt)
+                pause = tier.backoff(attempt)
                 if (
                     reserve > 0
                     or not exc.retryable
-                    or attempt > self.cloud.config.max_retries
+                    or attempt > tier.config.max_retries
                     or time.monotonic() + pause >= deadline
                 ):
                     raise
@@ -426,7 +488,7 @@ class Router:
             seconds = time.perf_counter() - started
             call.ran["cloud"] = seconds
             self.metrics.cloud_call(call.name, target, seconds, True)
-            self.estimates.observe(call.name, "cloud", seconds, None, call.payload, rtt)
+            self.estimates.observe(call.name, self._key(tier), seconds, None, call.payload, rtt)
             return CLOUD_VERSION, out
 
     async def _escalate(self, call: Call, served: str, outputs: Tensors) -> tuple[str, Tensors]:
@@ -488,6 +550,8 @@ class Call:
     payload: int
     record: dict[str, Any]
     ran: dict[str, float | None] = field(default_factory=dict)  # tier: seconds (None: failed)
+    tiers: list[CloudEndpoint] = field(default_factory=list)  # the cloud tiers to try, in order
+    flexible: bool = False  # the request can wait: the cheapest tier first
 
     def note(self, route: str, what: str) -> None:
         """The route changed on the way (fallback, escalated): say so, and why."""

@@ -207,6 +207,7 @@ class DataPlane:
             "drained": self.router.drained,  # why the local tier takes no new work, or None
             "load": self.monitor.latest.as_dict() if self.monitor else None,
             "cloud": self.router.cloud.state() if self.router.cloud else None,
+            "cloud_tiers": [t.state() for t in self.router.clouds],  # [cloud] first
             "models": self.manager.index(),
         }
 

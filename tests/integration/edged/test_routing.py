@@ -13,7 +13,9 @@ import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,10 +24,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from bench.peer import Peer, ensure_venv, start_peer
 from edged.client import Client, ClientError
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import CLOUD_MODEL_B as MODEL_B
 from tests.conftest import MODELS, Cloud, Daemon, copy_model, linked_repository, wait_for
+from tests.faultproxy import FaultProxy
 from tests.integration.edged.test_scheduling import metric
 from tests.media import wav_bytes
 
@@ -413,6 +417,80 @@ def test_cloud_5xx_opens_the_breaker_then_it_closes_after_recovery(
         assert ask(client, 200 + i)["route"] == "cloud"
     state = cloud_state(client)
     assert state["breaker"] == "closed" and state["breaker_trials"] >= 3, state
+
+
+# ---- cloud tiers -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spot(tmp_path: Path) -> Iterator[tuple[Peer, FaultProxy, Path]]:
+    """A second real OIP server (MLServer, the same model), 20 ms further away behind its own
+    proxy: the cheap, interruptible tier. Stopped by PID at the end (if the test has not)."""
+    journal = tmp_path / "spot.jsonl"
+    onnx = MODELS / MODEL / "1" / "model.onnx"
+    peer = start_peer(ensure_venv(), onnx, MODEL, tmp_path / "spot", journal=journal)
+    proxy = FaultProxy("127.0.0.1", int(peer.http_url.rsplit(":", 1)[1]))
+    proxy.delay(0.02)
+    try:
+        yield peer, proxy, journal
+    finally:
+        proxy.close()
+        peer.stop()
+
+
+def test_work_that_can_wait_goes_to_the_cheap_tier_and_moves_when_it_is_killed(
+    make_daemon: type[Daemon], faults_cleared: Cloud, spot: tuple[Peer, FaultProxy, Path]
+) -> None:
+    """Two real OIP servers as tiers, on-demand (cost 1) and spot (0.3, 20 ms further): work
+    that can wait (priority 2, 3 s left) goes to spot, urgent work (500 ms) to on-demand, the
+    faster; spot SIGKILLed in the middle of 80 calls that can wait: every one is answered by
+    the cloud within its time, those after the kill by on-demand."""
+    cloud, (peer, proxy, journal) = faults_cleared, spot
+    extra = (f'name = "on-demand"\ncost = 1.0\n[[cloud.tiers]]\nname = "spot"\n'
+             f'url = "http://{proxy.address}"\ncost = 0.3\n')  # fmt: skip
+    daemon = edged_with_cloud(make_daemon, cloud, extra=extra)
+    client = daemon.client
+
+    def tier(name: str) -> dict[str, Any]:
+        return next(t for t in client.status()["cloud_tiers"] if t["name"] == name)
+
+    wait_for(lambda: MODEL in tier("spot")["catalog"], 10, "the spot tier's catalog")
+    assert [t["name"] for t in client.status()["cloud_tiers"]] == ["on-demand", "spot"]
+    assert (tier("on-demand")["cost"], tier("spot")["cost"]) == (1.0, 0.3)
+    client.unload(MODEL)  # only the cloud serves: what spot drops must reach on-demand
+    wait = {"priority": 2, "timeout": 3_000_000}
+    low = ask(client, 12000, **wait)
+    assert low["route"] == "cloud" and "tier spot (the cheapest that can take it)" in low["reason"]
+    urgent = ask(client, 12001)
+    assert "tier on-demand (the fastest that can take it)" in urgent["reason"], urgent
+    spot_ids = {json.loads(line)["id"] for line in journal.read_text().splitlines()}
+    assert "req-12000" in spot_ids and "req-12001" not in spot_ids
+
+    killed = threading.Event()
+
+    def one(i: int) -> dict[str, Any]:
+        if i == 30:
+            peer.proc.send_signal(signal.SIGKILL)  # an interruption, in the middle of traffic
+            peer.proc.wait()
+            killed.set()
+        return ask(client, 12100 + i, **wait)
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(one, range(80)))
+    assert killed.is_set()
+    assert all(a["route"] == "cloud" for a in answers), routes(answers)
+    assert all(time.monotonic() - a["sent"] < 60 for a in answers)
+    on_demand = {s["id"] for s in cloud.seen()}
+    spot_ids = {json.loads(line)["id"] for line in journal.read_text().splitlines()}
+    served = [f"req-{12100 + i}" for i in range(80)]
+    assert all(i in on_demand or i in spot_ids for i in served)
+    assert all(i in on_demand for i in served[40:]), "after the kill, on-demand serves"
+    assert any(i in spot_ids for i in served[:30]), "before it, spot did"
+    moved = [a for a in answers if "tier spot failed" in a["reason"]]
+    assert all("; tier on-demand (the cheapest" in a["reason"] for a in moved), moved[:2]
+    wait_for(lambda: not tier("spot")["link"]["up"], 10, "the spot tier's link down")
+    after = ask(client, 12300, **wait)
+    assert "tier on-demand (the cheapest that can take it)" in after["reason"], after
 
 
 # ---- cloud A/B -----------------------------------------------------------------------------

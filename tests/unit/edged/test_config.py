@@ -70,3 +70,24 @@ def test_knowledge_settings_that_cannot_work_are_named() -> None:
     ]:
         with pytest.raises(ConfigError, match=f"knowledge.*{words}"):
             config.parse({"knowledge": section})
+
+
+def test_cloud_tiers_that_cannot_work_are_named() -> None:
+    first = {"url": "http://127.0.0.1:8000", "name": "on-demand"}
+    spot = {"name": "spot", "url": "http://127.0.0.1:8001", "cost": 0.3}
+    parsed = config.parse({"cloud": {**first, "tiers": [spot]}})
+    assert [(t.name, t.url, t.cost) for t in parsed.cloud.tiers] == [
+        ("spot", "http://127.0.0.1:8001", 0.3)
+    ]
+    for section, words in [
+        ({"tiers": [spot]}, "the first tier is \\[cloud\\] itself, which needs its url"),
+        ({**first, "tiers": [{**spot, "name": "on-demand"}]}, "each tier needs a name of its own"),
+        ({**first, "tiers": [{"name": "spot"}]}, "tier 'spot' needs a url"),
+        ({**first, "tiers": [{**spot, "tiers": [{**spot, "name": "x"}]}]}, "cannot have tiers"),
+        ({**first, "tiers": [{**spot, "cost": -1}]}, "tiers.0.cost"),
+        ({**first, "name": "On Demand"}, "name: String should match"),
+        ({**first, "ab_confidence": 1.0}, "ab_confidence"),
+        ({**first, "scale_out_window_s": 0}, "scale_out_window_s"),
+    ]:
+        with pytest.raises(ConfigError, match=f"cloud.*{words}"):
+            config.parse({"cloud": section})
