@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import pathlib
 import time
 from collections.abc import Mapping, Sequence
@@ -43,7 +42,7 @@ from edged.models.repository import ModelManager
 from edged.privacy import Privacy
 from edged.protocol.tensors import payload_bytes
 from edged.request import RouteContext, current_qos, current_route, set_route
-from edged.routing import Decision, Estimates, Path, RouteRequest, decide
+from edged.routing import Decision, Estimates, Path, RouteRequest, decide, tiers
 from edged.routing.learned import Learner
 from edged.runtimes.base import Tensors
 
@@ -52,7 +51,6 @@ log = logging.getLogger(__name__)
 CLOUD_VERSION = "cloud"  # the model_version of an answer the cloud gave
 NO_CLOUD = Path(False, "no cloud tier is configured")
 MIN_LOCAL_RESERVE_S = 0.02  # time kept for a local fallback when the local path is unmeasured
-FLEXIBLE_S = 1.0  # a request with this long left can wait: the cheapest cloud tier takes it
 
 
 def confidence(array: np.ndarray) -> float:
@@ -212,7 +210,7 @@ class Router:
         if version is not None:
             why = f"version {version} was asked for, and only the device has it"
             return Path(False, why), []
-        options: list[tuple[CloudEndpoint, Path]] = []
+        options: list[tiers.Option[tuple[CloudEndpoint, Path]]] = []
         refused = []
         for tier in self.clouds:
             why = tier.unavailable(name)
@@ -224,18 +222,13 @@ class Router:
                 name, self._key(tier), None, payload, rtt=link.rtt, bandwidth=link.bandwidth
             )
             predicted, deviation = found or (None, None)
-            cost = tier.catalog[name].cost + tier.config.cost
-            options.append((tier, Path(True, "", predicted, cost, deviation)))
+            path = Path(True, "", predicted, tier.catalog[name].cost + tier.config.cost, deviation)
+            seconds = predicted if predicted is not None else link.rtt
+            options.append(tiers.Option((tier, path), path.cost, seconds))
         if not options:
             return Path(False, "; ".join(refused)), []
-
-        def speed(option: tuple[CloudEndpoint, Path]) -> float:
-            tier, path = option
-            seconds = path.predicted_s if path.predicted_s is not None else tier.link.rtt
-            return math.inf if seconds is None else seconds
-
-        options.sort(key=lambda o: (o[1].cost, speed(o)) if flexible else (speed(o), o[1].cost))
-        return options[0][1], [tier for tier, _ in options]
+        ordered = [o.tier for o in tiers.order(options, flexible)]
+        return ordered[0][1], [tier for tier, _ in ordered]
 
     def _key(self, tier: CloudEndpoint) -> str:
         """The path a tier's latency is learned under: the first tier's is "cloud"."""
@@ -310,8 +303,8 @@ class Router:
         left = ctx.deadline - time.monotonic()
         # work that can wait prefers the cheapest cloud tier: a lower priority level than the
         # first, or a deadline of a second or more
-        flexible = current_qos().priority > 1 or left >= FLEXIBLE_S
-        cloud, tiers = self._cloud_path(name, version, payload, config, flexible)
+        flexible = tiers.flexible(current_qos().priority, left)
+        cloud, choices = self._cloud_path(name, version, payload, config, flexible)
         if not cloud.available and local_error is not None:
             if isinstance(local_error, NotFound) and name in self._catalog():
                 raise Unavailable(  # a cloud-only model while the cloud is down: not a 404
@@ -350,7 +343,7 @@ class Router:
         }
         ctx.decisions.append(record)
         call = Call(name, version, inputs, parameters or {}, config, ctx, private, payload, record)
-        call.tiers = tiers
+        call.tiers = choices
         call.flexible = flexible
         # reset below: a pipeline's step must not leave its model and route on the pipeline's logs
         token = logs.set_fields(model=name, route=decision.route, reason=reason)
