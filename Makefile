@@ -46,7 +46,7 @@ help:
 	@echo "make bench  - run the serving benchmark (bench/serving.py)"
 	@echo "make bench-load - load benchmark vs in-process ONNX Runtime and MLServer (bench/load.py)"
 	@echo "make bench-routing - decide() cost and hedging on an erratic link (bench/routing.py)"
-	@echo "make bench-lab  - the routing lab: policies over traces, tables and plots (bench/lab/run.py)"
+	@echo "make bench-lab  - the routing lab: policies over traces, tables and plots (bench/lab/run.py, tiers.py)"
 	@echo "make bench-outbox - cloudsync: outbox disk per 100k records, outbox-to-broker records/s (bench/outbox.py)"
 	@echo "make bench-heartbeat - cloudsync: heartbeat gaps while edged is saturated (bench/heartbeat.py)"
 	@echo "make bench-idle - idle unload: memory given back, the wake call vs a warm one (bench/idle_unload.py)"
@@ -208,6 +208,7 @@ bench-idle: $(STAMPS)/models
 bench-lab: $(STAMPS)/venv
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/lab/run.py --plots docs/routing
+	$(PY) bench/lab/tiers.py
 
 clean:
 	rm -rf run var .pytest_cache .mypy_cache .ruff_cache

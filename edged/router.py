@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 CLOUD_VERSION = "cloud"  # the model_version of an answer the cloud gave
 NO_CLOUD = Path(False, "no cloud tier is configured")
+# a cloud tier to try: the endpoint, why it is there, the time it is expected to take
+TierChoice = tuple[CloudEndpoint, str, float | None]
 MIN_LOCAL_RESERVE_S = 0.02  # time kept for a local fallback when the local path is unmeasured
 
 
@@ -198,12 +200,14 @@ class Router:
         payload: int,
         config: ModelConfig | None,
         flexible: bool = False,
-    ) -> tuple[Path, list[CloudEndpoint]]:
+        left_s: float = 0.0,
+    ) -> tuple[Path, list[TierChoice]]:
         """The cloud as the decision sees it, and the tiers to try in order: of those that
-        can take the call now, work that can wait (``flexible``) prefers the cheapest, urgent
-        work the fastest (its estimate, else the link's RTT); the path is the first one's."""
+        can take the call now, work that can wait (``flexible``) prefers the cheapest expected
+        within ``left_s``, urgent work the fastest (its estimate, else the link's RTT); the
+        path is the first one's (edged.routing.tiers)."""
         if not self.clouds:
-            return NO_CLOUD, []
+            return NO_CLOUD, []  # no tier
         if config is not None and config.decoupled:
             why = "a decoupled model streams its responses from the device only"
             return Path(False, why), []
@@ -227,8 +231,9 @@ class Router:
             options.append(tiers.Option((tier, path), path.cost, seconds))
         if not options:
             return Path(False, "; ".join(refused)), []
-        ordered = [o.tier for o in tiers.order(options, flexible)]
-        return ordered[0][1], [tier for tier, _ in ordered]
+        ordered = tiers.order(options, flexible, left_s)
+        first = ordered[0][0].tier[1]
+        return first, [(o.tier[0], why, o.seconds) for o, why in ordered]
 
     def _key(self, tier: CloudEndpoint) -> str:
         """The path a tier's latency is learned under: the first tier's is "cloud"."""
@@ -304,7 +309,7 @@ class Router:
         # work that can wait prefers the cheapest cloud tier: a lower priority level than the
         # first, or a deadline of a second or more
         flexible = tiers.flexible(current_qos().priority, left)
-        cloud, choices = self._cloud_path(name, version, payload, config, flexible)
+        cloud, choices = self._cloud_path(name, version, payload, config, flexible, left)
         if not cloud.available and local_error is not None:
             if isinstance(local_error, NotFound) and name in self._catalog():
                 raise Unavailable(  # a cloud-only model while the cloud is down: not a 404
@@ -422,19 +427,19 @@ class Router:
             call.config.check_inputs(call.inputs)  # bad input never travels (InvalidRequest)
         if not call.tiers:
             raise CloudError("no cloud tier can take it now", endpoint_fault=False)
-        for tier in call.tiers:
-            last = tier is call.tiers[-1]
+        for k, (tier, why, expected) in enumerate(call.tiers):
+            later = call.tiers[k + 1 :]
             if len(self.clouds) > 1:
                 call.record["tier"] = tier.name
-                how = "cheapest" if call.flexible else "fastest"
-                call.record["reason"] += f"; tier {tier.name} (the {how} that can take it)"
-            # a tier with another after it gets half the time left at most (and no retries): a
-            # silent one (an interrupted spot instance) leaves the next its time
-            keep = reserve if last else max(reserve, (call.ctx.deadline - time.monotonic()) / 2)
+                call.record["reason"] += f"; tier {tier.name} ({why})"
+            keep = reserve
+            if later:  # a silent tier (an interrupted spot instance) leaves the next its time
+                left = call.ctx.deadline - time.monotonic()
+                keep = left - tiers.budget(left, reserve, expected, later[0][2])
             try:
                 return await self._on_tier(call, tier, keep)
             except CloudError as exc:
-                if last or not exc.tier_fault or time.monotonic() >= call.ctx.deadline:
+                if not later or not exc.tier_fault or time.monotonic() >= call.ctx.deadline:
                     raise
                 call.record["reason"] += f"; tier {tier.name} failed ({exc.message})"
         raise AssertionError("unreachable: the last tier raises or returns")
@@ -543,7 +548,7 @@ class Call:
     payload: int
     record: dict[str, Any]
     ran: dict[str, float | None] = field(default_factory=dict)  # tier: seconds (None: failed)
-    tiers: list[CloudEndpoint] = field(default_factory=list)  # the cloud tiers to try, in order
+    tiers: list[TierChoice] = field(default_factory=list)  # the cloud tiers to try, in order
     flexible: bool = False  # the request can wait: the cheapest tier first
 
     def note(self, route: str, what: str) -> None:

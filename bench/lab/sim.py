@@ -99,6 +99,62 @@ class Result:
         return percentile(sorted(o.latency_ms for o in self.outcomes), q) or 0.0
 
 
+class SimLink:
+    """A cloud endpoint's link monitor and breaker, probed as the daemon probes (every 0.2 s, a
+    failure retried at once, backoff while down) over the trace's ``rtt_key`` and
+    ``outage_key`` timelines, on the replay's clock."""
+
+    def __init__(
+        self, trace: Trace, clock: Callable[[], float], rtt_key: str, outage_key: str, seed: int
+    ) -> None:
+        self.trace = trace
+        self.keys = rtt_key, outage_key
+        self.breaker = CircuitBreaker(clock=clock)
+        self.link = LinkMonitor(
+            "sim", self._never, interval=PROBE_INTERVAL, rng=random.Random(seed)
+        )
+        self.next_probe = 0.0
+        self.down_attempt = 0
+
+    @staticmethod
+    async def _never() -> None:  # the replay feeds the monitor itself
+        raise AssertionError
+
+    def probe_until(self, t: float) -> None:
+        """The link monitor's probes between the last request and ``t``."""
+        link = self.link
+        while self.next_probe <= t:
+            env = self.trace.at(self.next_probe)
+            timeout = link.probe_timeout()
+            rtt = env[self.keys[0]] / 1000
+            if env[self.keys[1]] or rtt > timeout:
+                link.observe(None)
+                if link.up or link.failures < link.down_after:
+                    self.next_probe += timeout  # probe again at once, with a longer timeout
+                else:
+                    self.next_probe += timeout + link.backoff(self.down_attempt)
+                    self.down_attempt += 1
+            else:
+                link.observe(rtt)
+                self.down_attempt = 0
+                self.next_probe += rtt + PROBE_INTERVAL
+
+    def called(self, seconds: float | None, budget_s: float) -> float | None:
+        """A call that took ``seconds`` (None: no answer), given ``budget_s``: what the breaker
+        and the link learn (as CloudEndpoint.infer), and the time, or None if it failed."""
+        if seconds is None or seconds > budget_s:
+            # a timeout counts against the link and the endpoint only if it was longer than
+            # a probe may take
+            if self.link.silence_is_failure(budget_s):
+                self.breaker.record(False)
+                self.link.observe(None)
+            else:
+                self.breaker.record(True)
+            return None
+        self.breaker.record(True)
+        return seconds
+
+
 class Replay:
     """One policy over one trace, in simulated time."""
 
@@ -107,33 +163,9 @@ class Replay:
         self.strategy = strategy
         self.now = 0.0
         self.estimates = Estimates()
-        self.breaker = CircuitBreaker(clock=lambda: self.now)
-        self.link = LinkMonitor("sim", self._never, interval=PROBE_INTERVAL, rng=random.Random(0))
-        self.next_probe = 0.0
-        self.down_attempt = 0
+        self.cloud = SimLink(trace, lambda: self.now, "rtt_ms", "outage", seed=0)
+        self.breaker, self.link = self.cloud.breaker, self.cloud.link
         self.result = Result(name, trace.name)
-
-    @staticmethod
-    async def _never() -> None:  # the replay feeds the monitor itself
-        raise AssertionError
-
-    def _probe_until(self, t: float) -> None:
-        """The link monitor's probes between the last request and ``t``."""
-        while self.next_probe <= t:
-            env = self.trace.at(self.next_probe)
-            timeout = self.link.probe_timeout()
-            rtt = env["rtt_ms"] / 1000
-            if env["outage"] or rtt > timeout:
-                self.link.observe(None)
-                if self.link.up or self.link.failures < self.link.down_after:
-                    self.next_probe += timeout  # probe again at once, with a longer timeout
-                else:
-                    self.next_probe += timeout + self.link.backoff(self.down_attempt)
-                    self.down_attempt += 1
-            else:
-                self.link.observe(rtt)
-                self.down_attempt = 0
-                self.next_probe += rtt + PROBE_INTERVAL
 
     def _forecast(self, row: dict[str, Any], tier: str, load: float | None) -> tuple[Any, ...]:
         """Path's why_not, predicted_s, cost, deviation_s for ``tier``."""
@@ -170,7 +202,7 @@ class Replay:
 
     def run(self) -> Result:
         for row in self.trace.requests:
-            self._probe_until(row["t"])
+            self.cloud.probe_until(row["t"])
             self.now = row["t"]
             situation = self.situation(row)
             decision = self.strategy(situation)
@@ -202,16 +234,9 @@ class Replay:
                 return None  # no call: no time left, or the circuit is open
             calls += 1
             in_time["cloud"] = cloud_ms is not None and cloud_ms <= deadline
-            if cloud_ms is None or cloud_ms > budget_ms:
-                # as CloudEndpoint.infer: a timeout counts against the link and the endpoint
-                # only if it was longer than a probe may take
-                if self.link.silence_is_failure(budget_ms / 1000):
-                    self.breaker.record(False)
-                    self.link.observe(None)
-                else:
-                    self.breaker.record(True)
+            seconds = None if cloud_ms is None else cloud_ms / 1000
+            if self.cloud.called(seconds, budget_ms / 1000) is None:
                 return None
-            self.breaker.record(True)
             self.estimates.observe(
                 row["task"], "cloud", cloud_ms / 1000, None, row["payload"], self.link.rtt
             )
