@@ -32,6 +32,7 @@ COLUMNS = [
     ("cloud_calls", "cloud calls"),
     ("cloud_vs_oracle", "cloud / oracle"),
     ("cloud_vs_informed", "cloud / informed"),
+    ("cost_per_1000", "cost / 1,000 requests"),
     ("violations", "privacy violations"),
     ("adaptation", "settled after (requests)"),
 ]
@@ -95,6 +96,8 @@ def main() -> None:
         for row in rows:
             row["cloud_vs_oracle"] = f"{row['cloud_calls'] / oracle_calls:.2f}x"
             row["cloud_vs_informed"] = f"{row['cloud_calls'] / informed_calls:.2f}x"
+            # one cloud tier here, at 1 a call (bench/lab/tiers.py prices two)
+            row["cost_per_1000"] = f"{1000 * row['cloud_calls'] / len(trace.requests):.1f}"
             if "worst_slo" in row:
                 row["slo_percent"] = f"{row['slo_percent']} (worst {row['worst_slo']})"
             cells = ["-" if row.get(k) is None else str(row[k]) for k, _ in COLUMNS]
