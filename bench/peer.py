@@ -60,24 +60,26 @@ class OnnxPeerModel(MLModel):
         self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self._names = [o.name for o in self._session.get_outputs()]
         self._journal = extra.get("journal")  # a line per request seen: {id, model, head}
-        # {"fail_every": N, "status": 500, "delay_s": 0, "models": [...]}: one call in N fails,
-        # every call waits delay_s first; "models": only these (default: every model)
+        # {"fail_every": N, "status": 500, "delay_s": 0, "flatten": false, "models": [...]}: one
+        # call in N fails, every call waits delay_s first, "flatten": its outputs turn uniform
+        # (an unsure classifier); "models": only these (default: every model)
         self._faults = extra.get("faults")
         self._calls = 0
         return True
 
-    async def _fault(self) -> None:
+    async def _fault(self) -> dict:
         if not self._faults or not os.path.exists(self._faults):
-            return
+            return {}
         with open(self._faults) as f:
             faults = json.load(f)
         if self.name not in faults.get("models", [self.name]):
-            return
+            return {}
         self._calls += 1
         await asyncio.sleep(faults.get("delay_s", 0))
         every = faults.get("fail_every", 0)
         if every and self._calls % every == 0:
             raise MLServerError("injected fault", status_code=faults.get("status", 500))
+        return faults
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         feeds = {i.name: NumpyCodec.decode_input(i) for i in payload.inputs}
@@ -87,9 +89,12 @@ class OnnxPeerModel(MLModel):
                     "t": time.time()}
             with open(self._journal, "a") as f:
                 f.write(json.dumps(line) + "\\n")
-        await self._fault()
+        faults = await self._fault()
         names = [o.name for o in payload.outputs] if payload.outputs else self._names
         results = self._session.run(names, feeds)
+        if faults.get("flatten"):
+            results = [np.full_like(r, 1 / r.shape[-1]) if r.dtype.kind == "f" else r
+                       for r in results]
         outputs = [NumpyCodec.encode_output(n, np.asarray(r)) for n, r in zip(names, results)]
         for out, r in zip(outputs, results):
             out.shape = list(np.shape(r))  # the codec would turn a 1-D [N] into [N, 1]
@@ -277,8 +282,9 @@ def start_peer(
     ``more_models``: other ONNX files to serve, by name. ``journal``: a file where the server
     writes a line per request it sees (the tests check there what reached the cloud);
     ``faults``: a JSON file read at each call, ``{"fail_every": N, "status": 503}`` fails one call
-    in N with that status (500 by default); ``"delay_s"`` delays every call, ``"models"`` limits
-    the faults to those models. ``answer_model``: also serve the extractive
+    in N with that status (500 by default); ``"delay_s"`` delays every call, ``"flatten"`` makes
+    float outputs uniform (an unsure classifier), ``"models"`` limits the faults to those
+    models. ``answer_model``: also serve the extractive
     question-answering model (``ANSWER_RUNTIME``) under that name; ``speech_model``: the
     open-vocabulary recogniser (``SPEECH_RUNTIME``).
     """

@@ -43,6 +43,7 @@ from edged.common.backoff import backoff_delay
 from edged.config import CloudConfig
 from edged.errors import ConfigError
 from edged.link import LinkMonitor
+from edged.protocol.tensors import confidence
 from edged.routing.abtest import ABTest
 
 log = logging.getLogger(__name__)
@@ -358,6 +359,7 @@ class CloudEndpoint(Background):
                 confidence=config.ab_confidence,
                 max_calls=config.ab_max_calls,
                 latency_s=config.ab_latency_ms / 1000 or None,
+                min_confidence=config.ab_min_confidence or None,
             )
 
     def arm(self, model: str) -> tuple[str, str]:
@@ -387,10 +389,12 @@ class CloudEndpoint(Background):
         request_id: str = "",
         payload: int = 0,
         cloud_name: str | None = None,
+        confidence_output: str | None = None,
     ) -> Tensors:
         """One call; CloudError says why it failed. ``timeout`` (s) bounds it, here and on the
         server (as the OIP ``timeout`` parameter). ``cloud_name``: the version to call (an A/B
-        arm; default the catalog's)."""
+        arm; default the catalog's); ``confidence_output``: the output whose best score an
+        A/B test weighs."""
         if self.client is None:
             raise CloudError("the cloud client is not started", refused=True, endpoint_fault=False)
         if timeout <= 0:
@@ -469,14 +473,17 @@ class CloudEndpoint(Background):
             elapsed = time.perf_counter() - started
             self.breaker.record(True)
             self._scaled(self.scale.record(True))
-            self._tested(model, cloud_name, True, elapsed)
             self.link.observe(elapsed, payload, rtt=False)
             response = result.get_response()
             if self.grpc:
                 names = [o.name for o in response.outputs]
             else:
                 names = [o["name"] for o in response.get("outputs", [])]
-            return {n: _as_bytes(result.as_numpy(n)) for n in names}
+            out = {n: _as_bytes(result.as_numpy(n)) for n in names}
+            sure = out.get(confidence_output or "")
+            quality = None if sure is None or sure.dtype == object else confidence(sure)
+            self._tested(model, cloud_name, True, elapsed, quality)
+            return out
         self.breaker.record(not error.endpoint_fault)
         self._scaled(self.scale.record(not error.endpoint_fault))
         if error.endpoint_fault or timed_out:  # not the request's own faults (a 4xx)
@@ -485,12 +492,19 @@ class CloudEndpoint(Background):
             self.link.observe(None)
         raise error
 
-    def _tested(self, model: str, cloud_name: str | None, ok: bool, seconds: float) -> None:
+    def _tested(
+        self,
+        model: str,
+        cloud_name: str | None,
+        ok: bool,
+        seconds: float,
+        quality: float | None = None,
+    ) -> None:
         """One call of an A/B test's model; a decision promotes its winner (all calls)."""
         test = self.tests.get(model)
         if test is None:
             return
-        decided = test.record("b" if cloud_name == test.b_name else "a", ok, seconds)
+        decided = test.record("b" if cloud_name == test.b_name else "a", ok, seconds, quality)
         if decided is None:
             return
         self.tests.pop(model)

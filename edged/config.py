@@ -407,6 +407,13 @@ class CloudConfig(Section):
     ab_latency_ms: float = Field(
         0.0, ge=0, description="A/B: a call slower than this is not a good one (0: any in time)"
     )
+    ab_min_confidence: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="A/B: an answer less sure than this (its confidence output's best score) is"
+        " not a good one (0: confidence not counted)",
+    )
     scale_out_error_rate: float = Field(
         0.05,
         gt=0,

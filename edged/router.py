@@ -40,7 +40,7 @@ from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager
 from edged.privacy import Privacy
-from edged.protocol.tensors import payload_bytes
+from edged.protocol.tensors import confidence, payload_bytes
 from edged.request import RouteContext, current_qos, current_route, set_route
 from edged.routing import Decision, Estimates, Path, RouteRequest, decide, tiers
 from edged.routing.learned import Learner
@@ -53,15 +53,6 @@ NO_CLOUD = Path(False, "no cloud tier is configured")
 # a cloud tier to try: the endpoint, why it is there, the time it is expected to take
 TierChoice = tuple[CloudEndpoint, str, float | None]
 MIN_LOCAL_RESERVE_S = 0.02  # time kept for a local fallback when the local path is unmeasured
-
-
-def confidence(array: np.ndarray) -> float:
-    """The least sure row: min over rows of the best class's score."""
-    values = np.asarray(array, dtype=np.float64)
-    if values.ndim == 0 or values.size == 0:
-        return 1.0
-    best = values.max(axis=-1) if values.ndim > 1 else values
-    return float(best.min())
 
 
 def local_reserve(decision: Decision) -> float:
@@ -469,6 +460,7 @@ class Router:
                     call.ctx.request_id,
                     call.payload,
                     target,
+                    call.config.confidence_output if call.config is not None else None,
                 )
             except CloudError as exc:
                 self.metrics.cloud_call(call.name, target, time.perf_counter() - started, False)

@@ -205,11 +205,18 @@ class Cloud:
         return [json.loads(line) for line in self.journal.read_text().splitlines() if line]
 
     def fail_every(
-        self, n: int, status: int = 500, delay_s: float = 0.0, models: list[str] | None = None
+        self,
+        n: int,
+        status: int = 500,
+        delay_s: float = 0.0,
+        models: list[str] | None = None,
+        flatten: bool = False,
     ) -> None:
         """The server fails one call in ``n`` (0: none) with ``status``, each after ``delay_s``;
-        ``models``: only calls of these (default: all)."""
-        faults: dict[str, Any] = {"fail_every": n, "status": status, "delay_s": delay_s}
+        ``flatten``: its answers are uniform (unsure); ``models``: only calls of these
+        (default: all)."""
+        faults: dict[str, Any] = {"fail_every": n, "status": status, "delay_s": delay_s,
+                                  "flatten": flatten}  # fmt: skip
         if models is not None:
             faults["models"] = models
         self.faults.write_text(json.dumps(faults))

@@ -150,6 +150,16 @@ class InferResponse:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+def confidence(array: np.ndarray) -> float:
+    """A classifier's confidence in its answer: the least sure row's best score (1 for an
+    empty output)."""
+    values = np.asarray(array, dtype=np.float64)
+    if values.ndim == 0 or values.size == 0:
+        return 1.0
+    best = values.max(axis=-1) if values.ndim > 1 else values
+    return float(best.min())
+
+
 def payload_bytes(tensors: Mapping[str, np.ndarray]) -> int:
     """The bytes of a request's tensors (BYTES elements: their lengths)."""
     total = 0

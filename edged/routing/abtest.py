@@ -1,7 +1,9 @@
 """A/B tests of a cloud model that decide by themselves: which arm gives more good calls.
 
 A call is *good* when the cloud answered it (no timeout, no 5xx, no broken connection: the
-failures the breaker counts) within ``latency_s`` when one is set. Each arm's share of good
+failures the breaker counts), within ``latency_s`` when one is set, and, when
+``min_confidence`` is set and the model has a confidence output, at least that sure (the
+quality signal: a classifier's best score, its least sure row). Each arm's share of good
 calls has a Beta posterior (a uniform prior, Beta(1, 1)); after every call the test computes
 P(b's share > a's) exactly (Miller's sum over Beta functions, no sampling: the same counts give
 the same answer). The stopping rule, fixed before the first call:
@@ -71,16 +73,22 @@ class ABTest:
     confidence: float = 0.95
     max_calls: int = 5000
     latency_s: float | None = None
+    min_confidence: float | None = None
     arms: dict[str, Arm] = field(default_factory=lambda: {"a": Arm(), "b": Arm()})
     decided: str | None = None  # "a", "b", or "none" (undecided after max_calls)
     p_b: float = 0.5
     checked_at: int = 0  # calls in all at the last check
 
-    def record(self, arm: str, ok: bool, seconds: float) -> str | None:
-        """One call's outcome; the decision when this call made it, else None."""
+    def record(
+        self, arm: str, ok: bool, seconds: float, confidence: float | None = None
+    ) -> str | None:
+        """One call's outcome (``confidence``: its answer's, when the model has one); the
+        decision when this call made it, else None."""
         if self.decided is not None or arm not in self.arms:
             return None
         good = ok and (self.latency_s is None or seconds <= self.latency_s)
+        if self.min_confidence is not None and confidence is not None:
+            good = good and confidence >= self.min_confidence
         self.arms[arm].calls += 1
         self.arms[arm].good += good
         a, b = self.arms["a"], self.arms["b"]
@@ -108,6 +116,7 @@ class ABTest:
                 "confidence": self.confidence,
                 "max_calls": self.max_calls,
                 "latency_s": self.latency_s,
+                "min_confidence": self.min_confidence,
             },
         }
 

@@ -536,21 +536,28 @@ def test_a_cloud_ab_split_sends_a_share_to_arm_b_with_metrics_per_arm(
     assert refused.value.status == 400 and "b_share" in refused.value.message
 
 
-@pytest.mark.parametrize("worse", ["b", "a"])
+@pytest.mark.parametrize(("worse", "how"), [("b", "fails"), ("a", "fails"), ("b", "unsure")])
 def test_an_ab_test_stops_a_worse_arm_b_and_promotes_a_better_one(
-    make_daemon: type[Daemon], faults_cleared: Cloud, worse: str
+    make_daemon: type[Daemon], faults_cleared: Cloud, worse: str, how: str
 ) -> None:
     """Half the calls to each arm; the worse one (the real server fails one of its calls in 3
-    with 503, and answers it 50 ms later) loses within 400 calls, at least 30 per arm: arm b
-    stopped (all calls to a) or promoted (all to b), with an event naming the evidence, the
-    status, and the decision kept across a restart."""
+    with 503, and answers it 50 ms later; or answers every call unsure: uniform scores, under
+    ab_min_confidence) loses within 400 calls, at least 30 per arm: arm b stopped (all calls
+    to a) or promoted (all to b), with an event naming the evidence, the status, and the
+    decision kept across a restart."""
     cloud = faults_cleared
-    split = (f"ab_min_calls = 30\nbreaker_min_calls = 100000\n[[cloud.models]]\n"
-             f'name = "{MODEL}"\nb_cloud_name = "{MODEL_B}"\nb_share = 0.5\n')  # fmt: skip
+    split = (f"ab_min_calls = 30\nbreaker_min_calls = 100000\nab_min_confidence = 0.25\n"
+             f'[[cloud.models]]\nname = "{MODEL}"\nb_cloud_name = "{MODEL_B}"\n'
+             f"b_share = 0.5\n")  # fmt: skip
     daemon = edged_with_cloud(make_daemon, cloud, extra=split)
     client = daemon.client
-    cloud.fail_every(3, status=503, delay_s=0.05, models=[MODEL_B if worse == "b" else MODEL])
-    calls, first = 0, 9000 if worse == "b" else 10000  # ids of its own: the journal is shared
+    arm = [MODEL_B if worse == "b" else MODEL]
+    if how == "fails":
+        cloud.fail_every(3, status=503, delay_s=0.05, models=arm)
+    else:
+        cloud.fail_every(0, models=arm, flatten=True)
+    first = {("b", "fails"): 9000, ("a", "fails"): 10000, ("b", "unsure"): 11000}[worse, how]
+    calls = 0  # (each case its own ids: the journal is shared)
     while calls < 400:
         ask(client, first + calls, route="cloud")
         calls += 1

@@ -79,7 +79,7 @@ def test_a_decided_test_counts_no_more() -> None:
     assert test.record("b", True, 0.01) is None
     assert test.as_dict() == before and before["decided"] == "a"
     assert before["rule"] == {"min_calls": 5, "confidence": 0.95, "max_calls": 5000,
-                              "latency_s": None}  # fmt: skip
+                              "latency_s": None, "min_confidence": None}  # fmt: skip
 
 
 @settings(max_examples=200, deadline=None)
@@ -96,3 +96,22 @@ def test_never_decides_before_min_calls_of_each_arm(
             assert min(test.arms["a"].calls, test.arms["b"].calls) >= min_calls
             assert test.decided in ("a", "b")
     assert test.arms["a"].calls + test.arms["b"].calls <= len(calls)  # "c" is no arm
+
+
+def test_confidence_counts_when_a_floor_is_set_and_the_model_has_one() -> None:
+    test = ABTest("m-b", min_calls=20, min_confidence=0.5)
+    for _ in range(20):
+        test.record("a", True, 0.01, confidence=0.9)
+        test.record("b", True, 0.01, confidence=0.2)  # answered, but unsure
+    assert test.decided == "a" and test.arms["b"].good == 0
+    assert test.as_dict()["rule"]["min_confidence"] == 0.5
+    blind = ABTest("m-b", min_calls=20, max_calls=40)
+    for _ in range(20):
+        blind.record("a", True, 0.01, confidence=0.9)
+        blind.record("b", True, 0.01, confidence=0.2)
+    assert blind.decided == "none"  # no floor: confidence is not counted
+    no_output = ABTest("m-b", min_calls=20, max_calls=40, min_confidence=0.5)
+    for _ in range(20):
+        no_output.record("a", True, 0.01)
+        no_output.record("b", True, 0.01)  # a model without a confidence output
+    assert no_output.decided == "none" and no_output.arms["b"].good == 20
