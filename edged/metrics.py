@@ -224,6 +224,19 @@ class Metrics:
             ["model", "cloud_model", "outcome"],
             registry=r,
         )
+        self.tier_calls = Counter(
+            "edged_cloud_tier_calls",
+            "Calls to each cloud tier ([cloud] name, [[cloud.tiers]]) by outcome (success, error)",
+            ["tier", "outcome"],
+            registry=r,
+        )
+        self.tier_cost = Counter(
+            "edged_cloud_cost",
+            "What the cloud calls answered cost, by tier: its cost per call plus the model's"
+            " [[cloud.models]] cost, in the operator's unit",
+            ["tier"],
+            registry=r,
+        )
         self.cloud_seconds = Histogram(
             "edged_cloud_request_duration_seconds",
             "Time of a call to the cloud tier, by model and the version called on the server",
@@ -257,10 +270,17 @@ class Metrics:
     def confidence(self, model: str, version: int, value: float) -> None:
         self.confidences.labels(model, str(version)).observe(value)
 
-    def cloud_call(self, model: str, cloud_model: str, seconds: float, ok: bool) -> None:
-        """One call to the cloud tier ended (labels: names from the catalog and the config)."""
-        self.cloud_requests.labels(model, cloud_model, "success" if ok else "error").inc()
+    def cloud_call(
+        self, model: str, cloud_model: str, seconds: float, ok: bool, tier: str, cost: float
+    ) -> None:
+        """One call to a cloud tier ended (labels: names from the catalog and the config);
+        ``cost``: what it cost, counted when it was answered."""
+        outcome = "success" if ok else "error"
+        self.cloud_requests.labels(model, cloud_model, outcome).inc()
         self.cloud_seconds.labels(model, cloud_model).observe(seconds)
+        self.tier_calls.labels(tier, outcome).inc()
+        if ok:
+            self.tier_cost.labels(tier).inc(cost)
 
     def attach(self, scheduler: Scheduler, model: str, version: int) -> None:
         """Observe one model version's scheduler: its hooks, and its queue depth read when

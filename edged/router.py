@@ -443,6 +443,7 @@ class Router:
         deadline = call.ctx.deadline
         attempt = 0
         arm, target = tier.arm(call.name)
+        entry = tier.catalog.get(call.name)
         call.record["cloud_model"] = target
         if arm == "b":
             call.record["reason"] += f"; A/B: arm b ({target})"
@@ -463,7 +464,8 @@ class Router:
                     call.config.confidence_output if call.config is not None else None,
                 )
             except CloudError as exc:
-                self.metrics.cloud_call(call.name, target, time.perf_counter() - started, False)
+                seconds = time.perf_counter() - started
+                self.metrics.cloud_call(call.name, target, seconds, False, tier.name, 0.0)
                 attempt += 1
                 pause = tier.backoff(attempt)
                 if (
@@ -477,7 +479,8 @@ class Router:
                 continue
             seconds = time.perf_counter() - started
             call.ran["cloud"] = seconds
-            self.metrics.cloud_call(call.name, target, seconds, True)
+            cost = tier.config.cost + (entry.cost if entry else 0.0)
+            self.metrics.cloud_call(call.name, target, seconds, True, tier.name, cost)
             self.estimates.observe(call.name, self._key(tier), seconds, None, call.payload, rtt)
             return CLOUD_VERSION, out
 

@@ -492,6 +492,13 @@ def test_work_that_can_wait_goes_to_the_cheap_tier_and_moves_when_it_is_killed(
     wait_for(lambda: not tier("spot")["link"]["up"], 10, "the spot tier's link down")
     after = ask(client, 12300, **wait)
     assert "tier on-demand (cheapest expected in time)" in after["reason"], after
+    # per tier: calls by outcome, and what the answered ones cost
+    for tier, price in (("spot", 0.3), ("on-demand", 1.0)):
+        answered = metric(client, "edged_cloud_tier_calls_total", tier=tier, outcome="success")
+        assert answered >= 2
+        cost = metric(client, "edged_cloud_cost_total", tier=tier)
+        assert cost == pytest.approx(price * answered)
+    assert metric(client, "edged_cloud_tier_calls_total", tier="spot", outcome="error") >= 1
 
 
 # ---- cloud A/B -----------------------------------------------------------------------------

@@ -106,10 +106,10 @@ def test_cloud_calls_are_counted_per_arm_of_an_ab_split() -> None:
     metrics = Metrics()
     first = snapshot(metrics, 0.0)
     for _ in range(7):
-        metrics.cloud_call("intent", "intent-v1", 0.010, True)
+        metrics.cloud_call("intent", "intent-v1", 0.010, True, "cloud", 1.0)
     for _ in range(3):
-        metrics.cloud_call("intent", "intent-v2", 0.020, True)
-    metrics.cloud_call("intent", "intent-v2", 0.5, False)
+        metrics.cloud_call("intent", "intent-v2", 0.020, True, "cloud", 1.0)
+    metrics.cloud_call("intent", "intent-v2", 0.5, False, "cloud", 0.0)
     body = telemetry(snapshot(metrics, 10.0), first)
     assert body is not None
     arms = body["metrics"]["cloud"]["intent"]
