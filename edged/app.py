@@ -107,6 +107,7 @@ class Daemon:
             StateCollector(  # read when Prometheus scrapes
                 load=lambda: self.load.latest,
                 cloud=lambda: self.cloud.state() if self.cloud else None,
+                tiers=lambda: [tier.state() for tier in self.router.clouds],
                 models=lambda: self.manager.index(),
                 runtimes=self._runtimes,
             )

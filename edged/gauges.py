@@ -118,3 +118,28 @@ def cloud_families(state: dict[str, Any] | None) -> Iterator[Metric]:
         "The share of cloud calls that failed over cloud.scale_out_window_s",
         scale["failures"] / calls if calls else None,
     )
+
+
+def tier_families(states: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Each cloud tier's link, breaker and scale-out signal, labelled by its name (the first
+    tier's are also the unlabelled ``edged_cloud_*`` gauges)."""
+    up = GaugeMetricFamily(
+        "edged_cloud_tier_link_up", "1 while the link to this cloud tier is up", labels=["tier"]
+    )
+    breaker = GaugeMetricFamily(
+        "edged_cloud_tier_breaker_state",
+        "This cloud tier's circuit breaker: 1 for its state (closed, open, half_open)",
+        labels=["tier", "state"],
+    )
+    scale = GaugeMetricFamily(
+        "edged_cloud_tier_scale_out",
+        "1 while this cloud tier needs more capacity (its scale-out signal)",
+        labels=["tier"],
+    )
+    for state in states:
+        tier = str(state.get("name", ""))
+        up.add_metric([tier], float(bool((state.get("link") or {}).get("up"))))
+        for name in ("closed", "open", "half_open"):
+            breaker.add_metric([tier, name], float(state.get("breaker") == name))
+        scale.add_metric([tier], float(bool((state.get("scale_out") or {}).get("needed"))))
+    yield from (up, breaker, scale)

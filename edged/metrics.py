@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from edged.device.monitor import LoadSnapshot
 from edged.errors import EdgedError
-from edged.gauges import cloud_families, device_families, gauge
+from edged.gauges import cloud_families, device_families, gauge, tier_families
 from edged.scheduler import Observer, Scheduler
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,14 @@ class StateCollector(Collector):
         load: Callable[[], LoadSnapshot] = LoadSnapshot,
         cloud: Callable[[], dict[str, Any] | None] = lambda: None,
         models: Callable[[], list[dict[str, Any]]] = list,
+        tiers: Callable[[], list[dict[str, Any]]] = list,
         runtimes: Callable[[], list[tuple[str, int, dict[str, Any]]]] = list,
     ) -> None:
         """The sources, read at each scrape: ``runtimes`` gives (model, version, runtime
         metadata) of the loaded tensor-model versions."""
         self.load = load
         self.cloud = cloud
+        self.tiers = tiers
         self.models = models
         self.runtimes = runtimes
         self.failed: set[str] = set()
@@ -83,6 +85,7 @@ class StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from device_families(self._read("load", self.load, LoadSnapshot()))
         yield from cloud_families(self._read("cloud state", self.cloud, None))
+        yield from tier_families(self._read("cloud tiers", self.tiers, []))
         info = InfoMetricFamily(
             "edged_model_version",
             "Every model version of the repository (1), with its state (READY, LOADING,"

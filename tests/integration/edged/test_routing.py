@@ -499,6 +499,9 @@ def test_work_that_can_wait_goes_to_the_cheap_tier_and_moves_when_it_is_killed(
         cost = metric(client, "edged_cloud_cost_total", tier=tier)
         assert cost == pytest.approx(price * answered)
     assert metric(client, "edged_cloud_tier_calls_total", tier="spot", outcome="error") >= 1
+    assert metric(client, "edged_cloud_tier_link_up", tier="spot") == 0
+    assert metric(client, "edged_cloud_tier_link_up", tier="on-demand") == 1
+    assert metric(client, "edged_cloud_tier_breaker_state", tier="on-demand", state="closed") == 1
 
 
 # ---- cloud A/B -----------------------------------------------------------------------------
