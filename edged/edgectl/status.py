@@ -23,7 +23,7 @@ def cmd_status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         f"{status['inflight']} in flight\n"
         + (f"LOCAL TIER {status['drained'].upper()}\n" if status.get("drained") else "")
         + f"{_load_line(status.get('load') or {})}"
-        f"{_cloud_line(status.get('cloud'))}"
+        + _cloud_lines(status)
         + format_table(rows, ["MODEL", "VERSION", "STATE", "REASON"])
     )
     return status, text
@@ -46,14 +46,24 @@ def _load_line(load: dict[str, Any]) -> str:
     return f"load: {', '.join(parts)}\n" if parts else ""
 
 
-def _cloud_line(cloud: dict[str, Any] | None) -> str:
-    """One line on the cloud tier: link, RTT, circuit, catalog."""
+def _cloud_lines(status: dict[str, Any]) -> str:
+    """A line on the cloud tier (link, RTT, circuit, catalog); one per tier when there are
+    several (``[[cloud.tiers]]``), with its name and cost per call."""
+    tiers = status.get("cloud_tiers") or []
+    if len(tiers) > 1:
+        return "".join(
+            _cloud_line(t, f"cloud tier {t['name']} (cost {t['cost']:g})") for t in tiers
+        )
+    return _cloud_line(status.get("cloud"), "cloud")
+
+
+def _cloud_line(cloud: dict[str, Any] | None, title: str) -> str:
     if not cloud:
-        return "cloud: none configured\n"
+        return f"{title}: none configured\n"
     link = cloud["link"]
     rtt = f", rtt {link['rtt_s'] * 1000:.1f} ms" if link.get("rtt_s") is not None else ""
     return (
-        f"cloud: {cloud['url']} link {'up' if link['up'] else 'DOWN'}{rtt},"
+        f"{title}: {cloud['url']} link {'up' if link['up'] else 'DOWN'}{rtt},"
         f" circuit {cloud['breaker']}, serves {', '.join(cloud['catalog']) or 'nothing'}\n"
     )
 

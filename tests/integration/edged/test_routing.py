@@ -457,6 +457,10 @@ def test_work_that_can_wait_goes_to_the_cheap_tier_and_moves_when_it_is_killed(
 
     wait_for(lambda: MODEL in tier("spot")["catalog"], 10, "the spot tier's catalog")
     assert [t["name"] for t in client.status()["cloud_tiers"]] == ["on-demand", "spot"]
+    edgectl = [sys.executable, "-m", "edged.edgectl", "--socket", str(daemon.socket), "status"]
+    shown = subprocess.run(edgectl, capture_output=True, text=True, check=True).stdout
+    assert f"cloud tier spot (cost 0.3): http://{proxy.address} link up" in shown, shown
+    assert "cloud tier on-demand (cost 1): http://" in shown, shown
     assert (tier("on-demand")["cost"], tier("spot")["cost"]) == (1.0, 0.3)
     client.unload(MODEL)  # only the cloud serves: what spot drops must reach on-demand
     wait = {"priority": 2, "timeout": 3_000_000}
