@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.lab.sim import SimLink  # noqa: E402
-from bench.lab.traces import STEP, TASKS, Trace, bursts, local_ms, random_walk  # noqa: E402
+from bench.lab.traces import STEP, TASKS, Trace, arrivals, bursts, local_ms, random_walk  # noqa: E402
 from edged.router import local_reserve  # noqa: E402
 from edged.routing import Estimates, Policy, RouteRequest, decide, tiers  # noqa: E402
 from edged.routing.decide import Path as RoutePath  # noqa: E402
@@ -55,15 +55,9 @@ def spot_trace(seed: int = 6, duration_s: float = 300.0, rate: float = 10.0) -> 
         "spot_outage": list(bursts(rng, n, 90.0, (20.0, 40.0))),
     }
     bandwidth = 20e6
-    names = list(TASKS)
-    shares = np.array([TASKS[t][4] for t in names])
     requests = []
-    t = rng.exponential(1 / rate)
-    while t < duration_s:
-        i = min(n - 1, int(t / STEP))
-        task = str(rng.choice(names, p=shares / shares.sum()))
-        base, service, payload_typ, deadlines, _ = TASKS[task]
-        payload = int(payload_typ * rng.lognormal(0, 0.3))
+    for t, i, task, payload in arrivals(rng, n, duration_s, rate):
+        base, service, _, deadlines, _ = TASKS[task]
         local = local_ms(base, env["load"][i], False, 1.0) * rng.lognormal(0, 0.15)
         row: dict[str, Any] = {
             "t": round(float(t), 4),
@@ -79,7 +73,6 @@ def spot_trace(seed: int = 6, duration_s: float = 300.0, rate: float = 10.0) -> 
             took = rtt + service * rng.lognormal(0, 0.2) + payload / bandwidth * 1000
             row[f"{tier}_ms"] = None if env[f"{tier}_outage"][i] else round(float(took), 3)
         requests.append(row)
-        t += rng.exponential(1 / rate)
     plain = {k: [bool(v) if isinstance(v, (bool, np.bool_)) else round(float(v), 3) for v in vals]
              for k, vals in env.items()}  # fmt: skip
     return Trace("spot", "two cloud tiers, spot interrupted", seed, duration_s, None, plain,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,21 @@ def bursts(rng: np.random.Generator, n: int, every_s: float, length_s: tuple[flo
     return mask
 
 
+def arrivals(
+    rng: np.random.Generator, n: int, duration_s: float, rate: float
+) -> Iterator[tuple[float, int, str, int]]:
+    """Poisson arrivals at ``rate`` per second of the task mix: (time, its timeline step, task,
+    payload bytes); the caller draws the rest of each request before the next arrives."""
+    names = list(TASKS)
+    shares = np.array([TASKS[t][4] for t in names])
+    t = rng.exponential(1 / rate)
+    while t < duration_s:
+        task = str(rng.choice(names, p=shares / shares.sum()))
+        payload = int(TASKS[task][2] * rng.lognormal(0, 0.3))
+        yield t, min(n - 1, int(t / STEP)), task, payload
+        t += rng.exponential(1 / rate)
+
+
 def build(
     name: str,
     description: str,
@@ -106,15 +121,9 @@ def build(
     rng = np.random.default_rng(seed)
     n = int(duration_s / STEP)
     env = world(rng, n)
-    names = list(TASKS)
-    shares = np.array([TASKS[t][4] for t in names])
     requests = []
-    t = rng.exponential(1 / rate)
-    while t < duration_s:
-        i = min(n - 1, int(t / STEP))
-        task = str(rng.choice(names, p=shares / shares.sum()))
-        base, service, payload_typ, deadlines, _ = TASKS[task]
-        payload = int(payload_typ * rng.lognormal(0, 0.3))
+    for t, i, task, payload in arrivals(rng, n, duration_s, rate):
+        base, service, _, deadlines, _ = TASKS[task]
         local_median = local_ms(base, env["load"][i], bool(env["throttled"][i]), 1.0)
         local = local_median * rng.lognormal(0, 0.15)
         transfer = payload / env["bandwidth"][i] * 1000
@@ -137,7 +146,6 @@ def build(
                 "cloud_median_ms": None if cloud_median is None else round(float(cloud_median), 3),
             }
         )
-        t += rng.exponential(1 / rate)
     plain = {
         key: [round(float(v), 3) if not isinstance(v, (bool, np.bool_)) else bool(v) for v in vals]
         for key, vals in env.items()
