@@ -297,9 +297,7 @@ class Router:
         payload = payload_bytes(inputs)
         local, config, local_error = self._local_path(name, version, payload, ctx.internal)
         left = ctx.deadline - time.monotonic()
-        # work that can wait prefers the cheapest cloud tier: a lower priority level than the
-        # first, or a deadline of a second or more
-        flexible = tiers.flexible(current_qos().priority, left)
+        flexible = tiers.flexible(current_qos().priority, left)  # it can wait: the cheap tier
         cloud, choices = self._cloud_path(name, version, payload, config, flexible, left)
         if not cloud.available and local_error is not None:
             if isinstance(local_error, NotFound) and name in self._catalog():
