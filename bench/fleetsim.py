@@ -756,6 +756,7 @@ class Worker:
             },
             "breaker": "closed",
             "cloud_error_ratio": 0.0,
+            "cloud_scale_out": False,
             "poison_messages": 0,
             "thread_restarts": {},
         }

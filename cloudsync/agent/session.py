@@ -394,6 +394,7 @@ class Agent:
             "link": cloud.get("link"),
             "breaker": cloud.get("breaker"),
             "cloud_error_ratio": cloud.get("error_rate"),
+            "cloud_scale_out": (cloud.get("scale_out") or {}).get("needed"),
             "inflight": status.get("inflight"),
             "drained": status.get("drained"),
             "routing": self.edged.routes,

@@ -98,10 +98,12 @@ def heartbeat_families(hb: Mapping[str, Any]) -> Iterator[Metric]:
     link = hb.get("link")
     if isinstance(link, dict):
         ratio = hb.get("cloud_error_ratio")
+        scale = hb.get("cloud_scale_out")
         yield from cloud_families({
             "link": {k: v for k, v in link.items() if k == "up" or _finite(v)},
             "breaker": hb.get("breaker"),
             "error_rate": ratio if _finite(ratio) else None,
+            "scale_out": {"needed": scale} if isinstance(scale, bool) else None,
         })  # fmt: skip
     inflight = GaugeMetricFamily(
         "edged_requests_in_flight", "API requests being answered (REST and gRPC)"

@@ -506,6 +506,7 @@ def test_fleet_commands_operate_edged_and_its_metrics_arrive_as_telemetry(
         wait_for(heartbeat_with_figures, 15, "a heartbeat with the link's RTT and the routes")
         beat = heartbeat_with_figures()
         assert beat is not None and beat["link"]["up"] and 0 < beat["link"]["rtt_s"] < 1
+        assert beat["cloud_scale_out"] is False  # edged's scale-out signal, for the fleet
         wait_for(lambda: _served(consumer, MODEL) == 20, 15, "telemetry counting 20 calls")
         agent.signal(signal.SIGKILL)
         for i in range(10):

@@ -35,8 +35,8 @@ FLEET, MODEL, NODES = "f1", "intent-classifier", 30
 NAMES = [f"sim-{i:05d}" for i in range(NODES)]
 BIRTH_KEYS = {"state", "software", "hardware", "models", "capabilities", "edged", "labels"}
 HEARTBEAT_KEYS = {
-    "uptime_s", "load", "link", "breaker", "cloud_error_ratio", "inflight", "drained", "routing",
-    "models", "edged", "outbox", "poison_messages", "thread_restarts",
+    "uptime_s", "load", "link", "breaker", "cloud_error_ratio", "cloud_scale_out", "inflight",
+    "drained", "routing", "models", "edged", "outbox", "poison_messages", "thread_restarts",
 }  # fmt: skip
 SITES = ["a", "b", "c"]
 

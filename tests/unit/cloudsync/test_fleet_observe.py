@@ -57,7 +57,7 @@ def heartbeat(node: str, ts: int = NOW, cpu: float = 93.0) -> Message:
                  "power_mode": "15W", "cpu_count": "four"},  # a wrong type: absent, no harm
         "link": {"up": True, "rtt_s": 0.042, "rtt_p50_s": 0.04, "rtt_p95_s": 0.09,
                  "bandwidth_bps": 1.5e6},
-        "breaker": "open", "cloud_error_ratio": 0.25, "inflight": 3,
+        "breaker": "open", "cloud_error_ratio": 0.25, "cloud_scale_out": True, "inflight": 3,
         "models": {"intent-classifier": "2"},
         "edged": {"reachable": True, "error": ""},
         "outbox": {"depth": {"alert": 0, "event": 1, "telemetry": 4}, "pending": 5,
@@ -136,6 +136,7 @@ def test_a_nodes_heartbeat_and_telemetry_are_its_own_series(registry: Registry,
     assert at(s, "edged_cloud_breaker_state", state="open") == 1.0
     assert at(s, "edged_cloud_breaker_state", state="closed") == 0.0
     assert at(s, "edged_cloud_breaker_error_ratio") == 0.25
+    assert at(s, "edged_cloud_scale_out") == 1.0  # from the heartbeat: behind NAT too
     assert at(s, "edged_requests_in_flight") == 3.0
     assert at(s, "edged_model_version_info", model="intent-classifier", version="2",
               state="READY") == 1.0  # fmt: skip
