@@ -527,7 +527,10 @@ class CloudEndpoint(Background):
         while nothing is being called."""
         while True:
             await asyncio.sleep(1.0)
-            self._scaled(self.scale.check())
+            try:
+                self._scaled(self.scale.check())
+            except Exception:  # a bug here must not end the watch (nor take the loop down)
+                log.exception("cloud %s: the scale-out watch failed", self.url)
 
     def _scaled(self, raised: bool | None) -> None:
         """Say (an event, which reaches the fleet) that the scale-out signal changed."""

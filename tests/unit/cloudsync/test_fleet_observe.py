@@ -367,3 +367,16 @@ def test_shards_cut_the_fleets_series_each_node_in_one(registry: Registry, store
     assert len(set(owners.values())) == 3  # each shard has some
     with pytest.raises(ValueError, match="shards"):
         series.render(3, 3)
+
+
+@pytest.mark.parametrize("sent", ["yes", 1, 1e308, {"needed": True}, [True], None])
+def test_a_scale_out_signal_that_is_not_a_boolean_is_no_sample(sent: Any) -> None:
+    """A node's heartbeat is a way in: ``cloud_scale_out`` other than true or false gives no
+    sample (cannot tell), and the rest of the heartbeat's series are still made."""
+    body = {**decode(heartbeat("n1").payload).body, "cloud_scale_out": sent}
+    families = {f.name: f for f in heartbeat_families(body)}
+    assert families["edged_cloud_scale_out"].samples == []
+    assert families["edged_cloud_link_up"].samples[0].value == 1.0
+    body["cloud_scale_out"] = False
+    families = {f.name: f for f in heartbeat_families(body)}
+    assert families["edged_cloud_scale_out"].samples[0].value == 0.0
