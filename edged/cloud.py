@@ -362,6 +362,12 @@ class CloudEndpoint(Background):
                 min_confidence=config.ab_min_confidence or None,
             )
 
+    def cost(self, model: str) -> float:
+        """What one call of ``model`` costs on this tier: its cost per call plus the model's
+        [[cloud.models]] cost."""
+        entry = self.catalog.get(model)
+        return self.config.cost + (entry.cost if entry else 0.0)
+
     def arm(self, model: str) -> tuple[str, str]:
         """Which version a call of ``model`` goes to: ("a" or "b", its name on the server)."""
         entry = self.catalog.get(model)

@@ -357,8 +357,8 @@ class CloudConfig(Section):
     tiers: list[CloudConfig] = Field(
         default_factory=list,
         description="more cloud tiers, [[cloud.tiers]] with these keys (e.g. a cheaper"
-        " interruptible one): work that can wait goes to the cheapest tier that can take it,"
-        " urgent work to the fastest, and a failing tier's calls to the next",
+        " interruptible one): a call goes to the cheapest tier expected in time (urgent work:"
+        " in half its time), else the fastest, and a failing tier's calls to the next",
     )
     auth_header: str = Field(
         "Authorization", description="header (gRPC: metadata key) that carries the token"

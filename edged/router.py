@@ -217,7 +217,7 @@ class Router:
                 name, self._key(tier), None, payload, rtt=link.rtt, bandwidth=link.bandwidth
             )
             predicted, deviation = found or (None, None)
-            path = Path(True, "", predicted, tier.catalog[name].cost + tier.config.cost, deviation)
+            path = Path(True, "", predicted, tier.cost(name), deviation)
             seconds = predicted if predicted is not None else link.rtt
             options.append(tiers.Option((tier, path), path.cost, seconds))
         if not options:
@@ -441,7 +441,6 @@ class Router:
         deadline = call.ctx.deadline
         attempt = 0
         arm, target = tier.arm(call.name)
-        entry = tier.catalog.get(call.name)
         call.record["cloud_model"] = target
         if arm == "b":
             call.record["reason"] += f"; A/B: arm b ({target})"
@@ -477,7 +476,7 @@ class Router:
                 continue
             seconds = time.perf_counter() - started
             call.ran["cloud"] = seconds
-            cost = tier.config.cost + (entry.cost if entry else 0.0)
+            cost = tier.cost(call.name)
             self.metrics.cloud_call(call.name, target, seconds, True, tier.name, cost)
             self.estimates.observe(call.name, self._key(tier), seconds, None, call.payload, rtt)
             return CLOUD_VERSION, out

@@ -143,10 +143,9 @@ class TierReplay:
             seconds = predicted if predicted is not None else sim.link.rtt
             options.append(tiers.Option((name, path), COST[name], seconds))
         flexible = tiers.flexible(row["priority"], deadline / 1000)
-        ordered = [
-            (o.tier[0], o.seconds) for o, _ in tiers.order(options, flexible, deadline / 1000)
-        ]
-        cloud = options_path(options, ordered)
+        ranked = [o for o, _ in tiers.order(options, flexible, deadline / 1000)]
+        ordered = [(o.tier[0], o.seconds) for o in ranked]
+        cloud = ranked[0].tier[1] if ranked else RoutePath(False, "no tier can take it")
         decision = decide(request, local, cloud, {}, self.policy)
         if decision.route == "local":
             return self.local(row, load)
@@ -193,14 +192,6 @@ class TierReplay:
                 self.tally.violations += 1
             return spent, spent + took
         return spent, None
-
-
-def options_path(
-    options: list[tiers.Option[tuple[str, RoutePath]]], ordered: list[tuple[str, float | None]]
-) -> RoutePath:
-    """The first tier's path, as the decision sees the cloud."""
-    paths = {o.tier[0]: o.tier[1] for o in options}
-    return paths[ordered[0][0]] if ordered else RoutePath(False, "no tier can take it")
 
 
 def oracle(trace: Trace) -> Tally:
