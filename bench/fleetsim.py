@@ -17,7 +17,10 @@ A retained desired state is applied as cloudsync's delivery applies it: the mani
 the targets, the URLs, then the steps are reported as delivery events (``accepted``,
 ``downloaded``, ``active``; ``failed`` for an install of the bad version, ``refused``,
 ``superseded``) after ``install_delay_s``. Commands: ``ping``, ``rollback`` (``{"model",
-"from"}``: the version before serves again, a ``rolled-back`` event), ``versions``, ``status``;
+"from"}``: the version before serves again, a ``rolled-back`` event), ``versions``, ``status``,
+``cloud-ab`` (a split of a model's cloud calls, checked as edged checks it: while a test runs
+the node's telemetry carries its calls per arm and the good ones, ``cloud_ab``, drawn at
+``ab_good`` per cloud version);
 the rest answer as cloudsync does (unknown: its error; known but not simulated: an error that
 says so). With ``trust`` commands are verified (``cloudsync.protocol.commands.Verifier``) and a
 refused one is reported as cloudsync reports it.
@@ -166,6 +169,8 @@ class SimConfig:
     bad_latency_ms: float = 0.0
     install_delay_s: float = 1.0
     rps: float = 1.0  # calls per second per model and node (telemetry)
+    # an A/B test's calls: the share that are good, per cloud version called (others 0.95)
+    ab_good: dict[str, float] = field(default_factory=dict)
     fail_rate: float = 0.005  # the share of calls that fail on a good version
     latency_ms: float = 20.0  # a good version's median
     cpu_percent: tuple[float, float] = (5.0, 40.0)  # the heartbeat's load: drawn in this range
@@ -209,15 +214,20 @@ def parse_labels(text: str) -> dict[str, list[str]]:
     return labels
 
 
+def pairs(text: str) -> list[tuple[str, str]]:
+    """'a=1,b=2' -> [("a", "1"), ("b", "2")]."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"'{part}': name=value")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
 def parse_models(text: str) -> dict[str, int]:
     """'intent-classifier=1,ocr=3' -> {"intent-classifier": 1, "ocr": 3}."""
-    models: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, version = part.partition("=")
-        if not sep:
-            raise ValueError(f"model '{part}': name=version")
-        models[name.strip()] = int(version)
-    return models
+    return {name: int(version) for name, version in pairs(text)}
 
 
 # ---- one node ------------------------------------------------------------------------------
@@ -273,8 +283,8 @@ class Node:
     __slots__ = (
         "attempt", "busy", "client", "closing_mid", "connected_once", "counters", "current",
         "delivery", "edged_epoch", "epoch", "gen", "index", "install_token", "installing",
-        "labels", "last_telemetry", "models", "name", "pending", "position", "seq", "started",
-        "state", "streams", "topics", "waiting", "will", "writing",
+        "labels", "last_telemetry", "models", "name", "pending", "position", "seq", "splits",
+        "started", "state", "streams", "topics", "waiting", "will", "writing",
     )  # fmt: skip
 
     def __init__(self, index: int, config: SimConfig, now: float) -> None:
@@ -283,6 +293,7 @@ class Node:
         self.topics = Topics(config.fleet, self.name)
         self.labels = config.labels_of(index)
         self.models = {m: ModelRun(m, v, now) for m, v in config.models.items()}
+        self.splits: dict[str, tuple[str, float]] = {}  # model: (arm b, b's share) (cloud-ab)
         self.client: mqtt.Client | None = None
         self.state = OFF
         self.gen = 0  # changes whenever the connection's timers must be forgotten
@@ -825,6 +836,7 @@ class Worker:
             "models": rows,
             "routes": dict(sorted(routes.items())),
             "cloud": {},
+            "cloud_ab": self.ab_calls(node, {r["model"]: r["requests"] for r in rows}),
         }
         self.send(node, "telemetry", {"metrics": metrics}, "telemetry")
         self.stats["telemetry"] += 1
@@ -996,6 +1008,40 @@ class Worker:
 
     # ---- commands --------------------------------------------------------------------------
 
+    def ab_calls(self, node: Node, calls: dict[str, int]) -> dict[str, Any]:
+        """Each model under an A/B test (0 < b's share < 1): its calls this interval split
+        between the arms, each good at the arm's ``ab_good``."""
+        out: dict[str, Any] = {}
+        for model, (b_name, share) in sorted(node.splits.items()):
+            if not 0 < share < 1 or not calls.get(model):
+                continue
+            arms: dict[str, dict[str, int]] = {}
+            for _ in range(calls[model]):
+                arm = b_name if self.rng.random() < share else model
+                row = arms.setdefault(arm, {"calls": 0, "good": 0})
+                row["calls"] += 1
+                row["good"] += self.rng.random() < self.config.ab_good.get(arm, 0.95)
+            out[model] = arms
+        return out
+
+    def cloud_ab(self, node: Node, args: dict[str, Any]) -> dict[str, Any]:
+        """edged's PUT /v1/admin/cloud/{model}/ab, as its admin checks it."""
+        model, b_name, share = args.get("model"), args.get("b_cloud_name"), args.get("b_share", 0)
+        if model not in node.models:
+            raise RuntimeError(f"edged: 404: no model '{model}'")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise RuntimeError("edged: 400: 'b_share' must be a share of calls, 0 to 1")
+        if share and not isinstance(b_name, str):
+            raise RuntimeError("edged: 400: 'b_cloud_name' must name the cloud model of arm b")
+        if args.get("decided_by", "edged") not in ("edged", "fleet"):
+            raise RuntimeError("edged: 400: 'decided_by' must be 'edged' or 'fleet'")
+        if share:
+            node.splits[str(model)] = (str(b_name), float(share))
+        else:
+            node.splits.pop(str(model), None)
+        ab = {"b_cloud_name": b_name, "b_share": float(share)} if share else None
+        return {"model": model, "ab": ab}
+
     def command(self, node: Node, cmd_id: str, payload: bytes) -> None:
         if self.verifier is not None:
             self.verifier.target = f"{self.config.fleet}/{node.name}"
@@ -1042,6 +1088,8 @@ class Worker:
             return self.rollback(node, cmd_id, args, issuer)
         if name == "versions":
             return self.model(node, args).versions()
+        if name == "cloud-ab":
+            return self.cloud_ab(node, args)
         if name == "status":
             return {
                 "node": node.name,
@@ -1411,6 +1459,8 @@ def options(argv: list[str] | None = None) -> SimConfig:
     p.add_argument("--bad-latency-ms", type=float, default=d.bad_latency_ms)
     p.add_argument("--install-delay-s", type=float, default=d.install_delay_s)
     p.add_argument("--rps", type=float, default=d.rps, help="calls/s per model and node")
+    p.add_argument("--ab-good", default="", help="'v2=0.9,v3=0.8': the share of an A/B test's"
+                   " calls to each cloud version that are good (others 0.95)")  # fmt: skip
     p.add_argument("--fail-rate", type=float, default=d.fail_rate)
     p.add_argument("--latency-ms", type=float, default=d.latency_ms)
     p.add_argument("--procs", type=int, default=0, help="worker processes (0: by --nodes)")
@@ -1431,6 +1481,7 @@ def options(argv: list[str] | None = None) -> SimConfig:
         machine=a.machine, offline_start=a.offline_start, churn=a.churn, away_s=a.away_s,
         bad_version=a.bad_version, bad_fail_rate=a.bad_fail_rate,
         bad_latency_ms=a.bad_latency_ms, install_delay_s=a.install_delay_s, rps=a.rps,
+        ab_good={k: float(v) for k, v in pairs(a.ab_good)},
         fail_rate=a.fail_rate, latency_ms=a.latency_ms, procs=a.procs, duration=a.duration,
         installs=a.installs, trust=a.trust, session_expiry_s=a.session_expiry_s,
         max_connecting=a.max_connecting, seed=a.seed, report_s=a.report_s,

@@ -357,11 +357,27 @@ class Admin:
             raise InvalidRequest("'b_share' must be a share of calls, 0 to 1")
         if share and (not isinstance(b_name, str) or not 0 < len(b_name) <= 128):
             raise InvalidRequest("'b_cloud_name' must name the cloud model of arm b")
+        by = doc.get("decided_by", "edged")
+        if by not in ("edged", "fleet"):
+            raise InvalidRequest("'decided_by' must be 'edged' (this node's test decides) or"
+                                 " 'fleet' (the fleet service's)")  # fmt: skip
+        rule = {key: doc[key] for key in ("latency_ms", "min_confidence") if key in doc}
+        for key, value in rule.items():
+            most = 1.0 if key == "min_confidence" else 3_600_000.0
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (0 <= value <= most)
+            ):
+                raise InvalidRequest(f"'{key}' must be a number, 0 to {most:g}")
         # kept even at share 0: the operator's "off" (or a test's) overrides the config file's
-        splits = {**self.splits, model: {"b_cloud_name": b_name, "b_share": float(share)}}
+        split = {"b_cloud_name": b_name, "b_share": float(share)}
+        if by == "fleet":
+            split["decided_by"] = by
+        splits = {**self.splits, model: {**split, **rule}}
         if persist:
             self._save(cloud_ab=splits)
-        cloud.set_split(model, b_name, float(share))
+        cloud.set_split(model, b_name, float(share), by == "fleet", **rule)
         self.splits = splits
         return {"model": model, "ab": cloud.state()["ab"].get(model)}
 
@@ -375,7 +391,8 @@ class Admin:
             self.router.cloud.set_split(model, b_cloud_name, share)
 
     def set_split(self, model: str, doc: Any) -> dict[str, Any]:
-        """PUT /v1/admin/cloud/{m}/ab {"b_cloud_name", "b_share"} (share 0: arm a only)."""
+        """PUT /v1/admin/cloud/{m}/ab {"b_cloud_name", "b_share"} (share 0: arm a only;
+        optional: "decided_by" edged or fleet, and the test's "latency_ms", "min_confidence")."""
         reply = self._split(model, doc, persist=True)
         log.info("cloud A/B of %s: %s", model, reply["ab"] or "off")
         return reply

@@ -195,6 +195,8 @@ class CloudEndpoint(Background):
         self.decisions: dict[str, ABTest] = {}  # model -> its last decided test (the status)
         # where a decision is kept (the admin state): model, arm b's name, its new share
         self.on_decided: Callable[[str, str | None, float], None] | None = None
+        # every call an A/B test counts: model, the arm's cloud name, good (the metrics)
+        self.on_counted: Callable[[str, str, bool], None] | None = None
         for m in config.models:
             if m.b_cloud_name:
                 self.set_split(m.name, m.b_cloud_name, m.b_share)
@@ -343,9 +345,19 @@ class CloudEndpoint(Background):
 
     # ---- calls -----------------------------------------------------------------------------
 
-    def set_split(self, model: str, b_cloud_name: str | None, share: float) -> None:
+    def set_split(
+        self,
+        model: str,
+        b_cloud_name: str | None,
+        share: float,
+        by_fleet: bool = False,
+        latency_ms: float | None = None,
+        min_confidence: float | None = None,
+    ) -> None:
         """A/B: ``share`` of ``model``'s cloud calls go to ``b_cloud_name`` (0 or None: none).
-        A split between two arms (0 < share < 1) with a new arm b starts a new test."""
+        A split between two arms (0 < share < 1) with a new arm b starts a new test, decided
+        here or, ``by_fleet``, by the fleet service (this node counts); ``latency_ms`` and
+        ``min_confidence``: what a good call is, when not the config's."""
         if b_cloud_name and share > 0:
             self.splits[model] = (b_cloud_name, share)
         else:
@@ -353,13 +365,16 @@ class CloudEndpoint(Background):
         self.tests.pop(model, None)
         if b_cloud_name and 0 < share < 1:  # two arms: a test, from the first call on
             config = self.config
+            latency = config.ab_latency_ms if latency_ms is None else latency_ms
+            sure = config.ab_min_confidence if min_confidence is None else min_confidence
             self.tests[model] = ABTest(
                 b_cloud_name,
                 min_calls=config.ab_min_calls,
                 confidence=config.ab_confidence,
                 max_calls=config.ab_max_calls,
-                latency_s=config.ab_latency_ms / 1000 or None,
-                min_confidence=config.ab_min_confidence or None,
+                latency_s=latency / 1000 or None,
+                min_confidence=sure or None,
+                decides=not by_fleet,
             )
 
     def cost(self, model: str) -> float:
@@ -510,7 +525,12 @@ class CloudEndpoint(Background):
         test = self.tests.get(model)
         if test is None:
             return
-        decided = test.record("b" if cloud_name == test.b_name else "a", ok, seconds, quality)
+        arm = "b" if cloud_name == test.b_name else "a"
+        good = test.good(ok, seconds, quality)
+        decided = test.count(arm, good)
+        if self.on_counted is not None:
+            entry = self.catalog.get(model)
+            self.on_counted(model, cloud_name or (entry.cloud_name if entry else model), good)
         if decided is None:
             return
         self.tests.pop(model)

@@ -227,6 +227,14 @@ class Metrics:
             ["model", "cloud_model", "outcome"],
             registry=r,
         )
+        self.ab_calls = Counter(
+            "edged_cloud_ab_calls",
+            "Calls an A/B test of a cloud model counted, by the version called (cloud_model: its"
+            " arm) and whether the test's rule calls it good (answered, in time, sure enough):"
+            " the fleet service adds these up across nodes for an A/B the fleet decides",
+            ["model", "cloud_model", "good"],
+            registry=r,
+        )
         self.tier_calls = Counter(
             "edged_cloud_tier_calls",
             "Calls to each cloud tier ([cloud] name, [[cloud.tiers]]) by outcome (success, error)",
@@ -284,6 +292,9 @@ class Metrics:
         self.tier_calls.labels(tier, outcome).inc()
         if ok:
             self.tier_cost.labels(tier).inc(cost)
+
+    def ab_call(self, model: str, cloud_model: str, good: bool) -> None:
+        self.ab_calls.labels(model, cloud_model, "true" if good else "false").inc()
 
     def attach(self, scheduler: Scheduler, model: str, version: int) -> None:
         """Observe one model version's scheduler: its hooks, and its queue depth read when

@@ -92,6 +92,8 @@ class Router:
         self.clouds: list[CloudEndpoint] = [cloud, *tiers] if cloud is not None else []
         self.monitor = monitor
         self.metrics = metrics
+        for tier in self.clouds:
+            tier.on_counted = metrics.ab_call
         self.estimates = Estimates()
         self.learner: Learner | None = Learner() if config.policy == "learned" else None
         self.drained: str | None = None  # why the local tier takes no new work (edged.admin)

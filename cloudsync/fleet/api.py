@@ -36,6 +36,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from cloudsync.fleet.abtests import check as check_ab_test
 from cloudsync.fleet.config import Token
 from cloudsync.fleet.deployments import Deployment, Invalid, check
 from cloudsync.fleet.enrolment import MAX_TOKEN_S
@@ -414,6 +415,55 @@ class Api:
         self.service.wake.set()
         return web.json_response(summary(done))
 
+    # ---- A/B tests --------------------------------------------------------------------------
+
+    async def ab_tests(self, request: web.Request) -> web.Response:
+        found = await self.db(self.service.abtests.all)
+        return web.json_response({"ab_tests": [t.as_dict() for t in found]})
+
+    async def ab_test(self, request: web.Request) -> web.Response:
+        ident = request.match_info["id"]
+        found = await self.db(self.service.abtests.get, ident)
+        if found is None:
+            return error(404, "no such A/B test")
+        nodes = await self.db(self.service.abtests.nodes, ident)
+        states: dict[str, int] = {}
+        for row in nodes:
+            states[row["state"]] = states.get(row["state"], 0) + 1
+        doc = {**found.as_dict(), "nodes": states}
+        if request.query.get("nodes") == "1":
+            doc["node_states"] = [shown(row) for row in nodes]
+        return web.json_response(doc)
+
+    async def create_ab_test(self, request: web.Request) -> web.Response:
+        action = "create A/B test"
+        doc = await self.body(request, action, "-")
+        target = str(doc.get("id", "-"))[:64] if isinstance(doc, dict) else "-"
+        try:
+            made = check_ab_test(doc)
+        except Invalid as exc:
+            return await self.refuse(request, action, target, 422, str(exc))
+        who = request[WHO]
+        try:
+            made = await self.db(self.service.abtests.create, made, who.name)
+        except Conflict as exc:
+            return await self.refuse(request, action, made.id, 409, str(exc))
+        await self.db(self.audit, who, action, made.id, "done", made.split())
+        self.service.wake.set()
+        return web.json_response(made.as_dict(), status=201)
+
+    async def stop_ab_test(self, request: web.Request) -> web.Response:
+        ident, who = request.match_info["id"], request[WHO]
+        try:
+            done = await self.db(self.service.abtests.stop, ident, who.name)
+        except KeyError:
+            return await self.refuse(request, "stop A/B test", ident, 404, "no such A/B test")
+        except Conflict as exc:
+            return await self.refuse(request, "stop A/B test", ident, 409, str(exc))
+        await self.db(self.audit, who, "stop A/B test", ident, "done")
+        self.service.wake.set()
+        return web.json_response(done.as_dict())
+
     # ---- enrolment -------------------------------------------------------------------------
 
     async def enrolments(self, request: web.Request) -> web.Response:
@@ -541,6 +591,10 @@ class Api:
             ("POST", "/v1/rollouts", self.create_rollout, "operator", ()),
             ("GET", "/v1/rollouts/{id}", self.rollout, "viewer", ("nodes",)),
             ("POST", "/v1/rollouts/{id}/{action}", self.act_on_rollout, "operator", ()),
+            ("GET", "/v1/ab-tests", self.ab_tests, "viewer", ()),
+            ("POST", "/v1/ab-tests", self.create_ab_test, "operator", ()),
+            ("GET", "/v1/ab-tests/{id}", self.ab_test, "viewer", ("nodes",)),
+            ("POST", "/v1/ab-tests/{id}/stop", self.stop_ab_test, "operator", ()),
             ("GET", "/v1/audit", self.audit_log, "operator", ("after", "limit")),
             ("GET", "/v1/enrolments", self.enrolments, "operator", ("state", "limit")),
             ("POST", "/v1/enrolments/{id}/{action}", self.decide_enrolment, "operator", ()),

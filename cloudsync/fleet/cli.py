@@ -34,6 +34,9 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
     edgefleet --service URL rollout create ID --manifest F ...   run by the service (it goes on
                                                 when this returns); rollout status, pause,
                                                 resume, promote, abort ID
+    edgefleet --service URL ab start ID --model M --b-cloud-name B [--selector k=v]
+                                                an A/B test of a cloud model over the nodes,
+                                                decided by the service; ab list, show, stop ID
 
 Without --service, the broker: --host, --port, and a directory (--pki) holding ca.pem and the
 operator's certificate {--cert-name}.pem/.key (its CN has the operators' ACL). Exit codes: 0 ok,
@@ -56,9 +59,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from cloudsync.fleet import daemon, rollout
+from cloudsync.fleet import abtests, daemon, rollout
 from cloudsync.fleet.client import (
     ServiceError,
+    cmd_ab,
     cmd_deploy,
     cmd_enrol,
     cmd_label,
@@ -418,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--dir", default=".", help="where to write it")
     keygen.add_argument("--commands", action="append", default=[], help="scope the key to this"
                         " command (repeat): {kid}.commands beside the .pub; the fleet service's"
-                        " deploy key: --commands rollback")  # fmt: skip
+                        " deploy key: --commands rollback --commands cloud-ab")  # fmt: skip
     keygen.set_defaults(fn=lambda args: (None, cmd_keygen(args)))
     nodes = sub.add_parser("nodes", help="the fleet's nodes, online or offline")
     nodes.add_argument(
@@ -456,6 +460,27 @@ def build_parser() -> argparse.ArgumentParser:
                         " none: every node)")  # fmt: skip
     deploy.add_argument("--priority", type=int, default=0, help="create: the higher wins")
     deploy.set_defaults(fn=cmd_deploy)
+    ab = sub.add_parser(
+        "ab",
+        help="A/B tests of a cloud model across nodes, decided by the service (service)",
+        description=abtests.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ab.add_argument("action", choices=["start", "list", "show", "stop"])
+    ab.add_argument("id", nargs="?", help="the test's id (a name)")
+    ab.add_argument("--model", help="start: the model whose cloud calls are split")
+    ab.add_argument("--b-cloud-name", help="start: arm b, a version on the cloud server")
+    ab.add_argument("--share", type=float, default=0.5, help="start: b's share of the calls")
+    ab.add_argument("--selector", action="append", default=[], help="start: k=v (repeat; none:"
+                    " every online node)")  # fmt: skip
+    ab.add_argument("--min-calls", type=int, default=200, help="start: of each arm, in all")
+    ab.add_argument("--confidence", type=float, default=0.95, help="start: P(better) that decides")
+    ab.add_argument("--max-calls", type=int, default=20000, help="start: then a stays")
+    ab.add_argument("--latency-ms", type=float, help="start: a slower call is not good (default:"
+                    " each node's [cloud] ab_latency_ms)")  # fmt: skip
+    ab.add_argument("--min-confidence", type=float, help="start: a less sure answer is not good"
+                    " (default: each node's [cloud] ab_min_confidence)")  # fmt: skip
+    ab.set_defaults(fn=cmd_ab)
     enrol = sub.add_parser("enrol", help="new devices' certificates (service)")
     enrol.add_argument("action", choices=["token", "list", "approve", "refuse", "revoke"])
     enrol.add_argument("target", nargs="?", help="token, revoke: the node's name; approve,"

@@ -151,6 +151,39 @@ def cmd_deploy(args: argparse.Namespace) -> tuple[Any, str]:
     return made, f"deployment {made['id']}: {made['versions']} to {made['selector'] or 'all'}"
 
 
+def cmd_ab(args: argparse.Namespace) -> tuple[Any, str]:
+    """The fleet's A/B tests of cloud models: start one, list, show, stop."""
+    client = service(args)
+    if args.action == "list":
+        found = client.call("GET", "/v1/ab-tests")["ab_tests"]
+        lines = [f"{'ID':20} {'MODEL':24} {'ARM B':24} {'STATE':10} DECIDED"]
+        lines += [f"{t['id']:20} {t['model']:24} {t['b_cloud_name']:24} {t['state']:10}"
+                  f" {t['decided'] or '-'}" for t in found]  # fmt: skip
+        return found, "\n".join(lines)
+    if not args.id:
+        raise Failure(f"ab {args.action}: the test's id", EXIT_USAGE)
+    if args.action == "start":
+        if not (args.model and args.b_cloud_name):
+            raise Failure("ab start: --model and --b-cloud-name", EXIT_USAGE)
+        body = {"id": args.id, "model": args.model, "b_cloud_name": args.b_cloud_name,
+                "b_share": args.share, "selector": pairs(args.selector),
+                "min_calls": args.min_calls, "confidence": args.confidence,
+                "max_calls": args.max_calls, "latency_ms": args.latency_ms,
+                "min_confidence": args.min_confidence}  # fmt: skip
+        test = client.call("POST", "/v1/ab-tests", body)
+    elif args.action == "stop":
+        test = client.call("POST", f"/v1/ab-tests/{args.id}/stop")
+    else:
+        test = client.call("GET", f"/v1/ab-tests/{args.id}")
+    a, b = test["arms"].get("a", {}), test["arms"].get("b", {})
+    head = (f"A/B test {test['id']}: {test['model']} against {test['b_cloud_name']}"
+            f" ({test['b_share']:.0%} of the calls), {test['state']}"
+            f"{', decided: ' + test['decided'] if test['decided'] else ''}; good calls: a"
+            f" {a.get('good', 0)} of {a.get('calls', 0)}, b {b.get('good', 0)} of"
+            f" {b.get('calls', 0)}")  # fmt: skip
+    return test, "\n".join([head, *test.get("log", [])])
+
+
 def cmd_enrol(args: argparse.Namespace) -> tuple[Any, str]:
     """New devices' certificates: a one-time token for a name, the requests, a decision."""
     client = service(args)

@@ -49,9 +49,10 @@ class ServiceConfig(Section):
     )
     deploy_key: Path | None = Field(
         None,
-        description="the deploy key (PEM Ed25519) that signs a rollout's rollback commands;"
-        " nodes trust it with a scope file ({kid}.commands: rollback), so it signs nothing else"
-        " and no manifest (docs/SECURITY.md); none: rollouts cannot be created",
+        description="the deploy key (PEM Ed25519) that signs a rollout's rollback commands and"
+        " the fleet's A/B splits (cloud-ab); nodes trust it with a scope file ({kid}.commands:"
+        " rollback, and cloud-ab where the fleet may run A/B tests), so it signs nothing else"
+        " and no manifest (docs/SECURITY.md); none: no rollouts, no fleet A/B tests",
     )
     deploy_kid: str = Field("deploy-1", description="its name in the nodes' trust directory")
     identity: str = Field(

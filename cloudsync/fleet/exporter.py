@@ -63,6 +63,11 @@ COUNTERS = {  # a telemetry counter's family: its type and help, as edged's own
         "counter",
         "Calls to the cloud tier by model, the cloud model called and outcome",
     ),
+    "edged_cloud_ab_calls": (
+        "counter",
+        "Calls an A/B test of a cloud model counted, by the arm called (cloud_model) and"
+        " whether its rule called them good",
+    ),
 }
 _LOAD_FIELDS = {f.name: f.type for f in dataclasses.fields(LoadSnapshot)}
 

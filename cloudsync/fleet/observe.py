@@ -10,8 +10,10 @@ transaction, once whatever a broker or a reconnect repeats):
   change arriving after a newer one, changes nothing). ``cloudsync.fleet.alerting`` sends them to
   Alertmanager;
 - **counters**: edged's metrics in each ``telemetry`` record are added to the node's counters
-  (requests by outcome, the latency histogram, routes, cloud calls), once a record (its id is
-  kept a day), so the fleet's series (``cloudsync.fleet.exporter``) are the node's own.
+  (requests by outcome, the latency histogram, routes, cloud calls, the calls of A/B tests
+  by arm and whether they were good: what ``cloudsync.fleet.abtests`` adds up), once a
+  record (its id is kept a day), so the fleet's series (``cloudsync.fleet.exporter``) are the
+  node's own.
 
 Everything is checked before it is written: a field that is not what the contract says is a
 ValueError naming it (the registry counts the message as poison and drops it).
@@ -271,6 +273,16 @@ def counter_rows(metrics: Mapping[str, Any]) -> dict[tuple[str, str], float]:
                 labels = {"model": text(model, 128), "cloud_model": text(arm, 128),
                           "outcome": text(outcome, 32)}  # fmt: skip
                 add("edged_cloud_requests_total", labels, _count(n, "telemetry.cloud"))
+    for model, arms in _mapping(metrics.get("cloud_ab") or {}, "telemetry.cloud_ab").items():
+        for arm, figures in _mapping(arms, "telemetry.cloud_ab[]").items():
+            figures = _mapping(figures, "telemetry.cloud_ab[][]")
+            calls = _count(figures.get("calls", 0), "telemetry.cloud_ab.calls")
+            good = _count(figures.get("good", 0), "telemetry.cloud_ab.good")
+            if good > calls:
+                raise ValueError("telemetry.cloud_ab.good: more good calls than calls")
+            labels = {"model": text(model, 128), "cloud_model": text(arm, 128)}
+            add("edged_cloud_ab_calls_total", {**labels, "good": "true"}, good)
+            add("edged_cloud_ab_calls_total", {**labels, "good": "false"}, calls - good)
     return rows
 
 

@@ -52,6 +52,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from cloudsync.fleet.abtests import ABTests
 from cloudsync.fleet.alerting import Alerting
 from cloudsync.fleet.config import FleetServiceConfig
 from cloudsync.fleet.deployments import Deployments, Reconciler
@@ -150,6 +151,10 @@ class Service:
             self.store, self.deployments, self.fleet, self.publish_desired, self.send_command,
             load_deploy_key(config), config.service.identity, clock,
             int(config.service.offline_after_s * 1000),
+        )  # fmt: skip
+        self.abtests = ABTests(
+            self.store, self.fleet, self.send_command, load_deploy_key(config),
+            config.service.identity, clock, int(config.service.offline_after_s * 1000),
         )  # fmt: skip
         self.reconciler = Reconciler(
             self.store, self.deployments, self.publish_desired, self.rollouts.held
@@ -407,10 +412,10 @@ class Service:
             self.wake.clear()
 
     def runner_turn(self, full: bool) -> None:
-        """Renews the lease; while it holds it, a turn of the rollouts, then the deployments
-        (every node on a full pass, else the nodes that changed). The lease is renewed before
-        each part: a long pass does not outlive it unnoticed. A part that fails is logged; the
-        next turn tries again, and the nodes it had are kept for it."""
+        """Renews the lease; while it holds it, a turn of the rollouts, the A/B tests, then the
+        deployments (every node on a full pass, else the nodes that changed). The lease is
+        renewed before each part: a long pass does not outlive it unnoticed. A part that fails
+        is logged; the next turn tries again, and the nodes it had are kept for it."""
         with self.dirty_lock:
             full = full or self.full_pass
             nodes, self.dirty, self.full_pass = self.dirty, set(), False
@@ -418,6 +423,8 @@ class Service:
             if not (self.lease() and self.client.is_connected()):
                 return
             self.rollouts.turn()
+            if self.lease():
+                self.abtests.turn()
             if self.lease() and (full or nodes):
                 self.reconciler.run(None if full else nodes)
             if full:

@@ -106,6 +106,20 @@ CREATE TABLE IF NOT EXISTS rollout_nodes (
     sent_ts BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (rollout, node)
 );
+CREATE TABLE IF NOT EXISTS ab_tests (
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ab_test_nodes (
+    test TEXT NOT NULL,
+    node TEXT NOT NULL,
+    want TEXT NOT NULL,
+    state TEXT NOT NULL,
+    cmd TEXT,
+    sent_ts BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (test, node)
+);
 CREATE TABLE IF NOT EXISTS telemetry (
     node TEXT NOT NULL,
     ts BIGINT NOT NULL,

@@ -29,6 +29,7 @@ ROUTES = "edged_route_decisions"
 CONFIDENCE = "edged_inference_confidence"
 CLOUD = "edged_cloud_requests"
 CLOUD_LATENCY = "edged_cloud_request_duration_seconds"
+AB = "edged_cloud_ab_calls"
 LOCAL_LOAD = "edged_local_load_ratio"
 ERROR_OUTCOMES = ("error", "timeout", "unavailable")  # the caller got no answer, not its fault
 FAILED_OUTCOMES = (*ERROR_OUTCOMES, "invalid")  # and the input refused: a version's health
@@ -49,6 +50,7 @@ class Snapshot:
     confidence: dict[Key, tuple[float, float]] = field(default_factory=dict)  # version: sum, n
     cloud: dict[Key, float] = field(default_factory=dict)  # (model, cloud_model, outcome)
     cloud_sum: dict[Key, float] = field(default_factory=dict)  # (model, cloud_model): seconds
+    ab: dict[Key, float] = field(default_factory=dict)  # (model, cloud_model, good)
     local_load: float | None = None  # the load routing weighs, 0-1 (for the alerts)
 
     def route_totals(self) -> dict[str, int]:
@@ -73,6 +75,7 @@ class Snapshot:
                 "confidence": [[*k, *v] for k, v in self.confidence.items()],
                 "cloud": [[*k, v] for k, v in self.cloud.items()],
                 "cloud_sum": [[*k, v] for k, v in self.cloud_sum.items()],
+                "ab": [[*k, v] for k, v in self.ab.items()],
             }
         )
 
@@ -91,6 +94,7 @@ class Snapshot:
             {tuple(r[:-2]): (r[-2], r[-1]) for r in doc.get("confidence", [])},
             {tuple(r[:-1]): r[-1] for r in doc.get("cloud", [])},
             {tuple(r[:-1]): r[-1] for r in doc.get("cloud_sum", [])},
+            ab={tuple(r[:-1]): r[-1] for r in doc.get("ab", [])},
         )
 
 
@@ -100,7 +104,7 @@ def parse(text: str, at: float, epoch: str = "") -> Snapshot:
     for family in text_string_to_metric_families(text):
         if family.name == LOCAL_LOAD:
             snap.local_load = next((sample.value for sample in family.samples), None)
-        if family.name not in (REQUESTS, LATENCY, ROUTES, CONFIDENCE, CLOUD, CLOUD_LATENCY):
+        if family.name not in (REQUESTS, LATENCY, ROUTES, CONFIDENCE, CLOUD, CLOUD_LATENCY, AB):
             continue
         for sample in family.samples:
             labels = sample.labels
@@ -127,6 +131,8 @@ def parse(text: str, at: float, epoch: str = "") -> Snapshot:
                 snap.cloud[key] = sample.value
             elif sample.name == f"{CLOUD_LATENCY}_sum":
                 snap.cloud_sum[(labels["model"], labels["cloud_model"])] = sample.value
+            elif sample.name == f"{AB}_total":
+                snap.ab[(labels["model"], labels["cloud_model"], labels["good"])] = sample.value
     return snap
 
 
@@ -195,7 +201,13 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
     for model, arms in cloud.items():
         for arm, row in arms.items():
             row["mean_ms"] = round(1000 * cloud_seconds.get((model, arm), 0.0) / row["requests"], 3)
-    if not models and not routes and not cloud:
+    ab: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
+    for (model, arm, good), value in _delta(now.ab, base.ab).items():
+        if value:
+            row = ab[model].setdefault(arm, {"calls": 0, "good": 0})
+            row["calls"] += int(value)
+            row["good"] += int(value) if good == "true" else 0
+    if not models and not routes and not cloud and not ab:
         return None
     return {
         "metrics": {
@@ -205,6 +217,8 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
             "models": models,
             "routes": {m: dict(r) for m, r in sorted(routes.items())},
             "cloud": dict(sorted(cloud.items())),  # per model, per version called (A/B arms)
+            # an A/B test's calls per arm, and those its rule calls good (the fleet's A/B)
+            "cloud_ab": dict(sorted(ab.items())),
         }
     }
 

@@ -19,6 +19,11 @@ Checking after every call makes a false winner more likely than ``1 - confidence
 peeking problem); ``min_calls`` bounds it, and the decision's record carries the counts so an
 operator can judge it. A decision is final: the test stops counting, and a new split (the
 operator's) starts a new test.
+
+A test *decided by the fleet* (``decides`` false: the fleet service's A/B across nodes,
+``cloudsync.fleet.abtests``) counts the same way and never decides here: each node's good and
+bad calls per arm reach the fleet service in telemetry, which adds them up over the nodes and
+applies ``verdict`` with its own rule.
 """
 
 from __future__ import annotations
@@ -57,6 +62,21 @@ def _greater(a: Arm, b: Arm) -> float:
     )
 
 
+def verdict(
+    a: Arm, b: Arm, min_calls: int, confidence: float, max_calls: int
+) -> tuple[str | None, float | None]:
+    """The stopping rule on these counts: ("a" | "b" | "none" | None, P(b better)); the
+    probability is None while an arm has fewer than ``min_calls`` calls."""
+    if min(a.calls, b.calls) < min_calls:
+        return None, None
+    p = p_b_better(a, b)
+    if p >= confidence:
+        return "b", p
+    if p <= 1 - confidence:
+        return "a", p
+    return ("none" if a.calls + b.calls >= max_calls else None), p
+
+
 def p_b_better(a: Arm, b: Arm) -> float:
     """P(p_b > p_a) for p_x ~ Beta(1 + good, 1 + bad), exactly (the sum runs over the arm
     with fewer good calls: P(b > a) = 1 - P(a > b))."""
@@ -74,36 +94,41 @@ class ABTest:
     max_calls: int = 5000
     latency_s: float | None = None
     min_confidence: float | None = None
+    decides: bool = True  # False: the fleet decides (this node counts)
     arms: dict[str, Arm] = field(default_factory=lambda: {"a": Arm(), "b": Arm()})
     decided: str | None = None  # "a", "b", or "none" (undecided after max_calls)
     p_b: float = 0.5
     checked_at: int = 0  # calls in all at the last check
 
-    def record(
-        self, arm: str, ok: bool, seconds: float, confidence: float | None = None
-    ) -> str | None:
-        """One call's outcome (``confidence``: its answer's, when the model has one); the
-        decision when this call made it, else None."""
-        if self.decided is not None or arm not in self.arms:
-            return None
+    def good(self, ok: bool, seconds: float, confidence: float | None = None) -> bool:
+        """Whether a call counts as good: answered, in time, sure enough (``confidence``: its
+        answer's, when the model has one)."""
         good = ok and (self.latency_s is None or seconds <= self.latency_s)
         if self.min_confidence is not None and confidence is not None:
             good = good and confidence >= self.min_confidence
+        return good
+
+    def record(
+        self, arm: str, ok: bool, seconds: float, confidence: float | None = None
+    ) -> str | None:
+        """One call's outcome; the decision when this call made it, else None."""
+        return self.count(arm, self.good(ok, seconds, confidence))
+
+    def count(self, arm: str, good: bool) -> str | None:
+        """One call judged ``good`` or not; the decision when this call made it, else None."""
+        if self.decided is not None or arm not in self.arms:
+            return None
         self.arms[arm].calls += 1
         self.arms[arm].good += good
         a, b = self.arms["a"], self.arms["b"]
         calls = a.calls + b.calls
-        if min(a.calls, b.calls) < self.min_calls or calls < self.checked_at * 1.05:
+        if not self.decides or calls < self.checked_at * 1.05:
             return None  # checked when 5% more calls came in: bounded work, fewer peeks
-        self.checked_at = calls
-        self.p_b = p_b_better(a, b)
-        if self.p_b >= self.confidence:
-            self.decided = "b"
-        elif self.p_b <= 1 - self.confidence:
-            self.decided = "a"
-        elif a.calls + b.calls >= self.max_calls:
-            self.decided = "none"
-        return self.decided
+        decided, p_b = verdict(a, b, self.min_calls, self.confidence, self.max_calls)
+        if p_b is None:
+            return None
+        self.checked_at, self.p_b, self.decided = calls, p_b, decided
+        return decided
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +136,7 @@ class ABTest:
             "b": self.arms["b"].as_dict(),
             "p_b_better": round(self.p_b, 4),
             "decided": self.decided,
+            "decided_by": "edged" if self.decides else "fleet",
             "rule": {
                 "min_calls": self.min_calls,
                 "confidence": self.confidence,

@@ -51,7 +51,7 @@ TOOLS_MAY_IMPORT = ["edged.client", "edged.knowledge.text"]
 CLOUDSYNC_MAY_IMPORT = [
     "edged", "edged.client", "edged.common", "edged.config", "edged.logs", "edged.events",
     "edged.atomic", "edged.stats", "edged.errors", "edged.gauges", "edged.device.monitor",
-    "edged.models.names",
+    "edged.models.names", "edged.routing.abtest",
 ]  # fmt: skip
 
 

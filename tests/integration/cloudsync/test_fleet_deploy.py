@@ -284,3 +284,60 @@ def test_two_replicas_on_postgresql_one_runner_drives_a_rollout_to_the_end(
         sim.stop()
         one.kill()
         two.kill()
+
+
+@pytest.mark.parametrize("better", ["a", "b"])
+def test_a_fleet_ab_test_adds_up_the_nodes_and_every_node_gets_the_winner(
+    service: FleetService, broker: Broker, tmp_path: Path, better: str
+) -> None:
+    """20 simulated nodes, each sent the split by the service (signed with its deploy key and
+    verified by each node) and counting its own few calls per arm; arm b's calls are good 80%
+    of the time and a's 95% (or the other way round). The service adds the nodes' telemetry up
+    and decides within 2,000 calls in all, though no node has the 100 calls an arm that the
+    rule asks for; every node answers the final split. The service is SIGKILLed once while the
+    test runs and goes on where it was."""
+    b_name = f"{MODEL}-v2"
+    key = serialization.load_pem_private_key((tmp_path / "deploy-1.key").read_bytes(), None)
+    assert isinstance(key, Ed25519PrivateKey)
+    pub = tmp_path / "deploy-1.pub"
+    info = serialization.PublicFormat.SubjectPublicKeyInfo
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, info))
+    good = {MODEL: 0.95, b_name: 0.8} if better == "a" else {MODEL: 0.8, b_name: 0.95}
+    sim = simulator(broker, 21, labels={"site": ["a"] * 20 + ["b"]}, trust=pub, rps=1.0,
+                    ab_good=good)  # fmt: skip
+    try:
+        assert sim.wait_connected(timeout=30)
+        assert service.wait_for(
+            lambda: service.call("GET", "/v1/nodes?state=online")[1]["counts"] == {"online": 21},
+            30,
+        )
+        made = service.edgefleet("ab", "start", "v2", "--model", MODEL, "--b-cloud-name", b_name,
+                                 "--selector", "site=a", "--min-calls", "100")  # fmt: skip
+        assert made["state"] == "running" and made["arms"]["a"] == {"calls": 0, "good": 0}
+        assert (made["b_share"], made["confidence"], made["latency_ms"]) == (0.5, 0.95, None)
+        assert service.wait_for(
+            lambda: service.call("GET", "/v1/ab-tests/v2")[1]["nodes"] == {"done": 20}, 30
+        ), service.call("GET", "/v1/ab-tests/v2?nodes=1")[1]
+        service.kill()
+        service.start()
+        assert service.wait_for(
+            lambda: service.call("GET", "/v1/ab-tests/v2")[1]["state"] == "done", 90
+        ), service.call("GET", "/v1/ab-tests/v2")[1]
+        assert [t["decided"] for t in service.edgefleet("ab", "list")] == [better]
+        _, test = service.call("GET", "/v1/ab-tests/v2?nodes=1")
+        assert test["decided"] == better, test
+        a, b = test["arms"]["a"], test["arms"]["b"]
+        assert min(a["calls"], b["calls"]) >= 100 and a["calls"] + b["calls"] <= 2000, test
+        assert test["p_b_better"] >= 0.95 if better == "b" else test["p_b_better"] <= 0.05
+        assert test["why"].startswith({"a": f"arm a is better, arm b ({b_name}) gets no more",
+                                       "b": f"arm b ({b_name}) is better"}[better])  # fmt: skip
+        final = {"b_cloud_name": b_name, "b_share": 1.0} if better == "b" else None
+        rows = test["node_states"]
+        assert len(rows) == 20 and "sim-00020" not in {r["node"] for r in rows}  # site b
+        for row in rows:
+            assert row["want"] == "final" and row["state"] == "done", row
+            assert row["result"]["result"] == {"model": MODEL, "ab": final}, row
+        _, commands = service.call("GET", "/v1/nodes/sim-00003/commands")
+        assert [c["actor"] for c in commands["commands"]][:2] == ["ab-test v2"] * 2
+    finally:
+        sim.stop()

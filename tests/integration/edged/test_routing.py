@@ -600,6 +600,44 @@ def test_an_ab_test_stops_a_worse_arm_b_and_promotes_a_better_one(
     assert MODEL not in cloud_state(daemon.client)["ab_tests"]  # nothing left to test
 
 
+def test_an_ab_split_the_fleet_decides_counts_each_arm_and_decides_nothing_here(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    """A split set with ``decided_by: fleet`` (the fleet service's cloud-ab command): past the
+    calls a test of its own would have decided on (arm b fails one call in 3), the node still
+    splits; its counts per arm, good and not by the rule the command gave (latency_ms), are the
+    metric the fleet adds up; kept across a restart. Bad rule fields are 400s naming them."""
+    cloud = faults_cleared
+    daemon = edged_with_cloud(make_daemon, cloud, extra="ab_min_calls = 30\n"
+                              "breaker_min_calls = 100000\n")  # fmt: skip
+    client = daemon.client
+    split = {"b_cloud_name": MODEL_B, "b_share": 0.5, "decided_by": "fleet", "latency_ms": 60000}
+    assert client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab", split)["ab"] == {
+        "b_cloud_name": MODEL_B, "b_share": 0.5}  # fmt: skip
+    cloud.fail_every(3, status=503, models=[MODEL_B])
+    for i in range(160):
+        ask(client, 12000 + i, route="cloud")
+    cloud.fail_every(0)
+    test = cloud_state(client)["ab_tests"][MODEL]
+    assert test["decided"] is None and test["decided_by"] == "fleet"
+    assert test["rule"]["latency_s"] == 60.0
+    assert min(test["a"]["calls"], test["b"]["calls"]) >= 30  # its own test would have decided
+    assert test["b"]["good"] < test["b"]["calls"] and test["a"]["good"] == test["a"]["calls"]
+    for arm, cloud_model in (("a", MODEL), ("b", MODEL_B)):
+        good = metric(client, "edged_cloud_ab_calls_total", cloud_model=cloud_model, good="true")
+        bad = metric(client, "edged_cloud_ab_calls_total", cloud_model=cloud_model, good="false")
+        assert (good, good + bad) == (test[arm]["good"], test[arm]["calls"]), arm
+    assert daemon.stop() == 0
+    daemon.start()
+    wait_for(lambda: MODEL in cloud_state(daemon.client)["catalog"], 10, "the catalog")
+    kept = cloud_state(daemon.client)["ab_tests"][MODEL]
+    assert kept["decided_by"] == "fleet" and kept["rule"]["latency_s"] == 60.0
+    for field, value in (("decided_by", "me"), ("latency_ms", -1), ("min_confidence", 2)):
+        with pytest.raises(ClientError) as refused:
+            daemon.client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab", {**split, field: value})
+        assert refused.value.status == 400 and f"'{field}'" in refused.value.message
+
+
 def test_a_decoupled_model_is_not_sent_to_the_cloud(
     make_daemon: type[Daemon], faults_cleared: Cloud
 ) -> None:

@@ -58,6 +58,20 @@ def test_an_interval_counts_what_happened_in_it_per_model_version() -> None:
     assert row["seconds"] == pytest.approx(sum(latencies) + 1.5 + 0.002, abs=1e-5)
     assert doc["routes"] == {"intent": {"local": 90, "cloud": 8, "fallback": 2}}
     assert second.route_totals() == {"cloud": 8, "fallback": 2, "local": 91}
+    assert doc["cloud_ab"] == {}
+
+
+def test_an_ab_tests_calls_per_arm_and_the_good_ones() -> None:
+    metrics = Metrics()
+    metrics.ab_call("intent", "intent-v2", True)
+    first = snapshot(metrics, 100.0)
+    for arm, good in [("intent", True)] * 5 + [("intent", False)] + [("intent-v2", False)] * 2:
+        metrics.ab_call("intent", arm, good)
+    body = telemetry(snapshot(metrics, 160.0), Snapshot.from_state(first.to_state()))
+    assert body is not None
+    assert body["metrics"]["cloud_ab"] == {
+        "intent": {"intent": {"calls": 6, "good": 5}, "intent-v2": {"calls": 2, "good": 0}}
+    }
 
 
 def test_nothing_new_gives_no_record_and_the_first_read_counts_from_edgeds_start() -> None:

@@ -96,6 +96,10 @@ edged_route_decisions_total{{model="m",route="local",reason="load"}} {n}
 # TYPE edged_cloud_requests_total counter
 edged_cloud_requests_total{{model="m",cloud_model="m-big",outcome="success"}} {cloud}
 edged_cloud_requests_total{{model="m",cloud_model="m-big",outcome="error"}} {slow}
+# TYPE edged_cloud_ab_calls_total counter
+edged_cloud_ab_calls_total{{model="m",cloud_model="m-big",good="true"}} {cloud}
+edged_cloud_ab_calls_total{{model="m",cloud_model="m-big",good="false"}} {slow}
+edged_cloud_ab_calls_total{{model="m",cloud_model="m-v2",good="true"}} {ok}
 """
 
 
@@ -160,6 +164,13 @@ def test_a_nodes_heartbeat_and_telemetry_are_its_own_series(registry: Registry,
               outcome="error") == 3  # fmt: skip
     assert at(s, "edged_cloud_requests_total", model="m", cloud_model="m-big",
               outcome="success") == 5  # fmt: skip
+    # an A/B test's calls per arm, good or not (what the fleet's A/B tests add up)
+    assert body["metrics"]["cloud_ab"] == {"m": {"m-big": {"calls": 8, "good": 5},
+                                                 "m-v2": {"calls": 17, "good": 17}}}  # fmt: skip
+    assert at(s, "edged_cloud_ab_calls_total", model="m", cloud_model="m-big", good="true") == 5
+    assert at(s, "edged_cloud_ab_calls_total", model="m", cloud_model="m-big", good="false") == 3
+    assert at(s, "edged_cloud_ab_calls_total", model="m", cloud_model="m-v2", good="true") == 17
+    assert at(s, "edged_cloud_ab_calls_total", model="m", cloud_model="m-v2", good="false") == 0
     assert at(s, "edgefleet_node_info", state="online", cloudsync_version="1.2",
               edged_version="1.3") == 1.0  # fmt: skip
     assert at(s, "edgefleet_node_labels_info", label_site="berlin", label_hw_kind="orin") == 1
@@ -268,6 +279,9 @@ def test_events_are_ecs_lines_once(registry: Registry, tmp_path: Path) -> None:
         ({"metrics": {"models": "all"}}, "models"),
         ({"metrics": {"routes": {"m": {"local": 1.5}}}}, "routes"),
         ({"metrics": {"cloud": {"m": {"b": {"outcomes": {"error": True}}}}}}, "cloud"),
+        ({"metrics": {"cloud_ab": {"m": {"b": {"calls": 1, "good": 2}}}}}, "cloud_ab.good"),
+        ({"metrics": {"cloud_ab": {"m": {"b": {"calls": -1}}}}}, "cloud_ab.calls"),
+        ({"metrics": {"cloud_ab": {"m": ["b"]}}}, "cloud_ab[]"),
     ],
 )  # fmt: skip
 def test_telemetry_that_breaks_the_contract_is_poison_naming_the_field(
