@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -81,9 +82,10 @@ class Admin:
         self.overrides: dict[str, Any] = {}
         self.drained: dict[str, Any] | None = None
         self.history: dict[str, list[int]] = {}  # per model, the versions activated, oldest first
-        self.splits: dict[str, dict[str, Any]] = {}  # cloud A/B set here: model -> b and share
-        if router.cloud is not None:  # an A/B test's decision is kept as the operator's would be
-            router.cloud.on_decided = self._decided
+        # cloud A/B set here: model (the first tier's) or model@tier -> b and share
+        self.splits: dict[str, dict[str, Any]] = {}
+        for tier in router.clouds:  # an A/B test's decision is kept as the operator's would be
+            tier.on_decided = functools.partial(self._decided, tier.name)
         self._restore()
 
     # ---- what is kept --------------------------------------------------------------------
@@ -114,7 +116,8 @@ class Admin:
         self.configure(self.base)
         self.history = history
         self.manager.pinned.update({name: versions[-1] for name, versions in history.items()})
-        for model, split in splits.items():
+        for key, split in splits.items():
+            model = key.partition("@")[0]
             try:
                 self._split(model, split)
             except EdgedError as exc:
@@ -351,6 +354,12 @@ class Admin:
         cloud = self.router.cloud
         if cloud is None:
             raise NotFound("this edged has no cloud tier ([cloud] url)")
+        tier = doc.get("tier", cloud.name) if isinstance(doc, dict) else cloud.name
+        found = [t for t in self.router.clouds if t.name == tier]
+        if not found:
+            names = ", ".join(t.name for t in self.router.clouds)
+            raise InvalidRequest(f"'tier' must name a cloud tier: {names}")
+        cloud = found[0]
         b_name = doc.get("b_cloud_name") if isinstance(doc, dict) else None
         share = doc.get("b_share", 0) if isinstance(doc, dict) else None
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
@@ -371,28 +380,34 @@ class Admin:
             ):
                 raise InvalidRequest(f"'{key}' must be a number, 0 to {most:g}")
         # kept even at share 0: the operator's "off" (or a test's) overrides the config file's
-        split = {"b_cloud_name": b_name, "b_share": float(share)}
+        split: dict[str, Any] = {"b_cloud_name": b_name, "b_share": float(share)}
         if by == "fleet":
             split["decided_by"] = by
-        splits = {**self.splits, model: {**split, **rule}}
+        first = cloud is self.router.cloud
+        if not first:
+            split["tier"] = tier
+        splits = {**self.splits, model if first else f"{model}@{tier}": {**split, **rule}}
         if persist:
             self._save(cloud_ab=splits)
         cloud.set_split(model, b_name, float(share), by == "fleet", **rule)
         self.splits = splits
-        return {"model": model, "ab": cloud.state()["ab"].get(model)}
+        reply = {"model": model, "ab": cloud.state()["ab"].get(model)}
+        return reply if first else {**reply, "tier": tier}
 
-    def _decided(self, model: str, b_cloud_name: str | None, share: float) -> None:
+    def _decided(self, tier: str, model: str, b_cloud_name: str | None, share: float) -> None:
         """An A/B test promoted its winner: in force now, and kept like a PUT of the split."""
+        doc = {"b_cloud_name": b_cloud_name, "b_share": share, "tier": tier}
         try:
-            self._split(model, {"b_cloud_name": b_cloud_name, "b_share": share}, persist=True)
+            self._split(model, doc, persist=True)
         except EdgedError as exc:  # e.g. a full disk: in force until a restart
             log.error("admin: the cloud A/B decision of %s is not kept: %s", model, exc.message)
-            assert self.router.cloud is not None
-            self.router.cloud.set_split(model, b_cloud_name, share)
+            cloud = next(t for t in self.router.clouds if t.name == tier)
+            cloud.set_split(model, b_cloud_name, share)
 
     def set_split(self, model: str, doc: Any) -> dict[str, Any]:
         """PUT /v1/admin/cloud/{m}/ab {"b_cloud_name", "b_share"} (share 0: arm a only;
-        optional: "decided_by" edged or fleet, and the test's "latency_ms", "min_confidence")."""
+        optional: "tier" (default: the first), "decided_by" edged or fleet, and the test's
+        "latency_ms", "min_confidence")."""
         reply = self._split(model, doc, persist=True)
         log.info("cloud A/B of %s: %s", model, reply["ab"] or "off")
         return reply

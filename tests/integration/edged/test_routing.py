@@ -462,6 +462,23 @@ def test_work_that_can_wait_goes_to_the_cheap_tier_and_moves_when_it_is_killed(
     assert f"cloud tier spot (cost 0.3): http://{proxy.address} link up" in shown, shown
     assert "cloud tier on-demand (cost 1): http://" in shown, shown
     assert (tier("on-demand")["cost"], tier("spot")["cost"]) == (1.0, 0.3)
+    # an A/B split on the second tier (the admin API's "tier"), kept across a restart
+    split = {"tier": "spot", "b_cloud_name": MODEL_B, "b_share": 0.2}
+    ab = {"b_cloud_name": MODEL_B, "b_share": 0.2}
+    assert client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab", split) == {
+        "model": MODEL, "ab": ab, "tier": "spot"}  # fmt: skip
+    with pytest.raises(ClientError) as refused:
+        client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab", {**split, "tier": "moon"})
+    assert refused.value.status == 400 and "'tier' must name a cloud tier: on-demand, spot" in (
+        refused.value.message)  # fmt: skip
+    assert daemon.stop() == 0
+    daemon.start()
+    client = daemon.client
+    wait_for(lambda: MODEL in tier("spot")["catalog"], 10, "the spot tier's catalog")
+    assert tier("spot")["ab"] == {MODEL: ab}
+    assert tier("spot")["ab_tests"][MODEL]["decided"] is None and tier("on-demand")["ab"] == {}
+    client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab", {"tier": "spot", "b_share": 0})
+    assert tier("spot")["ab"] == {}
     client.unload(MODEL)  # only the cloud serves: what spot drops must reach on-demand
     wait = {"priority": 2, "timeout": 3_000_000}
     low = ask(client, 12000, **wait)
