@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from edged.atomic import write_atomic
+from edged.cloud import CloudEndpoint
 from edged.config import RoutingConfig, validate
 from edged.errors import (
     ConfigError,
+    Conflict,
     EdgedError,
     InsufficientStorage,
     InvalidRequest,
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 
 ADMIN_FILE = "admin.json"
 MAX_DRAIN_S = 3600.0
+MAX_SCORES = 1000  # an A/B test's scores in one call
 HISTORY = 10  # activations remembered per model
 
 
@@ -351,15 +354,8 @@ class Admin:
     # ---- cloud A/B -------------------------------------------------------------------------
 
     def _split(self, model: str, doc: Any, persist: bool = False) -> dict[str, Any]:
-        cloud = self.router.cloud
-        if cloud is None:
-            raise NotFound("this edged has no cloud tier ([cloud] url)")
-        tier = doc.get("tier", cloud.name) if isinstance(doc, dict) else cloud.name
-        found = [t for t in self.router.clouds if t.name == tier]
-        if not found:
-            names = ", ".join(t.name for t in self.router.clouds)
-            raise InvalidRequest(f"'tier' must name a cloud tier: {names}")
-        cloud = found[0]
+        cloud = self._tier(doc.get("tier") if isinstance(doc, dict) else None)
+        tier = cloud.name
         b_name = doc.get("b_cloud_name") if isinstance(doc, dict) else None
         share = doc.get("b_share", 0) if isinstance(doc, dict) else None
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
@@ -370,9 +366,9 @@ class Admin:
         if by not in ("edged", "fleet"):
             raise InvalidRequest("'decided_by' must be 'edged' (this node's test decides) or"
                                  " 'fleet' (the fleet service's)")  # fmt: skip
-        rule = {key: doc[key] for key in ("latency_ms", "min_confidence") if key in doc}
+        rule = {k: doc[k] for k in ("latency_ms", "min_confidence", "min_score") if k in doc}
         for key, value in rule.items():
-            most = 1.0 if key == "min_confidence" else 3_600_000.0
+            most = 3_600_000.0 if key == "latency_ms" else 1.0
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
@@ -394,6 +390,45 @@ class Admin:
         reply = {"model": model, "ab": cloud.state()["ab"].get(model)}
         return reply if first else {**reply, "tier": tier}
 
+    def score(self, model: str, doc: Any) -> dict[str, Any]:
+        """POST /v1/admin/cloud/{m}/ab/scores {"scores": [{"request_id", "score"}], "tier"}:
+        an operator's scores of answers, counted by the model's A/B test (it must take
+        scores: ab_min_score or the split's min_score)."""
+        cloud = self._tier(doc.get("tier") if isinstance(doc, dict) else None)
+        scores = doc.get("scores") if isinstance(doc, dict) else None
+        if not isinstance(scores, list) or not 0 < len(scores) <= MAX_SCORES:
+            raise InvalidRequest(f"'scores' must be a list of 1 to {MAX_SCORES} scores")
+        checked = []
+        for i, row in enumerate(scores):
+            ident = row.get("request_id") if isinstance(row, dict) else None
+            value = row.get("score") if isinstance(row, dict) else None
+            if not isinstance(ident, str) or not 0 < len(ident) <= 256:
+                raise InvalidRequest(f"'scores[{i}].request_id' must be a request's id")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (0 <= value <= 1)
+            ):
+                raise InvalidRequest(f"'scores[{i}].score' must be a number, 0 to 1")
+            checked.append((ident, float(value)))
+        test = cloud.tests.get(model)
+        if test is None or test.min_score is None:
+            raise Conflict(f"no A/B test of {model} on tier {cloud.name} takes scores")
+        counted = sum(cloud.score(model, ident, value) for ident, value in checked)
+        return {"model": model, "counted": counted, "not_waiting": len(checked) - counted}
+
+    def _tier(self, name: Any) -> CloudEndpoint:
+        """The cloud tier by name (None: the first)."""
+        if self.router.cloud is None:
+            raise NotFound("this edged has no cloud tier ([cloud] url)")
+        if name is None:
+            return self.router.cloud
+        found = [t for t in self.router.clouds if t.name == name]
+        if not found:
+            names = ", ".join(t.name for t in self.router.clouds)
+            raise InvalidRequest(f"'tier' must name a cloud tier: {names}")
+        return found[0]
+
     def _decided(self, tier: str, model: str, b_cloud_name: str | None, share: float) -> None:
         """An A/B test promoted its winner: in force now, and kept like a PUT of the split."""
         doc = {"b_cloud_name": b_cloud_name, "b_share": share, "tier": tier}
@@ -401,8 +436,7 @@ class Admin:
             self._split(model, doc, persist=True)
         except EdgedError as exc:  # e.g. a full disk: in force until a restart
             log.error("admin: the cloud A/B decision of %s is not kept: %s", model, exc.message)
-            cloud = next(t for t in self.router.clouds if t.name == tier)
-            cloud.set_split(model, b_cloud_name, share)
+            self._tier(tier).set_split(model, b_cloud_name, share)
 
     def set_split(self, model: str, doc: Any) -> dict[str, Any]:
         """PUT /v1/admin/cloud/{m}/ab {"b_cloud_name", "b_share"} (share 0: arm a only;

@@ -204,6 +204,15 @@ class Client:
         doc = {"b_cloud_name": b_cloud_name, "b_share": b_share}
         return dict(self.call("PUT", f"/v1/admin/cloud/{model}/ab", doc))
 
+    def score_ab(
+        self, model: str, scores: dict[str, float], tier: str | None = None
+    ) -> dict[str, Any]:
+        """An operator's scores (request id: 0 to 1) of answers an A/B test waits for."""
+        doc: dict[str, Any] = {"scores": [{"request_id": k, "score": v} for k, v in scores.items()]}
+        if tier is not None:
+            doc["tier"] = tier
+        return dict(self.call("POST", f"/v1/admin/cloud/{model}/ab/scores", doc))
+
     # ---- knowledge base --------------------------------------------------------------------
 
     def kb_ingest(self, namespace: str, documents: list[dict[str, Any]]) -> dict[str, Any]:

@@ -353,11 +353,12 @@ class CloudEndpoint(Background):
         by_fleet: bool = False,
         latency_ms: float | None = None,
         min_confidence: float | None = None,
+        min_score: float | None = None,
     ) -> None:
         """A/B: ``share`` of ``model``'s cloud calls go to ``b_cloud_name`` (0 or None: none).
         A split between two arms (0 < share < 1) with a new arm b starts a new test, decided
-        here or, ``by_fleet``, by the fleet service (this node counts); ``latency_ms`` and
-        ``min_confidence``: what a good call is, when not the config's."""
+        here or, ``by_fleet``, by the fleet service (this node counts); ``latency_ms``,
+        ``min_confidence`` and ``min_score``: what a good call is, when not the config's."""
         if b_cloud_name and share > 0:
             self.splits[model] = (b_cloud_name, share)
         else:
@@ -367,6 +368,7 @@ class CloudEndpoint(Background):
             config = self.config
             latency = config.ab_latency_ms if latency_ms is None else latency_ms
             sure = config.ab_min_confidence if min_confidence is None else min_confidence
+            scored = config.ab_min_score if min_score is None else min_score
             self.tests[model] = ABTest(
                 b_cloud_name,
                 min_calls=config.ab_min_calls,
@@ -375,6 +377,8 @@ class CloudEndpoint(Background):
                 latency_s=latency / 1000 or None,
                 min_confidence=sure or None,
                 decides=not by_fleet,
+                min_score=scored or None,
+                score_wait_s=config.ab_score_wait_s,
             )
 
     def cost(self, model: str) -> float:
@@ -503,7 +507,7 @@ class CloudEndpoint(Background):
             out = {n: _as_bytes(result.as_numpy(n)) for n in names}
             sure = out.get(confidence_output or "")
             quality = None if sure is None or sure.dtype == object else confidence(sure)
-            self._tested(model, cloud_name, True, elapsed, quality)
+            self._tested(model, cloud_name, True, elapsed, quality, request_id)
             return out
         self.breaker.record(not error.endpoint_fault)
         self._scaled(self.scale.record(not error.endpoint_fault))
@@ -520,17 +524,38 @@ class CloudEndpoint(Background):
         ok: bool,
         seconds: float,
         quality: float | None = None,
+        request_id: str = "",
     ) -> None:
-        """One call of an A/B test's model; a decision promotes its winner (all calls)."""
+        """One call of an A/B test's model (an answered one waits for its score when the
+        test takes scores)."""
         test = self.tests.get(model)
         if test is None:
             return
+        entry = self.catalog.get(model)
+        name = cloud_name or (entry.cloud_name if entry else model)
         arm = "b" if cloud_name == test.b_name else "a"
         good = test.good(ok, seconds, quality)
+        if good and test.min_score is not None:
+            test.wait(request_id, arm, name, time.monotonic())
+        else:
+            self._counted(model, test, arm, name, good)
+
+    def score(self, model: str, request_id: str, score: float) -> bool:
+        """An operator's score of a call's answer (0-1): counted by the model's A/B test
+        (False: no call of the test waits for it)."""
+        test = self.tests.get(model)
+        if test is None or test.min_score is None:
+            return False
+        found = test.scored(request_id, time.monotonic())
+        if found is not None:
+            self._counted(model, test, *found, score >= test.min_score)
+        return found is not None
+
+    def _counted(self, model: str, test: ABTest, arm: str, name: str, good: bool) -> None:
+        """One call counted; a decision promotes its winner (all calls)."""
         decided = test.count(arm, good)
         if self.on_counted is not None:
-            entry = self.catalog.get(model)
-            self.on_counted(model, cloud_name or (entry.cloud_name if entry else model), good)
+            self.on_counted(model, name, good)
         if decided is None:
             return
         self.tests.pop(model)

@@ -414,6 +414,17 @@ class CloudConfig(Section):
         description="A/B: an answer less sure than this (its confidence output's best score) is"
         " not a good one (0: confidence not counted)",
     )
+    ab_min_score: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="A/B: an answered call waits for an operator's score of its answer (POST"
+        " /v1/admin/cloud/{model}/ab/scores, by request id): at least this is a good one (0:"
+        " no scores)",
+    )
+    ab_score_wait_s: float = Field(
+        3600.0, gt=0, le=86400, description="A/B: a call not scored within this is not counted"
+    )
     scale_out_error_rate: float = Field(
         0.05,
         gt=0,

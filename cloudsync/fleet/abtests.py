@@ -8,7 +8,8 @@ online ones the selector picks then. Each runner turn (``ABTests.turn``):
 - **split**: each node is sent a signed ``cloud-ab`` command (the service's deploy key: its
   scope file on the nodes must name ``cloud-ab``) that sets the split with ``decided_by:
   fleet``: the node sends b's share of its calls to arm b, judges each call by the test's rule
-  (answered, within ``latency_ms``, at least ``min_confidence`` sure) and counts it
+  (answered, within ``latency_ms``, at least ``min_confidence`` sure, an operator's score of
+  at least ``min_score`` posted to the node) and counts it
   (``edged_cloud_ab_calls_total{model, cloud_model, good}``), but decides nothing itself;
 - **count**: the nodes' counts arrive in telemetry (``cloudsync.fleet.observe``); the test's arms
   are their sums over its nodes since the test started (arm b: calls of ``b_cloud_name``; arm
@@ -67,6 +68,7 @@ class FleetAB:
     max_calls: int = 20_000
     latency_ms: float | None = None  # None: the nodes' [cloud] ab_latency_ms
     min_confidence: float | None = None  # None: the nodes' [cloud] ab_min_confidence
+    min_score: float | None = None  # None: the nodes' [cloud] ab_min_score
     state: str = "running"  # running, promoting, done
     decided: str | None = None  # a, b, none (no difference), stopped (by an operator)
     p_b_better: float | None = None
@@ -90,7 +92,8 @@ class FleetAB:
 
     def split(self) -> dict[str, Any]:
         """The split the nodes count under while it runs."""
-        rule = {"latency_ms": self.latency_ms, "min_confidence": self.min_confidence}
+        rule = {"latency_ms": self.latency_ms, "min_confidence": self.min_confidence,
+                "min_score": self.min_score}  # fmt: skip
         split = {"model": self.model, "b_cloud_name": self.b_cloud_name, "b_share": self.b_share}
         return {**split, "decided_by": "fleet", **{k: v for k, v in rule.items() if v is not None}}
 
@@ -100,7 +103,8 @@ def check(doc: Any) -> FleetAB:
     if not isinstance(doc, dict):
         raise Invalid("body: an object {id, model, b_cloud_name, ...}")
     unknown = set(doc) - {"id", "model", "b_cloud_name", "b_share", "selector", "min_calls",
-                          "confidence", "max_calls", "latency_ms", "min_confidence"}  # fmt: skip
+                          "confidence", "max_calls", "latency_ms", "min_confidence",
+                          "min_score"}  # fmt: skip
     if unknown:
         raise Invalid(f"{sorted(unknown)[0]}: not a field of an A/B test")
     for key, pattern, what in (
@@ -121,6 +125,7 @@ def check(doc: Any) -> FleetAB:
     ranges: dict[str, tuple[float, float, bool]] = {  # low, high, low allowed
         "b_share": (0.0, 1.0, False), "confidence": (0.5, 1.0, False),
         "latency_ms": (0.0, 3_600_000.0, True), "min_confidence": (0.0, 1.0, True),
+        "min_score": (0.0, 1.0, True),
     }  # fmt: skip
     for key, (low, high, closed) in ranges.items():
         value = doc.get(key)

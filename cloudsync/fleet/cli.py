@@ -480,6 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
                     " each node's [cloud] ab_latency_ms)")  # fmt: skip
     ab.add_argument("--min-confidence", type=float, help="start: a less sure answer is not good"
                     " (default: each node's [cloud] ab_min_confidence)")  # fmt: skip
+    ab.add_argument("--min-score", type=float, help="start: an operator's score below this is"
+                    " not good (default: each node's [cloud] ab_min_score)")  # fmt: skip
     ab.set_defaults(fn=cmd_ab)
     enrol = sub.add_parser("enrol", help="new devices' certificates (service)")
     enrol.add_argument("action", choices=["token", "list", "approve", "refuse", "revoke"])

@@ -169,7 +169,7 @@ def cmd_ab(args: argparse.Namespace) -> tuple[Any, str]:
                 "b_share": args.share, "selector": pairs(args.selector),
                 "min_calls": args.min_calls, "confidence": args.confidence,
                 "max_calls": args.max_calls, "latency_ms": args.latency_ms,
-                "min_confidence": args.min_confidence}  # fmt: skip
+                "min_confidence": args.min_confidence, "min_score": args.min_score}  # fmt: skip
         test = client.call("POST", "/v1/ab-tests", body)
     elif args.action == "stop":
         test = client.call("POST", f"/v1/ab-tests/{args.id}/stop")

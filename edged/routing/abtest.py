@@ -3,7 +3,11 @@
 A call is *good* when the cloud answered it (no timeout, no 5xx, no broken connection: the
 failures the breaker counts), within ``latency_s`` when one is set, and, when
 ``min_confidence`` is set and the model has a confidence output, at least that sure (the
-quality signal: a classifier's best score, its least sure row). Each arm's share of good
+quality signal: a classifier's best score, its least sure row). With ``min_score`` set, an
+answered call that passes those waits for an operator's score of its answer (0 to 1, by its
+request id, within ``score_wait_s``): at least ``min_score`` is good, less is bad; a call
+never scored (no request id, not scored in time, or pushed out by ``MAX_PENDING`` newer ones)
+is not counted (``unscored``), a call that failed counts at once. Each arm's share of good
 calls has a Beta posterior (a uniform prior, Beta(1, 1)); after every call the test computes
 P(b's share > a's) exactly (Miller's sum over Beta functions, no sampling: the same counts give
 the same answer). The stopping rule, fixed before the first call:
@@ -29,8 +33,11 @@ applies ``verdict`` with its own rule.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
+
+MAX_PENDING = 10_000  # answered calls of one test waiting for their score, at most
 
 
 @dataclass
@@ -95,6 +102,11 @@ class ABTest:
     latency_s: float | None = None
     min_confidence: float | None = None
     decides: bool = True  # False: the fleet decides (this node counts)
+    min_score: float | None = None  # an operator's score, at least this: good (None: no scores)
+    score_wait_s: float = 3600.0
+    # request id -> (arm, the arm's cloud name, until when its score may come), oldest first
+    pending: OrderedDict[str, tuple[str, str, float]] = field(default_factory=OrderedDict)
+    unscored: int = 0
     arms: dict[str, Arm] = field(default_factory=lambda: {"a": Arm(), "b": Arm()})
     decided: str | None = None  # "a", "b", or "none" (undecided after max_calls)
     p_b: float = 0.5
@@ -113,6 +125,32 @@ class ABTest:
     ) -> str | None:
         """One call's outcome; the decision when this call made it, else None."""
         return self.count(arm, self.good(ok, seconds, confidence))
+
+    def wait(self, request_id: str, arm: str, cloud_name: str, now: float) -> None:
+        """An answered call that waits for its score (``now``: monotonic seconds)."""
+        self.expire(now)
+        if not request_id or request_id in self.pending or self.decided is not None:
+            self.unscored += 1  # it could not be told from another
+            return
+        if len(self.pending) >= MAX_PENDING:
+            self.pending.popitem(last=False)
+            self.unscored += 1
+        self.pending[request_id] = (arm, cloud_name, now + self.score_wait_s)
+
+    def scored(self, request_id: str, now: float) -> tuple[str, str] | None:
+        """The arm and cloud name of the call that waited for this score (None: no such call
+        waits: never made, scored already, or too late)."""
+        self.expire(now)
+        found = self.pending.pop(request_id, None)
+        return None if found is None else (found[0], found[1])
+
+    def expire(self, now: float) -> None:
+        while self.pending:
+            first = next(iter(self.pending.values()))
+            if first[2] >= now:
+                return
+            self.pending.popitem(last=False)
+            self.unscored += 1
 
     def count(self, arm: str, good: bool) -> str | None:
         """One call judged ``good`` or not; the decision when this call made it, else None."""
@@ -137,12 +175,15 @@ class ABTest:
             "p_b_better": round(self.p_b, 4),
             "decided": self.decided,
             "decided_by": "edged" if self.decides else "fleet",
+            "waiting_for_score": len(self.pending),
+            "unscored": self.unscored,
             "rule": {
                 "min_calls": self.min_calls,
                 "confidence": self.confidence,
                 "max_calls": self.max_calls,
                 "latency_s": self.latency_s,
                 "min_confidence": self.min_confidence,
+                "min_score": self.min_score,
             },
         }
 

@@ -295,6 +295,9 @@ def admin_routes(admin: Admin) -> list[web.RouteDef]:
     async def split(request: web.Request) -> Any:
         return admin.set_split(request.match_info["model"], await read_json(request))
 
+    async def scores(request: web.Request) -> Any:
+        return admin.score(request.match_info["model"], await read_json(request))
+
     async def rollback(request: web.Request) -> Any:
         return await admin.activate(request.match_info["model"], None)
 
@@ -311,6 +314,7 @@ def admin_routes(admin: Admin) -> list[web.RouteDef]:
         web.post("/v1/admin/models/{model}/activate", handler(activate)),
         web.post("/v1/admin/models/{model}/rollback", handler(rollback)),
         web.put("/v1/admin/cloud/{model}/ab", handler(split)),
+        web.post("/v1/admin/cloud/{model}/ab/scores", handler(scores)),
     ]
 
 

@@ -655,6 +655,46 @@ def test_an_ab_split_the_fleet_decides_counts_each_arm_and_decides_nothing_here(
         assert refused.value.status == 400 and f"'{field}'" in refused.value.message
 
 
+def test_an_operators_scores_decide_an_ab_test(
+    make_daemon: type[Daemon], faults_cleared: Cloud
+) -> None:
+    """With ab_min_score, an answered call counts when the operator scores its answer (the
+    same server answers both arms here: only the scores differ, 0.9 for a's answers and 0.3
+    for b's, looked up in the server's journal): arm a wins within 200 calls, at least 30 an
+    arm scored; calls are waiting meanwhile, not counted. Scores for a model whose test takes
+    none are a 409; a bad score a 400 naming it."""
+    cloud = faults_cleared
+    extra = (f"ab_min_calls = 30\nab_min_score = 0.5\n[[cloud.models]]\nname = \"{MODEL}\"\n"
+             f'b_cloud_name = "{MODEL_B}"\nb_share = 0.5\n')  # fmt: skip
+    daemon = edged_with_cloud(make_daemon, cloud, extra=extra)
+    client = daemon.client
+    first, calls = 20000, 0
+    while calls < 200 and not cloud_state(client)["ab_tests"][MODEL]["decided"]:
+        for i in range(calls, calls + 20):
+            ask(client, first + i, route="cloud")
+        ids = {f"req-{first + i}" for i in range(calls, calls + 20)}
+        waiting = cloud_state(client)["ab_tests"][MODEL]
+        assert waiting["waiting_for_score"] == 20 and waiting["a"]["calls"] + waiting["b"][
+            "calls"] == calls  # fmt: skip
+        arm = {s["id"]: s["model"] for s in cloud.seen() if s["id"] in ids}
+        scores = {i: 0.3 if model == MODEL_B else 0.9 for i, model in arm.items()}
+        reply = client.score_ab(MODEL, {**scores, "req-none": 1.0})
+        decided = cloud_state(client)["ab_tests"][MODEL]["decided"]
+        assert reply["counted"] + reply["not_waiting"] == 21  # once decided, none waits
+        assert reply["counted"] == 20 or (decided and reply["counted"] > 0), reply
+        calls += 20
+    test = cloud_state(client)["ab_tests"][MODEL]
+    assert test["decided"] == "a" and min(test["a"]["calls"], test["b"]["calls"]) >= 30, test
+    assert test["b"]["good"] == 0 and test["a"]["good"] == test["a"]["calls"]
+    assert test["rule"]["min_score"] == 0.5 and test["unscored"] == 0
+    with pytest.raises(ClientError) as refused:
+        client.score_ab(MODEL, {"req-1": 0.5})
+    assert refused.value.status == 409 and "takes scores" in refused.value.message
+    with pytest.raises(ClientError) as refused:
+        client.score_ab(MODEL, {"req-1": 1.5})
+    assert refused.value.status == 400 and "'scores[0].score'" in refused.value.message
+
+
 def test_a_decoupled_model_is_not_sent_to_the_cloud(
     make_daemon: type[Daemon], faults_cleared: Cloud
 ) -> None:

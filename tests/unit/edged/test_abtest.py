@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edged.routing.abtest import ABTest, Arm, p_b_better
+from edged.routing.abtest import MAX_PENDING, ABTest, Arm, p_b_better
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,8 @@ def test_a_decided_test_counts_no_more() -> None:
     assert test.record("b", True, 0.01) is None
     assert test.as_dict() == before and before["decided"] == "a"
     assert before["rule"] == {"min_calls": 5, "confidence": 0.95, "max_calls": 5000,
-                              "latency_s": None, "min_confidence": None}  # fmt: skip
+                              "latency_s": None, "min_confidence": None,
+                              "min_score": None}  # fmt: skip
 
 
 @settings(max_examples=200, deadline=None)
@@ -115,3 +116,27 @@ def test_confidence_counts_when_a_floor_is_set_and_the_model_has_one() -> None:
         no_output.record("a", True, 0.01)
         no_output.record("b", True, 0.01)  # a model without a confidence output
     assert no_output.decided == "none" and no_output.arms["b"].good == 20
+
+
+def test_scores_decide_what_waited_for_them_and_nothing_else() -> None:
+    """With min_score: an answered call waits for its score (by request id), a failed one
+    counts at once; a score for no waiting call, a second score, a late one, a call without an
+    id and one pushed out by MAX_PENDING newer ones count nothing."""
+    test = ABTest("m-b", min_calls=2, max_calls=100, min_score=0.6, score_wait_s=10.0)
+    test.wait("r1", "a", "m", 0.0)
+    test.wait("r2", "b", "m-b", 0.0)
+    test.wait("r1", "a", "m", 0.0)  # the same id twice: neither can be told apart
+    test.wait("", "b", "m-b", 0.0)  # no id: it cannot be scored
+    assert test.count("b", False) is None  # a failed call: counted at once
+    assert (test.arms["a"].calls, test.arms["b"].calls, test.unscored) == (0, 1, 2)
+    assert test.scored("r2", 1.0) == ("b", "m-b")
+    assert test.scored("r2", 1.0) is None  # scored already
+    assert test.scored("nobody", 1.0) is None
+    assert test.scored("r1", 10.5) is None  # too late: expired, not counted
+    assert test.unscored == 3 and not test.pending
+    test.wait("r3", "a", "m", 20.0)
+    for i in range(MAX_PENDING):
+        test.wait(f"x{i}", "b", "m-b", 20.0)
+    assert len(test.pending) == MAX_PENDING and "r3" not in test.pending
+    assert test.as_dict()["waiting_for_score"] == MAX_PENDING
+    assert test.as_dict()["unscored"] == 4 and test.as_dict()["rule"]["min_score"] == 0.6
