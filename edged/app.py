@@ -24,6 +24,7 @@ from edged.config import Config
 from edged.dataplane.plane import DataPlane
 from edged.device import LoadMonitor
 from edged.device.power import IdlePowerMode
+from edged.egress import Ledger
 from edged.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
 from edged.events import EventLog
 from edged.knowledge.answer import ChatAnswer
@@ -132,8 +133,18 @@ class Daemon:
         def local_names() -> list[str]:
             return list(self.manager.entries)
 
+        egress = config.egress
+        self.ledger = Ledger(
+            egress.directory or config.state_dir / "egress",
+            int(egress.segment_mb * (1 << 20)),
+            int(egress.max_mb * (1 << 20)),
+            egress.fsync_s,
+        )
+        recording = self.ledger if egress.enabled else None  # every call that leaves, first
         tiers = (config.cloud, *config.cloud.tiers) if config.cloud.url else ()
         clouds = [CloudEndpoint(tier, local_names) for tier in tiers]
+        for cloud in clouds:
+            cloud.ledger = recording
         self.cloud = clouds[0] if clouds else None  # the first tier: A/B, metrics, status
         self.router = Router(
             self.manager, config.routing, self.cloud, self.load, self.metrics, clouds[1:]
@@ -155,6 +166,7 @@ class Daemon:
                 knowledge.answer_url,
                 knowledge.answer_model or "",
                 read_token(knowledge.answer_token_file),
+                recording,
             )
             if knowledge.answer_url
             else None
@@ -386,6 +398,7 @@ class Daemon:
             raise ConfigError(
                 f"cannot create state_dir {self.config.state_dir}: {exc.strerror}"
             ) from None
+        self._open_ledger()
         try:  # installs are taken from there only (0700)
             install.ensure_staging(self.admin.staging)
         except ConfigError as exc:  # serving goes on; installs say why they cannot
@@ -440,12 +453,41 @@ class Daemon:
         idle = loop.create_task(self._unload_idle(), name="idle-unload")
         sweep = connections.sweep_idle(runner, self.config.server.read_timeout_s)
         sweeper = loop.create_task(sweep, name="idle-connections")
+        syncer = loop.create_task(self._sync_ledger(), name="egress-fsync")
         try:
             await self._serve(loading, sock.getsockname())
         finally:
-            tasks = [t for t in (watchdog, loading, keeper, idle, sweeper) if t]
+            tasks = [t for t in (watchdog, loading, keeper, idle, sweeper, syncer) if t]
             await self._shutdown(runner, site, tasks)
         return 0
+
+    def _open_ledger(self) -> None:
+        """The egress ledger, opened with an entry saying so and how it is set; off (by the
+        config only), an entry says that too. One that cannot be opened (a full disk) is an
+        error: the cloud calls are refused until edged starts with it."""
+        cfg = self.config.egress
+        settings = {"segment_mb": cfg.segment_mb, "max_mb": cfg.max_mb, "fsync_s": cfg.fsync_s}
+        try:
+            if cfg.enabled:
+                head = self.ledger.open({"kind": "started", "settings": settings})
+                log.info("egress ledger %s: entry %d", self.ledger.directory, head.seq)
+                return
+            self.ledger.open({"kind": "ledger-off", "why": "[egress] enabled = false"})
+            self.ledger.close()
+            log.warning("the egress ledger is off ([egress] enabled = false): what leaves the"
+                        " device is not recorded from now on (the ledger says so)")  # fmt: skip
+        except (OSError, ValueError) as exc:
+            log.error("the egress ledger %s cannot be opened (%s): no cloud call is made until"
+                      " it can", self.ledger.directory, exc)  # fmt: skip
+
+    async def _sync_ledger(self) -> None:
+        """fsync the ledger's new entries every [egress] fsync_s."""
+        while True:
+            await asyncio.sleep(self.config.egress.fsync_s)
+            try:
+                await asyncio.to_thread(self.ledger.sync)
+            except OSError as exc:
+                log.error("the egress ledger cannot be synced: %s", exc)
 
     async def _start_extra_servers(self) -> None:
         """gRPC on its own Unix socket, and /metrics on a TCP port, as configured."""
@@ -543,6 +585,7 @@ class Daemon:
             await release("the chat model", self.chat.close())
         for tier in self.router.clouds:
             await release(f"the cloud tier {tier.name}", tier.stop())
+        await release("the egress ledger", asyncio.to_thread(self.ledger.close))
         if self.power is not None:
             await release("the power mode", self.power.busy())  # the power mode edged found
         await release("the models", self.manager.close())

@@ -37,10 +37,12 @@ import numpy as np
 import tritonclient.http.aio as triton
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from edged import wire
 from edged.background import Background
 from edged.breaker import CircuitBreaker, ScaleOut
 from edged.common.backoff import backoff_delay
 from edged.config import CloudConfig
+from edged.egress import Ledger, digest
 from edged.errors import ConfigError
 from edged.link import LinkMonitor
 from edged.protocol.tensors import confidence
@@ -97,6 +99,10 @@ class CloudError(Exception):
     def tier_fault(self) -> bool:
         """The tier's doing, not the request's: the next tier may answer."""
         return self.endpoint_fault or self.link_fault or self.refused
+
+
+class Unrecorded(Exception):
+    """The egress ledger could not record a call: it must not be made."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +192,8 @@ class CloudEndpoint(Background):
         header = config.auth_header.lower() if self.grpc else config.auth_header  # gRPC metadata
         self.headers = {header: token} if token else {}
         self.client: Any = None
+        self.session: aiohttp.ClientSession | None = None  # REST calls (the client: the rest)
+        self.ledger: Ledger | None = None  # the egress ledger: every call recorded first
         self.module: Any = triton
         self.binary = True if self.grpc else config.binary_data
         self.catalog: dict[str, CatalogEntry] = {}
@@ -231,8 +239,12 @@ class CloudEndpoint(Background):
             import tritonclient.grpc.aio as triton_grpc
 
             self.module = triton_grpc
-            self.client = triton_grpc.InferenceServerClient(self.address, **self._grpc_tls())
+            self.client = wire.grpc_client(self.address, self._grpc_credentials())
         elif self.client is None:
+            # the calls' own session: their bodies are made here, for the egress ledger
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=100, ssl=self.tls or False)
+            )
             self.client = triton.InferenceServerClient(
                 self.address,
                 ssl=self.secure,
@@ -258,24 +270,31 @@ class CloudEndpoint(Background):
         if self.client is not None:
             await self.client.close()
             self.client = None
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
 
-    def _grpc_tls(self) -> dict[str, Any]:
-        """grpcs: the CA, and the client certificate for mutual TLS (tritonclient reads the
-        files)."""
+    def _grpc_credentials(self) -> Any:
+        """grpcs: the CA, and the client certificate for mutual TLS (None: plain gRPC)."""
         if not self.secure:
-            return {}
+            return None
+        import grpc
+
         log.warning(
             "cloud %s: gRPC's Python API cannot refuse TLS 1.2; use https:// where TLS 1.3 must"
             " be enforced",
             self.url,
         )
         config = self.config
-        return {
-            "ssl": True,
-            "root_certificates": str(config.ca_file) if config.ca_file else None,
-            "private_key": str(config.key_file) if config.key_file else None,
-            "certificate_chain": str(config.cert_file) if config.cert_file else None,
-        }
+
+        def read(path: Path | None) -> bytes | None:
+            return path.read_bytes() if path is not None else None
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(config.ca_file),
+            private_key=read(config.key_file),
+            certificate_chain=read(config.cert_file),
+        )
 
     def _link_changed(self, up: bool) -> None:
         if up:  # what the outage made fail says nothing of the endpoint; the probes passed
@@ -415,11 +434,13 @@ class CloudEndpoint(Background):
         payload: int = 0,
         cloud_name: str | None = None,
         confidence_output: str | None = None,
+        egress: dict[str, Any] | None = None,
     ) -> Tensors:
         """One call; CloudError says why it failed. ``timeout`` (s) bounds it, here and on the
         server (as the OIP ``timeout`` parameter). ``cloud_name``: the version to call (an A/B
         arm; default the catalog's); ``confidence_output``: the output whose best score an
-        A/B test weighs."""
+        A/B test weighs; ``egress``: the ledger entry's fields from the caller (its ``seq``
+        is set here once the entry is written)."""
         if self.client is None:
             raise CloudError("the cloud client is not started", refused=True, endpoint_fault=False)
         if timeout <= 0:
@@ -445,29 +466,33 @@ class CloudEndpoint(Background):
                     endpoint_fault=False,
                 ) from None
             request.append(tensor)
-        if self.grpc:
-            wanted = [module.InferRequestedOutput(n) for n in outputs]
-            transport: dict[str, Any] = {"client_timeout": timeout, "headers": self.headers}
-        else:
-            wanted = [module.InferRequestedOutput(n, binary_data=binary) for n in outputs]
-            # tritonclient's asyncio REST client sends no Content-Type; FastAPI-based servers
-            # (MLServer, KServe) refuse a JSON body without it
-            kind = "application/octet-stream" if binary else JSON
-            transport = {"headers": {**self.headers, "Content-Type": kind}}
+        name = cloud_name or (entry.cloud_name if entry else model)
+        record = self._recorder(model, name, request_id, egress)
+        limit_us = max(1, int(timeout * 1e6))  # the server may drop it after this
         started = time.perf_counter()
         timed_out = False
         try:
-            result = await asyncio.wait_for(
-                self.client.infer(
-                    cloud_name or (entry.cloud_name if entry else model),
-                    request,
-                    outputs=wanted or None,
-                    request_id=request_id,
-                    timeout=max(1, int(timeout * 1e6)),  # the server may drop it after this
-                    **transport,
-                ),
-                timeout,
-            )
+            if self.grpc:
+                wanted = [module.InferRequestedOutput(n) for n in outputs]
+                sending = wire.SENDING.set(record)
+                try:
+                    call = self.client.infer(
+                        name, request, outputs=wanted or None, request_id=request_id,
+                        timeout=limit_us, client_timeout=timeout, headers=self.headers,
+                    )  # fmt: skip
+                    result = await asyncio.wait_for(call, timeout)
+                finally:
+                    wire.SENDING.reset(sending)
+            else:
+                assert self.session is not None
+                wanted = [module.InferRequestedOutput(n, binary_data=binary) for n in outputs]
+                body, sizes = wire.rest_body(request, wanted, request_id, limit_us)
+                record(body)  # before it leaves
+                kind = "application/octet-stream" if binary else JSON
+                headers = {**self.headers, **sizes, "Content-Type": kind}
+                base = f"{'https' if self.secure else 'http'}://{self.address}"
+                call = wire.rest_infer(self.session, base, name, body, headers)
+                result = await asyncio.wait_for(call, timeout)
         except asyncio.TimeoutError:
             timed_out = True
             meaningful = self.link.silence_is_failure(timeout)
@@ -488,6 +513,8 @@ class CloudEndpoint(Background):
                 link_fault=status in (503, 504) and self.grpc,  # gRPC's lost connection
                 retryable=status in RETRYABLE_STATUS,
             )
+        except Unrecorded as exc:  # nothing was sent
+            raise CloudError(str(exc), endpoint_fault=False, refused=True) from None
         except (aiohttp.ClientError, OSError) as exc:
             error = CloudError(
                 f"cannot reach the cloud: {exc or type(exc).__name__}",
@@ -516,6 +543,32 @@ class CloudEndpoint(Background):
         if error.link_fault:
             self.link.observe(None)
         raise error
+
+    def _recorder(
+        self, model: str, name: str, request_id: str, egress: dict[str, Any] | None
+    ) -> Callable[[bytes], None]:
+        """What records a call's bytes in the egress ledger before they leave (Unrecorded: the
+        ledger cannot take the entry, and the call is not made)."""
+
+        def record(data: bytes) -> None:
+            if self.ledger is None:
+                return
+            fields = {k: v for k, v in (egress or {}).items() if k != "seq"}
+            try:
+                head = self.ledger.record(
+                    "cloud-infer", **fields, request_id=request_id, model=model,
+                    cloud_model=name, endpoint=self.url, tier=self.name,
+                    protocol="grpc" if self.grpc else "rest", bytes=len(data),
+                    sha256=digest(data),
+                )  # fmt: skip
+            except (OSError, ValueError) as exc:
+                raise Unrecorded(
+                    f"the egress ledger cannot record this call ({exc}): it is not sent"
+                ) from None
+            if egress is not None:
+                egress["seq"] = head.seq
+
+        return record
 
     def _tested(
         self,

@@ -594,6 +594,32 @@ class LogConfig(Section):
     )
 
 
+class EgressConfig(Section):
+    """The egress ledger (edged/egress.py): what left the device, recorded before it left."""
+
+    enabled: bool = Field(
+        True,
+        description="record every call that sends data off the device; turning it off (only"
+        " here) is itself recorded in the ledger",
+    )
+    directory: Path | None = Field(
+        None, description="where the ledger's segments are (default: state_dir/egress)"
+    )
+    segment_mb: float = Field(16.0, gt=0, le=1024, description="a new segment past this size")
+    max_mb: float = Field(
+        256.0, gt=0, description="the oldest segments go past this size in all (recorded)"
+    )
+    fsync_s: float = Field(
+        1.0, gt=0, le=60, description="entries are fsynced this often (a power cut loses that)"
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> EgressConfig:
+        if self.max_mb < 2 * self.segment_mb:
+            raise ValueError("max_mb must be at least twice segment_mb")
+        return self
+
+
 class Config(Section):
     """The whole configuration file."""
 
@@ -611,6 +637,7 @@ class Config(Section):
     cloud: CloudConfig = Field(default_factory=CloudConfig)
     knowledge: KnowledgeConfig = Field(default_factory=KnowledgeConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
+    egress: EgressConfig = Field(default_factory=EgressConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
 

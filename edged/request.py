@@ -67,6 +67,7 @@ class RouteContext:
     released: bool = False
     override: str | None = None  # "local" | "cloud" | "hedged"
     request_id: str = ""
+    uid: int | None = None  # the caller's (SO_PEERCRED), for the egress ledger
     decisions: list[dict[str, Any]] = field(default_factory=list)
     # edged's own calls (a pipeline's warm-up when it loads): a drain does not stop them, or a
     # pipeline loaded while drained would stay unavailable after the resume
@@ -89,6 +90,10 @@ class RouteContext:
             if row["basis"] != "unavailable":
                 return row
         return self.decisions[0]
+
+
+# the uid of the process that made the current request (REST and gRPC set it per call)
+CALLER: contextvars.ContextVar[int | None] = contextvars.ContextVar("edged_caller", default=None)
 
 
 def route_context(
@@ -114,6 +119,7 @@ def route_context(
         released="private" in parameters and private is False,
         override=None if override == "auto" else override,
         request_id=request_id,
+        uid=CALLER.get(),
     )
 
 

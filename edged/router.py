@@ -451,6 +451,7 @@ class Router:
             started = time.perf_counter()
             budget = deadline - time.monotonic() - reserve
             call.ran["cloud"] = None
+            egress = self._egress(call)
             try:
                 out = await tier.infer(
                     call.name,
@@ -461,8 +462,11 @@ class Router:
                     call.payload,
                     target,
                     call.config.confidence_output if call.config is not None else None,
+                    egress,
                 )
             except CloudError as exc:
+                if "seq" in egress:  # it was sent: the answer's trace points to its entry
+                    call.record.setdefault("egress", []).append(egress["seq"])
                 seconds = time.perf_counter() - started
                 self.metrics.cloud_call(call.name, target, seconds, False, tier.name, 0.0)
                 attempt += 1
@@ -477,11 +481,28 @@ class Router:
                 await asyncio.sleep(pause)
                 continue
             seconds = time.perf_counter() - started
+            if "seq" in egress:
+                call.record.setdefault("egress", []).append(egress["seq"])
             call.ran["cloud"] = seconds
             cost = tier.cost(call.name)
             self.metrics.cloud_call(call.name, target, seconds, True, tier.name, cost)
             self.estimates.observe(call.name, self._key(tier), seconds, None, call.payload, rtt)
             return CLOUD_VERSION, out
+
+    def _egress(self, call: Call) -> dict[str, Any]:
+        """What the egress ledger records of a call about to leave, beside what the cloud
+        tier adds: who asked, the route and its reason, and each input's privacy (``public``,
+        or ``released``: a default-private model's input the request let go)."""
+        label = "released" if self.privacy.why(call.name) else "public"
+        route, reason = call.record.get("route"), call.record.get("reason")
+        if call.leaving is not None:
+            route, reason = call.leaving[0], f"{reason}; {call.leaving[1]}"
+        return {
+            "uid": call.ctx.uid,
+            "route": route,
+            "reason": reason,
+            "labels": dict.fromkeys(call.inputs, label),
+        }
 
     async def _escalate(self, call: Call, served: str, outputs: Tensors) -> tuple[str, Tensors]:
         """Ask the cloud again when the local answer is not sure enough (hard examples)."""
@@ -495,6 +516,7 @@ class Router:
         sure = confidence(outputs[output])
         if sure >= float(threshold):
             return served, outputs
+        call.leaving = ("escalated", f"confidence {sure:.3f} < {threshold}")
         try:
             result = await self._cloud(call, reserve=0.0)
         except CloudError as exc:
@@ -544,6 +566,7 @@ class Call:
     ran: dict[str, float | None] = field(default_factory=dict)  # tier: seconds (None: failed)
     tiers: list[TierChoice] = field(default_factory=list)  # the cloud tiers to try, in order
     flexible: bool = False  # the request can wait: the cheapest tier first
+    leaving: tuple[str, str] | None = None  # a step that sends it beside the decision: why
 
     def note(self, route: str, what: str) -> None:
         """The route changed on the way (fallback, escalated): say so, and why."""

@@ -12,13 +12,15 @@ context is private is refused.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 import aiohttp
 
+from edged.egress import Ledger, digest
 from edged.errors import Unavailable
-from edged.request import current_route
+from edged.request import RouteContext, current_route
 
 SYSTEM = (
     "Answer the question from the numbered passages only, in a few sentences. If they do not"
@@ -40,11 +42,14 @@ class ChatAnswer:
     """Answers from ``{url}/chat/completions`` with ``model``; callable as the service's
     ``Answer``: (question, passages) -> (answer, route, reason)."""
 
-    def __init__(self, url: str, model: str, token: str | None = None) -> None:
+    def __init__(
+        self, url: str, model: str, token: str | None = None, ledger: Ledger | None = None
+    ) -> None:
         self.url = url.rstrip("/") + "/chat/completions"
         self.model = model
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session: aiohttp.ClientSession | None = None
+        self.ledger = ledger  # every question sent, recorded first
 
     async def close(self) -> None:
         if self._session is not None:
@@ -67,12 +72,14 @@ class ChatAnswer:
             "messages": chat_messages(question, passages),
             "temperature": 0,
         }
+        data = json.dumps(body).encode()
+        self._record(ctx, data)
         started = time.perf_counter()
         try:
             async with self._session.post(
                 self.url,
-                json=body,
-                headers=self.headers,
+                data=data,
+                headers={**self.headers, "Content-Type": "application/json"},
                 timeout=aiohttp.ClientTimeout(total=left),
             ) as response:
                 reply: Any = await response.json(content_type=None)
@@ -87,6 +94,24 @@ class ChatAnswer:
             raise Unavailable(f"{self.url} gave an answer that is not text")
         ms = 1000 * (time.perf_counter() - started)
         return answer.strip(), "cloud", f"{self.model} at {self.url} in {ms:.0f} ms"
+
+    def _record(self, ctx: RouteContext | None, data: bytes) -> None:
+        """The question's bytes in the egress ledger before they leave (none recorded: not
+        sent)."""
+        if self.ledger is None:
+            return
+        try:
+            self.ledger.record(
+                "answer-model", request_id=ctx.request_id if ctx else "",
+                uid=ctx.uid if ctx else None, model=self.model, endpoint=self.url,
+                route="cloud", reason="knowledge ask: the answer model",
+                labels={"question": "public", "passages": "public"}, protocol="openai-chat",
+                bytes=len(data), sha256=digest(data),
+            )  # fmt: skip
+        except (OSError, ValueError) as exc:
+            raise Unavailable(
+                f"the egress ledger cannot record the question ({exc}): it is not sent"
+            ) from None
 
 
 def _error(reply: Any) -> str:

@@ -58,7 +58,7 @@ from edged.protocol.tensors import (
     from_region,
     to_binary,
 )
-from edged.request import Sequences
+from edged.request import CALLER, Sequences
 from edged.server.access import Access, Peer, peer_of
 from edged.server.rest import OFFLOAD_BYTES, offload, place_outputs
 
@@ -220,9 +220,10 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _check(self, context: grpc.aio.ServicerContext, method: str) -> None:
         """PERMISSION_DENIED, naming what is needed, unless the caller may make this call."""
+        peer = self.peers(context.peer())
+        CALLER.set(peer.uid if peer is not None else None)  # this call's task only
         if self.access is None:
             return
-        peer = self.peers(context.peer())
         try:
             self.access.check_allowed(peer, "gRPC")
             if method in ADMIN_METHODS:

@@ -34,7 +34,7 @@ from edged.protocol.tensors import (
     place,
     response_document,
 )
-from edged.request import Sequences
+from edged.request import CALLER, Sequences
 from edged.server import connections
 from edged.server.access import Access, Peer, peer_of
 from edged.server.services import Services
@@ -80,9 +80,11 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
     """Caller identity, body limit, in-flight count and error mapping."""
     settings = request.app[SETTINGS]
     plane = request.app[PLANE]
+    caller = peer_credentials(request)
+    CALLER.set(caller.uid if caller is not None else None)  # this request's task only
     try:
         if settings.allowed_uids or settings.allowed_gids:
-            request.app[ACCESS].check_allowed(peer_credentials(request), "REST")
+            request.app[ACCESS].check_allowed(caller, "REST")
         length = request.content_length
         if length is not None and length > settings.max_request_bytes:
             raise PayloadTooLarge(

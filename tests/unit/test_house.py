@@ -28,7 +28,8 @@ EDGED_LAYERS = [
         [
             "edged", "edged.errors", "edged.common", "edged.stats", "edged.atomic",
             "edged.protocol", "edged.models.config", "edged.routing", "edged.background",
-            "edged.breaker", "edged.events", "edged.logs", "edged.request",
+            "edged.breaker", "edged.events", "edged.logs", "edged.request", "edged.egress",
+            "edged.wire",
         ],
     ),
     (
@@ -47,11 +48,11 @@ EDGED_LAYERS = [
     ("composition root", ["edged.app", "edged.cli", "edged.__main__"]),
 ]  # fmt: skip
 TOOLS = ["edged.client", "edged.edgectl", "edged.top", "edged.top_live"]
-TOOLS_MAY_IMPORT = ["edged.client", "edged.knowledge.text"]
+TOOLS_MAY_IMPORT = ["edged.client", "edged.knowledge.text", "edged.egress"]
 CLOUDSYNC_MAY_IMPORT = [
     "edged", "edged.client", "edged.common", "edged.config", "edged.logs", "edged.events",
     "edged.atomic", "edged.stats", "edged.errors", "edged.gauges", "edged.device.monitor",
-    "edged.models.names", "edged.routing.abtest",
+    "edged.models.names", "edged.routing.abtest", "edged.egress",
 ]  # fmt: skip
 
 

@@ -5,7 +5,9 @@ questions on the device or with the cloud's answer model, survive a restart."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from aiohttp import web
 
 from bench.peer import free_port
 from edged.client import Client, ClientError
+from edged.egress import Ledger
 from tests.conftest import ANSWER_MODEL, Cloud, Daemon, LoopThread, wait_for
 
 FAQ = [
@@ -220,8 +223,11 @@ class ChatServer(LoopThread):
         await self.runner.cleanup()
 
     async def complete(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.seen.append({"auth": request.headers.get("Authorization"), **body})
+        raw = await request.read()
+        body = json.loads(raw)
+        sha256 = hashlib.sha256(raw).hexdigest()
+        self.seen.append({"auth": request.headers.get("Authorization"), **body,
+                          "sha256": sha256, "bytes": len(raw)})  # fmt: skip
         await asyncio.sleep(self.delay)
         if self.status != 200:
             error = {"error": {"message": "model overloaded", "type": "server_error"}}
@@ -283,6 +289,14 @@ answer_token_file = "{token}"
         server.status = 503
         failed = client.kb_ask("faq", UNSURE, threshold=0.9)
         assert failed["answered_by"] == "passage" and "model overloaded" in failed["reason"]
+        # the egress ledger: one entry per question sent (the refused one too), before it left
+        ledger = Ledger(daemon.workdir / "state" / "egress")
+        entries = ledger.entries(match=lambda e: e["kind"] == "answer-model")
+        assert [(e["sha256"], e["bytes"]) for e in entries] == [
+            (s["sha256"], s["bytes"]) for s in server.seen]  # fmt: skip
+        assert all(e["endpoint"] == f"http://127.0.0.1:{server.port}/v1/chat/completions"
+                   and e["model"] == "llama-3.1-8b-instruct" and e["uid"] == os.getuid()
+                   for e in entries)  # fmt: skip
         assert daemon.stop() == 0
     finally:
         server.stop()

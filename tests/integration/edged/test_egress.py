@@ -1,0 +1,193 @@
+"""The egress ledger against a real cloud (the tests' MLServer) reached through a recording
+proxy (tests/hashproxy.py) that hashes every body as the cloud received it: each path that
+leaves the device (the cloud route, a hedge, an escalation, over REST and gRPC) writes exactly
+one entry per call, before the call, whose SHA-256 and size are the received body's; a private
+request writes none; the answer's route trace points to its entries; a SIGKILL in the middle
+of traffic leaves a chain that verifies; the off switch is itself recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edged.egress import Ledger, verify
+from tests.conftest import CLOUD_MODEL as MODEL
+from tests.conftest import Cloud, Daemon, copy_model, linked_repository, wait_for
+from tests.hashproxy import HashProxy
+from tests.integration.edged.test_routing import ALWAYS_CLOUD, ask, cloud_state
+
+pytestmark = pytest.mark.usefixtures("faults_cleared")
+
+
+@pytest.fixture
+def hashing(cloud: Cloud) -> Iterator[HashProxy]:
+    proxy = HashProxy(f"http://{cloud.proxy.address}").start()
+    yield proxy
+    proxy.stop()
+
+
+def start(make_daemon: type[Daemon], proxy: HashProxy, routing: str = "", extra: str = "",
+          repository: Path | None = None, grpc_url: str = "") -> Daemon:  # fmt: skip
+    from tests.conftest import MODELS
+
+    config = f"""
+[models]
+load = ["{MODEL}"]
+[cloud]
+url = "{grpc_url or f"http://{proxy.address}"}"
+[routing]
+{routing}
+{extra}
+"""
+    daemon = make_daemon(repository or MODELS, config=config).start()
+    wait_for(lambda: MODEL in cloud_state(daemon.client)["catalog"], 10, "the cloud catalog")
+    return daemon
+
+
+def ledger_of(daemon: Daemon) -> Ledger:
+    return Ledger(daemon.workdir / "state" / "egress")
+
+
+def sent(daemon: Daemon, kind: str = "cloud-infer") -> list[dict[str, Any]]:
+    return ledger_of(daemon).entries(limit=10_000, match=lambda e: e["kind"] == kind)
+
+
+def test_every_cloud_call_is_one_entry_whose_hash_is_what_the_cloud_received(
+    make_daemon: type[Daemon], hashing: HashProxy
+) -> None:
+    daemon = start(make_daemon, hashing)
+    client = daemon.client
+    answers = [ask(client, 31000 + i, route="cloud") for i in range(8)]
+    hedged = ask(client, 31100, route="hedged")
+    private = ask(client, 31200, route="cloud", private=True)
+    assert all(a["route"] == "cloud" for a in answers) and private["route"] == "local"
+    entries = sent(daemon)
+    posts = [p for p in hashing.posts() if p["path"].endswith("/infer")]
+    received = {p["id"]: p for p in posts}
+    ids = [f"req-{31000 + i}" for i in range(8)]
+    recorded = {e["request_id"]: e for e in entries}
+    # exactly one entry per call that reached the cloud, none for the private one
+    assert sorted(recorded) == sorted(received) and len(entries) == len(posts)
+    assert set(ids) <= set(recorded) and "private-31200" not in recorded
+    if hedged["route"] == "hedged":  # the hedge's cloud call was sent: it is recorded
+        assert "req-31100" in recorded
+    for ident, entry in recorded.items():
+        got = received[ident]
+        assert (entry["sha256"], entry["bytes"]) == (got["sha256"], got["bytes"]), ident
+        assert entry["endpoint"] == f"http://{hashing.address}" and entry["protocol"] == "rest"
+        assert entry["model"] == entry["cloud_model"] == MODEL and entry["tier"] == "cloud"
+        assert entry["uid"] == os.getuid() and entry["labels"] == {"embedding": "public"}
+        assert entry["route"] in ("cloud", "hedged") and entry["reason"]
+    # the answer's trace points to its entry
+    _, explained = client.infer_answer(MODEL, {"embedding": np_embedding()}, request_id="x-1",
+                                       parameters={"route": "cloud", "explain": True})  # fmt: skip
+    (step,) = json.loads(explained["route_trace"])
+    (entry,) = [e for e in sent(daemon) if e["request_id"] == "x-1"]
+    assert step["egress"] == [entry["seq"]]
+    report = verify(daemon.workdir / "state" / "egress")
+    assert report.ok and report.last.seq == entry["seq"], report
+    first = ledger_of(daemon).entries(limit=2)
+    assert [e["kind"] for e in first] == ["genesis", "started"]
+    assert first[1]["settings"] == {"segment_mb": 16.0, "max_mb": 256.0, "fsync_s": 1.0}
+
+
+def np_embedding() -> Any:
+    from tests.integration.edged.test_routing import embedding
+
+    return embedding(7)
+
+
+def test_an_escalation_is_recorded_and_a_private_one_never_leaves(
+    make_daemon: type[Daemon], hashing: HashProxy, tmp_path: Path
+) -> None:
+    repository = linked_repository(tmp_path / "models", [MODEL])
+    config = copy_model(repository, MODEL) / "config.pbtxt"
+    escalate = 'parameters {\n  key: "escalate_below"\n  value { string_value: "0.95" }\n}\n'
+    config.write_text(config.read_text() + escalate)
+    daemon = start(make_daemon, hashing, repository=repository)
+    answers = [ask(daemon.client, 32000 + i) for i in range(6)]
+    private = [ask(daemon.client, 32100 + i, private=True) for i in range(3)]
+    escalated = {f"req-{a['i']}" for a in answers if a["route"] == "escalated"}
+    assert escalated and all(p["route"] == "local" for p in private)
+    entries = sent(daemon)
+    assert {e["request_id"] for e in entries} == escalated
+    assert all(e["route"] == "escalated" and "confidence" in e["reason"] for e in entries)
+    received = {p["id"]: p["sha256"] for p in hashing.posts()}
+    assert all(received[e["request_id"]] == e["sha256"] for e in entries)
+
+
+def test_over_grpc_each_call_is_recorded_once(
+    make_daemon: type[Daemon], hashing: HashProxy, cloud: Cloud
+) -> None:
+    """gRPC: the ledger hashes the request message as serialized for the frame (the proxy
+    here sees REST only: the count, the ids and the route are checked, and that the hash is
+    the message's: the same tensors give the same bytes)."""
+    daemon = start(make_daemon, hashing, routing=ALWAYS_CLOUD,
+                   grpc_url=f"grpc://{cloud.peer.grpc_url}")  # fmt: skip
+    answers = [ask(daemon.client, 33000 + i) for i in range(5)]
+    assert all(a["route"] == "cloud" for a in answers), answers
+    entries = sent(daemon)
+    assert [e["request_id"] for e in entries] == [f"req-{33000 + i}" for i in range(5)]
+    assert all(e["protocol"] == "grpc" and e["bytes"] > 0 for e in entries)
+    assert len({e["sha256"] for e in entries}) == 5  # each call its own tensors
+
+
+def test_a_sigkill_mid_traffic_leaves_a_chain_that_verifies(
+    make_daemon: type[Daemon], hashing: HashProxy
+) -> None:
+    daemon = start(make_daemon, hashing, routing=ALWAYS_CLOUD)
+    stop = threading.Event()
+
+    def traffic(first: int) -> None:
+        for i in range(400):
+            if stop.is_set():
+                return
+            try:
+                ask(daemon.client, first + i)
+            except Exception:  # the daemon is gone
+                return
+
+    threads = [threading.Thread(target=traffic, args=(34000 + 1000 * k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(hashing.posts()) >= 40, 30, "traffic to the cloud")
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait()
+    stop.set()
+    for t in threads:
+        t.join(30)
+    directory = daemon.workdir / "state" / "egress"
+    report = verify(directory)
+    assert report.ok and report.entries >= 40, report
+    recorded = {e["request_id"] for e in sent(daemon)}
+    received = {p["id"] for p in hashing.posts() if p["path"].endswith("/infer")}
+    assert received <= recorded  # nothing reached the cloud unrecorded
+    daemon.start()  # goes on from the last whole entry
+    wait_for(lambda: MODEL in cloud_state(daemon.client)["catalog"], 10, "the cloud catalog")
+    ask(daemon.client, 39000)
+    again = verify(directory)
+    assert again.ok and again.entries > report.entries and again.torn == 0
+
+
+def test_the_off_switch_is_recorded_and_then_nothing_is(
+    make_daemon: type[Daemon], hashing: HashProxy
+) -> None:
+    daemon = start(make_daemon, hashing, routing=ALWAYS_CLOUD)
+    ask(daemon.client, 35000)
+    assert daemon.stop() == 0
+    config = daemon.config.read_text() + "\n[egress]\nenabled = false\n"
+    daemon.config.write_text(config)
+    daemon.start()
+    wait_for(lambda: MODEL in cloud_state(daemon.client)["catalog"], 10, "the cloud catalog")
+    assert ask(daemon.client, 35001)["route"] == "cloud"
+    kinds = [e["kind"] for e in ledger_of(daemon).entries(limit=100)]
+    assert kinds == ["genesis", "started", "cloud-infer", "ledger-off"]
+    assert verify(daemon.workdir / "state" / "egress").ok
