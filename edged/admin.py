@@ -31,13 +31,14 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from edged.atomic import write_atomic
 from edged.cloud import CloudEndpoint
 from edged.config import RoutingConfig, validate
+from edged.egress import Ledger, verify
 from edged.errors import (
     ConfigError,
     Conflict,
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 ADMIN_FILE = "admin.json"
 MAX_DRAIN_S = 3600.0
 MAX_SCORES = 1000  # an A/B test's scores in one call
+EGRESS_QUERY = frozenset({"after", "limit", "request_id", "model", "uid", "kind", "since_ms",
+                          "until_ms"})  # fmt: skip
 HISTORY = 10  # activations remembered per model
 
 
@@ -85,6 +88,7 @@ class Admin:
         self.overrides: dict[str, Any] = {}
         self.drained: dict[str, Any] | None = None
         self.history: dict[str, list[int]] = {}  # per model, the versions activated, oldest first
+        self.ledger: Ledger | None = None  # the egress ledger, read by GET /v1/admin/egress
         # cloud A/B set here: model (the first tier's) or model@tier -> b and share
         self.splits: dict[str, dict[str, Any]] = {}
         for tier in router.clouds:  # an A/B test's decision is kept as the operator's would be
@@ -428,6 +432,59 @@ class Admin:
             names = ", ".join(t.name for t in self.router.clouds)
             raise InvalidRequest(f"'tier' must name a cloud tier: {names}")
         return found[0]
+
+    # ---- the egress ledger -------------------------------------------------------------------
+
+    async def egress(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """GET /v1/admin/egress: entries after ``after`` (a seq), oldest first, at most
+        ``limit``, filtered by ``request_id``, ``model``, ``uid``, ``kind``, ``since_ms`` and
+        ``until_ms`` (entry times, ms since the epoch); ``next``: the ``after`` of the next
+        page (None: no more)."""
+        ledger = self._ledger()
+        unknown = set(query) - EGRESS_QUERY
+        if unknown:
+            raise InvalidRequest(f"'{sorted(unknown)[0]}' is no filter: {sorted(EGRESS_QUERY)}")
+        numbers = {}
+        for key in ("after", "limit", "uid", "since_ms", "until_ms"):
+            if key in query:
+                if not query[key].isdigit() or len(query[key]) > 16:
+                    raise InvalidRequest(f"'{key}' must be a whole number")
+                numbers[key] = int(query[key])
+        limit = numbers.get("limit", 100)
+        if not 1 <= limit <= 1000:
+            raise InvalidRequest("'limit' must be 1 to 1000")
+        text = {k: query[k] for k in ("request_id", "model", "kind") if k in query}
+        since, until = numbers.get("since_ms", 0), numbers.get("until_ms", 2**63)
+
+        def match(entry: dict[str, Any]) -> bool:
+            return (
+                all(entry.get(k) == v for k, v in text.items())
+                and ("uid" not in numbers or entry.get("uid") == numbers["uid"])
+                and since <= entry["ts"] <= until
+            )
+
+        found = await asyncio.to_thread(ledger.entries, numbers.get("after", 0), limit, match)
+        more = len(found) == limit
+        return {"entries": found, "next": found[-1]["seq"] if more else None,
+                "head": ledger.head.as_dict()}  # fmt: skip
+
+    async def verify_egress(self, checkpoints: list[str]) -> dict[str, Any]:
+        """GET /v1/admin/egress/verify[?checkpoint=SEQ:HASH...]: the whole chain walked (the
+        fleet's checkpoints, each must be in it)."""
+        ledger = self._ledger()
+        anchors = {}
+        for text in checkpoints:
+            seq, _, value = text.partition(":")
+            if not seq.isdigit() or len(value) != 64:
+                raise InvalidRequest("'checkpoint' must be SEQ:SHA256 (the fleet's anchors)")
+            anchors[int(seq)] = value
+        report = await asyncio.to_thread(verify, ledger.directory, anchors)
+        return report.as_dict()
+
+    def _ledger(self) -> Ledger:
+        if self.ledger is None:
+            raise NotFound("this edged keeps no egress ledger")
+        return self.ledger
 
     def _decided(self, tier: str, model: str, b_cloud_name: str | None, share: float) -> None:
         """An A/B test promoted its winner: in force now, and kept like a PUT of the split."""

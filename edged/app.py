@@ -151,6 +151,7 @@ class Daemon:
         )
         self.plane = DataPlane(self.manager, self.router, self.load, self.events,
                                config.server.shm_regions)  # fmt: skip
+        self.plane.ledger = self.ledger
         self.admin = Admin(
             config.state_dir / ADMIN_FILE,
             self.router,
@@ -159,6 +160,7 @@ class Daemon:
             config.models.keep_versions,
             lambda: self.plane.ready,
         )
+        self.admin.ledger = self.ledger
         knowledge = config.knowledge
         token = read_token(knowledge.token_file) or ""
         self.chat = (  # an OpenAI-compatible answer model, when one is configured
@@ -474,6 +476,7 @@ class Daemon:
                 return
             self.ledger.open({"kind": "ledger-off", "why": "[egress] enabled = false"})
             self.ledger.close()
+            self.ledger.enabled = False
             log.warning("the egress ledger is off ([egress] enabled = false): what leaves the"
                         " device is not recorded from now on (the ledger says so)")  # fmt: skip
         except (OSError, ValueError) as exc:

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import threading
+import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -172,6 +173,17 @@ class Client:
     def resume(self) -> dict[str, Any]:
         """The local tier takes work again."""
         return dict(self.call("POST", "/v1/admin/resume"))
+
+    def egress(self, **filters: Any) -> dict[str, Any]:
+        """The egress ledger's entries (GET /v1/admin/egress: after, limit, request_id, model,
+        uid, kind, since_ms, until_ms; None values left out)."""
+        query = urllib.parse.urlencode({k: v for k, v in filters.items() if v is not None})
+        return dict(self.call("GET", f"/v1/admin/egress?{query}"))
+
+    def verify_egress(self, checkpoints: Iterable[str] = ()) -> dict[str, Any]:
+        """The egress ledger's chain walked, with the fleet's checkpoints (``SEQ:SHA256``)."""
+        query = urllib.parse.urlencode([("checkpoint", c) for c in checkpoints])
+        return dict(self.call("GET", f"/v1/admin/egress/verify?{query}"))
 
     def model_versions(self, model: str) -> dict[str, Any]:
         """The active version of a model, those activated before, those on disk."""

@@ -199,6 +199,7 @@ class Ledger:
         self.dirty = False
         self.failed = ""  # why the last write failed ("": none)
         self.synced_at = 0.0
+        self.enabled = True  # False: the config turned it off (its last entry says so)
 
     # ---- opening ----------------------------------------------------------------------------
 
@@ -318,6 +319,17 @@ class Ledger:
                 self.fd = -1
 
     # ---- reading ----------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What ``GET /v1/status`` shows (and a heartbeat carries: the head, the fleet's
+        checkpoint)."""
+        return {
+            "enabled": self.enabled,
+            "open": self.fd >= 0,
+            "head": self.head.as_dict(),
+            "directory": str(self.directory),
+            "failed": self.failed,
+        }
 
     def entries(
         self,

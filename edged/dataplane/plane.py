@@ -15,6 +15,7 @@ import numpy as np
 
 from edged import __version__, logs
 from edged.device import LoadMonitor
+from edged.egress import Ledger
 from edged.errors import InvalidRequest, NotFound, Unavailable
 from edged.events import EventLog
 from edged.models.config import ModelConfig
@@ -111,6 +112,7 @@ class DataPlane:
         self.started = time.monotonic()
         manager.metrics.inflight.set_function(lambda: self.inflight)
         self.shm = Regions(shm_regions)  # Triton's system shared memory (edged.protocol.shm)
+        self.ledger: Ledger | None = None  # the egress ledger (its head in the status)
 
     def shared_memory(self, caller: Any, limit: int) -> Bound:
         """The shared-memory regions as ``caller`` (a socket's ``Peer``; None: not a local
@@ -208,6 +210,7 @@ class DataPlane:
             "load": self.monitor.latest.as_dict() if self.monitor else None,
             "cloud": self.router.cloud.state() if self.router.cloud else None,
             "cloud_tiers": [t.state() for t in self.router.clouds],  # [cloud] first
+            "egress": self.ledger.state() if self.ledger is not None else None,
             "models": self.manager.index(),
         }
 

@@ -13,6 +13,7 @@ import sys
 
 from edged.client import Client, ClientError, default_socket
 from edged.common.cli import UsageError
+from edged.edgectl import egress
 from edged.edgectl.admin import cmd_drain, cmd_reload, cmd_resume, cmd_routing
 from edged.edgectl.base import EXIT_NOT_READY, EXIT_OK, EXIT_USAGE, exit_code
 from edged.edgectl.inference import (
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drain.set_defaults(fn=cmd_drain)
     sub.add_parser("resume", help="the local tier takes work again").set_defaults(fn=cmd_resume)
+    egress.add_parser(sub)
     sub.add_parser(
         "reload", help="re-read the config and the model repository (as SIGHUP), and wait"
     ).set_defaults(fn=cmd_reload)

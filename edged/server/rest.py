@@ -300,6 +300,15 @@ def admin_routes(admin: Admin) -> list[web.RouteDef]:
     async def scores(request: web.Request) -> Any:
         return admin.score(request.match_info["model"], await read_json(request))
 
+    async def egress(request: web.Request) -> Any:
+        return await admin.egress(request.query)
+
+    async def verify_egress(request: web.Request) -> Any:
+        unknown = set(request.query) - {"checkpoint"}
+        if unknown:
+            raise InvalidRequest(f"'{sorted(unknown)[0]}' is not a parameter here: checkpoint")
+        return await admin.verify_egress(request.query.getall("checkpoint", []))
+
     async def rollback(request: web.Request) -> Any:
         return await admin.activate(request.match_info["model"], None)
 
@@ -317,6 +326,8 @@ def admin_routes(admin: Admin) -> list[web.RouteDef]:
         web.post("/v1/admin/models/{model}/rollback", handler(rollback)),
         web.put("/v1/admin/cloud/{model}/ab", handler(split)),
         web.post("/v1/admin/cloud/{model}/ab/scores", handler(scores)),
+        web.get("/v1/admin/egress", handler(egress)),
+        web.get("/v1/admin/egress/verify", handler(verify_egress)),
     ]
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from edged.client import ClientError
 from edged.egress import Ledger, verify
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, copy_model, linked_repository, wait_for
@@ -191,3 +194,49 @@ def test_the_off_switch_is_recorded_and_then_nothing_is(
     kinds = [e["kind"] for e in ledger_of(daemon).entries(limit=100)]
     assert kinds == ["genesis", "started", "cloud-infer", "ledger-off"]
     assert verify(daemon.workdir / "state" / "egress").ok
+
+
+def test_edgectl_and_the_admin_api_list_and_verify_the_ledger(
+    make_daemon: type[Daemon], hashing: HashProxy
+) -> None:
+    daemon = start(make_daemon, hashing, routing=ALWAYS_CLOUD)
+    client = daemon.client
+    for i in range(3):
+        ask(client, 36000 + i)
+    (one,) = client.egress(request_id="req-36001")["entries"]
+    assert one["kind"] == "cloud-infer" and one["uid"] == os.getuid()
+    page = client.egress(kind="cloud-infer", limit=2)
+    assert [e["request_id"] for e in page["entries"]] == ["req-36000", "req-36001"]
+    assert page["next"] == page["entries"][-1]["seq"] and page["head"]["seq"] >= one["seq"] + 1
+    rest = client.egress(kind="cloud-infer", after=page["next"])
+    assert [e["request_id"] for e in rest["entries"]] == ["req-36002"] and rest["next"] is None
+    assert client.status()["egress"]["head"] == page["head"]
+    assert client.egress(uid=os.getuid() + 1)["entries"] == []
+    with pytest.raises(ClientError) as refused:
+        client.egress(bogus=1)
+    assert refused.value.status == 400 and "'bogus' is no filter" in refused.value.message
+
+    def edgectl(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "edged.edgectl", "--socket", str(daemon.socket), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    listed = edgectl("--json", "egress", "list", "--request", "req-36002")
+    assert listed.returncode == 0, listed.stderr
+    assert [e["request_id"] for e in json.loads(listed.stdout)["entries"]] == ["req-36002"]
+    table = edgectl("egress", "list", "--model", MODEL)
+    assert table.returncode == 0 and "req-36000" in table.stdout and "cloud-infer" in table.stdout
+    head = page["head"]
+    ok = edgectl("egress", "verify", "--checkpoint", f"{head['seq']}:{head['hash']}")
+    assert ok.returncode == 0 and ok.stdout.startswith("ok: "), ok.stderr
+    assert "checkpoints in the chain: 1" in ok.stdout
+    wrong = edgectl("egress", "verify", "--checkpoint", f"{head['seq']}:{'0' * 64}")
+    assert wrong.returncode == 1 and "is not the fleet's checkpoint" in wrong.stderr
+    # an entry in the middle edited (fewer bytes said to have left): found, through edged and
+    # offline over the directory
+    directory = daemon.workdir / "state" / "egress"
+    (segment,) = sorted(directory.glob("egress-*.jsonl"))
+    text = segment.read_text()
+    segment.write_text(text.replace(f'"bytes":{one["bytes"]}', '"bytes":1', 1))
+    for args in (("egress", "verify"), ("egress", "verify", "--dir", str(directory))):
+        found = edgectl(*args)
+        assert found.returncode == 1 and "its hash is not its own" in found.stderr, found
