@@ -400,7 +400,9 @@ class Daemon:
             raise ConfigError(
                 f"cannot create state_dir {self.config.state_dir}: {exc.strerror}"
             ) from None
-        self._open_ledger()
+        cfg = self.config.egress
+        settings = {"segment_mb": cfg.segment_mb, "max_mb": cfg.max_mb, "fsync_s": cfg.fsync_s}
+        self.ledger.start(cfg.enabled, settings, "edged")
         try:  # installs are taken from there only (0700)
             install.ensure_staging(self.admin.staging)
         except ConfigError as exc:  # serving goes on; installs say why they cannot
@@ -462,26 +464,6 @@ class Daemon:
             tasks = [t for t in (watchdog, loading, keeper, idle, sweeper, syncer) if t]
             await self._shutdown(runner, site, tasks)
         return 0
-
-    def _open_ledger(self) -> None:
-        """The egress ledger, opened with an entry saying so and how it is set; off (by the
-        config only), an entry says that too. One that cannot be opened (a full disk) is an
-        error: the cloud calls are refused until edged starts with it."""
-        cfg = self.config.egress
-        settings = {"segment_mb": cfg.segment_mb, "max_mb": cfg.max_mb, "fsync_s": cfg.fsync_s}
-        try:
-            if cfg.enabled:
-                head = self.ledger.open({"kind": "started", "settings": settings})
-                log.info("egress ledger %s: entry %d", self.ledger.directory, head.seq)
-                return
-            self.ledger.open({"kind": "ledger-off", "why": "[egress] enabled = false"})
-            self.ledger.close()
-            self.ledger.enabled = False
-            log.warning("the egress ledger is off ([egress] enabled = false): what leaves the"
-                        " device is not recorded from now on (the ledger says so)")  # fmt: skip
-        except (OSError, ValueError) as exc:
-            log.error("the egress ledger %s cannot be opened (%s): no cloud call is made until"
-                      " it can", self.ledger.directory, exc)  # fmt: skip
 
     async def _sync_ledger(self) -> None:
         """fsync the ledger's new entries every [egress] fsync_s."""

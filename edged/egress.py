@@ -223,6 +223,26 @@ class Ledger:
             self.record(**note)
         return self.head
 
+    def start(self, enabled: bool, settings: dict[str, Any], owner: str) -> None:
+        """Open it with an entry saying so and how it is set; off (by the config only), an
+        entry says that, and it is closed. One that cannot be opened (a full disk) is logged:
+        ``record`` then refuses, so what it would record is not sent until it can."""
+        try:
+            if enabled:
+                head = self.open({"kind": "started", "by": owner, "settings": settings})
+                log.info("egress ledger %s: entry %d", self.directory, head.seq)
+                return
+            self.open({"kind": "ledger-off", "by": owner, "why": "[egress] enabled = false"})
+            self.close()
+            self.enabled = False
+            log.warning("the egress ledger %s is off ([egress] enabled = false): what leaves is"
+                        " not recorded from now on (its last entry says so)",
+                        self.directory)  # fmt: skip
+        except (OSError, ValueError) as exc:
+            self.failed = str(exc)
+            log.error("the egress ledger %s cannot be opened (%s): nothing it would record is"
+                      " sent until it can", self.directory, exc)  # fmt: skip
+
     def _resume(self, path: Path) -> int:
         """The head from a segment's last whole line; a torn tail cut off: its size."""
         data = path.read_bytes()

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from cloudsync.protocol.labels import check_labels
 from cloudsync.protocol.topics import check_name
-from edged.config import LogFormat, MetricsConfig, Section, load_file
+from edged.config import EgressConfig, LogFormat, MetricsConfig, Section, load_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/cloudsync.toml")
 
@@ -243,6 +243,11 @@ class Config(Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     enrol: EnrolConfig = Field(default_factory=EnrolConfig)
+    egress: EgressConfig = Field(
+        default_factory=EgressConfig,
+        description="the uplink's egress ledger: every message published to the broker,"
+        " recorded first (directory default: beside the outbox, uplink/)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: LogFormat = Field(
         "auto",

@@ -62,6 +62,7 @@ from cloudsync.protocol.topics import TopicError, Topics, check_name, parse
 from cloudsync.protocol.trust import TRUST_FILE, Trust, TrustError, TrustState, refuse_revoked
 from edged.client import Client
 from edged.common.backoff import backoff_delay
+from edged.egress import Ledger, digest
 from edged.events import EventLog
 
 log = logging.getLogger("cloudsync")
@@ -92,6 +93,17 @@ class Agent:
         self.node = node_name(config.node.name)
         self.topics = Topics(config.node.fleet, self.node)
         self.outbox = Outbox(config.outbox.path, config.outbox.budget_mb << 20)
+        egress = config.egress
+        self.ledger = Ledger(
+            egress.directory or config.outbox.path.parent / "uplink",
+            int(egress.segment_mb * (1 << 20)),
+            int(egress.max_mb * (1 << 20)),
+            egress.fsync_s,
+        )
+        settings = {"segment_mb": egress.segment_mb, "max_mb": egress.max_mb,
+                    "fsync_s": egress.fsync_s}  # fmt: skip
+        self.ledger.start(egress.enabled, settings, "cloudsync")
+        self.next_sync = 0.0
         self.rng = rng or random.Random()
         self.edged = EdgedView()
         self.stopping = threading.Event()
@@ -233,7 +245,7 @@ class Agent:
             birth = self._envelope({"state": "online", **self.capabilities()}).encode()
         except ValueError as exc:  # what edged said cannot be sent (NaN, too large)
             birth = self._envelope({"state": "online", "error": printable(str(exc))}).encode()
-        client.publish(self.topics.status, birth, qos=1, retain=True)
+        self._publish(self.topics.status, birth, "status", retain=True)
         self.next_heartbeat = time.monotonic()  # a heartbeat right after the birth
         # paho sends again what was in flight: its PUBACK clock starts now
         self.sent_at = dict.fromkeys(self.sent_at, time.monotonic())
@@ -348,7 +360,7 @@ class Agent:
                       "published without it" if self.connected else "lost")  # fmt: skip
         for item in items if self.connected else []:
             payload = self._envelope(item.body).encode()
-            self.client.publish(self._topic_of(item.kind), payload, qos=1)
+            self._publish(self._topic_of(item.kind), payload, item.kind)
 
     def work(self) -> None:
         """The worker thread: commands, one at a time."""
@@ -407,6 +419,12 @@ class Agent:
             "outbox": {**self.outbox.stats(), "oldest_age_s": self.outbox.oldest_age_s()},
             "poison_messages": self.poison,
             "thread_restarts": dict(self.restarts),
+            # the egress ledgers' heads: checkpoints the fleet keeps (a device cannot rewrite
+            # its ledger past them unseen)
+            "egress": {
+                "edged": (status.get("egress") or {}).get("head"),
+                "uplink": self.ledger.head.as_dict() if self.ledger.enabled else None,
+            },
         }
 
     def status(self) -> dict[str, Any]:
@@ -468,9 +486,9 @@ class Agent:
             except (EnvelopeError, ValueError) as exc:  # stored by an older cloudsync: too big
                 self._unsendable(record.seq, printable(str(exc)))
                 continue
-            info = self.client.publish(topic, payload, qos=1)
-            if info.rc != mqtt.MQTT_ERR_SUCCESS:
-                break  # the connection just went: the outbox still has it
+            info = self._publish(topic, payload, record.kind, record.id)
+            if info is None or info.rc != mqtt.MQTT_ERR_SUCCESS:
+                break  # the connection just went (or the ledger is full): the outbox has it
             self.inflight[info.mid] = record.seq
             self.sent_at[info.mid] = now
 
@@ -510,12 +528,32 @@ class Agent:
             except ValueError as exc:  # what edged said cannot be sent (NaN, too large)
                 body = {"outbox": self.outbox.stats(), "error": printable(str(exc))}
                 payload = self._envelope(body).encode()
-            self.client.publish(self.topics.heartbeat, payload, qos=1)
-            self.heartbeats += 1
-            self.exporter.heartbeats.inc()
+            if self._publish(self.topics.heartbeat, payload, "heartbeat") is not None:
+                self.heartbeats += 1
+                self.exporter.heartbeats.inc()
         if self.connected and self.renewal.due(now):
-            self.client.publish(self.topics.renew, self.renewal.request(now), qos=1)
+            self._publish(self.topics.renew, self.renewal.request(now), "renew")
+        if now >= self.next_sync:
+            self.next_sync = now + self.config.egress.fsync_s
+            self.ledger.sync()
         self.pump()
+
+    def _publish(
+        self, topic: str, payload: bytes, kind: str, record: str = "", retain: bool = False
+    ) -> mqtt.MQTTMessageInfo | None:
+        """Publish, the message recorded in the uplink's egress ledger first (None: the ledger
+        cannot take the entry, a full disk: nothing is sent; an outbox record waits there)."""
+        if self.ledger.enabled:
+            try:
+                self.ledger.record(
+                    "mqtt", stream=kind, topic=topic, record=record, bytes=len(payload),
+                    sha256=digest(payload),
+                    broker=f"{self.config.mqtt.host}:{self.config.mqtt.port}",
+                )  # fmt: skip
+            except (OSError, ValueError) as exc:
+                log.error("the egress ledger cannot record a %s message (%s): not sent", kind, exc)
+                return None
+        return self.client.publish(topic, payload, qos=1, retain=retain)
 
     def _swap_client(self) -> None:
         """The renewed certificate in use: a new client (paho keeps the TLS context it was
@@ -559,6 +597,7 @@ class Agent:
             if stop_metrics is not None:
                 stop_metrics()
             self._close()
+            self.ledger.close()
 
     def _mqtt_loop(self) -> None:
         while not self.stopping.is_set():
@@ -609,9 +648,9 @@ class Agent:
     def _close(self) -> None:
         if self.connected:
             bye = self._envelope({"state": "offline", "reason": "stopped"})
-            info = self.client.publish(self.topics.status, bye.encode(), qos=1, retain=True)
+            info = self._publish(self.topics.status, bye.encode(), "status", retain=True)
             deadline = time.monotonic() + 2.0
-            while not info.is_published() and time.monotonic() < deadline:
+            while info is not None and not info.is_published() and time.monotonic() < deadline:
                 self.client.loop(timeout=0.05)
             self.pump()  # the acks that came meanwhile
             self.client.disconnect()

@@ -233,6 +233,14 @@ class Api:
         rows = await self.db(self.service.registry.history, request.match_info["node"])
         return web.json_response({"history": rows})
 
+    async def egress_checkpoints(self, request: web.Request) -> web.Response:
+        limit = page_size(request.query.get("limit", "100"))
+        if limit is None:
+            return error(400, f"limit: 1 to {MAX_PAGE}")
+        found = await self.db(self.service.registry.checkpoints, request.match_info["node"],
+                              limit)  # fmt: skip
+        return web.json_response({"checkpoints": found})
+
     async def labels(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
         doc = await self.body(request, "set labels", node)
@@ -579,6 +587,8 @@ class Api:
              ("state", "selector", "contains", "after", "limit")),
             ("GET", "/v1/nodes/{node}", self.node, "viewer", ()),
             ("GET", "/v1/nodes/{node}/history", self.history, "viewer", ()),
+            ("GET", "/v1/nodes/{node}/egress-checkpoints", self.egress_checkpoints, "viewer",
+             ("limit",)),
             ("PUT", "/v1/nodes/{node}/labels", self.labels, "operator", ()),
             ("POST", "/v1/nodes/{node}/commands", self.send_command, "operator", ()),
             ("GET", "/v1/nodes/{node}/commands", self.node_commands, "viewer", ("limit",)),

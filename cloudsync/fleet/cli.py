@@ -34,6 +34,7 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
     edgefleet --service URL rollout create ID --manifest F ...   run by the service (it goes on
                                                 when this returns); rollout status, pause,
                                                 resume, promote, abort ID
+    edgefleet --service URL checkpoints NODE   its egress ledgers' heads (SEQ:SHA256 lines)
     edgefleet --service URL ab start ID --model M --b-cloud-name B [--selector k=v]
                                                 an A/B test of a cloud model over the nodes,
                                                 decided by the service; ab list, show, stop ID
@@ -63,6 +64,7 @@ from cloudsync.fleet import abtests, daemon, rollout
 from cloudsync.fleet.client import (
     ServiceError,
     cmd_ab,
+    cmd_checkpoints,
     cmd_deploy,
     cmd_enrol,
     cmd_label,
@@ -483,6 +485,18 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--min-score", type=float, help="start: an operator's score below this is"
                     " not good (default: each node's [cloud] ab_min_score)")  # fmt: skip
     ab.set_defaults(fn=cmd_ab)
+    anchors = sub.add_parser(
+        "checkpoints",
+        help="a node's egress ledger checkpoints, SEQ:SHA256 a line (service)",
+        description="The heads of a node's egress ledgers as its heartbeats carried them, kept"
+        " by the service (one an hour): on the node, edgectl egress verify --checkpoint SEQ:HASH"
+        " fails on a ledger rewritten since.",
+    )
+    anchors.add_argument("node")
+    anchors.add_argument("--ledger", choices=["edged", "uplink"], default="edged",
+                         help="edged's (cloud calls) or cloudsync's (its messages)")  # fmt: skip
+    anchors.add_argument("--limit", type=int, default=100, help="the newest this many")
+    anchors.set_defaults(fn=cmd_checkpoints)
     enrol = sub.add_parser("enrol", help="new devices' certificates (service)")
     enrol.add_argument("action", choices=["token", "list", "approve", "refuse", "revoke"])
     enrol.add_argument("target", nargs="?", help="token, revoke: the node's name; approve,"

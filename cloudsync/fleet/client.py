@@ -184,6 +184,15 @@ def cmd_ab(args: argparse.Namespace) -> tuple[Any, str]:
     return test, "\n".join([head, *test.get("log", [])])
 
 
+def cmd_checkpoints(args: argparse.Namespace) -> tuple[Any, str]:
+    """A node's egress ledger checkpoints, newest first: ``SEQ:SHA256`` a line (the form of
+    ``edgectl egress verify --checkpoint``), those of ``--ledger`` only."""
+    found = service(args).call("GET", f"/v1/nodes/{args.node}/egress-checkpoints",
+                               limit=args.limit)["checkpoints"]  # fmt: skip
+    kept = [c for c in found if c["ledger"] == args.ledger]
+    return kept, "\n".join(f"{c['seq']}:{c['hash']}" for c in kept)
+
+
 def cmd_enrol(args: argparse.Namespace) -> tuple[Any, str]:
     """New devices' certificates: a one-time token for a name, the requests, a decision."""
     client = service(args)

@@ -159,6 +159,15 @@ class EventsConfig(Section):
     keep_days: float = Field(
         7.0, gt=0, description="events (and resolved alerts) older than this are forgotten"
     )
+    checkpoint_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a node's egress ledgers' heads (from its heartbeats) kept this often: the"
+        " anchors its ledgers must still hold (edgectl egress verify --checkpoint)",
+    )
+    checkpoint_keep_days: float = Field(
+        90.0, gt=0, description="egress checkpoints older than this are forgotten"
+    )
 
 
 class EnrolmentConfig(Section):

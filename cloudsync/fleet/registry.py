@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -45,6 +46,7 @@ from cloudsync.protocol.telemetry import FAILED_OUTCOMES
 log = logging.getLogger("edgefleet.registry")
 MAX_PAGE = 1000
 MAX_INT = 2**53  # what a count or a time in a message may be (a BIGINT holds it)
+HASH = re.compile(r"^[0-9a-f]{64}$")  # a SHA-256, hex
 
 
 class Message(NamedTuple):
@@ -112,9 +114,12 @@ def model_of(entry: Any) -> str | None:
 
 class Registry:
     def __init__(self, store: Store, offline_after_s: float = 30.0,
-                 enrolments: Enrolments | None = None) -> None:  # fmt: skip
+                 enrolments: Enrolments | None = None,
+                 checkpoint_s: float = 3600.0) -> None:  # fmt: skip
         self.store, self.offline_after_ms = store, int(offline_after_s * 1000)
         self.enrolments = enrolments or Enrolments(store, None)
+        self.checkpoint_ms = int(checkpoint_s * 1000)
+        self.kept: dict[tuple[str, str], int] = {}  # (node, ledger): when its last was kept
 
     # ---- ingest ----------------------------------------------------------------------------
 
@@ -170,6 +175,7 @@ class Registry:
         elif msg.kind == "heartbeat":
             heartbeats.append((msg.node, msg.arrived_ms, msg.arrived_ms, env.ts, dumps(env.body)))
             done.sent_ms.append(env.ts)
+            self._checkpoints(tx, msg.node, env.body.get("egress"), msg.arrived_ms)
         elif msg.kind == "events":
             done.steps += self._event(tx, msg, env)
             event = keep_event(tx, msg.node, env, msg.arrived_ms)
@@ -391,12 +397,44 @@ class Registry:
             )
             return done.rowcount == 1
 
-    def prune(self, now_ms: int, events_keep_ms: int) -> int:
-        """Forget events (and resolved alerts) older than ``events_keep_ms``, and telemetry
-        record ids older than a day (a record the outbox sends again comes within hours)."""
+    def _checkpoints(self, tx: Tx, node: str, heads: Any, now_ms: int) -> None:
+        """The node's egress ledgers' heads (``{"edged": {seq, hash}, "uplink": ...}``), one
+        per ledger every ``checkpoint_ms``: anchors the node cannot rewrite later. What is not
+        a head is no checkpoint (the heartbeat is kept anyway)."""
+        if not isinstance(heads, dict):
+            return
+        for ledger, head in list(heads.items())[:4]:
+            if not isinstance(head, dict) or ledger not in ("edged", "uplink"):
+                continue
+            seq, value = head.get("seq"), head.get("hash")
+            if (isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq < MAX_INT
+                    or not isinstance(value, str) or not HASH.match(value)):  # fmt: skip
+                continue
+            if now_ms - self.kept.get((node, ledger), -self.checkpoint_ms) < self.checkpoint_ms:
+                continue
+            tx.execute("INSERT INTO egress_checkpoints (node, ledger, seq, hash, ts) VALUES"
+                       " (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                       (node, ledger, seq, value, now_ms))  # fmt: skip
+            self.kept[(node, ledger)] = now_ms
+
+    def checkpoints(self, node: str, limit: int = 100) -> list[dict[str, Any]]:
+        """A node's egress checkpoints, newest first."""
+        return self.store.query(
+            "SELECT ledger, seq, hash, ts FROM egress_checkpoints WHERE node = ?"
+            " ORDER BY ts DESC, ledger LIMIT ?", (node, limit),
+        )  # fmt: skip
+
+    def prune(self, now_ms: int, events_keep_ms: int, checkpoints_keep_ms: int = 0) -> int:
+        """Forget events (and resolved alerts) older than ``events_keep_ms``, telemetry record
+        ids older than a day (a record the outbox sends again comes within hours), and egress
+        checkpoints older than ``checkpoints_keep_ms``."""
         with self.store.transaction() as tx:
+            done = 0
+            if checkpoints_keep_ms:
+                done = tx.execute("DELETE FROM egress_checkpoints WHERE ts < ?",
+                                  (now_ms - checkpoints_keep_ms,)).rowcount  # fmt: skip
             gone = tx.execute("DELETE FROM events WHERE arrived < ?", (now_ms - events_keep_ms,))
-            done = gone.rowcount
+            done += gone.rowcount
             gone = tx.execute(
                 "DELETE FROM alerts WHERE state = 'resolved' AND ends_ms < ?",
                 (now_ms - events_keep_ms,),

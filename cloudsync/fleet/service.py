@@ -143,7 +143,8 @@ class Service:
         if enrol.ca_cert is not None and enrol.ca_key is not None:
             issuer = Issuer(enrol.ca_cert, enrol.ca_key, enrol.cert_days)
         self.enrolments = Enrolments(self.store, issuer)
-        self.registry = Registry(self.store, config.service.offline_after_s, self.enrolments)
+        self.registry = Registry(self.store, config.service.offline_after_s, self.enrolments,
+                                 config.events.checkpoint_s)  # fmt: skip
         self.crl_due = 0.0
         self.write_crl()  # at start: the broker's crlfile is there before it is needed
         self.deployments = Deployments(self.store, clock)
@@ -432,7 +433,8 @@ class Service:
                 if time.monotonic() >= self.crl_due:  # a fresh CRL before the last one expires
                     self.write_crl()
                 keep_ms = int(self.config.events.keep_days * 86_400_000)
-                self.registry.prune(self.clock(), keep_ms)
+                anchors_ms = int(self.config.events.checkpoint_keep_days * 86_400_000)
+                self.registry.prune(self.clock(), keep_ms, anchors_ms)
         except Exception:  # the database is away: the next turn tries again
             self.metrics.db_errors.inc()
             log.exception("the runner's turn failed")

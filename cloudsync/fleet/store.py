@@ -106,6 +106,15 @@ CREATE TABLE IF NOT EXISTS rollout_nodes (
     sent_ts BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (rollout, node)
 );
+CREATE TABLE IF NOT EXISTS egress_checkpoints (
+    node TEXT NOT NULL,
+    ledger TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    hash TEXT NOT NULL,
+    ts BIGINT NOT NULL,
+    PRIMARY KEY (node, ledger, seq)
+);
+CREATE INDEX IF NOT EXISTS egress_checkpoints_by_ts ON egress_checkpoints (ts);
 CREATE TABLE IF NOT EXISTS ab_tests (
     id TEXT PRIMARY KEY,
     state TEXT NOT NULL,

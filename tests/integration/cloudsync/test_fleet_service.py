@@ -26,6 +26,7 @@ from cloudsync.fleet.cli import main as edgefleet_main
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
+from edged.egress import Ledger, verify
 from tests.fleetservice import TOKENS, FleetService
 from tests.integration.cloudsync.test_fleet_nodes import births
 from tests.mosquitto import OPERATOR, Broker
@@ -167,6 +168,24 @@ def test_a_node_from_birth_to_will_with_its_heartbeats(
         _, log = service.call("GET", "/v1/audit")
         assert ("command ping", "n1", "sent") in [
             (e["action"], e["target"], e["outcome"]) for e in log["entries"]]  # fmt: skip
+        # the uplink's egress ledger: every message it published, recorded first; the service
+        # keeps its head from a heartbeat, and the node's ledger holds that checkpoint
+        _, anchors = service.call("GET", "/v1/nodes/n1/egress-checkpoints", role="viewer")
+        (anchor,) = anchors["checkpoints"]  # one an hour; edged is not there: no edged head
+        assert anchor["ledger"] == "uplink" and anchor["seq"] >= 3
+        report = verify(work / "uplink", {anchor["seq"]: anchor["hash"]})
+        assert report.ok and report.anchors == [f"{anchor['seq']}:{anchor['hash']}"], report
+        sent = Ledger(work / "uplink").entries(limit=1000, match=lambda e: e["kind"] == "mqtt")
+        streams = {e["stream"] for e in sent}
+        assert {"status", "heartbeat", "result/" + command["id"]} <= streams, streams
+        assert all(e["sha256"] and e["bytes"] > 0 and e["broker"] for e in sent)
+        assert not verify(work / "uplink", {anchor["seq"]: "0" * 64}).ok  # a rewritten ledger
+        lines = subprocess.run(
+            [sys.executable, "-m", "cloudsync.fleet.cli", "--service", service.url,
+             "checkpoints", "n1", "--ledger", "uplink"], capture_output=True, text=True,
+            timeout=60, env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["viewer"]},
+        )  # fmt: skip
+        assert lines.stdout.split() == [f"{anchor['seq']}:{anchor['hash']}"], lines.stderr
     finally:
         agent.kill()  # SIGKILL: the broker publishes its will
         agent.wait(10)

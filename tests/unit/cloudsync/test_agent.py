@@ -69,7 +69,7 @@ def test_a_record_too_large_to_send_is_dead_lettered_and_acks_wait_for_the_disk(
     class Sent:
         rc, mid = 0, 0
 
-    def publish(topic: str, payload: bytes, qos: int) -> Any:
+    def publish(topic: str, payload: bytes, qos: int, retain: bool = False) -> Any:
         published.append(topic)
         Sent.mid += 1
         return Sent

@@ -217,3 +217,28 @@ def test_deployments_are_checked_field_by_field(store: Store) -> None:
     got = kept.get("d1")
     assert got is not None and (got.created_by, got.created_ts) == ("alice", NOW)
     assert kept.delete("d1") and kept.get("d1") is None and not kept.delete("d1")
+
+
+def test_egress_checkpoints_come_from_heartbeats_once_an_interval_and_garbage_is_none(
+    store: Store,
+) -> None:
+    registry = Registry(store, checkpoint_s=60)
+    good = {"seq": 12, "hash": "ab" * 32}
+
+    def beat(ts: int, egress: Any) -> Message:
+        return Message("heartbeat", "n1", Envelope("n1", ts, {"egress": egress}, ts=ts).encode(),
+                       ts)  # fmt: skip
+
+    hostile = [None, "x", [], {"edged": "x"}, {"edged": {"seq": True, "hash": "ab" * 32}},
+               {"edged": {"seq": 0, "hash": "ab" * 32}}, {"edged": {"seq": 3, "hash": "AB" * 32}},
+               {"edged": {"seq": 2**60, "hash": "ab" * 32}}, {"other": good},
+               {"edged": {"seq": 3, "hash": "ab" * 31}}]  # fmt: skip
+    done = registry.ingest([beat(NOW + i, egress) for i, egress in enumerate(hostile)])
+    assert done.poison == 0 and registry.checkpoints("n1") == []  # kept, but no checkpoint
+    registry.ingest([beat(NOW + 100, {"edged": good, "uplink": {**good, "seq": 40}})])
+    registry.ingest([beat(NOW + 1_000, {"edged": {**good, "seq": 13}})])  # within a minute
+    registry.ingest([beat(NOW + 61_000, {"edged": {**good, "seq": 14}, "uplink": None})])
+    assert [(c["ledger"], c["seq"]) for c in registry.checkpoints("n1")] == [
+        ("edged", 14), ("edged", 12), ("uplink", 40)]  # fmt: skip
+    assert registry.prune(NOW + 61_000, 86_400_000, 30_000) >= 2
+    assert [c["seq"] for c in registry.checkpoints("n1")] == [14]
