@@ -38,7 +38,7 @@ DEB_BASE_ARM64 := build/debian-base-arm64.tar
 # package without installing it (installing would start a Prometheus server on the machine).
 PROMTOOL := build/promtool/usr/bin/promtool
 
-.PHONY: run test setup models deb deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle clean distclean help
+.PHONY: run test setup models deb deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
@@ -50,6 +50,7 @@ help:
 	@echo "make bench-outbox - cloudsync: outbox disk per 100k records, outbox-to-broker records/s (bench/outbox.py)"
 	@echo "make bench-heartbeat - cloudsync: heartbeat gaps while edged is saturated (bench/heartbeat.py)"
 	@echo "make bench-idle - idle unload: memory given back, the wake call vs a warm one (bench/idle_unload.py)"
+	@echo "make bench-egress - the egress ledger: cost per entry, cloud calls at 200/s with and without (bench/egress.py)"
 	@echo "make bench-knowledge - knowledge store: search at 10k/100k vs numpy, RSS, ingest (bench/knowledge.py)"
 	@echo "make models - (re)build the default model repository in models/"
 	@echo "make deb    - build the Debian package into build/deb/ and lint it"
@@ -204,6 +205,9 @@ bench-heartbeat: $(STAMPS)/models $(STAMPS)/apt-test
 
 bench-idle: $(STAMPS)/models
 	$(PY) bench/idle_unload.py
+
+bench-egress: $(STAMPS)/models
+	$(PY) bench/egress.py
 
 bench-lab: $(STAMPS)/venv
 	$(PY) -m pip install -q -e '.[bench]'

@@ -281,8 +281,9 @@ class Ledger:
 
     def _append(self, fields: dict[str, Any], prev: str, seq: int) -> Checkpoint:
         entry = {"seq": seq + 1, "ts": int(self.clock() * 1000), **fields, "prev": prev}
-        entry["hash"] = digest(canonical(entry))
-        data = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+        body = canonical(entry)
+        entry["hash"] = digest(body)
+        data = body[:-1] + b',"hash":"' + entry["hash"].encode() + b'"}\n'  # one JSON pass
         if len(data) > MAX_LINE:
             raise ValueError(f"an egress entry of {len(data)} bytes (at most {MAX_LINE})")
         try:
@@ -324,12 +325,19 @@ class Ledger:
         log.info("egress ledger: pruned %s", ", ".join(p.name for p in gone))
 
     def sync(self) -> None:
-        """fsync what was written since the last one (a timer calls it every fsync_s)."""
+        """fsync what was written since the last one (a timer calls it every fsync_s, from a
+        thread): on a duplicate of the file's descriptor, outside the lock, so that entries
+        are written meanwhile (a rotation may close the original)."""
         with self.lock:
-            if self.fd >= 0 and self.dirty:
-                os.fsync(self.fd)
-                self.dirty = False
-                self.synced_at = self.clock()
+            if self.fd < 0 or not self.dirty:
+                return
+            fd = os.dup(self.fd)
+            self.dirty = False
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.synced_at = self.clock()
 
     def close(self) -> None:
         with self.lock:

@@ -39,6 +39,9 @@ def _explained(reply: dict[str, Any], text: str, args: argparse.Namespace) -> st
             f" predicted {ms(step['predicted_ms'])}, actual {ms(step.get('actual_ms'))})"
         )
         lines += [f"    {line}" for line in step["trace"]]
+        if step.get("egress"):
+            seqs = ", ".join(str(seq) for seq in step["egress"])
+            lines.append(f"    sent: egress ledger entry {seqs} (edgectl egress list)")
     return "\n".join(lines)
 
 

@@ -225,7 +225,16 @@ def test_edgectl_and_the_admin_api_list_and_verify_the_ledger(
     assert [e["request_id"] for e in json.loads(listed.stdout)["entries"]] == ["req-36002"]
     table = edgectl("egress", "list", "--model", MODEL)
     assert table.returncode == 0 and "req-36000" in table.stdout and "cloud-infer" in table.stdout
-    head = page["head"]
+    document = {"id": "x-explained", "inputs": [{"name": "embedding", "shape": [1, 384],
+                "datatype": "FP32", "data": [0.01] * 384}]}  # fmt: skip
+    explained = subprocess.run(
+        [sys.executable, "-m", "edged.edgectl", "--socket", str(daemon.socket), "--explain",
+         "--route", "cloud", "infer", MODEL, "-"], input=json.dumps(document),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    (entry,) = client.egress(request_id="x-explained")["entries"]
+    assert f"sent: egress ledger entry {entry['seq']} (edgectl egress list)" in explained.stdout
+    head = client.egress(limit=1)["head"]
     ok = edgectl("egress", "verify", "--checkpoint", f"{head['seq']}:{head['hash']}")
     assert ok.returncode == 0 and ok.stdout.startswith("ok: "), ok.stderr
     assert "checkpoints in the chain: 1" in ok.stdout
