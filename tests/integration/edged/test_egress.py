@@ -249,3 +249,37 @@ def test_edgectl_and_the_admin_api_list_and_verify_the_ledger(
     for args in (("egress", "verify"), ("egress", "verify", "--dir", str(directory))):
         found = edgectl(*args)
         assert found.returncode == 1 and "its hash is not its own" in found.stderr, found
+
+
+def test_a_task_graphs_cloud_node_is_recorded(
+    make_daemon: type[Daemon], hashing: HashProxy, cloud: Cloud
+) -> None:
+    """The image-report template: its report node asks the answer model in the cloud (the OIP
+    one, through the router, as the knowledge store's escalations do), with the text read on
+    the device, never the private image: one entry, whose hash is what the cloud received; the
+    OCR steps on the private image, none."""
+    from tests.conftest import ANSWER_MODEL, MODELS
+    from tests.integration.edged.test_tasks import INVOICE, OCR_MODELS, TEXT_MODELS, b64, tasks
+    from tests.media import text_image
+
+    config = f"""
+[models]
+load = {json.dumps(OCR_MODELS + TEXT_MODELS)}
+[cloud]
+url = "http://{hashing.address}"
+[[cloud.models]]
+name = "{ANSWER_MODEL}"
+[knowledge]
+answer_model = "{ANSWER_MODEL}"
+"""
+    daemon = make_daemon(MODELS, config=config).start()
+    catalog = lambda: ANSWER_MODEL in cloud_state(daemon.client)["catalog"]  # noqa: E731
+    wait_for(catalog, 10, "the cloud's catalog")
+    answer = tasks(daemon.client, {"template": "image-report",
+                                   "inputs": {"image": b64(text_image(INVOICE))}})  # fmt: skip
+    assert answer["status"] == "ok"
+    (entry,) = sent(daemon)
+    (post,) = [p for p in hashing.posts() if p["path"].endswith("/infer")]
+    assert (entry["model"], entry["route"]) == (ANSWER_MODEL, "cloud")
+    assert (entry["sha256"], entry["bytes"]) == (post["sha256"], post["bytes"])
+    assert set(entry["labels"]) == {"question", "context"}
