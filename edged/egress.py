@@ -215,10 +215,14 @@ class Ledger:
         else:
             while len(files) > 1 and b"\n" not in files[-1].read_bytes():
                 files.pop().unlink()  # made by a rotation that wrote nothing whole into it
-            torn = self._resume(files[-1])
+            torn, unreadable = self._resume(files[-1])
             if torn:
                 why = "a torn last line (the process or the power stopped mid-write)"
                 self.record("recovered", dropped_bytes=torn, why=why)
+            if unreadable:  # the file is kept as it is: verify shows where it broke
+                self.record("unreadable-tail", segment=files[-1].name, bytes=unreadable,
+                            why="the segment's last lines are no entries: the chain goes on"
+                                " from its last readable entry, in a new segment")  # fmt: skip
         if note:
             self.record(**note)
         return self.head
@@ -243,8 +247,10 @@ class Ledger:
             log.error("the egress ledger %s cannot be opened (%s): nothing it would record is"
                       " sent until it can", self.directory, exc)  # fmt: skip
 
-    def _resume(self, path: Path) -> int:
-        """The head from a segment's last whole line; a torn tail cut off: its size."""
+    def _resume(self, path: Path) -> tuple[int, int]:
+        """The head from a segment's last whole entry, and what was wrong after it: the size
+        of a torn tail (cut off), and of whole lines that are no entries (garbage, an edit: the
+        file is left as it is, the chain goes on in a new segment from the last entry read)."""
         data = path.read_bytes()
         end = data.rfind(b"\n") + 1
         torn = len(data) - end
@@ -253,13 +259,23 @@ class Ledger:
                 f.truncate(end)
                 os.fsync(f.fileno())
             log.warning("egress ledger %s: cut a torn last line (%d bytes)", path.name, torn)
-        start = data.rfind(b"\n", 0, end - 1) + 1
-        if end:
-            last = json.loads(data[start:end])
-            self.head = Checkpoint(int(last["seq"]), str(last["hash"]))
+        good = end
+        while good:
+            start = data.rfind(b"\n", 0, good - 1) + 1
+            try:
+                last = json.loads(data[start:good])
+                self.head = Checkpoint(int(last["seq"]), str(last["hash"]))
+                break
+            except (ValueError, KeyError, TypeError):
+                good = start
+        if good < end:
+            log.error("egress ledger %s: its last %d bytes are no entries; going on from seq %d"
+                      " in a new segment", path.name, end - good, self.head.seq)  # fmt: skip
+            self._start(self.head.seq + 1)
+            return torn, end - good
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         self.path, self.size = path, end
-        return torn
+        return torn, 0
 
     def _start(self, first_seq: int) -> None:
         if self.fd >= 0:

@@ -110,6 +110,9 @@ ADMIN_CALLS: list[tuple[str, str, Any]] = [
     ("POST", f"/v1/admin/models/{MODEL}/activate", {"version": 1}),
     ("POST", f"/v1/admin/models/{MODEL}/rollback", None),
     ("PUT", f"/v1/admin/cloud/{MODEL}/ab", {"b_cloud_name": "x", "b_share": 0.5}),
+    ("POST", f"/v1/admin/cloud/{MODEL}/ab/scores", {"scores": [{"request_id": "r", "score": 1}]}),
+    ("GET", "/v1/admin/egress", None),  # who sent what, when
+    ("GET", "/v1/admin/egress/verify", None),
     ("POST", f"/v2/repository/models/{MODEL}/unload", None),
     ("POST", f"/v2/repository/models/{MODEL}/load", None),
     ("GET", "/v1/events?after=0", None),  # the daemon's log lines

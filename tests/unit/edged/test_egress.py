@@ -170,3 +170,29 @@ def test_any_fields_a_writer_gives_make_entries_that_verify(fields: dict[str, ob
         assert report.ok and report.entries == 2, report.error
         (entry,) = Ledger(Path(where)).entries(after_seq=1)
         assert {k: entry[k] for k in fields} == fields
+
+
+def test_garbage_at_the_end_is_kept_and_the_chain_goes_on_in_a_new_segment(
+    tmp_path: Path,
+) -> None:
+    """A last line that is no entry (a bit flip, an edit, garbage): the daemon keeps recording
+    (a new segment, from the last entry it can read, saying why); verify shows the break."""
+    filled(tmp_path, 3).close()
+    ((path, rows),) = lines(tmp_path)
+    path.write_bytes(b"".join(rows) + b"\xff\xfe garbage\n")
+    ledger = Ledger(tmp_path)
+    ledger.open()
+    ledger.record("cloud-infer", bytes=9)
+    ledger.close()
+    files = segments(tmp_path)
+    assert [p.name for p in files] == ["egress-000000000001.jsonl", "egress-000000000005.jsonl"]
+    assert files[0].read_bytes().endswith(b"\xff\xfe garbage\n")  # left as it was
+    first = json.loads(files[1].read_bytes().splitlines()[0])
+    assert (first["kind"], first["segment"], first["bytes"], first["seq"]) == (
+        "unreadable-tail",
+        files[0].name,
+        11,
+        5,
+    )
+    report = verify(tmp_path)
+    assert not report.ok and "egress-000000000001.jsonl line 5: not an entry" in report.error
