@@ -1,8 +1,8 @@
-"""An HTTP reverse proxy on loopback that writes down what each request carried, as the cloud
-received it: its method, path, length and the SHA-256 of its body bytes (and the OIP request
-id, read from the JSON header of an inference body), then forwards it to the real server and
-hands back its answer. The egress tests compare the ledger's hashes with these. Started and
-stopped by the test (its thread, its port)."""
+"""Reverse proxies on loopback (HTTP, and gRPC below) that write down what each request
+carried, as the cloud received it: its method, path, length and the SHA-256 of its body bytes
+(and the OIP request id, read from the JSON header of an inference body), then forward it to
+the real server and hand back its answer. The egress tests compare the ledger's hashes with
+these. Started and stopped by the test (its thread, its port)."""
 
 from __future__ import annotations
 
@@ -92,4 +92,75 @@ class HashProxy:
             self.loop.run_until_complete(runner.cleanup())
             if session is not None:
                 self.loop.run_until_complete(session.close())
+            self.loop.close()
+
+
+class GrpcHashProxy:
+    """The same for gRPC: a server that takes any method's request as raw bytes (no
+    deserializer), writes down the method, the length and the SHA-256 of the message as the
+    frame carried it, and forwards the same bytes to the real server."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.seen: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.port = 0
+        self.thread = threading.Thread(target=self._run, name="grpc-hashproxy", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> GrpcHashProxy:
+        self.thread.start()
+        if not self.ready.wait(10):
+            raise RuntimeError("the gRPC hashing proxy did not start")
+        return self
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [s for s in self.seen if s["method"].endswith(method)]
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        import grpc
+
+        asyncio.set_event_loop(self.loop)
+        proxy = self
+
+        class Forward(grpc.GenericRpcHandler):
+            def service(self, details: Any) -> Any:
+                method = details.method
+
+                async def unary(request: bytes, context: Any) -> bytes:
+                    digest = hashlib.sha256(request).hexdigest()
+                    with proxy.lock:
+                        proxy.seen.append({"method": method, "bytes": len(request),
+                                           "sha256": digest})  # fmt: skip
+                    call = channel.unary_unary(method)  # raw bytes both ways
+                    metadata = [(k, v) for k, v in context.invocation_metadata()
+                                if not k.startswith(":")]  # fmt: skip
+                    return await call(request, metadata=metadata)
+
+                return grpc.unary_unary_rpc_method_handler(unary)
+
+        async def serve() -> Any:
+            server = grpc.aio.server(handlers=[Forward()])
+            self.port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            return server
+
+        channel = grpc.aio.insecure_channel(self.upstream)
+        server = self.loop.run_until_complete(serve())
+        self.ready.set()
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.run_until_complete(server.stop(None))
+            self.loop.run_until_complete(channel.close())
             self.loop.close()

@@ -23,7 +23,7 @@ from edged.client import ClientError
 from edged.egress import Ledger, verify
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, copy_model, linked_repository, wait_for
-from tests.hashproxy import HashProxy
+from tests.hashproxy import GrpcHashProxy, HashProxy
 from tests.integration.edged.test_routing import ALWAYS_CLOUD, ask, cloud_state
 
 pytestmark = pytest.mark.usefixtures("faults_cleared")
@@ -126,20 +126,25 @@ def test_an_escalation_is_recorded_and_a_private_one_never_leaves(
     assert all(received[e["request_id"]] == e["sha256"] for e in entries)
 
 
-def test_over_grpc_each_call_is_recorded_once(
+def test_over_grpc_each_call_is_recorded_once_with_the_messages_hash(
     make_daemon: type[Daemon], hashing: HashProxy, cloud: Cloud
 ) -> None:
-    """gRPC: the ledger hashes the request message as serialized for the frame (the proxy
-    here sees REST only: the count, the ids and the route are checked, and that the hash is
-    the message's: the same tensors give the same bytes)."""
-    daemon = start(make_daemon, hashing, routing=ALWAYS_CLOUD,
-                   grpc_url=f"grpc://{cloud.peer.grpc_url}")  # fmt: skip
-    answers = [ask(daemon.client, 33000 + i) for i in range(5)]
-    assert all(a["route"] == "cloud" for a in answers), answers
-    entries = sent(daemon)
-    assert [e["request_id"] for e in entries] == [f"req-{33000 + i}" for i in range(5)]
-    assert all(e["protocol"] == "grpc" and e["bytes"] > 0 for e in entries)
-    assert len({e["sha256"] for e in entries}) == 5  # each call its own tensors
+    """gRPC: the ledger hashes the request message as serialized into its frame; a gRPC proxy
+    that takes each message as raw bytes hashes what it received."""
+    grpc_proxy = GrpcHashProxy(cloud.peer.grpc_url).start()
+    try:
+        daemon = start(make_daemon, hashing, routing=ALWAYS_CLOUD,
+                       grpc_url=f"grpc://{grpc_proxy.address}")  # fmt: skip
+        answers = [ask(daemon.client, 33000 + i) for i in range(5)]
+        assert all(a["route"] == "cloud" for a in answers), answers
+        entries = sent(daemon)
+        received = grpc_proxy.calls("/ModelInfer")
+        assert [e["request_id"] for e in entries] == [f"req-{33000 + i}" for i in range(5)]
+        assert all(e["protocol"] == "grpc" for e in entries)
+        assert [(e["sha256"], e["bytes"]) for e in entries] == [
+            (r["sha256"], r["bytes"]) for r in received]  # fmt: skip
+    finally:
+        grpc_proxy.stop()
 
 
 def test_a_sigkill_mid_traffic_leaves_a_chain_that_verifies(
