@@ -38,7 +38,7 @@ from typing import Any
 from edged.atomic import write_atomic
 from edged.cloud import CloudEndpoint
 from edged.config import RoutingConfig, validate
-from edged.egress import Ledger, verify
+from edged.egress import Ledger, anchors_of, verify
 from edged.errors import (
     ConfigError,
     Conflict,
@@ -472,12 +472,10 @@ class Admin:
         """GET /v1/admin/egress/verify[?checkpoint=SEQ:HASH...]: the whole chain walked (the
         fleet's checkpoints, each must be in it)."""
         ledger = self._ledger()
-        anchors = {}
-        for text in checkpoints:
-            seq, _, value = text.partition(":")
-            if not seq.isdigit() or len(value) != 64:
-                raise InvalidRequest("'checkpoint' must be SEQ:SHA256 (the fleet's anchors)")
-            anchors[int(seq)] = value
+        try:
+            anchors = anchors_of(checkpoints)
+        except ValueError as exc:
+            raise InvalidRequest(f"'checkpoint': {exc}") from None
         report = await asyncio.to_thread(verify, ledger.directory, anchors)
         return report.as_dict()
 

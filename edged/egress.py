@@ -42,6 +42,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 ZERO = "0" * 64
 SEGMENT = re.compile(r"^egress-(\d{12})\.jsonl$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_LINE = 64 * 1024  # an entry's bytes at most (its text fields are cut to fit)
 
 
@@ -107,6 +108,18 @@ def read_entries(path: Path) -> Iterator[tuple[int, bytes]]:
     a newline is yielded too (the caller decides it is torn)."""
     with path.open("rb") as f:
         yield from enumerate(f, 1)
+
+
+def anchors_of(texts: list[str]) -> dict[int, str]:
+    """Checkpoints written ``SEQ:SHA256`` (the fleet's), as ``verify`` takes them (ValueError:
+    one that is not)."""
+    anchors = {}
+    for text in texts:
+        seq, _, value = text.partition(":")
+        if not seq.isdigit() or len(seq) > 18 or not SHA256.match(value):
+            raise ValueError(f"a checkpoint is SEQ:SHA256 (the fleet's), not {text[:80]!r}")
+        anchors[int(seq)] = value
+    return anchors
 
 
 def verify(directory: Path, anchors: dict[int, str] | None = None) -> Report:

@@ -14,7 +14,7 @@ from typing import Any
 
 from edged.client import Client, ClientError
 from edged.common.cli import UsageError
-from edged.egress import verify
+from edged.egress import anchors_of, verify
 
 
 def when_ms(text: str | None) -> int | None:
@@ -48,12 +48,10 @@ def cmd_egress(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "verify":
         checkpoints = args.checkpoint
         if args.dir:
-            anchors = {}
-            for text in checkpoints:
-                seq, _, value = text.partition(":")
-                if not seq.isdigit() or len(value) != 64:
-                    raise UsageError("--checkpoint SEQ:SHA256")
-                anchors[int(seq)] = value
+            try:
+                anchors = anchors_of(checkpoints)
+            except ValueError as exc:
+                raise UsageError(f"--checkpoint: {exc}") from None
             report = verify(Path(args.dir), anchors).as_dict()
         else:
             report = client.verify_egress(checkpoints)

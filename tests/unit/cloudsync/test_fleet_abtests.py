@@ -7,7 +7,6 @@ test_fleet_deploy.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +20,10 @@ from cloudsync.fleet.rollouts import Conflict
 from cloudsync.fleet.store import Store
 from cloudsync.protocol.commands import Verifier
 from cloudsync.protocol.envelope import Envelope
-from tests.postgres import fleet_store
 
 NOW = 1_800_000_000_000
 KEY = Ed25519PrivateKey.generate()
 MODEL, B = "intent", "intent-v2"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    cluster = request.getfixturevalue("postgres_cluster") if request.param != "sqlite" else None
-    store = fleet_store(request.param, tmp_path, cluster)
-    yield store
-    store.close()
 
 
 class Fleet:

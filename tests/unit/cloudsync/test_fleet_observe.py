@@ -24,18 +24,9 @@ from cloudsync.fleet.registry import Message, Registry
 from cloudsync.fleet.store import Store, dumps
 from cloudsync.protocol import telemetry
 from cloudsync.protocol.envelope import Envelope, decode
-from tests.postgres import fleet_store
 
 NOW = 1_800_000_000_000
 OFFLINE_MS = 30_000
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    cluster = request.getfixturevalue("postgres_cluster") if request.param != "sqlite" else None
-    store = fleet_store(request.param, tmp_path, cluster)
-    yield store
-    store.close()
 
 
 @pytest.fixture

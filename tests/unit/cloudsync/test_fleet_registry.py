@@ -5,8 +5,6 @@ deployments, and what a deployment body may hold."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +15,6 @@ from cloudsync.fleet.registry import Message, Registry, model_of
 from cloudsync.fleet.store import Store
 from cloudsync.protocol import manifest
 from cloudsync.protocol.envelope import Envelope
-from tests.postgres import fleet_store
 
 KEY = Ed25519PrivateKey.generate()
 NOW = 1_800_000_000_000
@@ -37,15 +34,6 @@ def status(node: str, ts: int, state: str = "online", arrived: int = 0, **body: 
 def heartbeat(node: str, ts: int, arrived: int | None = None) -> Message:
     payload = Envelope(node, ts, {"uptime_s": 1, "outbox": {"pending": 0}}, ts=ts).encode()
     return Message("heartbeat", node, payload, arrived or ts + 100)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    cluster = request.getfixturevalue("postgres_cluster") if request.param != "sqlite" else None
-    store = fleet_store(request.param, tmp_path, cluster)
-    assert store.dialect == request.param
-    yield store
-    store.close()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edged.egress import ZERO, Ledger, canonical, digest, segments, verify
+from edged.egress import ZERO, Ledger, anchors_of, canonical, digest, segments, verify
 
 
 def filled(directory: Path, count: int, **knobs: int) -> Ledger:
@@ -131,6 +131,11 @@ def test_checkpoints_the_fleet_holds_must_be_in_the_chain(tmp_path: Path) -> Non
     assert not verify(tmp_path, {5: ZERO}).ok  # a ledger rewritten after the checkpoint
     missing = verify(tmp_path, {50: at_five})
     assert not missing.ok and "checkpoint seq 50 is not in the ledger" in missing.error
+    given = [f"5:{at_five}", f"{head.seq}:{head.hash}"]
+    assert anchors_of(given) == {5: at_five, head.seq: head.hash}
+    for bad in ("5", f"x:{at_five}", f"5:{at_five.upper()}", f"5:{at_five[:-1]}", f"-5:{at_five}"):
+        with pytest.raises(ValueError, match="a checkpoint is SEQ:SHA256"):
+            anchors_of([bad])
 
 
 def test_a_full_disk_refuses_the_entry_and_leaves_no_torn_line(tmp_path: Path) -> None:
