@@ -12,8 +12,11 @@ import pytest
 
 from edged.atomic import write_atomic
 from edged.client import ClientError
-from tests.conftest import Daemon
+from edged.egress import verify
+from tests.conftest import CLOUD_MODEL as MODEL
+from tests.conftest import Cloud, Daemon, wait_for
 from tests.hostile.conftest import fill
+from tests.integration.edged.test_routing import ask
 
 
 def test_a_state_file_on_a_full_disk_keeps_its_old_content(small_disk: Path) -> None:
@@ -58,3 +61,37 @@ def test_an_admin_change_that_cannot_be_kept_is_refused_and_not_applied(
         "local_threshold_ms": before + 7
     }
     assert daemon.stop() == 0
+
+
+def test_a_call_the_egress_ledger_cannot_record_is_not_sent(
+    make_daemon: type[Daemon], small_disk: Path, faults_cleared: Cloud
+) -> None:
+    """The ledger on a full disk: a cloud call it cannot record is not made (the request falls
+    back to the device and says why); the cloud never sees it; a line half written is cut
+    back; with space again, calls are recorded and sent, and the chain verifies."""
+    cloud = faults_cleared
+    egress = f'[egress]\ndirectory = "{small_disk / "egress"}"\nsegment_mb = 1\nmax_mb = 2\n'
+    config = (
+        f'[models]\nload = ["{MODEL}"]\n[cloud]\nurl = "http://{cloud.proxy.address}"\n{egress}'
+    )
+    daemon = make_daemon(config=config).start()
+    client = daemon.client
+    wait_for(lambda: MODEL in client.status()["cloud"]["catalog"], 10, "the cloud's catalog")
+    assert ask(client, 40000, route="cloud")["route"] == "cloud"
+    filler = fill(small_disk)  # (the ledger's last page may still take a few entries)
+    sent = ["req-40000"]
+    for i in range(40001, 40020):
+        kept = ask(client, i, route="cloud")
+        if kept["route"] != "cloud":
+            break
+        sent.append(f"req-{i}")
+    assert kept["route"] == "fallback" and "the egress ledger cannot record this call" in (
+        kept["reason"]), kept  # fmt: skip
+    assert f"req-{i}" not in {s["id"] for s in cloud.seen()}
+    assert client.status()["egress"]["failed"]
+    filler.unlink()
+    assert ask(client, 40100, route="cloud")["route"] == "cloud"
+    report = verify(small_disk / "egress")
+    assert report.ok and report.torn == 0, report
+    recorded = [e["request_id"] for e in client.egress(kind="cloud-infer")["entries"]]
+    assert recorded == [*sent, "req-40100"]
