@@ -182,11 +182,15 @@ def decide(
             f"local estimate {_ms(pl)} within the local threshold {_ms(policy.local_threshold_s)}",
             "estimate",
         )
-    if pc is None:
+    if pc is None:  # the limits that local is over, each named
+        over = []
+        if pl > policy.local_threshold_s:
+            over.append(f"the local threshold {_ms(policy.local_threshold_s)}")
+        if pl > deadline:
+            over.append(f"the deadline {_ms(deadline)}")
         return done(
             "cloud",
-            f"local estimate {_ms(pl)} over the local threshold {_ms(policy.local_threshold_s)};"
-            " cloud not measured yet",
+            f"local estimate {_ms(pl)} over {' and '.join(over)}; cloud not measured yet",
             "estimate",
         )
     if policy.hedging and (1 - policy.hedge_margin) * deadline < pl <= deadline and pc <= deadline:

@@ -110,6 +110,25 @@ def test_cost_model_deadline_threshold_and_hedging() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("local_s", "deadline_s", "named"),
+    [
+        (0.0123, 0.012, "over the deadline 12.0 ms;"),  # within the threshold: the deadline
+        (0.2, 0.5, "over the local threshold 100.0 ms;"),
+        (0.2, 0.15, "over the local threshold 100.0 ms and the deadline 150.0 ms;"),
+    ],
+)
+def test_the_reason_names_the_limit_that_decided(
+    local_s: float, deadline_s: float, named: str
+) -> None:
+    """With the cloud not measured yet, the reason said "over the local threshold 100.0 ms"
+    for a 12.3 ms estimate against a 12 ms deadline (issue 31)."""
+    d = decide(RouteRequest("m", deadline_s=deadline_s), Path(True, predicted_s=local_s),
+               Path(True), {}, Policy())  # fmt: skip
+    assert d.route == "cloud" and d.reason == (
+        f"local estimate {local_s * 1000:.1f} ms {named} cloud not measured yet")  # fmt: skip
+
+
 # ---- decide() by property -------------------------------------------------------------------
 
 seconds = st.one_of(st.none(), st.floats(0, 5, allow_nan=False))
