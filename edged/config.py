@@ -58,6 +58,12 @@ class ServerConfig(Section):
     max_connections: int = Field(
         256, gt=0, description="open connections to the REST socket (503 above, at once)"
     )
+    access_log: Literal["none", "errors", "all"] = Field(
+        "errors",
+        description="a line at info for each REST request (method, path, status, time, route,"
+        " caller; with REQUEST_ID and MODEL as journal fields): errors: those answered 4xx or"
+        " 5xx; all: every one (debug logs every one anyway)",
+    )
     shm_regions: int = Field(
         64,
         ge=0,

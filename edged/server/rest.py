@@ -63,14 +63,20 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every request: checked and answered by ``_checked``, logged at debug level."""
     started = time.perf_counter()
     response = await _checked(request, handler)
-    if log.isEnabledFor(logging.DEBUG):
+    wanted = request.app[SETTINGS].access_log
+    level = logging.INFO if wanted == "all" or (
+        wanted == "errors" and response.status >= 400) else logging.DEBUG  # fmt: skip
+    if log.isEnabledFor(level):  # the request's log fields (id, model, route) are still set
         creds = peer_credentials(request)
-        log.debug(
-            "%s %s -> %d in %.1f ms (pid/uid/gid %s)",
+        route = logs.bound().get("route")
+        log.log(
+            level,
+            "%s %s -> %d in %.1f ms%s (pid/uid/gid %s)",
             request.method,
             request.path,
             response.status,
             (time.perf_counter() - started) * 1000,
+            f", {route}" if route else "",
             f"{creds.pid}/{creds.uid}/{creds.gid}" if creds else "?",
         )
     return response

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edged.client import ClientError
 from tests.conftest import Daemon, linked_repository, skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -279,3 +280,34 @@ def test_edged_logs_a_request_as_an_ecs_json_line(
     assert len(generated) == 12 and int(generated, 16) >= 0
     assert other["edged"]["model"] == "intent-classifier"
     assert any(r["message"].startswith("ready in") for r in rows)
+
+
+@pytest.mark.parametrize("access_log", ["errors", "all"])
+def test_at_the_default_level_the_access_line_is_kept_for_errors_or_every_request(
+    make_daemon: type[Daemon], tmp_path: Path, access_log: str
+) -> None:
+    """At info (the default level): ``[server] access_log = "errors"`` (the default) writes
+    the access line of a request answered 4xx or 5xx, with its request id and model, and none
+    for a 200; ``"all"`` writes one for every request, with its route."""
+    daemon = make_daemon(
+        models=linked_repository(tmp_path / "repo", SMALL),
+        config=f'[server]\naccess_log = "{access_log}"\n[log]\nformat = "json"\n',
+    ).start()
+    daemon.client.infer_answer("intent-classifier", EMBEDDING, request_id="ok-1")
+    with pytest.raises(ClientError):
+        daemon.client.infer_answer("intent-classifier", {"wrong": EMBEDDING["embedding"]},
+                                   request_id="bad-1")  # fmt: skip
+    assert daemon.stop() == 0, daemon.logs()
+    rows = [json.loads(line) for line in daemon.logs().splitlines() if line.startswith("{")]
+    lines = [
+        r for r in rows if r["log"]["logger"] == "edged.server.rest" and " -> " in r["message"]
+    ]
+    access = {r["http"]["request"]["id"]: r for r in lines if "http" in r}
+    if access_log == "all":  # the readiness polls too (no request id: no inference)
+        assert any("GET /v2/health/ready -> 200" in r["message"] for r in lines)
+    assert sorted(access) == (["bad-1", "ok-1"] if access_log == "all" else ["bad-1"])
+    bad = access["bad-1"]
+    assert "/v2/models/intent-classifier/infer -> 400" in bad["message"]
+    assert bad["log.level"] == "info" and bad["edged"]["model"] == "intent-classifier"
+    if access_log == "all":
+        assert access["ok-1"]["message"].split(" in ")[1].split(" (")[0].endswith("ms, local")
