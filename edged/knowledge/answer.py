@@ -73,7 +73,7 @@ class ChatAnswer:
             "temperature": 0,
         }
         data = json.dumps(body).encode()
-        self._record(ctx, data)
+        entry = self._record(ctx, data)
         started = time.perf_counter()
         try:
             async with self._session.post(
@@ -93,15 +93,16 @@ class ChatAnswer:
         if not isinstance(answer, str):
             raise Unavailable(f"{self.url} gave an answer that is not text")
         ms = 1000 * (time.perf_counter() - started)
-        return answer.strip(), "cloud", f"{self.model} at {self.url} in {ms:.0f} ms"
+        sent = f" (egress ledger entry {entry})" if entry else ""
+        return answer.strip(), "cloud", f"{self.model} at {self.url} in {ms:.0f} ms{sent}"
 
-    def _record(self, ctx: RouteContext | None, data: bytes) -> None:
-        """The question's bytes in the egress ledger before they leave (none recorded: not
-        sent)."""
+    def _record(self, ctx: RouteContext | None, data: bytes) -> int | None:
+        """The question's bytes in the egress ledger before they leave: the entry's seq (None:
+        no ledger; none recorded: not sent)."""
         if self.ledger is None:
-            return
+            return None
         try:
-            self.ledger.record(
+            head = self.ledger.record(
                 "answer-model", request_id=ctx.request_id if ctx else "",
                 uid=ctx.uid if ctx else None, model=self.model, endpoint=self.url,
                 route="cloud", reason="knowledge ask: the answer model",
@@ -112,6 +113,7 @@ class ChatAnswer:
             raise Unavailable(
                 f"the egress ledger cannot record the question ({exc}): it is not sent"
             ) from None
+        return head.seq
 
 
 def _error(reply: Any) -> str:

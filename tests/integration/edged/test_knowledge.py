@@ -294,6 +294,7 @@ answer_token_file = "{token}"
         entries = ledger.entries(match=lambda e: e["kind"] == "answer-model")
         assert [(e["sha256"], e["bytes"]) for e in entries] == [
             (s["sha256"], s["bytes"]) for s in server.seen]  # fmt: skip
+        assert f"(egress ledger entry {entries[0]['seq']})" in reply["reason"]
         assert all(e["endpoint"] == f"http://127.0.0.1:{server.port}/v1/chat/completions"
                    and e["model"] == "llama-3.1-8b-instruct" and e["uid"] == os.getuid()
                    for e in entries)  # fmt: skip
