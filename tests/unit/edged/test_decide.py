@@ -237,3 +237,58 @@ def test_the_local_reserve_of_a_cloud_call() -> None:
     assert local_reserve(cloud(0.005, 0.02)) == 0.01  # at most half the deadline
     assert local_reserve(cloud(0.03, 0.025)) == 0.0  # local would miss anyway: all to the cloud
     assert local_reserve(cloud(0.001, 0.5, fallback=False)) == 0.0
+
+
+# ---- the survivors of mutation testing (issue 32), each killed here --------------------------
+
+
+def test_a_false_rule_without_otherwise_passes_to_the_next_rule() -> None:
+    """(``continue`` -> ``break``): the second rule still decides."""
+    policy = Policy(rules=(Rule("cloud", when=parse("rtt > 1s"), name="slow-link"),
+                           Rule("local", name="stay")))  # fmt: skip
+    d = decide(RouteRequest("m"), Path(True, predicted_s=0.01), FAST_CLOUD, {"rtt": 0.02}, policy)
+    assert d == Decision(
+        "local", "rule 'stay': 'always' holds -> local", "cloud", 0.01, 0.01,
+        FAST_CLOUD.predicted_s, 0.5, "rule", "rule 'stay'",
+        ("rule 'slow-link': 'rtt > 1s' is false", "rule 'stay': 'always' is true",
+         "-> local: rule 'stay': 'always' holds -> local"),
+    )  # fmt: skip
+
+
+def test_a_rule_for_one_model_applies_to_that_model_only() -> None:
+    """(``==`` -> ``!=`` in ``Rule.applies_to``)."""
+    policy = Policy(rules=(Rule("cloud", model="ocr", name="ocr-to-cloud"),))
+    here = Path(True, predicted_s=0.01)
+    assert decide(RouteRequest("ocr"), here, FAST_CLOUD, {}, policy).rule == "rule 'ocr-to-cloud'"
+    other = decide(RouteRequest("intent"), here, FAST_CLOUD, {}, policy)
+    assert (other.route, other.basis, other.rule) == ("local", "estimate", None)
+    typed = Policy(rules=(Rule("cloud", task_type="ocr"),))
+    assert decide(RouteRequest("x", task_type="ocr"), here, FAST_CLOUD, {}, typed).route == "cloud"
+    assert decide(RouteRequest("x", task_type="asr"), here, FAST_CLOUD, {}, typed).route == "local"
+
+
+def test_a_rule_whose_tier_misses_the_deadline_gives_way_to_the_other() -> None:
+    policy = Policy(rules=(Rule("local", name="keep-local"),))
+    d = decide(RouteRequest("m", deadline_s=0.1), Path(True, predicted_s=0.3),
+               Path(True, predicted_s=0.05), {}, policy)  # fmt: skip
+    assert (d.route, d.fallback, d.predicted_s, d.basis, d.rule) == (
+        "cloud", "local", 0.05, "rule", "rule 'keep-local'")  # fmt: skip
+    assert d.reason == ("rule 'keep-local': 'always' holds -> local, but its estimate 300.0 ms"
+                        " is over the deadline 100.0 ms and cloud may fit (50.0 ms)")  # fmt: skip
+    # neither fits: the rule stands
+    both_late = decide(RouteRequest("m", deadline_s=0.01), Path(True, predicted_s=0.3),
+                       Path(True, predicted_s=0.05), {}, policy)  # fmt: skip
+    assert (both_late.route, both_late.reason) == ("local", "rule 'keep-local': 'always' holds"
+                                                   " -> local")  # fmt: skip
+
+
+@pytest.mark.parametrize("override", ["local", "cloud", "hedged"])
+def test_the_callers_override_is_the_route_with_every_field(override: str) -> None:
+    local, cloud = Path(True, predicted_s=0.02), Path(True, predicted_s=0.04)
+    d = decide(RouteRequest("m", override=override), local, cloud, {}, Policy())  # type: ignore[arg-type]
+    predicted = {"local": 0.02, "cloud": 0.04, "hedged": 0.02}[override]
+    fallback = {"local": "cloud", "cloud": "local", "hedged": None}[override]
+    assert d == Decision(
+        override, f"the request asked for {override}", fallback, predicted, 0.02, 0.04, 0.5,
+        "request", None, (f"-> {override}: the request asked for {override}",),
+    )  # type: ignore[arg-type]  # fmt: skip
