@@ -205,3 +205,37 @@ def test_any_type_remove_and_deb_version_give_a_consistent_manifest_or_a_refusal
     else:
         assert found.deb_version == "" and found.key == found.model
         assert (found.files == ()) is bool(remove)
+
+
+# ---- the survivors of mutation testing (issue 32), each killed here --------------------------
+
+
+def test_the_files_come_back_whole_and_the_expiry_is_to_the_millisecond() -> None:
+    """The file entries (path, digest, length) as signed; ``now`` is what decides expiry, and
+    a manifest expires at its ``expires`` exactly (``<=`` -> ``<``)."""
+    doc = sign(manifest(expires=5_000), {"fleet-1": KEYS["fleet-1"]})
+    found = verify(doc, ANCHORS, now=4_999)
+    assert [(f.path, f.sha256, f.length) for f in found.files] == [("model.onnx", "ab" * 32, 1234)]
+    assert found.expires == 5_000 and found.targets == {"fleet": "f1"} and found.smoke == []
+    with pytest.raises(ManifestError, match=r"expired 0 s ago"):
+        verify(doc, ANCHORS, now=5_000)
+    with pytest.raises(ManifestError, match=r"expired 10 s ago"):
+        verify(doc, ANCHORS, now=15_000)
+
+
+def test_key_rotation_an_unknown_or_bad_signature_first_hides_no_valid_one() -> None:
+    """Several signatures, the first by a retired key (not an anchor any more) and the second
+    forged: the valid ones after them still count (``continue`` -> ``break``)."""
+    retired = Ed25519PrivateKey.generate()
+    doc = sign(manifest(), {"fleet-0": retired, "fleet-1": KEYS["fleet-1"],
+                            "fleet-2": KEYS["fleet-2"]})  # fmt: skip
+    forged = {"kid": "fleet-3", "sig": doc["signatures"][1]["sig"]}  # fleet-1's, not fleet-3's
+    doc["signatures"].insert(1, forged)
+    found = verify(doc, ANCHORS, threshold=2)
+    assert found.kids == ("fleet-1", "fleet-2")
+    with pytest.raises(ManifestError) as refused:
+        verify(doc, ANCHORS, threshold=3)
+    assert str(refused.value) == (
+        "2 valid signature(s) by distinct trust anchor keys, 3 needed ('fleet-0' is not a trust"
+        " anchor; fleet-3's signature does not verify)"
+    )
