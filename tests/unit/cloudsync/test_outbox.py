@@ -212,3 +212,52 @@ def test_expired_records_are_not_sent_while_the_disk_cannot_drop_them(
     assert [r.id for r in box.peek(10)] == [keep]  # no error, and the expired one not sent
     monkeypatch.undo()
     assert [r.id for r in box.peek(10)] == [keep] and box.counters["dropped_ttl"] == 1
+
+
+# ---- the survivors of mutation testing (issue 32), each killed here --------------------------
+
+
+def test_the_byte_count_follows_acks_dead_letters_and_evictions_without_a_reopen(
+    tmp_path: Path,
+) -> None:
+    """The in-memory byte count drives the budget's evictions: it must be the stored bytes
+    after each ack and dead letter (``-=`` -> ``+=``), and every counter a number."""
+    box = Outbox(tmp_path / "outbox.db", budget_bytes=100_000)
+    for i in range(6):
+        box.put("telemetry", {"n": i, "pad": "x" * 50})
+
+    def stored() -> int:
+        return sum(r.size for r in box.peek(100))
+
+    records = box.peek(100)
+    assert box.bytes == stored() > 0
+    assert box.ack([records[0].seq, records[1].seq]) == 2
+    assert box.bytes == stored() == sum(r.size for r in records[2:])
+    box.dead_letter(records[2].seq, "refused")
+    assert box.bytes == stored() == sum(r.size for r in records[3:])
+    counters = box.stats()["counters"]
+    assert {k: counters[k] for k in ("put", "acked", "dead", "dropped_budget")} == {
+        "put": 6, "acked": 2, "dead": 1, "dropped_budget": 0}  # fmt: skip
+    assert all(isinstance(v, int) for v in counters.values())
+
+
+def test_a_record_larger_than_the_whole_budget_is_refused_and_drops_nothing(
+    tmp_path: Path,
+) -> None:
+    box = Outbox(tmp_path / "outbox.db", budget_bytes=2_000)
+    kept = [box.put("telemetry", {"n": i}) for i in range(5)]
+    before = box.peek(100)
+    assert box.put("alert-sized", {"pad": "x" * 3_000}, priority="alert") is None
+    assert box.peek(100) == before and all(kept)  # nothing evicted for it
+    assert box.counters["dropped_budget"] == 1 and box.bytes == sum(r.size for r in before)
+
+
+def test_a_record_of_exactly_the_budget_fits_once_the_rest_is_evicted(tmp_path: Path) -> None:
+    probe = Outbox(tmp_path / "probe.db")
+    probe.put("telemetry", {"pad": "x" * 500})
+    size = probe.peek(1)[0].size
+    box = Outbox(tmp_path / "outbox.db", budget_bytes=size)
+    box.put("telemetry", {"n": 1})
+    assert box.put("telemetry", {"pad": "x" * 500}) is not None  # (``>`` -> ``>=``)
+    assert [r.size for r in box.peek(10)] == [size] and box.bytes == size
+    assert box.counters["dropped_budget"] == 1
