@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -142,3 +143,69 @@ def test_classification_returns_top_k_with_labels() -> None:
     scores = np.array([[0.1, 0.7, 0.2]], dtype=np.float32)
     top = classify(scores, 2, ["a", "b", "c"])
     assert [s.decode() for s in top[0]] == ["0.700000:1:b", "0.200000:2:c"]
+
+
+# ---- the survivors of mutation testing (issue 32), each killed here --------------------------
+
+
+def test_the_requested_outputs_decode_with_their_names_flags_and_classification() -> None:
+    x = triton.InferInput("x", [1], "FP32")
+    x.set_data_from_numpy(np.array([1.0], dtype=np.float32), binary_data=False)
+    wanted = [triton.InferRequestedOutput("probabilities", binary_data=True),
+              triton.InferRequestedOutput("label", binary_data=False, class_count=3)]  # fmt: skip
+    body, size = triton.InferenceServerClient.generate_request_body(
+        [x], outputs=wanted, request_id="r2", parameters={"route": "local"}
+    )
+    request = decode_request(body, size)
+    assert [(o.name, o.binary, o.classification, o.shm) for o in request.outputs] == [
+        ("probabilities", True, 0, None), ("label", False, 3, None)]  # fmt: skip
+    assert (request.id, request.parameters, request.binary_output) == ("r2", {"route": "local"},
+                                                                       False)  # fmt: skip
+    inputs = [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]
+    plain = decode_request(json.dumps({"inputs": inputs}).encode())
+    assert (plain.outputs, plain.binary_output, plain.id, plain.parameters) == ([], False, None, {})
+    flagged = {"inputs": inputs, "parameters": {"binary_data_output": True}}
+    every = decode_request(json.dumps(flagged).encode())
+    assert every.binary_output is True
+
+
+def test_the_answer_names_its_model_version_and_id() -> None:
+    doc = json.loads(encode_response(InferResponse("m", "3", {}, id="q-1"))[0])
+    assert (doc["model_name"], doc["model_version"], doc["id"]) == ("m", "3", "q-1")
+
+
+def test_a_truncated_bytes_length_header_is_named() -> None:
+    """Two BYTES elements: the second's 4-byte length header cut to 2 bytes."""
+    chunk = struct.pack("<I", 3) + b"abc" + b"\x05\x00"
+    doc = {"inputs": [{"name": "t", "datatype": "BYTES", "shape": [2],
+                       "parameters": {"binary_data_size": len(chunk)}}]}  # fmt: skip
+    header = json.dumps(doc).encode()
+    with pytest.raises(InvalidRequest, match="binary BYTES element header is truncated"):
+        decode_request(header + chunk, len(header))
+
+
+@pytest.mark.parametrize(
+    ("shape", "ok"),
+    [([0], True), ([2, 0, 3], True), ([1] * 32, True), ([1] * 33, False), ([2**31 - 1], False),
+     ([2**31], False), ([True], False)],
+)  # fmt: skip
+def test_shape_boundaries(shape: list[int], ok: bool) -> None:
+    """A dimension of 0 (no elements), the most dimensions (32) and one more, the largest
+    dimension (taken as a shape, refused as too many elements for data that is not there)."""
+    count = int(np.prod(shape)) if ok else 0
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": shape, "data": [0.5] * count}]}
+    if ok:
+        assert decode_request(json.dumps(doc).encode()).inputs["x"].shape == tuple(shape)
+    else:
+        with pytest.raises(InvalidRequest, match="'x'"):
+            decode_request(json.dumps(doc).encode())
+
+
+def test_a_header_length_of_zero_or_the_whole_body() -> None:
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
+                                   "data": [1]}]}).encode()  # fmt: skip
+    assert decode_request(body, len(body)).inputs["x"].tolist() == [1.0]
+    with pytest.raises(InvalidRequest, match="JSON"):
+        decode_request(body, 0)  # no header at all: nothing to decode
+    with pytest.raises(InvalidRequest, match="but the body has only"):
+        decode_request(body, len(body) + 1)
