@@ -104,6 +104,9 @@ class Agent:
                     "fsync_s": egress.fsync_s}  # fmt: skip
         self.ledger.start(egress.enabled, settings, "cloudsync")
         self.next_sync = 0.0
+        # what went while the ledger could not record it (a full disk): stream -> [count, bytes]
+        self.unrecorded: dict[str, list[int]] = {}
+        self.unrecorded_since = 0
         self.rng = rng or random.Random()
         self.edged = EdgedView()
         self.stopping = threading.Event()
@@ -487,8 +490,8 @@ class Agent:
                 self._unsendable(record.seq, printable(str(exc)))
                 continue
             info = self._publish(topic, payload, record.kind, record.id)
-            if info is None or info.rc != mqtt.MQTT_ERR_SUCCESS:
-                break  # the connection just went (or the ledger is full): the outbox has it
+            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+                break  # the connection just went: the outbox still has it
             self.inflight[info.mid] = record.seq
             self.sent_at[info.mid] = now
 
@@ -528,9 +531,9 @@ class Agent:
             except ValueError as exc:  # what edged said cannot be sent (NaN, too large)
                 body = {"outbox": self.outbox.stats(), "error": printable(str(exc))}
                 payload = self._envelope(body).encode()
-            if self._publish(self.topics.heartbeat, payload, "heartbeat") is not None:
-                self.heartbeats += 1
-                self.exporter.heartbeats.inc()
+            self._publish(self.topics.heartbeat, payload, "heartbeat")
+            self.heartbeats += 1
+            self.exporter.heartbeats.inc()
         if self.connected and self.renewal.due(now):
             self._publish(self.topics.renew, self.renewal.request(now), "renew")
         if now >= self.next_sync:
@@ -540,19 +543,35 @@ class Agent:
 
     def _publish(
         self, topic: str, payload: bytes, kind: str, record: str = "", retain: bool = False
-    ) -> mqtt.MQTTMessageInfo | None:
-        """Publish, the message recorded in the uplink's egress ledger first (None: the ledger
-        cannot take the entry, a full disk: nothing is sent; an outbox record waits there)."""
+    ) -> mqtt.MQTTMessageInfo:
+        """Publish, the message recorded in the uplink's egress ledger first. The device's own
+        reports go out even when the ledger cannot take the entry (a full disk: the alert that
+        says so must reach the fleet): they are counted, and the first entry written after
+        declares the gap (``unrecorded``: how many of each stream, their bytes, since when)."""
         if self.ledger.enabled:
             try:
+                if self.unrecorded:
+                    self.ledger.record(
+                        "unrecorded", since_ms=self.unrecorded_since, until_ms=now_ms(),
+                        streams={k: {"messages": n, "bytes": b}
+                                 for k, (n, b) in self.unrecorded.items()},
+                        why="the ledger could not write (its last error in cloudsync's log)",
+                    )  # fmt: skip
+                    self.unrecorded = {}
                 self.ledger.record(
                     "mqtt", stream=kind, topic=topic, record=record, bytes=len(payload),
                     sha256=digest(payload),
                     broker=f"{self.config.mqtt.host}:{self.config.mqtt.port}",
                 )  # fmt: skip
             except (OSError, ValueError) as exc:
-                log.error("the egress ledger cannot record a %s message (%s): not sent", kind, exc)
-                return None
+                if not self.unrecorded:
+                    self.unrecorded_since = now_ms()
+                    log.error("the egress ledger cannot record what cloudsync sends (%s): it"
+                              " goes on, counted, and the gap is recorded once it can",
+                              exc)  # fmt: skip
+                counted = self.unrecorded.setdefault(kind.split("/")[0], [0, 0])
+                counted[0] += 1
+                counted[1] += len(payload)
         return self.client.publish(topic, payload, qos=1, retain=retain)
 
     def _swap_client(self) -> None:
@@ -650,7 +669,7 @@ class Agent:
             bye = self._envelope({"state": "offline", "reason": "stopped"})
             info = self._publish(self.topics.status, bye.encode(), "status", retain=True)
             deadline = time.monotonic() + 2.0
-            while info is not None and not info.is_published() and time.monotonic() < deadline:
+            while not info.is_published() and time.monotonic() < deadline:
                 self.client.loop(timeout=0.05)
             self.pump()  # the acks that came meanwhile
             self.client.disconnect()

@@ -418,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--service", help="the fleet service's URL (http[s]://host:port)")
     parser.add_argument("--token-file", help="the service's API token (else $EDGEFLEET_TOKEN)")
     parser.add_argument("--service-ca", help="the CA of the service's HTTPS certificate")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     keygen = sub.add_parser("keygen", help="a fleet signing key pair")
     keygen.add_argument("--kid", required=True, help="the key's name (nodes trust {kid}.pub)")
     keygen.add_argument("--dir", default=".", help="where to write it")

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print where each step ran and why: the router's whole decision trace",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("status", help="readiness and every model's state").set_defaults(fn=cmd_status)
     sub.add_parser(

@@ -6,7 +6,8 @@ nothing of its request is stored, what the outbox already holds is still deliver
 heartbeat and /metrics say the disk is full, and a command is refused (its nonce cannot be kept,
 so a replay could not be told apart) with the refusal published without the outbox. When space
 returns, records are taken again and every record the local API acknowledged reaches the
-fleet: 0 restarts, 0 lost.
+fleet: 0 restarts, 0 lost. The uplink's egress ledger, on the same disk, declares what went
+while it could not record it.
 
 Before: the nonce INSERT failed inside the MQTT callback and the process exited; a result that
 could not be stored ended the commands thread silently.
@@ -22,6 +23,7 @@ from cloudsync.protocol.commands import sign
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import parse
 from edged.client import ClientError
+from edged.egress import Ledger, verify
 from tests.conftest import wait_for
 from tests.hostile.conftest import fill
 from tests.hostile.test_cloudsync_poison import _results_by_id
@@ -99,7 +101,16 @@ def test_a_full_disk_refuses_new_records_keeps_delivering_and_loses_nothing(
         status = agent.status()
         assert status["thread_restarts"] == {} and status["outbox"]["disk_full"] is False
         assert agent.proc is not None and agent.proc.poll() is None
-        print(f"while full: 5 requests refused (507), 200 records delivered; {status['outbox']}")
+        # the uplink's egress ledger (on the full disk too): what went while it could not
+        # record is one declared gap, counted by stream, and the chain verifies
+        uplink = small_disk / "uplink"
+        (gap,) = Ledger(uplink).entries(limit=10_000, match=lambda e: e["kind"] == "unrecorded")
+        assert gap["streams"]["telemetry"]["messages"] >= 1 and gap["until_ms"] >= gap["since_ms"]
+        assert all(v["bytes"] > 0 for v in gap["streams"].values())
+        report = verify(uplink)
+        assert report.ok, report.error
+        print(f"while full: 5 requests refused (507), 200 records delivered; {status['outbox']};"
+              f" unrecorded: {gap['streams']}")  # fmt: skip
     finally:
         if consumer is not None:
             consumer.close()
