@@ -211,7 +211,6 @@ class Ledger:
         self.head = Checkpoint(0, ZERO)
         self.dirty = False
         self.failed = ""  # why the last write failed ("": none)
-        self.synced_at = 0.0
         self.enabled = True  # False: the config turned it off (its last entry says so)
 
     # ---- opening ----------------------------------------------------------------------------
@@ -366,7 +365,6 @@ class Ledger:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self.synced_at = self.clock()
 
     def close(self) -> None:
         with self.lock:

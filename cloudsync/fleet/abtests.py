@@ -144,6 +144,10 @@ def check(doc: Any) -> FleetAB:
     return test
 
 
+def _one(rows: list[dict[str, Any]]) -> FleetAB | None:
+    return FleetAB(**json.loads(rows[0]["doc"])) if rows else None
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -171,8 +175,7 @@ class ABTests:
                 for r in self.store.query("SELECT doc FROM ab_tests ORDER BY id")]  # fmt: skip
 
     def get(self, ident: str) -> FleetAB | None:
-        rows = self.store.query("SELECT doc FROM ab_tests WHERE id = ?", (ident,))
-        return FleetAB(**json.loads(rows[0]["doc"])) if rows else None
+        return _one(self.store.query("SELECT doc FROM ab_tests WHERE id = ?", (ident,)))
 
     def nodes(self, ident: str) -> list[dict[str, Any]]:
         return self.store.query(
@@ -190,8 +193,7 @@ class ABTests:
                    (test.state, dumps(test.as_dict()), test.id))  # fmt: skip
 
     def _load(self, tx: Tx, ident: str) -> FleetAB | None:
-        rows = tx.rows("SELECT doc FROM ab_tests WHERE id = ?", (ident,))
-        return FleetAB(**json.loads(rows[0]["doc"])) if rows else None
+        return _one(tx.rows("SELECT doc FROM ab_tests WHERE id = ?", (ident,)))
 
     # ---- what operators do -----------------------------------------------------------------
 

@@ -693,6 +693,12 @@ def test_an_operators_scores_decide_an_ab_test(
     with pytest.raises(ClientError) as refused:
         client.score_ab(MODEL, {"req-1": 1.5})
     assert refused.value.status == 400 and "'scores[0].score'" in refused.value.message
+    for bad, field in (({f"r{i}": 0.5 for i in range(1001)}, "'scores'"),
+                       ({"x" * 257: 0.5}, "'scores[0].request_id'"),
+                       ({"r": float("nan")}, "")):  # fmt: skip
+        with pytest.raises(ClientError) as refused:
+            client.score_ab(MODEL, bad)
+        assert refused.value.status == 400 and field in refused.value.message
 
 
 def test_a_decoupled_model_is_not_sent_to_the_cloud(

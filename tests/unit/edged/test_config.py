@@ -72,6 +72,21 @@ def test_knowledge_settings_that_cannot_work_are_named() -> None:
             config.parse({"knowledge": section})
 
 
+def test_egress_and_access_log_settings_that_cannot_work_are_named() -> None:
+    for section, key, words in [
+        ({"egress": {"segment_mb": 16, "max_mb": 20}}, "egress", "at least twice segment_mb"),
+        ({"egress": {"segment_mb": 0}}, "egress.segment_mb", "greater than 0"),
+        ({"egress": {"fsync_s": 61}}, "egress.fsync_s", "less than or equal to 60"),
+        ({"egress": {"enabled": "perhaps"}}, "egress.enabled", "boolean"),
+        ({"egress": {"directory": 5}}, "egress.directory", "path"),
+        ({"server": {"access_log": "some"}}, "server.access_log", "'none', 'errors' or 'all'"),
+    ]:
+        with pytest.raises(ConfigError, match=f"{key}.*{words}"):
+            config.parse(section)
+    kept = config.parse({"egress": {"enabled": False, "segment_mb": 1, "max_mb": 2}})
+    assert (kept.egress.enabled, kept.egress.segment_mb, kept.egress.max_mb) == (False, 1, 2)
+
+
 def test_cloud_tiers_that_cannot_work_are_named() -> None:
     first = {"url": "http://127.0.0.1:8000", "name": "on-demand"}
     spot = {"name": "spot", "url": "http://127.0.0.1:8001", "cost": 0.3}
