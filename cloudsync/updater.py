@@ -414,7 +414,7 @@ class Updater:
         return self.roll_back(journal, str(journal.get("why") or f"cut short while {phase}"))
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edged-updater",
         description="Install a signed edged package, check its health, and go back to the one"
@@ -442,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the command that restarts the services after dpkg")  # fmt: skip
     parser.add_argument("--health-s", type=float, default=Settings.health_s,
                         help="how long the new version has to come up healthy")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="edged-updater: %(message)s")
     try:  # the same keys and threshold as cloudsync's for manifests: never fewer for root

@@ -64,7 +64,7 @@ from cloudsync.agent.download import Counters, DeliveryError, check_url, fetch
 from cloudsync.agent.outbox import Item, Outbox
 from cloudsync.protocol import spool, telemetry
 from cloudsync.protocol.envelope import printable
-from cloudsync.protocol.manifest import Manifest, ManifestError, verify
+from cloudsync.protocol.manifest import Manifest, ManifestError, is_key, key_of, verify
 from cloudsync.protocol.trust import refuse_revoked
 from edged.atomic import write_atomic
 from edged.client import Client, ClientError
@@ -74,6 +74,20 @@ log = logging.getLogger("cloudsync.delivery")
 MAX_DESIRED = 256  # models in one desired state
 EDGED_RETRY_S = 5.0  # edged not up yet (it starts beside cloudsync): asked again this soon
 UPDATER_POLL_S = 5.0  # a package handed to edged-updater: its result looked for this often
+
+
+def claimed(entry: Any) -> dict[str, Any]:
+    """The model and version a manifest that did not verify says it is (``{}`` when it says
+    nothing usable): a refusal names them, so that the rollout that sent it stops at once
+    instead of waiting for an activation that cannot come. Nothing unverified is acted on."""
+    doc = entry.get("manifest") if isinstance(entry, dict) else None
+    signed = doc.get("signed") if isinstance(doc, dict) else None
+    if not isinstance(signed, dict):
+        return {}
+    key, version = key_of(signed.get("kind"), signed.get("model")), signed.get("version")
+    if not is_key(key) or type(version) is not int or not 0 < version < 2**63:
+        return {}
+    return {"model": key, "version": version, "unverified": True}
 
 
 class Delivery:
@@ -203,7 +217,7 @@ class Delivery:
                 raise ManifestError('each entry is {"manifest": {...}, "urls": {...}}')
             manifest = verify(entry.get("manifest"), self.anchors(), self.threshold())
         except ManifestError as exc:
-            self.report("refused", why=str(exc))
+            self.report("refused", why=str(exc), **claimed(entry))
             return True
         why_not = manifest.for_node(self.fleet, self.node, platform.machine())
         if why_not:

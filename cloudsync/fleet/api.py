@@ -227,7 +227,9 @@ class Api:
     async def node(self, request: web.Request) -> web.Response:
         row = await self.db(self.service.registry.node, request.match_info["node"],
                             self.service.clock())  # fmt: skip
-        return error(404, "no such node") if row is None else web.json_response(row)
+        if row is None:
+            return error(404, "no such node")
+        return web.json_response({"fleet": self.service.config.service.fleet, **row})
 
     async def history(self, request: web.Request) -> web.Response:
         rows = await self.db(self.service.registry.history, request.match_info["node"])

@@ -261,7 +261,10 @@ def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) ->
     """A command signed here with the operator's key, relayed by the service, its result
     awaited (``--timeout``)."""
     client = service(args)
-    cmd_id, payload = sign(key, args.kid, args.cert_name, f"{args.fleet}/{args.node}",
+    fleet = client.call("GET", f"/v1/nodes/{args.node}")["fleet"]  # the service's own
+    if args.fleet not in ("default", fleet):  # (its default: not given)
+        raise Failure(f"--fleet {args.fleet}: the service serves fleet {fleet}", EXIT_USAGE)
+    cmd_id, payload = sign(key, args.kid, args.cert_name, f"{fleet}/{args.node}",
                            args.name, cmd_args, args.lifetime)  # fmt: skip
     client.call("POST", f"/v1/nodes/{args.node}/commands", {"command": json.loads(payload)})
     deadline = time.monotonic() + args.timeout

@@ -98,6 +98,23 @@ def number(value: Any) -> float:
     return float(value)
 
 
+def serving(
+    born: list[dict[str, Any]], heartbeat: str | None, heartbeat_ts: int | None, born_ts: int | None
+) -> list[dict[str, Any]]:
+    """The models of a node's birth, with the versions its last heartbeat (when newer) says are
+    serving: a version installed since the node connected shows at once, not at its next
+    birth. A model the heartbeat does not list keeps what the birth said."""
+    body = json.loads(heartbeat) if heartbeat and (heartbeat_ts or 0) >= (born_ts or 0) else None
+    now = body.get("models") if isinstance(body, dict) else None
+    if not isinstance(now, dict):
+        return born
+    rows = [{**m, "version": now[m["name"]], "state": "READY"} if m["name"] in now else m
+            for m in born]  # fmt: skip
+    named = {m["name"] for m in born}
+    return rows + [{"name": str(n), "version": v, "state": "READY"}
+                   for n, v in now.items() if n not in named]  # fmt: skip
+
+
 def digest_models(entries: list[Any]) -> str:
     """A desired state's identity: the same entries, the same digest."""
     return hashlib.sha256(dumps(entries).encode()).hexdigest()[:32]
@@ -327,7 +344,9 @@ class Registry:
             "heartbeat": json.loads(raw["heartbeat"]) if raw["heartbeat"] else None,
             "hardware": json.loads(raw["hardware"]),
             "software": json.loads(raw["software"]),
-            "models": json.loads(raw["models"]),
+            "models": serving(
+                json.loads(raw["models"]), raw["heartbeat"], raw["heartbeat_ts"], raw["status_ts"]
+            ),
             "labels": {**own, **set_by_operators},
             "node_labels": own,
             "operator_labels": set_by_operators,

@@ -14,7 +14,7 @@ import numpy as np
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from edged.errors import ConfigError, InvalidRequest
+from edged.errors import ConfigError, InvalidRequest, ModelLoadError
 from edged.protocol.tensors import DATATYPES
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -162,13 +162,29 @@ class ModelConfig:
 
     def labels(self, output: TensorSpec, version_dir: Path) -> list[str] | None:
         """The labels of a classification output, from its label_filename."""
+        path = self.label_file(output, version_dir)
+        return None if path is None else path.read_text(encoding="utf-8").splitlines()
+
+    def label_file(self, output: TensorSpec, version_dir: Path) -> Path | None:
+        """Where an output's label_filename is: the version's directory, else the model's."""
         if not output.label_filename:
             return None
         for base in (version_dir, self.directory):
             path = base / output.label_filename
             if path.is_file():
-                return path.read_text(encoding="utf-8").splitlines()
+                return path
         return None
+
+    def check_label_files(self, version_dir: Path) -> None:
+        """Refuse to load a version whose config names a label file that is in neither its
+        directory nor the model's (Triton fails such a load too): its classification answers
+        would be class numbers instead of labels."""
+        for output in self.outputs:
+            if output.label_filename and self.label_file(output, version_dir) is None:
+                raise ModelLoadError(
+                    f"output '{output.name}' names the label file '{output.label_filename}',"
+                    f" which is in neither {version_dir} nor {self.directory}"
+                )
 
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
         """Reject inputs whose names, datatypes or shapes do not match the configuration."""

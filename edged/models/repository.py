@@ -266,6 +266,7 @@ class ModelManager:
             if own:
                 config = fresh.config = read_config(version_dir, entry.name)
             settings = Settings.from_config(config, self.max_queue_size)
+            config.check_label_files(version_dir)
             runtime = self.factory(config, version_dir)
             self._admit(entry.name, version, signature)
             if self.before_load is not None:

@@ -222,18 +222,23 @@ def test_every_bad_manifest_and_file_is_refused_and_the_old_version_keeps_servin
     fleet.wait_step("active", 2)
     client = fleet.edged.client
 
-    def refused(manifest: dict[str, Any], urls: dict[str, str], says: str, step: str) -> None:
+    def refused(
+        manifest: dict[str, Any], urls: dict[str, str], says: str, step: str
+    ) -> dict[str, Any]:
         before = len(fleet.steps())
         fleet.deliver(manifest, urls)
-        wait_for(lambda: any(says in str(r.get("why")) and r["step"] == step
-                             for r in fleet.steps()[before:]),
-                 30, f"'{says}' in {fleet.steps()[before:]}")  # fmt: skip
+        found = lambda: [r for r in fleet.steps()[before:]  # noqa: E731
+                         if says in str(r.get("why")) and r["step"] == step]  # fmt: skip
+        wait_for(found, 30, f"'{says}' in {fleet.steps()[before:]}")
         assert answer(client) == ("2", 2.0)
+        return found()[0]
 
     stranger = Ed25519PrivateKey.generate()
     forged, urls3, _ = fleet.version(3, 3.0)
     forged = sign(forged["signed"], {"fleet-1": stranger})  # claims fleet-1, is not
-    refused(forged, urls3, "fleet-1's signature does not verify", "refused")
+    row = refused(forged, urls3, "fleet-1's signature does not verify", "refused")
+    # what it claims to be, said as unverified: a rollout that sent it stops at once
+    assert (row["model"], row["version"], row["unverified"]) == (MODEL, 3, True)
     expired, urls4, _ = fleet.version(4, 4.0, lifetime_s=-1)
     refused(expired, urls4, "(freeze)", "refused")
     old, urls1, _ = fleet.version(1, 1.0)

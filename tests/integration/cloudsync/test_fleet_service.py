@@ -140,17 +140,24 @@ def test_a_node_from_birth_to_will_with_its_heartbeats(
                                  role="operator")  # fmt: skip
         assert status == 200
         _, row = service.call("GET", "/v1/nodes/n1")
-        assert row["labels"] == {"site": "berlin", "tier": "gate"}
+        assert row["labels"] == {"site": "berlin", "tier": "gate"} and row["fleet"] == "f1"
         _, page = service.call("GET", "/v1/nodes?selector=tier=gate,site=berlin")
         assert [r["node"] for r in page["nodes"]] == ["n1"]
-        # a command the operator signs, relayed by the service, its result kept
-        relayed = subprocess.run(
-            [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--fleet", "f1",
-             "--service", service.url, "--timeout", "30", "cmd", "n1", "ping",
-             "--sign-key", str(key / "fleet-1.key"), "--kid", "fleet-1"],
-            capture_output=True, text=True, timeout=60,
-            env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["operator"]},
-        )  # fmt: skip
+
+        # a command the operator signs, relayed by the service, its result kept; signed for
+        # the service's fleet (no --fleet needed; another one is refused before signing)
+        def relay(*fleet: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "cloudsync.fleet.cli", "--json", *fleet,
+                 "--service", service.url, "--timeout", "30", "cmd", "n1", "ping",
+                 "--sign-key", str(key / "fleet-1.key"), "--kid", "fleet-1"],
+                capture_output=True, text=True, timeout=60,
+                env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["operator"]},
+            )  # fmt: skip
+
+        other = relay("--fleet", "f2")
+        assert other.returncode == 2 and "the service serves fleet f1" in other.stderr
+        relayed = relay()
         assert relayed.returncode == 0, relayed.stderr + service.logs()[-2000:]
         assert json.loads(relayed.stdout)["ok"] is True
         _, kept = service.call("GET", "/v1/nodes/n1/commands", role="viewer")

@@ -31,9 +31,9 @@ def status(node: str, ts: int, state: str = "online", arrived: int = 0, **body: 
     return Message("status", node, payload, arrived or ts + 5)
 
 
-def heartbeat(node: str, ts: int, arrived: int | None = None) -> Message:
-    payload = Envelope(node, ts, {"uptime_s": 1, "outbox": {"pending": 0}}, ts=ts).encode()
-    return Message("heartbeat", node, payload, arrived or ts + 100)
+def heartbeat(node: str, ts: int, arrived: int | None = None, **body: Any) -> Message:
+    doc = {"uptime_s": 1, "outbox": {"pending": 0}, **body}
+    return Message("heartbeat", node, Envelope(node, ts, doc, ts=ts).encode(), arrived or ts + 100)
 
 
 @pytest.fixture
@@ -65,6 +65,27 @@ def test_births_wills_and_history_are_written_once(registry: Registry) -> None:
     assert [(h["ts"], h["sent_ts"], h["state"]) for h in registry.history("n1")] == [
         (NOW + 9005, NOW + 9000, "online"), (NOW + 1000, NOW - 50, "offline"),
         (NOW + 5, NOW, "online")]  # fmt: skip
+
+
+def test_a_version_installed_since_the_birth_shows_from_the_next_heartbeat(
+    registry: Registry,
+) -> None:
+    born = [{"name": "m", "version": 2, "state": "READY"}, {"name": "x", "version": 1,
+                                                          "state": "LOADING"}]  # fmt: skip
+    registry.ingest([status("n1", NOW, models=born)])
+    registry.ingest([heartbeat("n1", NOW + 10_000, models={"m": 7, "new": 1})])
+    row = registry.node("n1", NOW + 11_000)
+    assert row is not None and row["models"] == [
+        {"name": "m", "version": 7, "state": "READY"},
+        {"name": "x", "version": 1, "state": "LOADING"},  # not serving yet: the birth's word
+        {"name": "new", "version": 1, "state": "READY"},
+    ]
+    registry.ingest([status("n1", NOW + 20_000, models=born)])  # a birth newer than it rules
+    row = registry.node("n1", NOW + 21_000)
+    assert row is not None and [m["version"] for m in row["models"]] == [2, 1]
+    registry.ingest([heartbeat("n1", NOW + 30_000, models=["not", "a", "mapping"])])
+    row = registry.node("n1", NOW + 31_000)
+    assert row is not None and [m["version"] for m in row["models"]] == [2, 1]
 
 
 def test_heartbeats_are_counted_once_and_keep_the_node_fresh(registry: Registry) -> None:

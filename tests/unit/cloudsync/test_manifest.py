@@ -239,3 +239,24 @@ def test_key_rotation_an_unknown_or_bad_signature_first_hides_no_valid_one() -> 
         "2 valid signature(s) by distinct trust anchor keys, 3 needed ('fleet-0' is not a trust"
         " anchor; fleet-3's signature does not verify)"
     )
+
+
+def test_a_refusal_names_what_an_unverified_manifest_claims_and_nothing_unusable() -> None:
+    """cloudsync's refusal of a manifest that does not verify carries its claimed model and
+    version (marked unverified), so the rollout that sent it stops at once; garbage claims
+    nothing."""
+    from cloudsync.agent.delivery import claimed
+
+    signed = {"model": "intent-classifier", "version": 7}
+    assert claimed({"manifest": {"signed": signed}}) == {
+        "model": "intent-classifier", "version": 7, "unverified": True,
+    }  # fmt: skip
+    package = {"kind": "package", "model": "edged", "version": 3}
+    assert claimed({"manifest": {"signed": package}})["model"] == "package:edged"
+    for bad in (None, [], {"manifest": []}, {"manifest": {"signed": "x"}},
+                {"manifest": {"signed": {"model": "a b", "version": 1}}},
+                {"manifest": {"signed": {"model": "m", "version": True}}},
+                {"manifest": {"signed": {"model": "m", "version": 0}}},
+                {"manifest": {"signed": {"model": "m", "version": 2**63}}},
+                {"manifest": {"signed": {"model": "m", "version": "7"}}}):  # fmt: skip
+        assert claimed(bad) == {}, bad

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.errors import ConfigError, InvalidRequest
+from edged.errors import ConfigError, InvalidRequest, ModelLoadError
 from edged.models.config import read_config
 
 CONFIG = """
@@ -35,6 +35,29 @@ def test_reads_tritons_fields(tmp_path: Path) -> None:
     assert cfg.instance_count == 2
     assert cfg.inputs[0].shape(cfg.max_batch_size) == [-1, 3]
     assert cfg.as_json()["input"][0]["data_type"] == "TYPE_FP32"
+
+
+def test_a_label_file_is_the_versions_else_the_models_and_one_missing_fails_the_load(
+    tmp_path: Path,
+) -> None:
+    """A version that lacks the label file its config names (a manifest that left it out) is
+    not loaded: its classifications would answer class numbers instead of labels."""
+    directory = write(tmp_path, CONFIG % "")
+    cfg = read_config(directory)
+    version = directory / "2"
+    version.mkdir()
+    with pytest.raises(ModelLoadError) as missing:
+        cfg.check_label_files(version)
+    assert missing.value.message == (
+        f"output 'y' names the label file 'labels.txt', which is in neither {version} nor"
+        f" {directory}"
+    )
+    (directory / "labels.txt").write_text("cat\ndog\n")
+    cfg.check_label_files(version)  # the model's own
+    assert cfg.labels(cfg.outputs[0], version) == ["cat", "dog"]
+    (version / "labels.txt").write_text("ant\n")
+    assert cfg.labels(cfg.outputs[0], version) == ["ant"]  # the version's first
+    assert cfg.labels(cfg.inputs[0], version) is None  # no label file named
 
 
 def test_syntax_error_points_at_the_line(tmp_path: Path) -> None:
