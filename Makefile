@@ -38,7 +38,7 @@ DEB_BASE_ARM64 := build/debian-base-arm64.tar
 # package without installing it (installing would start a Prometheus server on the machine).
 PROMTOOL := build/promtool/usr/bin/promtool
 
-.PHONY: run test setup models deb deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress clean distclean help
+.PHONY: run test setup models deb deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress mutation clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
@@ -51,6 +51,7 @@ help:
 	@echo "make bench-heartbeat - cloudsync: heartbeat gaps while edged is saturated (bench/heartbeat.py)"
 	@echo "make bench-idle - idle unload: memory given back, the wake call vs a warm one (bench/idle_unload.py)"
 	@echo "make bench-egress - the egress ledger: cost per entry, cloud calls at 200/s with and without (bench/egress.py)"
+	@echo "make mutation - mutation testing of the pure core: a score per module, the survivors (tests/mutation/run.py)"
 	@echo "make bench-knowledge - knowledge store: search at 10k/100k vs numpy, RSS, ingest (bench/knowledge.py)"
 	@echo "make models - (re)build the default model repository in models/"
 	@echo "make deb    - build the Debian package into build/deb/ and lint it"
@@ -214,8 +215,13 @@ bench-lab: $(STAMPS)/venv
 	$(PY) bench/lab/run.py --plots docs/routing
 	$(PY) bench/lab/tiers.py
 
+# not part of make test (about 15 minutes): docs/TESTING.md
+mutation: $(STAMPS)/venv
+	$(PY) -m pip install -q -e '.[mutation]'
+	$(PY) tests/mutation/run.py
+
 clean:
-	rm -rf run var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf run var mutants .pytest_cache .mypy_cache .ruff_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean

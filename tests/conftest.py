@@ -16,12 +16,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hypothesis  # noqa: F401  (imported here, at collection: its pytest plugin would import it
+import hypothesis  # (imported here, at collection: its pytest plugin would import it
 import pytest  # at the summary, where CPython 3.11's compiler can trip over threads still running)
 
 from bench.peer import Peer, ensure_venv, start_peer
 from edged.client import Client, ClientError
 from tests.faultproxy import FaultProxy
+
+# make mutation (tests/mutation/run.py sets EDGED_MUTATION=1): each mutant runs its module's
+# unit tests, so their properties try fewer examples, the same ones every run (a score that
+# does not drift); a test that asks for many asks through examples()
+MUTATION = os.environ.get("EDGED_MUTATION") == "1"
+hypothesis.settings.register_profile(
+    "mutation", max_examples=100, derandomize=True, deadline=None, database=None
+)
+if MUTATION:
+    hypothesis.settings.load_profile("mutation")
+
+
+def examples(wanted: int) -> int:
+    """A property's example count: ``wanted``, or at most 300 under make mutation."""
+    return min(wanted, 300) if MUTATION else wanted
+
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -249,6 +265,12 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     finally:
         proxy.close()
         peer.stop()
+
+
+def answer_model_config(cloud: Cloud) -> str:
+    """edged's config lines for the tests' cloud as its cloud tier and its answer model."""
+    return (f'[cloud]\nurl = "http://{cloud.proxy.address}"\n[[cloud.models]]\n'
+            f'name = "{ANSWER_MODEL}"\n[knowledge]\nanswer_model = "{ANSWER_MODEL}"\n')  # fmt: skip
 
 
 @pytest.fixture

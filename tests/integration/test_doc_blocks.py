@@ -34,12 +34,12 @@ import pytest
 from cloudsync.fleet.enrolment import Issuer, write_crl
 from cloudsync.protocol.manifest import file_entry
 from tests.conftest import (
-    ANSWER_MODEL,
     CLOUD_MODEL,
     CLOUD_MODEL_B,
     MODELS,
     Cloud,
     Daemon,
+    answer_model_config,
     linked_repository,
     skip_or_fail,
     wait_for,
@@ -310,14 +310,7 @@ def scene(
     shutil.copytree(MODELS / "intent-classifier", old)
     config = old / "config.pbtxt"
     config.write_text(config.read_text().replace('"intent-classifier"', '"old-detector"'))
-    edged = make_daemon(repository, config=f"""
-[cloud]
-url = "http://{cloud.proxy.address}"
-[[cloud.models]]
-name = "{ANSWER_MODEL}"
-[knowledge]
-answer_model = "{ANSWER_MODEL}"
-""").start()  # fmt: skip
+    edged = make_daemon(repository, config=answer_model_config(cloud)).start()
     pki = make_pki(tmp_path / "pki", NODES)
     crl = tmp_path / "fleet.crl"
     write_crl(Issuer(pki / "ca.pem", pki / "ca.key", 1), [], int(time.time() * 1000), crl)

@@ -21,7 +21,7 @@ from aiohttp import web
 from bench.peer import free_port
 from edged.client import Client, ClientError
 from edged.egress import Ledger
-from tests.conftest import ANSWER_MODEL, Cloud, Daemon, LoopThread, wait_for
+from tests.conftest import ANSWER_MODEL, Cloud, Daemon, LoopThread, answer_model_config, wait_for
 
 FAQ = [
     {
@@ -109,13 +109,7 @@ def test_ask_answers_on_device_escalates_and_keeps_private_passages_home(
     config = f"""
 [models]
 load = ["text-embedding"]
-[cloud]
-url = "http://{cloud.proxy.address}"
-[[cloud.models]]
-name = "{ANSWER_MODEL}"
-[knowledge]
-answer_model = "{ANSWER_MODEL}"
-private_namespaces = ["hr"]
+{answer_model_config(cloud)}private_namespaces = ["hr"]
 """
     daemon = make_daemon(config=config).start()
     client = daemon.client

@@ -10,6 +10,7 @@ from edged.config import parse as parse_config
 from edged.errors import ConfigError
 from edged.routing import Decision, Estimates, Path, Policy, RouteRequest, Rule, decide
 from edged.routing.conditions import VARIABLES, parse
+from tests.conftest import examples
 
 # ---- conditions -----------------------------------------------------------------------------
 
@@ -174,7 +175,7 @@ facts = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(requests, paths, paths, facts, policies)
 def test_decide_properties(
     request: RouteRequest, local: Path, cloud: Path, facts: dict[str, float | None], policy: Policy
