@@ -41,8 +41,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 ZERO = "0" * 64
-SEGMENT = re.compile(r"^egress-(\d{12})\.jsonl$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SEGMENT = re.compile(r"^egress-(\d{12})\.jsonl\Z")
+SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 MAX_LINE = 64 * 1024  # an entry's bytes at most (its text fields are cut to fit)
 
 

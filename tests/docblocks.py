@@ -188,8 +188,8 @@ NOT_RUN: dict[str, str] = {
         " under qemu; tests/packaging/test_deb_arm64.py)"
     ),
     "README.md: make lint": (
-        "make test runs lint, unit, integration and packaging; the benches are run by hand"
-        " (docs/BENCHMARKS.md has each one's command and figures)"
+        "make test runs lint, unit, integration and packaging; the benches and make mutation"
+        " are run by hand (docs/BENCHMARKS.md and docs/TESTING.md have their figures)"
     ),
     "docs/OPERATIONS.md: make deb": PACKAGING,
     "docs/OPERATIONS.md: sudo systemctl enable --now cloudsync": (

@@ -53,7 +53,7 @@ log = logging.getLogger("edgefleet.abtests")
 RESEND_AFTER_MS = 30_000
 COUNTER = "edged_cloud_ab_calls_total"
 ACTIVE = ("running", "promoting")
-CLOUD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a version on the server
+CLOUD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # a version on the server
 
 
 @dataclass

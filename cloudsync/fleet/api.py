@@ -59,7 +59,7 @@ CONSOLE = "/console"  # cloudsync.fleet.console: its own session (a cookie) and 
 MAX_AUDIT_DETAIL = 2000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WHO = web.RequestKey("who", Token)
-SERIAL = re.compile(r"^[0-9a-f]{1,40}$")  # a certificate's serial number, hex
+SERIAL = re.compile(r"^[0-9a-f]{1,40}\Z")  # a certificate's serial number, hex
 
 
 def error(status: int, message: str) -> web.Response:

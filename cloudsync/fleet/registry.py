@@ -46,7 +46,7 @@ from cloudsync.protocol.telemetry import FAILED_OUTCOMES
 log = logging.getLogger("edgefleet.registry")
 MAX_PAGE = 1000
 MAX_INT = 2**53  # what a count or a time in a message may be (a BIGINT holds it)
-HASH = re.compile(r"^[0-9a-f]{64}$")  # a SHA-256, hex
+HASH = re.compile(r"^[0-9a-f]{64}\Z")  # a SHA-256, hex
 
 
 class Message(NamedTuple):

@@ -51,7 +51,7 @@ from cloudsync.protocol.topics import NAME
 log = logging.getLogger("edgefleet.rollouts")
 FAILED_STEPS = ("failed", "rolled-back", "refused")
 RESEND_AFTER_MS = 30_000
-WINDOW = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]):([0-5][0-9])$")
+WINDOW = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]):([0-5][0-9])\Z")
 
 
 @dataclass

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-LABEL = re.compile(r"^[A-Za-z0-9._/-]{1,63}$")
+LABEL = re.compile(r"^[A-Za-z0-9._/-]{1,63}\Z")
 MAX_LABELS = 32
 
 

@@ -48,9 +48,9 @@ SPEC = 1
 MAX_FILES = 64
 MAX_SIGNATURES = 16  # each is an Ed25519 verification: bounded
 MAX_FILE_BYTES = 8 << 30
-FILE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
-DEB_VERSION = re.compile(r"^(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]{0,63}$")
+FILE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}\Z")
+SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
+DEB_VERSION = re.compile(r"^(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]{0,63}\Z")
 PACKAGE_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+~-]{0,127}\.deb")  # no directory, no ":"
 
 

@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "edge/v1"
-NAME = re.compile(r"^[A-Za-z0-9-][A-Za-z0-9_-]{0,63}$")  # a leading _ is the fleet's (_fleet)
-CMD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME = re.compile(r"^[A-Za-z0-9-][A-Za-z0-9_-]{0,63}\Z")  # a leading _ is the fleet's (_fleet)
+CMD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 LEAVES = ("status", "heartbeat", "telemetry", "events")
 
 
@@ -134,7 +134,7 @@ def fleet_filter(fleet: str, kind: str) -> str:
     return f"{PREFIX}/{check_name('fleet', fleet)}/+/{kind}"
 
 
-ENROL_ID = re.compile(r"^[0-9a-f]{32}$")
+ENROL_ID = re.compile(r"^[0-9a-f]{32}\Z")
 
 
 def enrol_request(fleet: str, rid: str) -> str:

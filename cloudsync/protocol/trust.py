@@ -52,9 +52,9 @@ TRUST_FILE = "trust.json"  # beside the outbox: the document in force
 MAX_KEYS = 64
 MAX_CHAIN = 1000  # documents a node keeps (each verified again at every start)
 MAX_REVOKED = 1000  # endpoints (brokers, download servers): well under an envelope
-KID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-COMMAND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
-FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
+KID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+COMMAND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
+FINGERPRINT = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 class TrustError(Exception):

@@ -60,7 +60,7 @@ import numpy as np
 
 from edged.errors import InsufficientStorage, InvalidRequest, NotFound
 
-NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}\Z")
 MAX_TEXT = 8192
 MAX_SOURCE = 1024
 PREFIX = "kb_"

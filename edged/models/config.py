@@ -319,3 +319,10 @@ def check_routing_parameters(path: Path, config: ModelConfig) -> None:
         raise ConfigError(
             f"{path}: parameter confidence_output names {output!r}, not an output of the model"
         )
+    scored = output or next((o.name for o in config.outputs), None)
+    spec = next((o for o in config.outputs if o.name == scored), None)
+    if threshold is not None and spec is not None and spec.datatype in ("BYTES", "BOOL"):
+        raise ConfigError(  # its scores are what escalation compares with the threshold
+            f"{path}: parameter escalate_below scores the output {scored!r}, which is"
+            f" {spec.datatype}: a confidence is a number (set confidence_output)"
+        )

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 # matched whole (``fullmatch``): "$" alone would let a trailing newline through
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
 def is_model_name(value: Any) -> bool:

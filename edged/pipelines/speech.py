@@ -47,7 +47,7 @@ ACOUSTIC_MODEL = "en-us"  # the directory of the version that holds it
 DICTIONARY = "cmudict-en-us.dict"
 PHRASES = "phrases.txt"
 MAX_UTTERANCE_SECONDS = 30
-WORD = re.compile(r"^[a-z']+$")
+WORD = re.compile(r"^[a-z']+\Z")
 # what a stream heard: ("wake", phrase, start, end) or ("utterance", 16-bit samples, start, end)
 Event = tuple[str, Any, float, float]
 

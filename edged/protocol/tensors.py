@@ -536,7 +536,8 @@ def classify(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray
     batched = scores.reshape(scores.shape[0], -1) if scores.ndim > 1 else scores.reshape(1, -1)
     rows = []
     for row in batched:
-        top = np.argsort(-row, kind="stable")[:k]
+        # highest first, ties by index; as floats: an unsigned row negated would wrap around
+        top = np.argsort(-row.astype(np.float64), kind="stable")[:k]
         rows.append(
             [
                 f"{row[i]:f}:{i}" + (f":{labels[i]}" if labels and i < len(labels) else "")

@@ -43,6 +43,28 @@ def test_each_gate_compares_with_the_other_nodes() -> None:
     assert breached(gates, figures(100, 0.0, 10.0, 0.0, 0.85), calm) == ""
 
 
+def test_a_gate_holds_at_its_bound_and_judges_from_the_least_number_of_calls() -> None:
+    """Each gate is "worse than the others by more than": exactly at the bound is no breach;
+    a canary is judged from exactly min_requests calls. (Values exact in binary.)"""
+    gates = Gates(max_failure=0.25, max_p95_increase=1.0, max_fallback=0.25,
+                  max_confidence_drop=0.25, min_requests=20)  # fmt: skip
+    others = figures(1000, 0.25, 10.0, 0.25, 0.75)
+    assert breached(gates, figures(20, 0.5, 20.0, 0.5, 0.5), others) == ""  # all at the bound
+    assert breached(gates, figures(20, 0.625, 20.0, 0.5, 0.5), others) == (
+        "failure rate 62.5% against 25.0% on the other nodes (more than 25.0% worse)"
+    )  # from the 20th call on
+    assert breached(gates, figures(19, 1.0, 99.0, 1.0, 0.0), others) == ""  # one call short
+    assert breached(gates, figures(20, 0.5, 20.5, 0.5, 0.5), others) == (
+        "p95 20.5 ms against 10.0 ms on the other nodes"
+    )
+    assert breached(gates, figures(20, 0.5, 20.0, 0.5, 0.375), others) == (
+        "mean confidence 0.375 against 0.750 on the other nodes"
+    )
+    assert breached(gates, figures(20, 0.5, 20.0, 0.625, 0.5), others) == (
+        "fallback rate 62.5% against 25.0%"
+    )
+
+
 def test_the_view_reads_steps_and_telemetry_of_one_model() -> None:
     view = FleetView("f1", "scale")
 

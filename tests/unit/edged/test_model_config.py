@@ -60,6 +60,26 @@ def test_a_label_file_is_the_versions_else_the_models_and_one_missing_fails_the_
     assert cfg.labels(cfg.inputs[0], version) is None  # no label file named
 
 
+def test_escalation_needs_a_numeric_confidence_output(tmp_path: Path) -> None:
+    """escalate_below compares a score with its threshold: an output of text cannot be one (it
+    failed every escalated request with a 500 before it was refused at load)."""
+    text_out = 'output [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] } ]'
+    base = CONFIG.replace('output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ]'
+                          ' label_filename: "labels.txt" } ]', text_out)  # fmt: skip
+    escalate = 'parameters { key: "escalate_below" value { string_value: "0.5" } }'
+    places = [tmp_path / str(i) for i in range(3)]
+    for place in places:
+        place.mkdir()
+    with pytest.raises(ConfigError) as refused:
+        read_config(write(places[0], base % escalate))
+    assert refused.value.message.endswith(
+        "parameter escalate_below scores the output 'text', which is BYTES: a confidence is a"
+        " number (set confidence_output)"
+    )
+    assert read_config(write(places[1], base % "")).outputs[0].datatype == "BYTES"
+    assert read_config(write(places[2], CONFIG % escalate)).confidence_output == "y"
+
+
 def test_syntax_error_points_at_the_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"config.pbtxt:3:\d+"):
         read_config(write(tmp_path, 'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch: 1\n'))

@@ -5,6 +5,7 @@ tests assert order and outcomes, not times."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from edged.models.config import read_config
 from edged.request import CONTEXT, RequestContext, RequestQos, qos_from_parameters
 from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
-from edged.scheduler import Scheduler, Settings
+from edged.scheduler import QueuePolicy, Scheduler, Settings, _Estimate
 from tests.unit.edged.test_repository import add_model
 
 Scenario = Callable[["Bench"], Awaitable[None]]
@@ -158,8 +159,10 @@ def test_a_timeout_that_expires_in_the_queue_is_an_error_never_a_late_answer(
         blocker = await bench.hold()
         doomed = bench.submit(7.0, timeout_us=50_000)
         patient = bench.submit(8.0)
-        with pytest.raises(DeadlineExceeded, match="timed out after"):
+        with pytest.raises(DeadlineExceeded, match="timed out after") as late:
             await doomed  # while the worker is still held: the answer could not have come
+        waited = float(late.value.message.split("after ")[1].split(" ms")[0])
+        assert 50.0 <= waited < 1000.0, late.value.message  # its time in the queue, in ms
         assert not blocker.done()
         bench.gate.set()
         await asyncio.gather(blocker, patient)
@@ -215,11 +218,47 @@ def test_a_full_queue_is_refused_at_once_with_a_retry_estimate(tmp_path: Path) -
         await asyncio.sleep(0)
         with pytest.raises(Overloaded, match=r"queue of priority 1 is full \(3 requests\)") as err:
             await bench.submit(9.0)
-        assert err.value.status == 429 and err.value.retry_after > 0
+        # nothing measured yet (the only execution has not ended): the least Retry-After
+        assert err.value.status == 429 and err.value.retry_after == 0.001
         bench.gate.set()
         await asyncio.gather(blocker, *queued)
 
     run(tmp_path, "", scenario, max_queue_size=3)
+
+
+def test_retry_after_is_the_rows_ahead_over_the_instances_and_half_an_execution(
+    tmp_path: Path,
+) -> None:
+    """Retry-After estimates when a new request would start: every row queued at its level and
+    more urgent ones, at the measured time per row, spread over the instances, plus half an
+    execution while every instance is busy (what is running ends half-way, on average)."""
+
+    async def scenario(bench: Bench) -> None:
+        bench.gate.clear()
+        running = [bench.submit(-1.0, rows=4), bench.submit(-2.0, rows=4)]  # both instances
+        await asyncio.sleep(0.1)
+        assert bench.scheduler.running == 2
+        bench.scheduler.estimate = _Estimate(row_s=0.01, exec_s=0.1)  # as if measured
+        queued = [bench.submit(float(i), rows=2) for i in range(3)]  # 6 rows, max_queue_size 3
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="is full") as full:
+            await bench.submit(9.0)
+        assert full.value.retry_after == pytest.approx(6 * 0.01 / 2 + 0.1 / 2)
+        bench.gate.set()
+        await asyncio.gather(*running, *queued)
+
+    add = "dynamic_batching { }\ninstance_group [ { count: 2 kind: KIND_CPU } ]"
+    run(tmp_path, add, scenario, max_queue_size=3)
+
+
+def test_the_estimates_are_moving_averages_per_row_and_per_execution() -> None:
+    estimate = _Estimate()
+    assert (estimate.row_s, estimate.exec_s) == (None, None)
+    estimate.add(0.4, 4)  # the first execution starts them
+    assert (estimate.row_s, estimate.exec_s) == (pytest.approx(0.1), pytest.approx(0.4))
+    estimate.add(0.2, 0)  # no rows (a request without a batch dimension) counts as one
+    assert estimate.row_s == pytest.approx(0.1 + 0.2 * (0.2 - 0.1))
+    assert estimate.exec_s == pytest.approx(0.4 + 0.2 * (0.2 - 0.4))
 
 
 def test_a_deadline_the_queue_cannot_meet_is_refused_at_once(tmp_path: Path) -> None:
@@ -368,3 +407,151 @@ def test_request_parameters_give_priority_and_timeout() -> None:
     for bad in ({"priority": -1}, {"timeout": "soon"}, {"priority": 1.5}, {"timeout": True}):
         with pytest.raises(InvalidRequest):
             qos_from_parameters(bad)
+
+
+# ---- admission, without a runtime: a scheduler in front of an execution the test holds -------
+
+
+def settings(levels: int = 1, timeout_s: float = 0.0, override: bool = True) -> Settings:
+    policy = QueuePolicy(max_queue_size=8, default_timeout_s=timeout_s, reject_on_timeout=True,
+                         allow_timeout_override=override)  # fmt: skip
+    return Settings(max_batch_size=4, preferred=(), max_delay_s=0.0, levels=levels,
+                    default_level=levels, policies=dict.fromkeys(range(1, levels + 1), policy),
+                    instances=1)  # fmt: skip
+
+
+def held(settings: Settings) -> tuple[Scheduler, asyncio.Event, list[Tensors]]:
+    """A scheduler whose executions (y = x + 1) wait for the returned event; what each ran."""
+    gate, ran = asyncio.Event(), []
+
+    async def execute(feeds: Tensors) -> Tensors:
+        ran.append(feeds)
+        await gate.wait()
+        return {"y": feeds["x"] + 1} if "x" in feeds else {}
+
+    return Scheduler("m", settings, execute), gate, ran
+
+
+async def call(scheduler: Scheduler, inputs: Tensors, qos: RequestQos) -> Tensors:
+    CONTEXT.set(RequestContext(qos))
+    return await scheduler.submit(inputs)
+
+
+def test_a_requests_own_timeout_may_shorten_the_policys_never_extend_it() -> None:
+    now = 1000.0
+    scheduler = Scheduler("m", settings(timeout_s=10.0), lambda feeds: asyncio.sleep(0, feeds))
+    policy = scheduler.settings.policies[1]
+    assert scheduler._deadline(RequestQos(deadline=now + 5), policy, now) == now + 5
+    assert scheduler._deadline(RequestQos(deadline=now + 20), policy, now) == now + 10
+    assert scheduler._deadline(RequestQos(), policy, now) == now + 10
+    free = Scheduler("m", settings(), lambda feeds: asyncio.sleep(0, feeds)).settings.policies[1]
+    assert scheduler._deadline(RequestQos(deadline=now + 20), free, now) == now + 20
+    assert scheduler._deadline(RequestQos(), free, now) is None
+    fixed = settings(timeout_s=10.0, override=False).policies[1]
+    assert scheduler._deadline(RequestQos(deadline=now + 5), fixed, now) == now + 10
+
+
+def test_the_last_priority_level_is_one_and_the_next_is_refused_naming_the_range() -> None:
+    scheduler = Scheduler("m", settings(levels=2), lambda feeds: asyncio.sleep(0, feeds))
+    assert scheduler._level(RequestQos(priority=2)) == 2
+    assert scheduler._level(RequestQos(priority=1)) == 1
+    assert scheduler._level(RequestQos(priority=0)) == 2  # the default level
+    with pytest.raises(InvalidRequest) as refused:
+        scheduler._level(RequestQos(priority=3))
+    assert refused.value.message == ("priority 3 is outside 1..2 (model 'm' has 2 priority levels)")
+
+
+def test_a_timeout_already_past_is_refused_before_the_request_is_queued() -> None:
+    async def scenario() -> None:
+        scheduler, gate, ran = held(settings())
+        gate.set()
+        with pytest.raises(DeadlineExceeded) as late:
+            await call(scheduler, {"x": np.ones((1, 2))}, RequestQos(deadline=time.monotonic() - 1))
+        assert late.value.message == (
+            "model 'm': the request's timeout passed before it was queued"
+        )
+        assert ran == [] and scheduler.depth == 0
+        await scheduler.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_refusal_names_the_timeout_and_the_work_ahead_in_milliseconds() -> None:
+    async def scenario() -> None:
+        scheduler, gate, _ = held(settings())
+        running = asyncio.ensure_future(call(scheduler, {"x": np.ones((4, 2))}, RequestQos()))
+        await asyncio.sleep(0.01)
+        scheduler.estimate = _Estimate(row_s=10.0, exec_s=0.1)  # as if measured
+        queued = asyncio.ensure_future(call(scheduler, {"x": np.ones((3, 2))}, RequestQos()))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded) as refused:  # 3 rows x 10 s + half of 100 ms ahead
+            await call(scheduler, {"x": np.ones((1, 2))},
+                       RequestQos(deadline=time.monotonic() + 10))  # fmt: skip
+        timeout, ahead = re.findall(r"([\d.]+) ms", refused.value.message)
+        assert 9990.0 <= float(timeout) <= 10000.0, refused.value.message  # what was left of it
+        assert ahead == "30050.0", refused.value.message
+        assert refused.value.message.startswith("model 'm': the timeout of ")
+        assert refused.value.retry_after == pytest.approx(30.05)
+        gate.set()
+        await asyncio.gather(running, queued)
+        await scheduler.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_started_before_its_timeout_gets_its_answer() -> None:
+    """The timeout bounds the wait in the queue: once a worker took the request, its timer
+    finds it gone and the answer comes, however long the execution takes."""
+
+    async def scenario() -> None:
+        scheduler, gate, _ = held(settings())
+        task = asyncio.ensure_future(
+            call(scheduler, {"x": np.ones((1, 2))}, RequestQos(deadline=time.monotonic() + 0.02))
+        )
+        await asyncio.sleep(0.1)  # taken at once, then its deadline passed while it ran
+        assert not task.done() and scheduler.running == 1
+        gate.set()
+        np.testing.assert_array_equal((await task)["y"], [[2.0, 2.0]])
+        await scheduler.close()
+
+    asyncio.run(scenario())
+
+
+def test_requests_due_are_expired_when_a_worker_looks_even_before_their_timers_run() -> None:
+    async def scenario() -> None:
+        scheduler, gate, _ = held(settings())
+        running = asyncio.ensure_future(call(scheduler, {"x": np.ones((1, 2))}, RequestQos()))
+        await asyncio.sleep(0.01)
+        doomed = asyncio.ensure_future(
+            call(scheduler, {"x": np.ones((1, 2))}, RequestQos(deadline=time.monotonic() + 0.001))
+        )
+        await asyncio.sleep(0)  # queued, its timer set
+        time.sleep(0.005)  # noqa: ASYNC251 (on purpose: past its deadline, the timer not run)
+        scheduler._expire_due()  # what a worker does before it forms a batch
+        assert scheduler.depth == 0  # taken out and answered (the task sees it next)
+        with pytest.raises(DeadlineExceeded, match="timed out after"):
+            await doomed
+        gate.set()
+        await running
+        await scheduler.close()
+
+    asyncio.run(scenario())
+
+
+def test_requests_of_other_shapes_never_share_an_execution() -> None:
+    async def scenario() -> None:
+        scheduler, gate, ran = held(settings())
+        first = asyncio.ensure_future(call(scheduler, {"x": np.ones((1, 2))}, RequestQos()))
+        await asyncio.sleep(0.01)  # running: the next two queue behind it
+        narrow = asyncio.ensure_future(call(scheduler, {"x": np.ones((1, 2))}, RequestQos()))
+        wide = asyncio.ensure_future(call(scheduler, {"x": np.ones((1, 3))}, RequestQos()))
+        none = asyncio.ensure_future(call(scheduler, {}, RequestQos()))  # no inputs: one row
+        gate.set()
+        answers = await asyncio.gather(first, narrow, wide, none)
+        assert [a["y"].shape for a in answers[:3]] == [(1, 2), (1, 2), (1, 3)]
+        assert answers[3] == {}
+        assert sorted(feeds["x"].shape for feeds in ran if "x" in feeds) == [
+            (1, 2), (1, 2), (1, 3)]  # fmt: skip
+        await scheduler.close()
+
+    asyncio.run(scenario())
