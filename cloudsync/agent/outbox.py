@@ -252,7 +252,7 @@ class Outbox:
         if item.priority not in PRIORITIES:
             raise OutboxError(f"priority '{item.priority}': one of {', '.join(PRIORITIES)}")
         try:
-            body = canonical(item.body).decode()
+            raw = canonical(item.body)
         except (TypeError, ValueError) as exc:
             raise OutboxError(f"a body that is not JSON: {exc}") from None
         record_id = item.id or new_id()
@@ -265,7 +265,7 @@ class Outbox:
             counts["duplicate"] += 1
             return record_id
         priority = PRIORITIES[item.priority]
-        size = len(body) + ROW_OVERHEAD
+        body, size = raw.decode(), len(raw) + ROW_OVERHEAD  # bytes, not characters
         if not self._make_room(size, priority, counts):
             counts["dropped_budget"] += 1
             return None

@@ -252,8 +252,11 @@ def signers(
     for row in doc["signatures"]:
         kid, sig = (row.get("kid"), row.get("sig")) if isinstance(row, dict) else (None, None)
         key = anchors.get(kid) if isinstance(kid, str) else None
-        if key is None or not isinstance(kid, str) or not isinstance(sig, str):
+        if key is None:
             why.append(f"'{kid}' is not a trust anchor")
+            continue
+        if not isinstance(sig, str):
+            why.append(f"{kid}'s signature is not base64 text")
             continue
         try:
             key.verify(base64.b64decode(sig, validate=True), message)

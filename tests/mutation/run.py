@@ -14,7 +14,8 @@ rest. Log calls are not mutated (pyproject's do_not_mutate_patterns). Exit 1 whe
 scores under ``--floor`` (85%).
 
     .venv/bin/python tests/mutation/run.py                 # all of them (make mutation)
-    .venv/bin/python tests/mutation/run.py --module edged/routing/decide.py --no-run
+    .venv/bin/python tests/mutation/run.py --module edged/routing/decide.py --keep
+    .venv/bin/python tests/mutation/run.py --no-run          # the last run's table again
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import fnmatch
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -194,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--module", action="append", help="only this module (repeat)")
     parser.add_argument("--no-run", action="store_true", help="report the last run only")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep mutants/ from the last run"
+        " (faster; mutmut may keep a survivor's old result after tests change)",
+    )
     parser.add_argument("--floor", type=float, default=0.85)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args(argv)
@@ -203,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"not in [tool.mutmut] only_mutate: {', '.join(sorted(unknown))}")
     seconds = None
     if not args.no_run:
+        if not args.keep:
+            shutil.rmtree(ROOT / "mutants", ignore_errors=True)
         seconds = run([p for path in paths for p in patterns(path)], args.workers)
     return 0 if report(results(paths), args.floor, seconds) else 1
 
