@@ -252,7 +252,7 @@ def signers(
     for row in doc["signatures"]:
         kid, sig = (row.get("kid"), row.get("sig")) if isinstance(row, dict) else (None, None)
         key = anchors.get(kid) if isinstance(kid, str) else None
-        if key is None:
+        if key is None or not isinstance(kid, str):
             why.append(f"'{kid}' is not a trust anchor")
             continue
         if not isinstance(sig, str):
