@@ -555,3 +555,74 @@ def test_requests_of_other_shapes_never_share_an_execution() -> None:
         await scheduler.close()
 
     asyncio.run(scenario())
+
+
+def settings_of(tmp_path: Path, max_batch_size: int, batching: str, name: str = "s") -> Settings:
+    """The scheduler's settings read from a config.pbtxt of ``batching`` (no model needed)."""
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.pbtxt").write_text(
+        f'platform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n' + batching
+    )
+    return Settings.from_config(read_config(tmp_path / name), 64)
+
+
+def test_the_queue_policies_and_batching_are_read_from_the_config_field_by_field(
+    tmp_path: Path,
+) -> None:
+    config = (
+        "dynamic_batching { preferred_batch_size: [ 0, 1, 4 ] max_queue_delay_microseconds: 2500"
+        " priority_levels: 3 default_priority_level: 2"
+        " default_queue_policy { max_queue_size: 5 default_timeout_microseconds: 1500000"
+        " timeout_action: DELAY allow_timeout_override: true }"
+        " priority_queue_policy { key: 1 value { default_timeout_microseconds: 250000 } }"
+        " priority_queue_policy { key: 3 value { max_queue_size: 7 } } }"
+    )
+    default = QueuePolicy(max_queue_size=5, default_timeout_s=1.5, reject_on_timeout=False,
+                          allow_timeout_override=True)  # fmt: skip
+    assert settings_of(tmp_path, 4, config) == Settings(
+        max_batch_size=4, preferred=(1, 4), max_delay_s=0.0025, levels=3, default_level=2,
+        policies={
+            # a level's own policy: its unset fields are proto defaults, no override
+            1: QueuePolicy(max_queue_size=64, default_timeout_s=0.25, reject_on_timeout=True,
+                           allow_timeout_override=False),
+            2: default,
+            3: QueuePolicy(max_queue_size=7, default_timeout_s=0.0, reject_on_timeout=True,
+                           allow_timeout_override=False),
+        },
+        instances=1,
+    )  # fmt: skip
+    # without dynamic batching, or without a batch dimension: one row, no delay, no preference
+    plain = QueuePolicy(max_queue_size=64, default_timeout_s=0.0, reject_on_timeout=True,
+                        allow_timeout_override=True)  # fmt: skip
+    alone = Settings(max_batch_size=1, preferred=(), max_delay_s=0.0, levels=1, default_level=1,
+                     policies={1: plain}, instances=1)  # fmt: skip
+    assert settings_of(tmp_path, 0, "dynamic_batching { max_queue_delay_microseconds: 900"
+                       " preferred_batch_size: [ 1 ] }", "unbatched") == alone  # fmt: skip
+    assert settings_of(tmp_path, 4, "", "none") == alone
+    one = settings_of(tmp_path, 1, "dynamic_batching { max_queue_delay_microseconds: 900 }", "one")
+    assert (one.max_batch_size, one.max_delay_s) == (1, 0.0009)  # batching, of one row
+
+
+@pytest.mark.parametrize(
+    ("batching", "message"),
+    [
+        ("dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+         "model 'bad': default_priority_level 3 is outside 1..2"),
+        ("dynamic_batching { priority_levels: 2 default_priority_level: 1"
+         " priority_queue_policy { key: 0 value { } } }",
+         "model 'bad': priority_queue_policy 0 is outside 1..2"),
+        ("dynamic_batching { priority_levels: 2 default_priority_level: 1"
+         " priority_queue_policy { key: 3 value { } } }",
+         "model 'bad': priority_queue_policy 3 is outside 1..2"),
+        ("dynamic_batching { preferred_batch_size: [ 5 ] }",
+         "model 'bad': preferred_batch_size 5 is over max_batch_size 4"),
+    ],
+)  # fmt: skip
+def test_queue_settings_outside_their_range_are_refused_naming_them(
+    tmp_path: Path, batching: str, message: str
+) -> None:
+    with pytest.raises(ModelLoadError) as refused:
+        settings_of(tmp_path, 4, batching, "bad")
+    assert refused.value.message == message
