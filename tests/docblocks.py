@@ -192,6 +192,10 @@ NOT_RUN: dict[str, str] = {
         " are run by hand (docs/BENCHMARKS.md and docs/TESTING.md have their figures)"
     ),
     "docs/OPERATIONS.md: make deb": PACKAGING,
+    "docs/TESTING.md: make mutation": (
+        "mutation testing takes about 25 minutes and is run by hand, not in make test"
+        " (docs/TESTING.md has its figures)"
+    ),
     "docs/OPERATIONS.md: sudo systemctl enable --now cloudsync": (
         "root and systemd as PID 1: tests/packaging/test_deb.py starts the installed units"
     ),
