@@ -319,7 +319,8 @@ def check_routing_parameters(path: Path, config: ModelConfig) -> None:
         raise ConfigError(
             f"{path}: parameter confidence_output names {output!r}, not an output of the model"
         )
-    scored = output or next((o.name for o in config.outputs), None)
+    # what the router scores (edged.router: _escalate): this output, else the first
+    scored = config.confidence_output or next((o.name for o in config.outputs), None)
     spec = next((o for o in config.outputs if o.name == scored), None)
     if threshold is not None and spec is not None and spec.datatype in ("BYTES", "BOOL"):
         raise ConfigError(  # its scores are what escalation compares with the threshold

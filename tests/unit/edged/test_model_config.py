@@ -67,7 +67,7 @@ def test_escalation_needs_a_numeric_confidence_output(tmp_path: Path) -> None:
     base = CONFIG.replace('output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ]'
                           ' label_filename: "labels.txt" } ]', text_out)  # fmt: skip
     escalate = 'parameters { key: "escalate_below" value { string_value: "0.5" } }'
-    places = [tmp_path / str(i) for i in range(3)]
+    places = [tmp_path / str(i) for i in range(4)]
     for place in places:
         place.mkdir()
     with pytest.raises(ConfigError) as refused:
@@ -78,6 +78,11 @@ def test_escalation_needs_a_numeric_confidence_output(tmp_path: Path) -> None:
     )
     assert read_config(write(places[1], base % "")).outputs[0].datatype == "BYTES"
     assert read_config(write(places[2], CONFIG % escalate)).confidence_output == "y"
+    # text first, then a classification output: the router scores the one with labels
+    both = base.replace(text_out, 'output [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] },'
+                        ' { name: "y" data_type: TYPE_FP32 dims: [ -1 ] label_filename:'
+                        ' "labels.txt" } ]')  # fmt: skip
+    assert read_config(write(places[3], both % escalate)).confidence_output == "y"
 
 
 def test_syntax_error_points_at_the_line(tmp_path: Path) -> None:
