@@ -76,12 +76,17 @@ def test_every_cloud_call_is_one_entry_whose_hash_is_what_the_cloud_received(
     received = {p["id"]: p for p in posts}
     ids = [f"req-{31000 + i}" for i in range(8)]
     recorded = {e["request_id"]: e for e in entries}
-    # exactly one entry per call that reached the cloud, none for the private one
-    assert sorted(recorded) == sorted(received) and len(entries) == len(posts)
-    assert set(ids) <= set(recorded) and "private-31200" not in recorded
+    # one entry per call that reached the cloud, none for the private one; the entry comes
+    # before the bytes, so a hedge cancelled in between (the device answered first) has one
+    # and never arrives
+    assert len(entries) == len(recorded) and len(posts) == len(received)
+    assert set(received) <= set(recorded) and set(recorded) - set(received) <= {"req-31100"}
+    assert set(ids) <= set(received) and "private-31200" not in recorded
     if hedged["route"] == "hedged":  # the hedge's cloud call was sent: it is recorded
         assert "req-31100" in recorded
     for ident, entry in recorded.items():
+        if ident not in received:
+            continue
         got = received[ident]
         assert (entry["sha256"], entry["bytes"]) == (got["sha256"], got["bytes"]), ident
         assert entry["endpoint"] == f"http://{hashing.address}" and entry["protocol"] == "rest"
