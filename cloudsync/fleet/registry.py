@@ -99,13 +99,13 @@ def number(value: Any) -> float:
 
 
 def serving(
-    born: list[dict[str, Any]], heartbeat: str | None, heartbeat_ts: int | None, born_ts: int | None
+    born: list[dict[str, Any]], heartbeat: Any, heartbeat_ts: int | None, born_ts: int | None
 ) -> list[dict[str, Any]]:
-    """The models of a node's birth, with the versions its last heartbeat (when newer) says are
-    serving: a version installed since the node connected shows at once, not at its next
-    birth. A model the heartbeat does not list keeps what the birth said."""
-    body = json.loads(heartbeat) if heartbeat and (heartbeat_ts or 0) >= (born_ts or 0) else None
-    now = body.get("models") if isinstance(body, dict) else None
+    """The models of a node's birth, with the versions its last heartbeat (its body, when newer)
+    says are serving: a version installed since the node connected shows at once, not at its
+    next birth. A model the heartbeat does not list keeps what the birth said."""
+    newer = isinstance(heartbeat, dict) and (heartbeat_ts or 0) >= (born_ts or 0)
+    now = heartbeat.get("models") if newer else None
     if not isinstance(now, dict):
         return born
     rows = [{**m, "version": now[m["name"]], "state": "READY"} if m["name"] in now else m
@@ -331,6 +331,7 @@ class Registry:
         """A node as the API shows it."""
         own, set_by_operators = json.loads(raw["node_labels"]), json.loads(raw["labels"])
         state = raw["state"]
+        heartbeat = json.loads(raw["heartbeat"]) if raw["heartbeat"] else None
         if state == "online" and raw["last_seen"] < now_ms - self.offline_after_ms:
             state = "stale"  # online by its status, no heartbeat for 3 intervals
         return {
@@ -341,11 +342,11 @@ class Registry:
             "first_seen_ms": raw["first_seen"],
             "last_seen_ms": raw["last_seen"] or None,
             "heartbeats": raw["heartbeats"],
-            "heartbeat": json.loads(raw["heartbeat"]) if raw["heartbeat"] else None,
+            "heartbeat": heartbeat,
             "hardware": json.loads(raw["hardware"]),
             "software": json.loads(raw["software"]),
             "models": serving(
-                json.loads(raw["models"]), raw["heartbeat"], raw["heartbeat_ts"], raw["status_ts"]
+                json.loads(raw["models"]), heartbeat, raw["heartbeat_ts"], raw["status_ts"]
             ),
             "labels": {**own, **set_by_operators},
             "node_labels": own,
