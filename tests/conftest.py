@@ -21,6 +21,7 @@ import pytest  # at the summary, where CPython 3.11's compiler can trip over thr
 
 from bench.peer import Peer, ensure_venv, start_peer
 from edged.client import Client, ClientError
+from tests import asunit
 from tests.faultproxy import FaultProxy
 
 # make mutation (tests/mutation/run.py sets EDGED_MUTATION=1): each mutant runs its module's
@@ -41,7 +42,6 @@ def examples(wanted: int) -> int:
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
-EDGED = [sys.executable, "-m", "edged"]
 CLOUD_MODEL = "intent-classifier"  # what the cloud tier serves in tests
 CLOUD_MODEL_B = "intent-classifier-b"  # the same model under another name: arm b of an A/B
 ANSWER_MODEL = "kb-answer"  # and its question-answering model (bench/peer.py ANSWER_RUNTIME)
@@ -79,13 +79,23 @@ def wait_for(
 
 
 class Daemon:
-    """One edged process with its own socket, state dir and log file."""
+    """One edged process with its own socket, state dir and log file; ``as_unit``: run as
+    edged.service runs it (tests/asunit.py: a user of its own, the unit's umask and descriptor
+    limit)."""
 
     def __init__(
-        self, workdir: Path, models: Path = MODELS, config: str = "", flags: tuple[str, ...] = ()
+        self,
+        workdir: Path,
+        models: Path = MODELS,
+        config: str = "",
+        flags: tuple[str, ...] = (),
+        as_unit: bool = False,
+        python: str = sys.executable,
     ) -> None:
         self.workdir = workdir
         self.flags = flags
+        self.account = asunit.account() if as_unit else None
+        self.python = python
         self.socket = workdir / "edged.sock"
         self.models = models
         self.log = workdir / "edged.log"
@@ -95,7 +105,7 @@ class Daemon:
 
     def command(self) -> list[str]:
         return [
-            *EDGED,
+            self.python, "-m", "edged",
             "--config", str(self.config),
             "--socket", str(self.socket),
             "--state-dir", str(self.workdir / "state"),
@@ -104,12 +114,19 @@ class Daemon:
         ]  # fmt: skip
 
     def start(self, env: dict[str, str] | None = None, wait: bool = True) -> Daemon:
+        unit: dict[str, Any] = {}
+        if self.account is not None:
+            self.log.touch()
+            self.account.own(self.workdir)
+            asunit.reachable(self.models)  # a test's repository: made in its 0700 tmp_path
+            unit = self.account.popen()
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
+                **unit,
             )
         if wait:
             self.wait_ready()
@@ -151,9 +168,16 @@ def make_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Daemo
 
     class Tracked(Daemon):
         def __init__(
-            self, models: Path = MODELS, config: str = "", flags: tuple[str, ...] = ()
+            self,
+            models: Path = MODELS,
+            config: str = "",
+            flags: tuple[str, ...] = (),
+            as_unit: bool = False,
+            python: str = sys.executable,
         ) -> None:
-            super().__init__(tmp_path_factory.mktemp("edged"), models, config, flags)
+            super().__init__(
+                tmp_path_factory.mktemp("edged"), models, config, flags, as_unit, python
+            )
             started.append(self)
 
     yield Tracked

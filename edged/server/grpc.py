@@ -524,29 +524,61 @@ SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
 
 
 class _Half(asyncio.Protocol):
-    """One side of a relayed connection: what it reads goes to the other side, as it came."""
+    """One side of a relayed connection: what it reads goes to the other side, as it came.
+
+    Every byte read is handed over, including those read before the other side exists: they
+    wait in ``held`` (and reading pauses) until ``pair`` joins the two. Pausing alone does not
+    hold them back: before Python 3.11.5 (Debian 12's 3.11.2, JetPack 6's 3.10) a transport
+    starts reading after ``connection_made`` even when that paused it, so a caller's HTTP/2
+    preface could arrive first and, dropped, fail the connection ("Connect string mismatch")."""
 
     def __init__(self, relay: GrpcServer) -> None:
         self.relay = relay
         self.transport: asyncio.Transport | None = None
         self.other: _Half | None = None
         self.name: str | None = None  # the inner side's: the peer grpc names
+        self.held: list[bytes] = []  # read before the pair was made (a preface: a few bytes)
+        self.eof = False  # the end came before the pair was made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
+    def _peer(self) -> asyncio.Transport | None:
+        return self.other.transport if self.other is not None else None
+
     def data_received(self, data: bytes) -> None:
-        other = self.other.transport if self.other is not None else None
-        if other is not None and not other.is_closing():
+        other = self._peer()
+        if other is None:
+            self.held.append(data)
+            assert self.transport is not None
+            self.transport.pause_reading()  # effective now that the transport is reading
+        elif not other.is_closing():
             other.write(data)
 
     def eof_received(self) -> bool:
-        other = self.other.transport if self.other is not None else None
-        if other is not None and other.can_write_eof() and not other.is_closing():
+        other = self._peer()
+        if other is None:
+            self.eof = True
+            return True  # passed on by pair(): the answer may still come back
+        if other.can_write_eof() and not other.is_closing():
             other.write_eof()
             return True  # the other direction may still carry the answer
         return False
+
+    def pair(self, other: _Half) -> None:
+        """Join this side to ``other``: what this side held goes to it first, then reading
+        resumes."""
+        self.other = other
+        assert self.transport is not None and other.transport is not None
+        held, self.held = b"".join(self.held), []
+        if held:
+            other.transport.write(held)
+        if self.eof:
+            if other.transport.can_write_eof():
+                other.transport.write_eof()
+        else:
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:  # the other side reads no faster than this one writes
         if self.other is not None and self.other.transport is not None:
@@ -566,9 +598,7 @@ class _Front(_Half):
     """A caller's connection to the public socket: its credentials read once, then relayed."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        assert self.transport is not None
-        self.transport.pause_reading()  # nothing is read until the inner connection is made
+        super().connection_made(transport)  # its first read is held (and pauses) until paired
         self.relay.accepted(self)
 
 
@@ -664,8 +694,8 @@ class GrpcServer:
             assert back.transport is not None
             back.transport.close()
             return
-        front.other, back.other = back, front
-        front.transport.resume_reading()
+        back.pair(front)
+        front.pair(back)
 
     def lost(self, half: _Half) -> None:
         if half in self.halves:

@@ -91,11 +91,14 @@ def test_exploration_on_a_hunch_is_rationed() -> None:
 
 
 class Draws(random.Random):
-    """Thompson draws the test scripts, and the Beta posteriors they were asked from."""
+    """Thompson draws the test scripts, and the Beta posteriors they were asked from.
 
-    def __init__(self, *values: float) -> None:
+    The values come after construction: before 3.11 ``random.Random.__new__`` takes the
+    constructor's arguments as a seed, a subclass's included (JetPack 6's Python is 3.10)."""
+
+    def __init__(self) -> None:
         super().__init__(0)
-        self.values = list(values)
+        self.values: list[float] = []
         self.asked: list[tuple[float, float]] = []
 
     def betavariate(self, alpha: float, beta: float) -> float:
@@ -111,7 +114,8 @@ HOPELESS = Path(True, predicted_s=0.5, deviation_s=0.02)  # about Beta(1, 11) at
 def scripted(*values: float, **settings: float) -> tuple[Learner, Draws, Clock]:
     clock = Clock()
     learner = Learner(clock=clock, **settings)  # type: ignore[arg-type]
-    draws = learner.random = Draws(*values)
+    draws = learner.random = Draws()
+    draws.values = list(values)
     return learner, draws, clock
 
 
