@@ -42,12 +42,14 @@ class Account:
             "preexec_fn": _limits,
         }
 
-    def own(self, directory: Path) -> None:
-        """``directory`` becomes this account's, and reachable through its parents."""
-        reachable(directory)
-        for root, dirs, files in os.walk(directory):
-            for name in [root, *(os.path.join(root, f) for f in dirs + files)]:
-                os.chown(name, self.uid, self.gid, follow_symlinks=False)
+    def own(self, path: Path) -> None:
+        """``path`` (a file, or a directory and all in it, links not followed) becomes this
+        account's, and reachable through its parents."""
+        reachable(path)
+        os.chown(path, self.uid, self.gid, follow_symlinks=False)
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
 
 
 def _limits() -> None:
@@ -100,3 +102,14 @@ def open_files_limit(pid: int) -> int:
         if line.startswith("Max open files"):
             return int(line.split()[3])
     raise AssertionError(f"no descriptor limit in /proc/{pid}/limits")
+
+
+def owned_like(place: Path, path: Path) -> None:
+    """``path`` (and all in it) takes the owner of ``place``, the directory it is in: what a
+    test puts where edged keeps its own files (its staging directory, its repository), as
+    cloudsync, running as edged's user, would have written it."""
+    info = place.stat()
+    os.chown(path, info.st_uid, info.st_gid, follow_symlinks=False)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), info.st_uid, info.st_gid, follow_symlinks=False)

@@ -79,9 +79,10 @@ def wait_for(
 
 
 class Daemon:
-    """One edged process with its own socket, state dir and log file; ``as_unit``: run as
-    edged.service runs it (tests/asunit.py: a user of its own, the unit's umask and descriptor
-    limit)."""
+    """One edged process with its own socket, state dir and log file, run as edged.service runs
+    it (tests/asunit.py: a user of its own, the unit's umask and descriptor limit) unless
+    ``as_unit`` is false: a test about root says so. A repository of the test's own is the
+    daemon's, as /var/lib/edged/models is edged's; the default one is only read."""
 
     def __init__(
         self,
@@ -89,7 +90,7 @@ class Daemon:
         models: Path = MODELS,
         config: str = "",
         flags: tuple[str, ...] = (),
-        as_unit: bool = False,
+        as_unit: bool = True,
         python: str = sys.executable,
     ) -> None:
         self.workdir = workdir
@@ -118,7 +119,9 @@ class Daemon:
         if self.account is not None:
             self.log.touch()
             self.account.own(self.workdir)
-            asunit.reachable(self.models)  # a test's repository: made in its 0700 tmp_path
+            if self.models.resolve() != MODELS:
+                self.account.own(self.models)  # links into the default one stay root's
+            asunit.reachable(self.models)
             unit = self.account.popen()
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -131,6 +134,13 @@ class Daemon:
         if wait:
             self.wait_ready()
         return self
+
+    def give(self, *paths: Path) -> None:
+        """Paths the test hands to edged (a directory for its socket, a disk): its user's, as
+        the package makes /run/edged and /var/lib/edged edged's."""
+        if self.account is not None:
+            for path in paths:
+                self.account.own(path)
 
     @property
     def client(self) -> Client:
@@ -172,7 +182,7 @@ def make_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Daemo
             models: Path = MODELS,
             config: str = "",
             flags: tuple[str, ...] = (),
-            as_unit: bool = False,
+            as_unit: bool = True,
             python: str = sys.executable,
         ) -> None:
             super().__init__(

@@ -41,6 +41,7 @@ def test_an_admin_change_that_cannot_be_kept_is_refused_and_not_applied(
     took effect, and it left an empty admin.json.tmp."""
     daemon = make_daemon(config='[models]\nload = ["intent-classifier"]\n',
                          flags=("--state-dir", str(small_disk)))  # fmt: skip
+    daemon.give(small_disk)  # its state directory: edged's, as /var/lib/edged is
     daemon.start()
     client = daemon.client
     before = client.call("GET", "/v1/admin/routing")["routing"]["local_threshold_ms"]
@@ -74,7 +75,9 @@ def test_a_call_the_egress_ledger_cannot_record_is_not_sent(
     config = (
         f'[models]\nload = ["{MODEL}"]\n[cloud]\nurl = "http://{cloud.proxy.address}"\n{egress}'
     )
-    daemon = make_daemon(config=config).start()
+    daemon = make_daemon(config=config)
+    daemon.give(small_disk)
+    daemon.start()
     client = daemon.client
     wait_for(lambda: MODEL in client.status()["cloud"]["catalog"], 10, "the cloud's catalog")
     assert ask(client, 40000, route="cloud")["route"] == "cloud"

@@ -171,6 +171,9 @@ def test_no_other_user_reaches_the_knowledge_store(edged: Daemon) -> None:
     ours = {str(edged.socket), str(edged.socket.with_name("edged-grpc.sock"))}
     others = [path for path in unix_listeners(edged.proc.pid, inodes) if path not in ours]
     state = edged.workdir / "state"
+    # the unit's umask (0027) closes the state directory to others; opened here, since the
+    # store must not rely on the modes of the directories above it
+    state.chmod(state.stat().st_mode | 0o005)
     store = sorted(state.glob("knowledge*"))
     assert store, f"no knowledge store under {state}: {sorted(os.listdir(state))}"
     paths = [p for top in store for p in [top, *(top.rglob("*") if top.is_dir() else [])]]

@@ -34,6 +34,7 @@ import pytest
 
 from cloudsync.protocol.manifest import file_entry
 from edged.client import ClientError
+from tests.asunit import owned_like
 from tests.conftest import ROOT, Daemon, wait_for
 from tests.modelfiles import add_model, scale_model
 
@@ -370,6 +371,7 @@ def test_an_install_from_outside_the_staging_directory_is_refused_and_deletes_no
     victim = daemon.workdir / "victim"
     victim.mkdir()
     (victim / "data.txt").write_text("precious\n")
+    owned_like(daemon.workdir, victim)
     files = [file_entry(victim / "data.txt")]
     sources = [
         str(victim),
@@ -390,6 +392,7 @@ def test_an_install_from_outside_the_staging_directory_is_refused_and_deletes_no
     # the same version staged where edged takes it from: installed
     staged = staging / f"{MODEL}-2"
     scale_model(staged / "model.onnx", 2.0)
+    owned_like(staging, staged)  # as cloudsync stages it, as edged's user
     client.install(MODEL, 2, str(staged), [file_entry(staged / "model.onnx")])
     assert client.infer_json(MODEL, X)["outputs"][0]["data"] == [2.0, 4.0]
     assert victim.is_dir() and not staged.exists()

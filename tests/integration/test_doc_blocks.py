@@ -310,7 +310,8 @@ def scene(
     shutil.copytree(MODELS / "intent-classifier", old)
     config = old / "config.pbtxt"
     config.write_text(config.read_text().replace('"intent-classifier"', '"old-detector"'))
-    edged = make_daemon(repository, config=answer_model_config(cloud)).start()
+    # as `make run` starts it: whoever runs make (root here), from the checkout
+    edged = make_daemon(repository, config=answer_model_config(cloud), as_unit=False).start()
     pki = make_pki(tmp_path / "pki", NODES)
     crl = tmp_path / "fleet.crl"
     write_crl(Issuer(pki / "ca.pem", pki / "ca.key", 1), [], int(time.time() * 1000), crl)

@@ -167,7 +167,9 @@ def staging_of(fleet: Fleet) -> Path:
 def fleet(tmp_path: Path, pki: Path, make_daemon: type[Daemon]) -> Iterator[Fleet]:
     repository = tmp_path / "models"
     add_model(repository, MODEL, {1: 1.0})
-    edged = make_daemon(repository).start()
+    # root, as the agent beside it (started as root from the checkout): it stages the files
+    # that edged moves in; as the package runs them both are edged's user (not yet here)
+    edged = make_daemon(repository, as_unit=False).start()
     broker = Broker(tmp_path / "mosquitto", pki).start()
     cdn = Cdn(tmp_path / "cdn", pki).start()
     agent = Agent(tmp_path / "agent", broker)

@@ -72,7 +72,8 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
     for node in NODES:
         repository = tmp_path / node / "models"
         add_model(repository, MODEL, {1: 1.0})
-        edgeds[node] = make_daemon(repository).start(wait=False)
+        # root, as the agents (from the checkout): they stage what edged moves in
+        edgeds[node] = make_daemon(repository, as_unit=False).start(wait=False)
     for daemon in edgeds.values():
         daemon.wait_ready()
     for node in NODES:

@@ -155,6 +155,7 @@ def test_admin_is_for_root_and_the_listed_users(make_daemon: type[Daemon]) -> No
             flags=("--socket", str(public / "edged.sock")),
         )
         daemon.socket = public / "edged.sock"
+        daemon.give(public)
         daemon.start()
         nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
         command = [sys.executable, "-m", "edged.edgectl", "--socket", str(daemon.socket)]

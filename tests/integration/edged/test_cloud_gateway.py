@@ -114,7 +114,9 @@ def daemon_behind(
     }
     lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
     config = f'[models]\nload = ["{CLOUD_MODEL}"]\n[cloud]\n{lines}\n'
-    return make_daemon(config=config).start()
+    daemon = make_daemon(config=config)
+    daemon.give(pki)  # the device's key and token are edged's to read, and no one else's
+    return daemon.start()
 
 
 def test_calls_go_through_the_gateway_with_mtls_token_and_prefix(

@@ -50,13 +50,17 @@ def test_an_idle_model_gives_its_memory_back_and_the_next_call_loads_it(
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (tmp_path / "mode").write_text("0\n")
+    (tmp_path / "calls").touch()
     tool = bindir / "nvpmodel"
     tool.write_text(NVPMODEL.format(log=tmp_path / "calls", mode=tmp_path / "mode"))
     tool.chmod(0o755)
     config = "[models]\nidle_unload_s = 1.5\nidle_power_mode = 2\n"
     config += f'[onnxruntime]\nisolation = "{isolation}"\n'
     path = f"{bindir}:{os.environ['PATH']}"
-    daemon = make_daemon(repo, config=config).start(env={"PATH": path})
+    daemon = make_daemon(repo, config=config)
+    # the wrapper an operator gives edged (docs/OPERATIONS.md): it runs as edged's user
+    daemon.give(bindir, tmp_path / "mode", tmp_path / "calls")
+    daemon.start(env={"PATH": path})
     client = daemon.client
 
     assert daemon.proc is not None

@@ -250,7 +250,9 @@ answer_model = "llama-3.1-8b-instruct"
 answer_url = "http://127.0.0.1:{server.port}/v1"
 answer_token_file = "{token}"
 """
-        daemon = make_daemon(config=config).start()
+        daemon = make_daemon(config=config)
+        daemon.give(token)
+        daemon.start()
         client = daemon.client
         client.kb_ingest("faq", FAQ + MORE_FAQ)
         client.kb_ingest("faq", [{"source": "ops/doors.md", "text": SECRET, "private": True}])

@@ -66,7 +66,11 @@ def test_recall_at_10_over_10000_chunks_of_real_text(
     asked = client.embed(questions)
     assert daemon.stop() == 0
 
-    store = KnowledgeStore(str(daemon.workdir / "state" / "knowledge.db"), 384)
+    # read here, by root: the store opens only for its owner, so its files become root's
+    state = daemon.workdir / "state"
+    for path in [state, *state.rglob("*")]:
+        os.chown(path, 0, 0, follow_symlinks=False)
+    store = KnowledgeStore(str(state / "knowledge.db"), 384)
     try:
         name = store.ensure("kjv")  # loaded: after reopening, Milvus Lite needs it
         rows = store.client.query(name, filter="", output_fields=["id", "vector"], limit=16384)
@@ -164,7 +168,9 @@ def test_a_full_disk_is_a_clear_error_and_corrupts_nothing(
     why, nothing is written, the daemon keeps serving, a restart finds the store whole, and
     once there is room the same ingest succeeds."""
     config = f'{SMALL_CHUNKS}uri = "{small_disk}/kb.db"\nmin_free_mb = 16\n'
-    daemon = make_daemon(config=config).start()
+    daemon = make_daemon(config=config)
+    daemon.give(small_disk)
+    daemon.start()
     client = daemon.client
     psalm = "The LORD is my shepherd; I shall not want."
     client.kb_ingest("bible", [{"text": psalm, "source": "psalm23"}])

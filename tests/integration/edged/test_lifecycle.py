@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from edged.client import Client, ClientError, UnixHTTPConnection
+from tests.asunit import reachable
 from tests.conftest import (
     MODELS,
     Daemon,
@@ -64,8 +65,11 @@ def test_ready_is_503_until_the_models_are_loaded(
 
 
 def notify_socket(path: Path) -> socket.socket:
+    """A notify socket as systemd's own: any service may write to it (/run/systemd/notify)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(path))
+    path.chmod(0o777)
+    reachable(path)
     sock.settimeout(60)
     return sock
 

@@ -19,6 +19,7 @@ import pytest
 
 from cloudsync.protocol.manifest import file_entry
 from edged.client import Client, ClientError
+from tests.asunit import owned_like
 from tests.conftest import MODELS, Daemon
 from tests.integration.edged.test_admin import edgectl
 from tests.modelfiles import CONFIG, add_model, scale_model
@@ -35,6 +36,7 @@ def staged(root: Path, version: int, factor: float) -> tuple[str, list[dict[str,
     """A version's files in a staging directory: (the directory, its file list)."""
     directory = root / f"{MODEL}-{version}"
     scale_model(directory / "model.onnx", factor)
+    owned_like(root, directory)
     return str(directory), [file_entry(directory / "model.onnx")]
 
 
@@ -185,6 +187,7 @@ def configured(
     directory = root / f"{name}-{version}"
     scale_model(directory / "model.onnx", factor)
     (directory / "config.pbtxt").write_text(config)
+    owned_like(root, directory)
     return str(directory), [file_entry(directory / f) for f in ("model.onnx", "config.pbtxt")]
 
 
@@ -270,6 +273,7 @@ def test_a_removed_model_stops_serving_its_directory_goes_and_a_pipeline_keeps_i
 ) -> None:
     client = edged.client
     add_model(edged.models, "doomed", {1: 5.0, 2: 6.0})
+    owned_like(edged.models, edged.models / "doomed")
     client.load("doomed")
     assert rows(client, "doomed", 1) == ("2", [6.0, 6.0])
     done = client.remove_model("doomed")

@@ -39,13 +39,18 @@ def expected() -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.fixture
-def regions() -> Iterator[dict[str, Any]]:
-    """An input and an output region, as a client makes them (its handles by name)."""
+def regions(daemon: Daemon) -> Iterator[dict[str, Any]]:
+    """An input and an output region, as a client makes them (its handles by name), shared
+    with edged's group as docs/API.md says (chgrp edged, mode 0660)."""
     tag = f"edged_test_{os.getpid()}"
     handles = {
         "in": shm.create_shared_memory_region("in", f"/{tag}_in", IN_BYTES),
         "out": shm.create_shared_memory_region("out", f"/{tag}_out", OUT_BYTES),
     }
+    if daemon.account is not None:
+        for name in ("in", "out"):
+            os.chown(f"/dev/shm/{tag}_{name}", -1, daemon.account.gid)
+            os.chmod(f"/dev/shm/{tag}_{name}", 0o660)
     yield {"tag": tag, **handles}
     for handle in handles.values():
         shm.destroy_shared_memory_region(handle)
@@ -221,7 +226,7 @@ def test_another_uid_neither_reads_a_file_kept_from_it_nor_sees_anothers_region(
                 directory.chmod(before)
         assert done.returncode == 0, done.stderr
         stolen, listed, unregistered = json.loads(done.stdout)
-        assert "its mode does not let uid 65534" in stolen  # root's 0600 file, edged reads it
+        assert "its mode does not let uid 65534" in stolen  # root's, edged's group may read it
         assert listed == [] and "no shared-memory region 'roots'" in unregistered
         assert list(client.get_system_shared_memory_status().regions) == ["roots"]
     finally:
