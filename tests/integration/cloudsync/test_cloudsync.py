@@ -30,6 +30,7 @@ from cloudsync.protocol.commands import sign
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics, parse
 from edged.client import Client, ClientError
+from tests import asunit
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, skip_or_fail, wait_for
 from tests.integration.edged.test_routing import ask, edged_with_cloud
@@ -55,13 +56,17 @@ def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
 
 @dataclass
 class Agent:
-    """cloudsync as a process: its config, local API socket, log."""
+    """cloudsync as a process: its config, local API socket, log; run as cloudsync.service
+    runs it (edged's user, the tests' ``edged-test``: tests/asunit.py) unless ``as_unit`` is
+    false."""
 
     workdir: Path
     broker: Broker
     proc: subprocess.Popen[bytes] | None = None
+    as_unit: bool = True
 
     def __post_init__(self) -> None:
+        self.account = asunit.account() if self.as_unit else None
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.socket = self.workdir / "cloudsync.sock"
         self.log = self.workdir / "cloudsync.log"
@@ -86,11 +91,18 @@ class Agent:
         return key
 
     def start(self) -> Agent:
+        unit: dict[str, Any] = {}
+        if self.account is not None:
+            self.log.touch()
+            self.account.own(self.workdir)  # again at each start: what the test wrote meanwhile
+            asunit.reachable(self.broker.pki)  # its certificate and key (0644 here)
+            unit = self.account.popen()
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                **unit,
             )
         wait_for(lambda: self.socket.exists(), 20, "cloudsync's local API", self.proc)
         return self

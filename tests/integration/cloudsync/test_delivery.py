@@ -28,6 +28,7 @@ from cloudsync.protocol import envelope
 from cloudsync.protocol.manifest import file_entry, make, sign
 from cloudsync.protocol.mqtt import SyncClient
 from edged.client import ClientError
+from tests.asunit import owned_like
 from tests.conftest import Daemon, skip_or_fail, wait_for
 from tests.integration.cloudsync.test_cloudsync import NODE, Agent, bodies, operator
 from tests.integration.edged.test_model_install import answer, rows, smoke
@@ -167,9 +168,7 @@ def staging_of(fleet: Fleet) -> Path:
 def fleet(tmp_path: Path, pki: Path, make_daemon: type[Daemon]) -> Iterator[Fleet]:
     repository = tmp_path / "models"
     add_model(repository, MODEL, {1: 1.0})
-    # root, as the agent beside it (started as root from the checkout): it stages the files
-    # that edged moves in; as the package runs them both are edged's user (not yet here)
-    edged = make_daemon(repository, as_unit=False).start()
+    edged = make_daemon(repository).start()  # and the agent: both as edged's user
     broker = Broker(tmp_path / "mosquitto", pki).start()
     cdn = Cdn(tmp_path / "cdn", pki).start()
     agent = Agent(tmp_path / "agent", broker)
@@ -200,6 +199,7 @@ def test_a_signed_version_is_downloaded_installed_and_serves(fleet: Fleet) -> No
     for name in (f"{MODEL}-1", f"{MODEL}-det-3", f"{MODEL}-1x", f"{MODEL}-3-1"):
         (staging / name).mkdir()
         (staging / name / "model.onnx.part").write_bytes(b"partial")
+        owned_like(staging, staging / name)  # left by cloudsync, as edged's user
     manifest, urls, path = fleet.version(2, 2.0)
     fleet.deliver(manifest, urls)
     active = fleet.wait_step("active", 2)
@@ -351,7 +351,9 @@ def test_a_full_disk_during_the_download_is_reported_and_the_old_version_serves(
     small = staging_of(fleet)
     text = fleet.agent.config.read_text()
     fleet.agent.signal(signal.SIGTERM)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)], check=True)
+    owner = small.stat()  # the disk is edged's, as its staging directory was
+    options = f"size=12m,mode=0700,uid={owner.st_uid},gid={owner.st_gid}"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(small)], check=True)
     try:
         fleet.agent.config.write_text(text.replace("retry_s = 2", "retry_s = 2\nmin_free_mb = 0"))
         fleet.cdn.stop()
@@ -587,7 +589,10 @@ def test_a_staging_dir_that_is_not_edgeds_is_named_in_the_report(
     fleet: Fleet, tmp_path: Path
 ) -> None:
     staging = f'staging_dir = "{staging_of(fleet)}"'
-    fleet.restart((staging, f'staging_dir = "{tmp_path / "elsewhere"}"'))
+    elsewhere = tmp_path / "elsewhere"  # cloudsync's own, but not the one edged installs from
+    elsewhere.mkdir()
+    owned_like(staging_of(fleet), elsewhere)
+    fleet.restart((staging, f'staging_dir = "{elsewhere}"'))
     manifest, urls, _ = fleet.version(2, 2.0)
     fleet.deliver(manifest, urls)
     failed = fleet.wait_step("failed", 2)

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edged.client import Client
+from tests import asunit
 from tests.conftest import Daemon, skip_or_fail, wait_for
 from tests.integration.edged.test_model_install import answer, smoke
 from tests.modelfiles import add_model, scale_model
@@ -72,8 +73,7 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
     for node in NODES:
         repository = tmp_path / node / "models"
         add_model(repository, MODEL, {1: 1.0})
-        # root, as the agents (from the checkout): they stage what edged moves in
-        edgeds[node] = make_daemon(repository, as_unit=False).start(wait=False)
+        edgeds[node] = make_daemon(repository).start(wait=False)
     for daemon in edgeds.values():
         daemon.wait_ready()
     for node in NODES:
@@ -89,10 +89,15 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
             f'ca_file = "{pki}/ca.pem"\n'
             "health_window_s = 0\n",
         ))  # fmt: skip
+        (work / "cloudsync.log").touch()
+        unit = edgeds[node].account  # cloudsync.service runs as edged's user
+        if unit is not None:
+            unit.own(work)
+            asunit.reachable(pki)
         with (work / "cloudsync.log").open("wb") as log:
             agents.append(subprocess.Popen(
                 [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config)],
-                stdout=log, stderr=subprocess.STDOUT,
+                stdout=log, stderr=subprocess.STDOUT, **(unit.popen() if unit else {}),
             ))  # fmt: skip
 
     stop = threading.Event()
