@@ -23,6 +23,8 @@ APT_DEB := debhelper dh-virtualenv help2man dpkg-dev lintian mmdebstrap python3-
 DEB_VERSION := $(shell sed -n '1s/^edged (\(.*\)).*/\1/p' debian/changelog)
 DEB := build/deb/edged_$(DEB_VERSION)_$(shell dpkg --print-architecture).deb
 DEB_BASE := build/debian-base.tar
+DEB_FLEET := build/debian-fleet.tar
+FLEET_PACKAGES := mosquitto,postgresql,python3-psycopg
 # The Depends let any provider of systemd-sysusers make the user: systemd (DEB_BASE has it),
 # systemd-standalone-sysusers, or opensysusers (through the virtual systemd-sysusers). A tree
 # each for the two others, where the package must install and run as well (tests/packaging/).
@@ -158,6 +160,15 @@ $(DEB_BASE): $(DEB) | $(STAMPS)/apt-deb
 	  mmdebstrap --quiet --format=tar --variant=apt --include="$$deps,python3-systemd" bookworm $@.tmp \
 	    http://deb.debian.org/debian && mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
 
+# The field rig's fleet tree: the same with Debian's Mosquitto and PostgreSQL, where
+# edgefleet.service serves the device tree's cloudsync (tests/field/test_fleet.py).
+$(DEB_FLEET): $(DEB) | $(STAMPS)/apt-deb
+	@deps=$$(dpkg-deb -f $(DEB) Depends | tr ',' '\n' | sed 's/|.*//; s/(.*)//; s/ //g' | sort -u | paste -sd,); \
+	if [ ! -f $@ ] || [ "$$deps" != "$$(cat $@.deps 2>/dev/null)" ]; then \
+	  echo "mmdebstrap: bookworm with $$deps and $(FLEET_PACKAGES)"; \
+	  mmdebstrap --quiet --format=tar --variant=apt --include="$$deps,python3-systemd,$(FLEET_PACKAGES)" \
+	    bookworm $@.tmp http://deb.debian.org/debian && mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
+
 # The same with the Depends' clause on sysusers satisfied by another provider (made again when
 # the Depends change; each from Debian's mirror once, about 30 s, 100 MB).
 $(DEB_BASE_SYSUSERS): build/debian-base-%.tar: $(DEB) | $(STAMPS)/apt-deb
@@ -204,7 +215,7 @@ packaging: $(STAMPS)/venv $(DEB_BASE) $(DEB_BASE_SYSUSERS)
 
 # The field rig (tests/field/, part of make test): the package installed by dpkg in a fresh
 # Debian 12 tree booted with systemd as PID 1 (systemd-nspawn), its units run as shipped.
-field: $(STAMPS)/venv $(DEB_BASE)
+field: $(STAMPS)/venv $(DEB_BASE) $(DEB_FLEET)
 	$(VENV)/bin/pytest -s tests/field
 
 # EDGED_ARM64=1: a missing part (qemu, the package, the tree) fails instead of skipping.
@@ -212,7 +223,7 @@ packaging-arm64: $(STAMPS)/venv $(DEB_BASE_ARM64)
 	EDGED_ARM64=1 $(VENV)/bin/pytest -s tests/packaging/test_deb_arm64.py
 
 # pytest exits 5 when it collected nothing: that fails here like any other non-zero code.
-test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(DEB_BASE_SYSUSERS) $(PROMTOOL) unit-pythons
+test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(DEB_FLEET) $(DEB_BASE_SYSUSERS) $(PROMTOOL) unit-pythons
 	$(VENV)/bin/pytest tests
 
 bench: $(STAMPS)/models

@@ -51,10 +51,11 @@ def render_config(
     user: str = "mosquitto",
     max_packet_size: int | None = MAX_PACKET,
     crl_file: Path | None = None,
+    address: str = "127.0.0.1",
 ) -> str:
-    """mosquitto.conf: a TLS 1.3 listener with client certificates, ACLs, persistence, and the
-    largest packet a node takes (None: Mosquitto's default, none); run as ``user`` (started as
-    root, mosquitto drops to it, and it must own ``data``)."""
+    """mosquitto.conf: a TLS 1.3 listener on ``address`` with client certificates, ACLs,
+    persistence, and the largest packet a node takes (None: Mosquitto's default, none); run as
+    ``user`` (started as root, mosquitto drops to it, and it must own ``data``)."""
     tls = f"""\
 cafile {pki}/ca.pem
 certfile {pki}/broker.pem
@@ -80,7 +81,7 @@ log_type error
 log_type warning
 log_type notice
 
-listener {port} 127.0.0.1
+listener {port} {address}
 {tls}"""
     if websockets_port is not None:
         text += f"\nlistener {websockets_port} 127.0.0.1\nprotocol websockets\n{tls}"

@@ -23,7 +23,10 @@ def issue(
     directory: Path,
     stem: str,
     server: bool = False,
+    names: tuple[str, ...] = ("localhost", "127.0.0.1"),
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A certificate for ``subject`` (``server``: for the host ``names``, DNS names or IP
+    addresses), issued by ``issuer`` or self-signed."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (
@@ -38,9 +41,7 @@ def issue(
     )
     if server:
         builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
+            x509.SubjectAlternativeName([alternative_name(n) for n in names]),
             critical=False,
         )
     cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
@@ -53,3 +54,10 @@ def issue(
         )
     )
     return cert, key
+
+
+def alternative_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)

@@ -12,14 +12,26 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import ROOT, skip_or_fail
-from tests.field.rig import Field
+from tests.field.rig import Field, Network
 from tests.packaging.test_deb import BASE, package
 
 FAILED: list[str] = []  # a tree that did not come up: said once, not booted again per test
 
 
 @pytest.fixture(scope="session")
-def field() -> Iterator[Field]:
+def network() -> Iterator[Network]:
+    """The field's LAN (the device's and the fleet's namespaces), removed after the trees."""
+    if os.geteuid() != 0:
+        skip_or_fail("network namespaces for the field need root (make test runs as root)")
+    lan = Network()
+    try:
+        yield lan
+    finally:
+        lan.remove()
+
+
+@pytest.fixture(scope="session")
+def field(network: Network) -> Iterator[Field]:
     if FAILED:
         pytest.fail(f"the field tree did not come up (see the first error): {FAILED[0]}")
     if os.geteuid() != 0:
@@ -34,7 +46,7 @@ def field() -> Iterator[Field]:
     log = work / "nspawn.log"
     log.unlink(missing_ok=True)
     started = time.monotonic()
-    rig = Field.unpack(BASE, work / "tree", log)
+    rig = Field.unpack(BASE, work / "tree", log, Network.DEVICE)
     try:
         state = rig.boot()
         booted = time.monotonic() - started

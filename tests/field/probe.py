@@ -6,6 +6,10 @@
     probe.py admin      GET /v1/admin/routing: the status it gets (200, 403, or 0: no access)
     probe.py infer      the intent and embedding models over REST, text-embedding over gRPC
     probe.py missing    an inference with a request id for a model that does not exist
+    probe.py records PREFIX N  N telemetry records to cloudsync's local API, ids PREFIX-0...,
+                        in batches of 10, a batch retried (same ids) until it is stored
+    probe.py api METHOD PATH [JSON]   a call to the fleet service's API on this box with the
+                        token in /field/admin.token: {"status", "body"}
 
 Only what the package ships is imported: edged's client, tritonclient, numpy.
 """
@@ -19,6 +23,8 @@ from typing import Any
 
 REST = "/run/edged/edged.sock"
 GRPC = "/run/edged/edged-grpc.sock"
+LOCAL = "/run/edged/cloudsync.sock"
+FLEET_API = "http://127.0.0.1:8480"
 
 
 def failure(exc: BaseException) -> str:
@@ -108,10 +114,54 @@ def infer() -> dict[str, Any]:
     return {"answers": answers, "seconds": timings}
 
 
+def records(prefix: str, count: int) -> dict[str, Any]:
+    from edged.client import Client, ClientError
+
+    retries, started = 0, time.monotonic()
+    for first in range(0, count, 10):
+        batch = [{"kind": "telemetry", "id": f"{prefix}-{i}", "body": {"prefix": prefix, "i": i}}
+                 for i in range(first, min(first + 10, count))]  # fmt: skip
+        while True:
+            try:
+                stored = Client(LOCAL, timeout=30).call("POST", "/v1/records", {"records": batch})
+                assert stored == {"stored": len(batch), "dropped": 0}, stored
+                break
+            except ClientError as exc:  # 0: cloudsync is restarting; 503: busy. Again
+                if exc.status not in (0, 503):
+                    raise
+                retries += 1
+                if time.monotonic() - started > 120:
+                    raise
+                time.sleep(0.2)
+    return {"stored": count, "retries": retries}
+
+
+def api(method: str, path: str, body: str | None) -> dict[str, Any]:
+    import urllib.error
+    import urllib.request
+
+    with open("/field/admin.token") as token:
+        headers = {"Authorization": f"Bearer {token.read().strip()}",
+                   "Content-Type": "application/json"}  # fmt: skip
+    request = urllib.request.Request(FLEET_API + path, body.encode() if body else None,
+                                     headers, method=method)  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return {"status": reply.status, "body": json.loads(reply.read() or b"null")}
+    except urllib.error.HTTPError as exc:
+        return {"status": exc.code, "body": exc.read().decode(errors="replace")}
+    except OSError as exc:
+        return {"status": 0, "body": failure(exc)}
+
+
 def main() -> None:
     kind = sys.argv[1]
     if kind in ("rest", "grpc"):
         found = {"rest": rest, "grpc": grpc}[kind](int(sys.argv[2]))
+    elif kind == "records":
+        found = records(sys.argv[2], int(sys.argv[3]))
+    elif kind == "api":
+        found = api(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
     else:
         found = {"admin": admin, "infer": infer, "missing": missing}[kind]()
     print(json.dumps(found))

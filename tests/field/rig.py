@@ -1,7 +1,8 @@
 """The field rig: a fresh Debian 12 tree booted with systemd as PID 1 (``systemd-nspawn -b``),
 the package installed in it by ``dpkg -i`` as an operator would, and the units run by systemd
-as the package ships them. The tree has no network but its own loopback
-(``--private-network``). The tests drive it from outside with ``nsenter`` into all of the
+as the package ships them. The tree's network is a namespace of the tests' own (``Network``):
+a device tree and a fleet tree, each behind its own end of a veth pair, and nothing else. The
+tests drive it from outside with ``nsenter`` into all of the
 container's namespaces, as root or, through ``setpriv``, as one of the field's users.
 
 What cannot be here is named by the tests that would need it (a Jetson's sysfs and jtop,
@@ -23,7 +24,7 @@ from typing import Any
 
 from tests.asunit import proc_status
 
-NSPAWN = ["systemd-nspawn", "-q", "--register=no", "--keep-unit", "--private-network"]
+NSPAWN = ["systemd-nspawn", "-q", "--register=no", "--keep-unit"]
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
 PROBE = Path(__file__).with_name("probe.py")
 PYTHON = "/usr/lib/edged/bin/python"  # the package's interpreter: Debian's python3, its venv
@@ -40,17 +41,52 @@ m carol edged-admin
 """
 
 
-class Field:
-    """One booted tree: ``boot``, ``run`` commands in it, ``power_cut`` or ``poweroff``."""
+class Network:
+    """Two network namespaces joined by a veth pair, the field's LAN: the device's
+    (``DEVICE``) and the fleet's (``FLEET``), each with its loopback. Named namespaces outlive
+    the trees in them, so a tree's power cut and boot find the same network; ``link`` takes the
+    device's cable out and puts it back."""
 
-    def __init__(self, root: Path, log: Path) -> None:
+    DEVICE, FLEET = "edged-field-device", "edged-field-fleet"
+    DEVICE_ADDRESS, FLEET_ADDRESS = "10.77.0.2", "10.77.0.1"
+
+    def __init__(self) -> None:
+        self.remove()
+        for name in (self.DEVICE, self.FLEET):
+            ip("netns", "add", name)
+            ip("-n", name, "link", "set", "lo", "up")
+        ip("link", "add", "eth0", "netns", self.DEVICE, "type", "veth", "peer", "name", "eth0",
+           "netns", self.FLEET)  # fmt: skip
+        for name, address in ((self.DEVICE, self.DEVICE_ADDRESS), (self.FLEET, self.FLEET_ADDRESS)):
+            ip("-n", name, "address", "add", f"{address}/24", "dev", "eth0")
+            ip("-n", name, "link", "set", "eth0", "up")
+
+    def link(self, up: bool) -> None:
+        ip("-n", self.DEVICE, "link", "set", "eth0", "up" if up else "down")
+
+    def remove(self) -> None:
+        """Both namespaces (and so the pair), where they are (a run killed earlier left them)."""
+        for name in (self.DEVICE, self.FLEET):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+class Field:
+    """One booted tree: ``boot``, ``run`` commands in it, ``power_cut`` or ``poweroff``; its
+    network is the named namespace ``netns`` (None: its own loopback only)."""
+
+    def __init__(self, root: Path, log: Path, netns: str | None = None) -> None:
         self.root = root
         self.log = log
+        self.netns = netns
         self.nspawn: subprocess.Popen[bytes] | None = None
         self.init = 0  # the container's PID 1, as the host numbers it
 
     @classmethod
-    def unpack(cls, base: Path, root: Path, log: Path) -> Field:
+    def unpack(cls, base: Path, root: Path, log: Path, netns: str | None = None) -> Field:
         """A fresh tree from the tarball ``base`` (mmdebstrap's), at ``root``."""
         if root.exists():
             shutil.rmtree(root)
@@ -59,13 +95,15 @@ class Field:
                        check=True)  # fmt: skip
         # nspawn boots a tree only with an os-release and a machine id it may set up itself
         (root / "etc" / "machine-id").write_text("")
-        return cls(root, log)
+        return cls(root, log, netns)
 
     def boot(self, timeout: float = 180) -> str:
         """Start the tree's systemd; return ``systemctl is-system-running`` once it settles."""
+        network = f"--network-namespace-path=/run/netns/{self.netns}" if self.netns else (
+            "--private-network")  # fmt: skip
         with self.log.open("ab") as out:
             self.nspawn = subprocess.Popen(
-                [*NSPAWN, "-D", str(self.root), "-b"],
+                [*NSPAWN, network, "-D", str(self.root), "-b"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
@@ -99,8 +137,9 @@ class Field:
             raise AssertionError(f"{command} exited {done.returncode}:\n{done.stdout}{done.stderr}")
         return done
 
-    def probe(self, *args: str, user: str = "alice", timeout: float = 600) -> dict[str, Any]:
-        """tests/field/probe.py, run by the package's Python as ``user``: its JSON answer."""
+    def probe(self, *args: str, user: str | None = "alice", timeout: float = 600) -> dict[str, Any]:
+        """tests/field/probe.py, run by the package's Python as ``user`` (None: root): its JSON
+        answer."""
         done = self.run(PYTHON, "/field/probe.py", *args, user=user, timeout=timeout)
         return json.loads(done.stdout.splitlines()[-1])
 
