@@ -226,6 +226,10 @@ class Admin:
             "history": self.history.get(name, []),
             "on_disk": on_disk,
             "serving": entry.ready_versions,
+            # versions refused at their last load because their files are not those installed
+            "damaged": {
+                str(v): mv.damaged for v, mv in sorted(entry.versions.items()) if mv.damaged
+            },
         }
 
     def _activated(self, name: str, version: int, before: int | None) -> None:
@@ -271,7 +275,8 @@ class Admin:
         source = install.staged_source(self.staging, doc.get("source"))
         started = time.monotonic()
         current = None if new else self._pin_current(name)
-        if version == current:
+        damaged = new is None and self.versions(name)["damaged"].get(str(version))
+        if version == current and not damaged:  # a damaged one is installed again over itself
             raise InvalidRequest(f"version {version} of '{name}' is the active one")
         target = (new or self._entry(name).directory) / str(version)
         # reading and hashing gigabytes: in a thread, the loop goes on serving

@@ -19,6 +19,7 @@ from cloudsync.agent.outbox import Item, OutboxError
 from cloudsync.protocol import telemetry
 from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical, now_ms, printable
 from edged.client import Client, ClientError
+from edged.models.names import DAMAGED
 
 if TYPE_CHECKING:
     from cloudsync.agent.session import Agent
@@ -135,6 +136,8 @@ class Collector:
                                                 "missed": reply["missed"]}, "alert"))  # fmt: skip
             cursor = reply["events"][-1]["id"]
             self.agent.outbox.put_many(items, state={EDGED_CURSOR: f"{epoch}:{cursor}"})
+            if any(e.get("reason") == DAMAGED for e in reply["events"]):
+                self.agent.delivery.poke()  # a version refused as damaged: fetched again
             if cursor >= reply["last"]:
                 return
 

@@ -25,6 +25,10 @@ For each entry the delivery thread, in order, reporting each step as an event:
    again, moves the directory in, smoke-tests the version and switches to it, or keeps the old
    one serving and says why. A ``config.pbtxt`` among the files is the version's own
    configuration; a model edged does not have is new, and its version must carry one;
+   A version edged refused at its load because its files are no longer the ones installed
+   (``damaged`` in edged's answer: bytes flipped, a file cut short by a power cut; edged serves
+   the version before meanwhile) is reported ``damaged``, downloaded again and installed over
+   itself;
 4. **watches its health** for ``health_window_s``: when its error rate (edged's metrics since
    the switch) is over ``max_error_rate`` with at least ``health_min_requests`` calls, it asks
    edged to roll back to the version before, and reports it.
@@ -146,6 +150,14 @@ class Delivery:
             self.pending = entries
             self.wake.notify()
 
+    def poke(self) -> None:
+        """The desired state being applied, applied again now (edged refused a version as
+        damaged on disk: this fetches it again)."""
+        with self.wake:
+            if self.pending is None and self.current:
+                self.pending = self.current
+            self.wake.notify()
+
     def stop(self) -> None:
         with self.wake:
             self.stopping = True
@@ -257,7 +269,10 @@ class Delivery:
             self.report("refused", manifest, why=why + " config.pbtxt among its files")
             return True
         active = versions.get("active")
-        if active == manifest.version or (
+        damaged = versions.get("damaged", {}).get(str(manifest.version))
+        if damaged:  # its files on the node are not those installed: fetched again below
+            self.report("damaged", manifest, why=f"on the node: {damaged}")
+        elif active == manifest.version or (
             active is None and [manifest.version] == versions.get("serving")
         ):
             if stored < manifest.version:
@@ -276,7 +291,7 @@ class Delivery:
             self.report(
                 "accepted", manifest, accepted, bytes=manifest.size, signed_by=manifest.kids
             )
-        if manifest.version in versions.get("on_disk", []):
+        if manifest.version in versions.get("on_disk", []) and not damaged:
             # moved in before an install was cut short (edged stopped): edged checks it there
             self.report("downloaded", manifest, bytes=0, resumed_bytes=manifest.size)
             return self.install(manifest, self.staged(manifest))

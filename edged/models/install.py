@@ -12,14 +12,15 @@ or absent, never half there), loads beside the version serving, runs the smoke c
 then do requests switch to it (``ModelManager.activate``). A marker in the staging directory says
 the version was moved in from there until the install ends, so that a failed install removes
 only what it moved in (through the staging directory), an install cut short by a crash resumes
-on it, and a version that was on disk before is never replaced or removed. The newest ``keep``
+on it, and a version that was on disk before is never replaced or removed, unless its files are
+no longer those installed (``edged.models.files``: the list of files an install keeps in the
+version directory; a damaged version is installed again over itself). The newest ``keep``
 versions stay on disk, and always the active one and the one before it (the rollback target).
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -31,103 +32,13 @@ from typing import Any
 import numpy as np
 
 from edged.errors import ConfigError, InvalidRequest
+from edged.models.files import check_files, damage, record
 from edged.models.names import is_model_name
 from edged.models.repository import VERSION, ModelManager
 from edged.protocol.tensors import decode_request
 
 SMOKE_ATOL = 1e-4
-CHUNK = 1 << 20
 CONFIG = "config.pbtxt"
-
-
-def regular_files(directory: Path) -> dict[str, os.stat_result]:
-    """Every file under ``directory`` by its relative path (with its ``lstat``); InvalidRequest
-    for anything but directories and regular files with one link."""
-    found: dict[str, os.stat_result] = {}
-    pending = [(directory, "")]
-    while pending:
-        where, prefix = pending.pop()
-        try:
-            entries = sorted(os.scandir(where), key=lambda e: e.name)
-        except OSError as exc:
-            raise InvalidRequest(f"cannot read '{prefix or '.'}': {exc.strerror}") from None
-        for entry in entries:
-            name = f"{prefix}{entry.name}"
-            info = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(info.st_mode):
-                raise InvalidRequest(
-                    f"'{name}' is a symbolic link: a version holds only directories and regular"
-                    " files"
-                )
-            if stat.S_ISDIR(info.st_mode):
-                pending.append((Path(entry.path), f"{name}/"))
-            elif not stat.S_ISREG(info.st_mode):
-                raise InvalidRequest(
-                    f"'{name}' is not a regular file (a device, FIFO or socket): a version holds"
-                    " only directories and regular files"
-                )
-            elif info.st_nlink != 1:
-                raise InvalidRequest(
-                    f"'{name}' has {info.st_nlink} links: a version's files are its own, not"
-                    " hard links to others"
-                )
-            else:
-                found[name] = info
-    return found
-
-
-def _relative(path: str) -> str:
-    parts = path.split("/")
-    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise InvalidRequest(f"file '{path}' is outside the version directory")
-    return path
-
-
-def _hash_file(directory: Path, name: str, seen: os.stat_result) -> tuple[int, str]:
-    """(length, SHA-256) of the regular file ``name`` that ``regular_files`` saw, opened without
-    following a link; InvalidRequest if another file is there now."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(directory / name, flags)
-    except OSError as exc:
-        raise InvalidRequest(f"file '{name}': {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (
-            seen.st_dev,
-            seen.st_ino,
-        ):
-            raise InvalidRequest(f"file '{name}' changed while it was checked")
-        digest = hashlib.sha256()
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-        return info.st_size, digest.hexdigest()
-
-
-def check_files(directory: Path, files: Any) -> None:
-    """Each listed file has its length and SHA-256 (InvalidRequest names the first that does
-    not); files not listed are refused too: what serves is exactly what was signed. Only
-    directories and regular files of one link may be there (``regular_files``)."""
-    if not isinstance(files, list) or not files:
-        raise InvalidRequest("'files' must list the version's files: [{path, sha256, length}]")
-    found = regular_files(directory)
-    listed = set()
-    for row in files:
-        if not isinstance(row, dict) or not isinstance(row.get("path"), str):
-            raise InvalidRequest("each file must be {path, sha256, length}")
-        name = _relative(row["path"])
-        listed.add(name)
-        if name not in found:
-            raise InvalidRequest(f"file '{name}': no such file in the version directory")
-        size, sha256 = _hash_file(directory, name, found[name])
-        if size != row.get("length"):
-            listed_length = row.get("length")
-            raise InvalidRequest(f"file '{name}' has {size} bytes, {listed_length} listed")
-        if sha256 != row.get("sha256"):
-            raise InvalidRequest(f"file '{name}': its SHA-256 is not the one listed")
-    extra = sorted(set(found) - listed)
-    if extra:
-        raise InvalidRequest(f"'{extra[0]}' is not in the file list")
 
 
 # ---- the staging directory --------------------------------------------------------------------
@@ -193,17 +104,21 @@ def stage(staging: Path, source: Any, files: Any, target: Path) -> None:
         if not (marker.exists() and target.is_dir() and not target.is_symlink()):
             raise InvalidRequest(f"'source' {source} is not a directory") from None
         check_files(target, files)
+        record(target, files)
         return
     if not stat.S_ISDIR(info.st_mode):
         raise InvalidRequest(
             f"'source' {source} is a link or a file, not a directory in the staging directory"
         )
-    if os.path.lexists(target) and not marker.exists():
+    # a version on disk is replaced only when an install cut short moved it in, or when its
+    # files are no longer the ones installed (damaged: this is its repair)
+    if os.path.lexists(target) and not marker.exists() and not damage(target):
         raise InvalidRequest(
             f"version {target.name} of '{target.parent.name}' is on disk already and was not"
             " installed from staging: activate it, or remove it from the repository first"
         )
     check_files(path, files)
+    record(path, files)
     marker.write_text(f"{target}\n")
     _fsync_directory(staging)
     move_in(staging, path, target)

@@ -28,7 +28,9 @@ from edged.errors import (
     Unavailable,
 )
 from edged.metrics import Metrics
+from edged.models import files
 from edged.models.config import ModelConfig, read_config
+from edged.models.names import DAMAGED
 from edged.runtimes.base import Runtime, Tensors
 from edged.scheduler import Scheduler, Settings
 
@@ -65,6 +67,7 @@ class ModelVersion:
     load_s: float = 0.0  # what its last load took: what waking it costs a call
     waking: asyncio.Lock = field(default_factory=asyncio.Lock)  # an idle unload or a wake
     wake: asyncio.Task[None] | None = None  # the load again in progress: one for all callers
+    damaged: str = ""  # its files are not those installed (edged.models.files.damage): why
 
 
 @dataclass
@@ -97,6 +100,12 @@ def _signature(config_path: Path, version_dir: Path) -> tuple[Any, ...]:
         (str(p.relative_to(version_dir)), p.stat().st_size, p.stat().st_mtime_ns) for p in files
     ]
     return (config_path.stat().st_mtime_ns, tuple(stats))
+
+
+def damaged_fields(name: str, mv: ModelVersion) -> dict[str, str]:
+    """A log record's fields when ``mv`` was refused as damaged: its event says so to cloudsync
+    (``reason`` "damaged", ``model``), which fetches the version again."""
+    return {"model": name, "reason": DAMAGED} if mv.damaged else {}
 
 
 class ModelManager:
@@ -244,7 +253,27 @@ class ModelManager:
                 entry.ready_versions,
             )
             return
-        await self._retire(entry, [v for v in entry.versions if v not in wanted])
+        keep = {*wanted, *await self._fall_back(entry, config, wanted, on_disk)}
+        await self._retire(entry, [v for v in entry.versions if v not in keep])
+
+    async def _fall_back(
+        self, entry: ModelEntry, config: ModelConfig, wanted: list[int], on_disk: list[int]
+    ) -> list[int]:
+        """When no version serves because those wanted are damaged on disk, the newest earlier
+        version on disk that loads serves until they are installed again (cloudsync fetches
+        them again): it, or [] when there is none."""
+        damaged = [v for v in wanted if v in entry.versions and entry.versions[v].damaged]
+        if entry.ready_versions or not damaged:
+            return []
+        for older in sorted((v for v in on_disk if v < min(damaged)), reverse=True):
+            await self._load_version(entry, config, older)
+            if older in entry.ready_versions:
+                log.error(
+                    "model %s: version %s damaged on disk; version %d serves until it is"
+                    " installed again", entry.name, ", ".join(map(str, damaged)), older,
+                )  # fmt: skip
+                return [older]
+        return []
 
     async def _load_version(self, entry: ModelEntry, config: ModelConfig, version: int) -> None:
         """Load ``version`` with ``config`` (the model's), or with the version's own config.pbtxt
@@ -263,6 +292,9 @@ class ModelManager:
         if current is None or current.state is not State.READY:
             entry.versions[version] = fresh  # shown as LOADING; a ready one serves meanwhile
         try:
+            fresh.damaged = await asyncio.to_thread(files.damage, version_dir)
+            if fresh.damaged:
+                raise ModelLoadError(f"damaged on disk, not loaded: {fresh.damaged}")
             if own:
                 config = fresh.config = read_config(version_dir, entry.name)
             settings = Settings.from_config(config, self.max_queue_size)
@@ -279,7 +311,8 @@ class ModelManager:
             fresh.reason = (
                 exc.message if isinstance(exc, EdgedError) else f"{type(exc).__name__}: {exc}"
             )
-            log.error("model %s version %d: unavailable: %s", entry.name, version, fresh.reason)
+            log.error("model %s version %d: unavailable: %s", entry.name, version, fresh.reason,
+                      extra=damaged_fields(entry.name, fresh))  # fmt: skip
             if current is None or current.state is not State.READY:
                 entry.versions[version] = fresh
             return
@@ -618,10 +651,15 @@ class ModelManager:
                 await self.before_load()
             try:
                 self._admit(name, mv.version, mv.signature)
+                directory = self.entry(name).directory / str(mv.version)
+                mv.damaged = await asyncio.to_thread(files.damage, directory)
+                if mv.damaged:
+                    raise ModelLoadError(f"damaged on disk, not loaded: {mv.damaged}")
                 await mv.runtime.load()
             except Exception as exc:
                 why = exc.message if isinstance(exc, EdgedError) else f"{type(exc).__name__}: {exc}"
-                log.error("model %s version %d: loading again failed: %s", name, mv.version, why)
+                log.error("model %s version %d: loading again failed: %s", name, mv.version,
+                          why, extra=damaged_fields(name, mv))  # fmt: skip
                 raise Unavailable(
                     f"model '{name}' version {mv.version} was unloaded while idle and cannot"
                     f" load again: {why}"

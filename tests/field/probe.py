@@ -6,6 +6,7 @@
     probe.py admin      GET /v1/admin/routing: the status it gets (200, 403, or 0: no access)
     probe.py infer      the intent and embedding models over REST, text-embedding over gRPC
     probe.py missing    an inference with a request id for a model that does not exist
+    probe.py versions MODEL   the model's versions (an admin call: active, serving, damaged...)
     probe.py records PREFIX N  N telemetry records to cloudsync's local API, ids PREFIX-0...,
                         in batches of 10, a batch retried (same ids) until it is stored
     probe.py api METHOD PATH [JSON]   a call to the fleet service's API on this box with the
@@ -158,6 +159,10 @@ def main() -> None:
     kind = sys.argv[1]
     if kind in ("rest", "grpc"):
         found = {"rest": rest, "grpc": grpc}[kind](int(sys.argv[2]))
+    elif kind == "versions":
+        from edged.client import Client
+
+        found = Client(REST, timeout=30).model_versions(sys.argv[2])
     elif kind == "records":
         found = records(sys.argv[2], int(sys.argv[3]))
     elif kind == "api":

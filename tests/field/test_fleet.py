@@ -21,7 +21,10 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloudsync.protocol.manifest import file_entry, make, sign
 from tests.asunit import proc_status
 from tests.conftest import ROOT, skip_or_fail
 from tests.field.rig import PYTHON, Field, Network
@@ -38,11 +41,16 @@ HOST = "fleet.field"  # the broker's name, in both trees' /etc/hosts
 PORT = 8883
 BROKER_PKI = "/etc/mosquitto/fleet"  # in the fleet's box; the consumer's certificate too
 RECEIVED = "/field/received.jsonl"
+CDN_PORT = 8443
+CDN_ROOT = "/field/cdn"  # in the fleet's box
+CDN_LOG = "/field/cdn.jsonl"
+KEY = Ed25519PrivateKey.generate()  # the fleet's signing key ("fleet-1"): both boxes trust it
 DATABASE = "postgresql:///fleet?host=/var/run/postgresql"
 EDGEFLEET_TOML = f"""\
 [service]
 fleet = "{FLEET}"
 database = "{DATABASE}"
+trust_dir = "/etc/edgefleet/trust"
 [mqtt]
 host = "{HOST}"
 port = {PORT}
@@ -70,6 +78,8 @@ key_file = "/var/lib/edged/device.key"
 claim_cert = "/etc/edged/claim.pem"
 claim_key = "/etc/edged/claim.key"
 token_file = "/etc/edged/enrol.token"
+[delivery]
+ca_file = "/etc/edged/fleet-ca.pem"
 """
 
 
@@ -92,6 +102,20 @@ def node_state(box: Field) -> str | None:
     """The node's state in the fleet service; None while it does not know the node."""
     found = api(box, "GET", f"/v1/nodes/{NODE}")
     return found["body"]["state"] if found["status"] == 200 else None
+
+
+def steps(box: Field) -> list[dict[str, Any]]:
+    """The device's delivery reports at the fleet, in the order they came."""
+    return [line["payload"]["body"]["delivery"] for line in received(box)
+            if line.get("topic", "").endswith(f"/{NODE}/events")
+            and "delivery" in line["payload"]["body"]]  # fmt: skip
+
+
+def edged_events(box: Field) -> list[dict[str, Any]]:
+    """edged's events (its log at INFO and above) as they reached the fleet."""
+    return [line["payload"]["body"] for line in received(box)
+            if line.get("topic", "").endswith(f"/{NODE}/events")
+            and line["payload"]["body"].get("from") == "edged"]  # fmt: skip
 
 
 def received(box: Field) -> list[dict[str, Any]]:
@@ -153,6 +177,11 @@ def fleet(field: Field, network: Network) -> Iterator[Field]:
                              ("issuing-ca.key", "ca.key")):  # fmt: skip
             put(box, f"/etc/edgefleet/{name}", files[source], "root:edgefleet", "0640")
         put(box, "/etc/edgefleet/edgefleet.toml", EDGEFLEET_TOML)
+        public = KEY.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        put(box, "/etc/edgefleet/trust/fleet-1.pub", public, "root:edgefleet", "0640")
+        put(field, "/etc/edged/trust/fleet-1.pub", public)
         put(box, "/field/admin.token", TOKENS["admin"], mode="0600")
         box.run("systemctl", "enable", "--now", "edgefleet.service")
         healthy = box.wait("edgefleet healthy", lambda: api(box, "GET", "/healthz")["status"]
@@ -161,6 +190,11 @@ def fleet(field: Field, network: Network) -> Iterator[Field]:
         shutil.copy(Path(__file__).with_name("consume.py"), box.root / "field" / "consume.py")
         box.run("systemd-run", "--unit=field-consumer", PYTHON, "/field/consume.py", FLEET,
                 HOST, str(PORT), BROKER_PKI, RECEIVED)  # fmt: skip
+        shutil.copy(Path(__file__).with_name("cdn.py"), box.root / "field" / "cdn.py")
+        (box.root / CDN_ROOT.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        box.run("systemd-run", "--unit=field-cdn", PYTHON, "/field/cdn.py",
+                Network.FLEET_ADDRESS, str(CDN_PORT), f"{BROKER_PKI}/broker.pem",
+                f"{BROKER_PKI}/broker.key", CDN_ROOT, CDN_LOG)  # fmt: skip
         box.wait("the consumer subscribed", lambda: sum(
             "subscribed" in line for line in received(box)) == 2, 60)  # fmt: skip
 
@@ -256,3 +290,60 @@ def test_records_survive_the_cable_a_sigkill_and_a_power_cut(
           f"{after_kill['retries']} retries while systemd restarted cloudsync; all at the fleet "
           f"{took:.1f} s after the boot ({state})")  # fmt: skip
     assert active(field, "cloudsync.service") and failed_units(field) == []
+
+
+def test_a_model_file_damaged_on_disk_is_refused_and_fetched_again(
+    field: Field, fleet: Field
+) -> None:
+    """The fleet deploys version 2 of intent-classifier through edgefleet (signed with the
+    fleet's key, its files on the fleet box's HTTPS server), and it serves on the device. Its
+    model.onnx is then cut short on the device's disk, as a power cut leaves a file being
+    written, and the device's power is cut: after the boot edged refuses version 2 naming the
+    file, version 1 serves; cloudsync reports version 2 damaged, fetches it again, and it
+    serves. Each step is an event at the fleet."""
+    model = "intent-classifier"
+    source = field.root / "var/lib/edged/models" / model / "1"
+    cdn = fleet.root / CDN_ROOT.lstrip("/") / model / "2"
+    cdn.mkdir(parents=True)
+    for path in source.iterdir():
+        shutil.copy(path, cdn / path.name)
+    files = sorted(cdn.iterdir())
+    signed = make(model, 2, [file_entry(p) for p in files], 3600.0, {"fleet": FLEET})
+    urls = {p.name: f"https://{HOST}:{CDN_PORT}/{model}/2/{p.name}" for p in files}
+    entry = {"manifest": sign(signed, {"fleet-1": KEY}), "urls": urls}
+    created = api(fleet, "POST", "/v1/deployments", {"id": "field-ic", "models": [entry]})
+    assert created["status"] == 201, created
+
+    def step(name: str, after: int = 0) -> dict[str, Any] | None:
+        return next((s for s in steps(fleet)[after:] if s["step"] == name
+                     and (s.get("model"), s.get("version")) == (model, 2)), None)  # fmt: skip
+
+    delivered = fleet.wait("version 2 active on the device", lambda: step("active"), 180)
+    onnx = field.root / "var/lib/edged/models" / model / "2" / "model.onnx"
+    size = onnx.stat().st_size
+    with onnx.open("r+b") as cut:  # what a power cut leaves of a file being written
+        cut.truncate(size // 3)
+    before = len(steps(fleet))
+    field.power_cut()
+    field.boot()
+    repaired = fleet.wait("version 2 active again", lambda: step("active", before), 300)
+
+    damaged = step("damaged", before)
+    why = f"file 'model.onnx' has {size // 3} bytes, {size} listed"
+    assert damaged is not None and damaged["why"] == f"on the node: {why}"
+    refused = [e for e in edged_events(fleet) if e.get("reason") == "damaged"]
+    assert refused and refused[-1]["model"] == model and why in refused[-1]["message"]
+    fallback = [e for e in edged_events(fleet) if "serves until it is installed again" in
+                e.get("message", "")]  # fmt: skip
+    assert fallback and f"model {model}: version 2 damaged on disk; version 1" in (
+        fallback[-1]["message"])  # fmt: skip
+    versions = field.probe("versions", model, user="carol")
+    assert (versions["active"], versions["serving"], versions["damaged"]) == (2, [2], {})
+    assert onnx.stat().st_size == size
+    fetched = [json.loads(line) for line in (fleet.root / CDN_LOG.lstrip("/")).read_text(
+        ).splitlines() if f"/{model}/2/model.onnx" in line]  # fmt: skip
+    assert [(f["status"], f["bytes"]) for f in fetched] == [(200, size)] * 2
+    assert field.probe("infer")["answers"]["intent"]["intent"] == "image-report"
+    print(f"\na damaged model in the field: version 2 delivered in {delivered:.1f} s; after the "
+          f"power cut and the boot, fetched again and active in {repaired:.1f} s")  # fmt: skip
+    assert failed_units(field) == []

@@ -28,6 +28,7 @@ from cloudsync.protocol import envelope
 from cloudsync.protocol.manifest import file_entry, make, sign
 from cloudsync.protocol.mqtt import SyncClient
 from edged.client import ClientError
+from edged.models.files import RECORD
 from tests.asunit import owned_like
 from tests.conftest import Daemon, skip_or_fail, wait_for
 from tests.integration.cloudsync.test_cloudsync import NODE, Agent, bodies, operator
@@ -156,6 +157,13 @@ class Fleet:
 
 
 ENDS = ("refused", "failed", "active")
+
+
+def whole(version: Path) -> None:
+    """A version directory holds its file, and an installed one the list edged keeps of it (the
+    first version was placed by hand)."""
+    names = sorted(p.name for p in version.iterdir())
+    assert names == (["model.onnx"] if version.name == "1" else [RECORD, "model.onnx"]), version
 
 
 def staging_of(fleet: Fleet) -> Path:
@@ -328,7 +336,7 @@ def test_twenty_sigkills_while_downloading_and_installing_never_leave_a_partial_
         assert (version, y) in (("1", 1.0), ("2", 2.0))
         assert client.model_versions(MODEL)["active"] in (None, 1, 2)
         for directory in [d for d in repository.iterdir() if d.is_dir()]:
-            assert [p.name for p in directory.iterdir()] == ["model.onnx"], directory
+            whole(directory)
         fleet.agent.start()
     fleet.wait_step("active", 2, timeout=60)
     assert answer(client) == ("2", 2.0)
@@ -405,13 +413,64 @@ def test_edged_killed_while_installing_restarts_on_a_whole_version_and_the_insta
         served = answer(edged.client)
         assert served in ((str(version - 1), version - 1.0), (str(version), float(version)))
         for directory in [d for d in repository.iterdir() if d.is_dir()]:
-            assert sorted(p.name for p in directory.iterdir()) == ["model.onnx"], directory
+            whole(directory)
         fleet.wait_step("active", version, timeout=60)
         assert answer(edged.client) == (str(version), float(version))
         fetched = [r for r in fleet.cdn.served() if r[0].endswith(f"/{version}/model.onnx")]
         assert [r[2] for r in fetched] == [path.stat().st_size], "fetched once"
     cut = [r for r in fleet.steps() if r["step"] == "failed" and r.get("stage") == "install"]
     assert cut, "at least one install was cut short by the kill"
+
+
+@pytest.mark.parametrize("damage", ["a byte flipped", "cut short"])
+def test_a_version_damaged_on_disk_is_refused_the_one_before_serves_and_it_is_fetched_again(
+    fleet: Fleet, damage: str
+) -> None:
+    """A delivered version's file damaged on disk (a byte of its weights flipped, which ONNX
+    Runtime would load and serve wrong; or cut short, as a power cut leaves it), then edged
+    started again: edged refuses that version naming the file and why, the version before
+    serves, and its event says so; cloudsync, told by that event, reports the version damaged,
+    fetches it again and installs it over itself, and it serves."""
+    edged = fleet.edged
+    manifest, urls, path = fleet.version(2, 2.0)
+    fleet.deliver(manifest, urls)
+    fleet.wait_step("active", 2)
+    onnx = edged.models / MODEL / "2" / "model.onnx"
+    data = bytearray(onnx.read_bytes())
+    if damage == "cut short":
+        del data[len(data) // 2 :]
+    else:
+        data[-100] ^= 0x01  # in the initializers' raw data: the model still parses
+    onnx.write_bytes(bytes(data))
+    steps = len(fleet.steps())
+    edged.stop()
+    edged.start()
+
+    versions = edged.client.model_versions(MODEL)
+    assert (versions["active"], versions["serving"], versions["on_disk"]) == (2, [1], [1, 2])
+    why = versions["damaged"]["2"]
+    expected = f"has {len(data)} bytes, {path.stat().st_size} listed"
+    assert why == (f"file 'model.onnx' {expected}" if damage == "cut short"
+                   else "file 'model.onnx': its SHA-256 is not the one listed"), why  # fmt: skip
+    reported = fleet.wait_step("damaged", 2, timeout=60)
+    assert reported["why"] == f"on the node: {why}"
+    repaired = fleet.outcome(2, steps, timeout=60)
+    assert repaired["step"] == "active", repaired
+    assert answer(edged.client) == ("2", 2.0)
+    assert edged.client.model_versions(MODEL)["damaged"] == {}
+    fetched = [r for r in fleet.cdn.served() if r[0].endswith("/2/model.onnx")]
+    assert [r[1:3] for r in fetched] == [(200, path.stat().st_size)] * 2  # fetched again, whole
+    whole(edged.models / MODEL / "2")
+    wait_for(lambda: edged_events(fleet, "damaged"), 30, "edged's event at the fleet")
+    events = edged_events(fleet, "damaged")
+    assert (events[0]["model"], events[0]["level"]) == (MODEL, "error")
+    assert why in events[0]["message"]
+
+
+def edged_events(fleet: Fleet, reason: str) -> list[dict[str, Any]]:
+    """edged's events at the fleet with this ``reason``."""
+    found = (e.body for e in bodies(list(fleet.consumer.received), "events"))
+    return [body for body in found if body.get("from") == "edged" and body.get("reason") == reason]
 
 
 def test_a_delivery_waits_for_edged_to_start_and_refuses_a_model_edged_lacks(
