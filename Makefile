@@ -31,16 +31,25 @@ FLEET_PACKAGES := mosquitto,postgresql,python3-psycopg
 DEB_BASE_SYSUSERS := build/debian-base-systemd-standalone-sysusers.tar build/debian-base-opensysusers.tar
 WHEELHOUSE := .wheelhouse
 # The arm64 package (every Jetson), built on this machine in an arm64 Debian 12 tree run by
-# qemu-user-static (debian/build-arm64.sh), and a tree to install it into; not part of `make test`
+# qemu-user-static (debian/build-in-tree.sh), and a tree to install it into; not part of `make test`
 # (docs/BENCHMARKS.md, "arm64 under qemu": 6 to 12 minutes).
 APT_ARM64 := qemu-user-static binfmt-support arch-test
 DEB_ARM64 := build/deb/edged_$(DEB_VERSION)_arm64.deb
 DEB_BASE_ARM64 := build/debian-base-arm64.tar
+# JetPack's distributions: a package each, built in a tree of it (debian/build-in-tree.sh) with
+# its own python3, amd64 here (the arm64 build is the same under qemu); not part of `make test`.
+TARGETS := jammy noble
+DEB_TARGETS := $(TARGETS:%=build/deb/%/edged_$(DEB_VERSION)_amd64.deb)
+# Ubuntu's archive keyring, which mmdebstrap checks those trees with: Debian 12 has no package of
+# it, so the one in Ubuntu's archive, checked against this digest.
+UBUNTU_KEYRING := build/ubuntu-archive-keyring.gpg
+UBUNTU_KEYRING_DEB := ubuntu-keyring_2021.03.26_all.deb
+UBUNTU_KEYRING_SHA256 := 0d0e7ed6b112f5d03eabf3c7eb01ebdacf9c57714b279e90495cfc58c8c4520f
 # promtool checks and unit-tests the shipped alerting rules; taken out of Debian's prometheus
 # package without installing it (installing would start a Prometheus server on the machine).
 PROMTOOL := build/promtool/usr/bin/promtool
 
-.PHONY: run test setup unit-pythons field models deb deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress mutation clean distclean help
+.PHONY: run test setup unit-pythons field models deb deb-targets packaging-targets deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress mutation clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
@@ -59,6 +68,8 @@ help:
 	@echo "make models - (re)build the default model repository in models/"
 	@echo "make deb    - build the Debian package into build/deb/ and lint it"
 	@echo "make field  - the field rig: the package in a Debian 12 tree booted with systemd (tests/field/)"
+	@echo "make deb-targets - build the package for $(TARGETS) (JetPack 6, 7's Pythons) in a tree of each, build/deb/SUITE/"
+	@echo "make packaging-targets - each of those installed in a tree of its target booted with systemd, serving"
 	@echo "make deb-arm64 - build the arm64 package under qemu into build/deb/ and lint it"
 	@echo "make packaging-arm64 - install the arm64 package in an arm64 tree under qemu, one inference"
 	@echo "make monitoring - regenerate the Prometheus alerting rules from cloudsync/agent/alerts.py"
@@ -146,7 +157,37 @@ deb: $(DEB)
 
 # Its own tree and wheelhouse (cached in build/), then dpkg-buildpackage under qemu, offline.
 $(DEB_ARM64): $(STAMPS)/models $(STAMPS)/apt-arm64 $(shell find debian systemd edged cloudsync -type f -not -path '*/__pycache__/*') pyproject.toml README.md $(wildcard docs/*.md)
-	nice -n 10 debian/build-arm64.sh
+	ARCH=arm64 SUITE=bookworm nice -n 10 debian/build-in-tree.sh
+
+$(UBUNTU_KEYRING):
+	@mkdir -p build/ubuntu-keyring
+	curl -fsS -o build/ubuntu-keyring/$(UBUNTU_KEYRING_DEB) \
+	  http://archive.ubuntu.com/ubuntu/pool/main/u/ubuntu-keyring/$(UBUNTU_KEYRING_DEB)
+	echo "$(UBUNTU_KEYRING_SHA256)  build/ubuntu-keyring/$(UBUNTU_KEYRING_DEB)" | sha256sum -c --quiet
+	dpkg-deb --fsys-tarfile build/ubuntu-keyring/$(UBUNTU_KEYRING_DEB) | \
+	  tar -xO ./usr/share/keyrings/ubuntu-archive-keyring.gpg > $@.tmp && mv $@.tmp $@
+	rm -rf build/ubuntu-keyring
+
+$(DEB_TARGETS): build/deb/%/edged_$(DEB_VERSION)_amd64.deb: $(STAMPS)/models $(STAMPS)/apt-deb $(UBUNTU_KEYRING) $(shell find debian systemd edged cloudsync -type f -not -path '*/__pycache__/*') pyproject.toml README.md $(wildcard docs/*.md)
+	ARCH=amd64 SUITE=$* nice -n 10 debian/build-in-tree.sh
+
+deb-targets: $(DEB_TARGETS)
+
+# A fresh tree of each target with what its package depends on, to boot it in (tests/field/
+# test_targets.py): Ubuntu's archive, checked with its keyring.
+BASE_TARGETS := $(TARGETS:%=build/base-%.tar)
+$(BASE_TARGETS): build/base-%.tar: build/deb/%/edged_$(DEB_VERSION)_amd64.deb $(UBUNTU_KEYRING)
+	@deps=$$(dpkg-deb -f $< Depends | tr ',' '\n' | sed 's/|.*//; s/(.*)//; s/ //g' | sort -u | paste -sd,); \
+	if [ ! -f $@ ] || [ "$$deps" != "$$(cat $@.deps 2>/dev/null)" ]; then \
+	  echo "mmdebstrap: $* with $$deps"; \
+	  mmdebstrap --quiet --format=tar --variant=apt --components=main,universe \
+	    --keyring=$(UBUNTU_KEYRING) --include="$$deps,python3-systemd" $* $@.tmp \
+	    http://archive.ubuntu.com/ubuntu && mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
+
+# JetPack's Pythons as packaged: each target's package installed in a tree of it booted with
+# systemd, edged serving each default model. EDGED_TARGETS=1: a missing part fails.
+packaging-targets: $(STAMPS)/venv $(BASE_TARGETS)
+	EDGED_TARGETS=1 $(VENV)/bin/pytest -s tests/field/test_targets.py
 
 deb-arm64: $(DEB_ARM64)
 	lintian --fail-on error --info $(DEB_ARM64)
