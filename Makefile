@@ -36,9 +36,10 @@ WHEELHOUSE := .wheelhouse
 APT_ARM64 := qemu-user-static binfmt-support arch-test
 DEB_ARM64 := build/deb/edged_$(DEB_VERSION)_arm64.deb
 DEB_BASE_ARM64 := build/debian-base-arm64.tar
-# JetPack's distributions: a package each, built in a tree of it (debian/build-in-tree.sh) with
-# its own python3, amd64 here (the arm64 build is the same under qemu); not part of `make test`.
-TARGETS := jammy noble
+# JetPack's distributions (Ubuntu 22.04 and 24.04) and Debian 13: a package each, built in a
+# tree of it (debian/build-in-tree.sh) with its own python3, amd64 here (the arm64 build is the
+# same under qemu); not part of `make test`.
+TARGETS := jammy noble trixie
 DEB_TARGETS := $(TARGETS:%=build/deb/%/edged_$(DEB_VERSION)_amd64.deb)
 # Ubuntu's archive keyring, which mmdebstrap checks those trees with: Debian 12 has no package of
 # it, so the one in Ubuntu's archive, checked against this digest.
@@ -68,7 +69,7 @@ help:
 	@echo "make models - (re)build the default model repository in models/"
 	@echo "make deb    - build the Debian package into build/deb/ and lint it"
 	@echo "make field  - the field rig: the package in a Debian 12 tree booted with systemd (tests/field/)"
-	@echo "make deb-targets - build the package for $(TARGETS) (JetPack 6, 7's Pythons) in a tree of each, build/deb/SUITE/"
+	@echo "make deb-targets - build the package for $(TARGETS) (Pythons 3.10, 3.12, 3.13) in a tree of each, build/deb/SUITE/"
 	@echo "make packaging-targets - each of those installed in a tree of its target booted with systemd, serving"
 	@echo "make deb-arm64 - build the arm64 package under qemu into build/deb/ and lint it"
 	@echo "make packaging-arm64 - install the arm64 package in an arm64 tree under qemu, one inference"
@@ -174,15 +175,16 @@ $(DEB_TARGETS): build/deb/%/edged_$(DEB_VERSION)_amd64.deb: $(STAMPS)/models $(S
 deb-targets: $(DEB_TARGETS)
 
 # A fresh tree of each target with what its package depends on, to boot it in (tests/field/
-# test_targets.py): Ubuntu's archive, checked with its keyring.
+# test_targets.py): Ubuntu's archive checked with its keyring, or Debian's.
 BASE_TARGETS := $(TARGETS:%=build/base-%.tar)
+ubuntu_archive = --components=main,universe --keyring=$(UBUNTU_KEYRING) $(1) http://archive.ubuntu.com/ubuntu
+archive_of = $(if $(filter jammy noble,$(1)),$(call ubuntu_archive,$(2)),$(2) http://deb.debian.org/debian)
 $(BASE_TARGETS): build/base-%.tar: build/deb/%/edged_$(DEB_VERSION)_amd64.deb $(UBUNTU_KEYRING)
 	@deps=$$(dpkg-deb -f $< Depends | tr ',' '\n' | sed 's/|.*//; s/(.*)//; s/ //g' | sort -u | paste -sd,); \
 	if [ ! -f $@ ] || [ "$$deps" != "$$(cat $@.deps 2>/dev/null)" ]; then \
 	  echo "mmdebstrap: $* with $$deps"; \
-	  mmdebstrap --quiet --format=tar --variant=apt --components=main,universe \
-	    --keyring=$(UBUNTU_KEYRING) --include="$$deps,python3-systemd" $* $@.tmp \
-	    http://archive.ubuntu.com/ubuntu && mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
+	  mmdebstrap --quiet --format=tar --variant=apt --include="$$deps,python3-systemd" $* \
+	    $(call archive_of,$*,$@.tmp) && mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
 
 # JetPack's Pythons as packaged: each target's package installed in a tree of it booted with
 # systemd, edged serving each default model. EDGED_TARGETS=1: a missing part fails.

@@ -184,7 +184,7 @@ NOT_RUN: dict[str, str] = {
     ),
     "README.md: make deb": PACKAGING,
     "README.md: make deb-arm64": (
-        "qemu-user-static and 6 to 12 minutes, and the Ubuntu packages 4 to 5 minutes each: not"
+        "qemu-user-static and 6 to 12 minutes, and the other targets 2 to 3 minutes each: not"
         " in make test (docs/BENCHMARKS.md, arm64 under qemu; tests/packaging/test_deb_arm64.py,"
         " tests/field/test_targets.py)"
     ),

@@ -1,9 +1,9 @@
 """JetPack's Pythons as packaged: the package built for each target in a tree of it
 (debian/build-in-tree.sh, `make deb-targets`: Ubuntu 22.04's Python 3.10 for JetPack 6, Ubuntu
-24.04's 3.12 for JetPack 7), installed by dpkg in a fresh tree of that target (Ubuntu's archive,
-what the package depends on) booted with systemd as PID 1; edged started by its unit as its
-user, and the default models answering through the package's own clients, on the target's
-Python. Debian 12's package is the field rig's (test_field.py).
+24.04's 3.12 for JetPack 7, Debian 13's 3.13), installed by dpkg in a fresh tree of that
+target (what the package depends on, from the target's archive) booted with systemd as PID 1;
+edged started by its unit as its user, and the default models answering through the package's
+own clients, on the target's Python. Debian 12's package is the field rig's (test_field.py).
 
 `make packaging-targets` builds what this needs and sets EDGED_TARGETS=1, so a missing part
 fails; elsewhere (`make test`, CI) a missing part is a skip saying which, since each build takes
@@ -25,6 +25,7 @@ from tests.packaging.test_deb import VERSION
 TARGETS = {
     "jammy": ("Ubuntu 22.04, JetPack 6", "3.10"),
     "noble": ("Ubuntu 24.04, JetPack 7", "3.12"),
+    "trixie": ("Debian 13", "3.13"),
 }
 
 
