@@ -36,6 +36,11 @@ WHEELHOUSE := .wheelhouse
 APT_ARM64 := qemu-user-static binfmt-support arch-test
 DEB_ARM64 := build/deb/edged_$(DEB_VERSION)_arm64.deb
 DEB_BASE_ARM64 := build/debian-base-arm64.tar
+# The other arm64 targets, built and installed the same way: Debian 13 (Python 3.13) and JetPack
+# 6's userland, Ubuntu 22.04 (3.10; needs ports.ubuntu.com, or MIRROR=another ubuntu-ports)
+ARM64_TARGETS := trixie jammy
+DEB_ARM64_TARGETS := $(ARM64_TARGETS:%=build/deb/%/edged_$(DEB_VERSION)_arm64.deb)
+BASE_ARM64_TARGETS := $(ARM64_TARGETS:%=build/base-%-arm64.tar)
 # JetPack's distributions (Ubuntu 22.04 and 24.04) and Debian 13: a package each, built in a
 # tree of it (debian/build-in-tree.sh) with its own python3, amd64 here (the arm64 build is the
 # same under qemu); not part of `make test`.
@@ -73,6 +78,7 @@ help:
 	@echo "make packaging-targets - each of those installed in a tree of its target booted with systemd, serving"
 	@echo "make deb-arm64 - build the arm64 package under qemu into build/deb/ and lint it"
 	@echo "make packaging-arm64 - install the arm64 package in an arm64 tree under qemu, one inference"
+	@echo "make packaging-arm64-trixie - the same for Debian 13 arm64 (Python 3.13); -jammy: JetPack 6's Ubuntu 22.04"
 	@echo "make monitoring - regenerate the Prometheus alerting rules from cloudsync/agent/alerts.py"
 
 $(STAMPS):
@@ -194,6 +200,19 @@ packaging-targets: $(STAMPS)/venv $(BASE_TARGETS)
 deb-arm64: $(DEB_ARM64)
 	lintian --fail-on error --info $(DEB_ARM64)
 
+$(DEB_ARM64_TARGETS): build/deb/%/edged_$(DEB_VERSION)_arm64.deb: $(STAMPS)/models $(STAMPS)/apt-arm64 $(UBUNTU_KEYRING) $(shell find debian systemd edged cloudsync -type f -not -path '*/__pycache__/*') pyproject.toml README.md $(wildcard docs/*.md)
+	ARCH=arm64 SUITE=$* nice -n 10 debian/build-in-tree.sh
+
+ubuntu_ports = --components=main,universe --keyring=$(UBUNTU_KEYRING) $(1) $(or $(MIRROR),http://ports.ubuntu.com/ubuntu-ports)
+ports_of = $(if $(filter jammy noble,$(1)),$(call ubuntu_ports,$(2)),$(2) http://deb.debian.org/debian)
+$(BASE_ARM64_TARGETS): build/base-%-arm64.tar: build/deb/%/edged_$(DEB_VERSION)_arm64.deb $(UBUNTU_KEYRING)
+	@deps=$$(dpkg-deb -f $< Depends | tr ',' '\n' | sed 's/|.*//; s/(.*)//; s/ //g' | sort -u | paste -sd,); \
+	if [ ! -f $@ ] || [ "$$deps" != "$$(cat $@.deps 2>/dev/null)" ]; then \
+	  echo "mmdebstrap: arm64 $* with $$deps"; \
+	  nice -n 10 mmdebstrap --quiet --format=tar --variant=apt --architectures=arm64 \
+	    --include="$$deps,python3-systemd" $* $(call ports_of,$*,$@.tmp) && \
+	  mv $@.tmp $@ && echo "$$deps" > $@.deps; fi
+
 # A fresh Debian 12 tree with what the package depends on, from Debian's mirror; made again only
 # when the package's Depends change. tests/packaging/ installs the package into it, offline.
 $(DEB_BASE): $(DEB) | $(STAMPS)/apt-deb
@@ -263,7 +282,12 @@ field: $(STAMPS)/venv $(DEB_BASE) $(DEB_FLEET)
 
 # EDGED_ARM64=1: a missing part (qemu, the package, the tree) fails instead of skipping.
 packaging-arm64: $(STAMPS)/venv $(DEB_BASE_ARM64)
-	EDGED_ARM64=1 $(VENV)/bin/pytest -s tests/packaging/test_deb_arm64.py
+	EDGED_ARM64=bookworm $(VENV)/bin/pytest -s -k bookworm tests/packaging/test_deb_arm64.py
+
+# The same for another arm64 target: make packaging-arm64-trixie (Debian 13, Python 3.13),
+# packaging-arm64-jammy (JetPack 6's Ubuntu 22.04, 3.10); not part of `make test`.
+packaging-arm64-%: $(STAMPS)/venv build/base-%-arm64.tar
+	EDGED_ARM64=$* $(VENV)/bin/pytest -s -k $* tests/packaging/test_deb_arm64.py
 
 # pytest exits 5 when it collected nothing: that fails here like any other non-zero code.
 test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(DEB_FLEET) $(DEB_BASE_SYSUSERS) $(PROMTOOL) unit-pythons

@@ -28,18 +28,28 @@ from edged.client import Client
 from tests.conftest import ROOT, Daemon
 from tests.packaging.test_deb import VERSION, Tree, debian_tree
 
-BASE = ROOT / "build" / "debian-base-arm64.tar"
-DEB = ROOT / "build" / "deb" / f"edged_{VERSION}_arm64.deb"
+# Each arm64 target: what it is, its install tree, its package (make packaging-arm64 makes
+# Debian 12's, make packaging-arm64-SUITE the others': Debian 13's with Python 3.13, Ubuntu
+# 22.04's, JetPack 6's userland, with 3.10).
+SUITES = {
+    "bookworm": ("Debian 12", ROOT / "build" / "debian-base-arm64.tar",
+                 ROOT / "build" / "deb" / f"edged_{VERSION}_arm64.deb"),
+    **{suite: (where, ROOT / "build" / f"base-{suite}-arm64.tar",
+               ROOT / "build" / "deb" / suite / f"edged_{VERSION}_arm64.deb")
+       for suite, where in (("trixie", "Debian 13"), ("jammy", "Ubuntu 22.04, JetPack 6's"))},
+}  # fmt: skip
 BINFMT = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
 TEXTS = ["turn off the lights in the kitchen"]
 RUNS = 10  # timed calls after the first, per architecture
 EM_AARCH64 = 183  # e_machine of an arm64 ELF file
 
 
-def missing(reason: str) -> None:
-    """Skip, saying why; a failure under `make packaging-arm64` (EDGED_ARM64 set)."""
-    if os.environ.get("EDGED_ARM64"):
-        pytest.fail(f"{reason} (EDGED_ARM64 is set: make packaging-arm64 makes every part)")
+def missing(reason: str, suite: str) -> None:
+    """Skip, saying why; a failure where EDGED_ARM64 names the suite (make packaging-arm64:
+    bookworm, make packaging-arm64-SUITE: that one; 1: bookworm)."""
+    wanted = os.environ.get("EDGED_ARM64", "").replace("1", "bookworm").split(",")
+    if suite in wanted:
+        pytest.fail(f"{reason} (EDGED_ARM64 names {suite}: its make target makes every part)")
     pytest.skip(reason)
 
 
@@ -59,20 +69,29 @@ def qemu_problem() -> str | None:
     return None
 
 
+@pytest.fixture(scope="module", params=sorted(SUITES))
+def suite(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]:
+def tree(suite: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]:
+    where, base, deb = SUITES[suite]
     if os.geteuid() != 0:
-        missing("installing into a Debian tree needs root (chroot, dpkg)")
+        missing("installing into a tree needs root (chroot, dpkg)", suite)
     if os.uname().machine == "aarch64":
-        missing("this machine is arm64: tests/packaging/test_deb.py tests the package natively")
+        missing("this machine is arm64: tests/packaging/test_deb.py tests the package natively",
+                suite)  # fmt: skip
     problem = qemu_problem()
     if problem:
-        missing(problem)
-    if not DEB.is_file():
-        missing(f"{DEB.name} is not built: `make deb-arm64` builds it (6 to 12 minutes)")
-    if not BASE.is_file():
-        missing(f"{BASE} is missing: `make packaging-arm64` makes it with mmdebstrap")
-    with debian_tree(BASE, tmp_path_factory.mktemp("debian12-arm64")) as found:
+        missing(problem, suite)
+    if not deb.is_file():
+        missing(f"{deb.relative_to(ROOT)} ({where}) is not built: `make deb-arm64` or"
+                f" `make packaging-arm64-{suite}` builds it (6 to 15 minutes)", suite)  # fmt: skip
+    if not base.is_file():
+        missing(f"{base.relative_to(ROOT)} ({where}) is missing: `make packaging-arm64` or"
+                f" `make packaging-arm64-{suite}` makes it with mmdebstrap", suite)  # fmt: skip
+    with debian_tree(base, tmp_path_factory.mktemp(f"{suite}-arm64")) as found:
         yield found
 
 
@@ -108,12 +127,15 @@ def elf_machine(path: Path) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # everything under emulation: minutes where amd64 takes seconds
-def test_the_arm64_package_installs_and_answers_under_qemu(tree: Tree, tmp_path: Path) -> None:
+def test_the_arm64_package_installs_and_answers_under_qemu(
+    suite: str, tree: Tree, tmp_path: Path
+) -> None:
+    deb = SUITES[suite][2]
     # The package and the tree are arm64, and the tree's programs run under emulation.
-    field = ["dpkg-deb", "-f", str(DEB), "Architecture"]
+    field = ["dpkg-deb", "-f", str(deb), "Architecture"]
     assert subprocess.run(field, capture_output=True, text=True, check=True).stdout == "arm64\n"
     assert tree.run("dpkg", "--print-architecture").strip() == "arm64"
-    shutil.copy(DEB, tree.path("/tmp/edged.deb"))
+    shutil.copy(deb, tree.path("/tmp/edged.deb"))
     _, install_s = timed(lambda: tree.run("dpkg", "-i", "/tmp/edged.deb", timeout=1800))
     python = "/usr/lib/edged/bin/python"
     machine = tree.run(python, "-c", "import platform; print(platform.machine())")
@@ -152,7 +174,9 @@ def test_the_arm64_package_installs_and_answers_under_qemu(tree: Tree, tmp_path:
     native_load_ms, native_models_s = logged(native.logs(), LOAD_MS), logged(native.logs(), READY_S)
     print("answer natively:", answer)
 
+    installed = int(tree.run("dpkg-query", "-W", "-f", "${Installed-Size}", "edged"))
     rows = [
+        (".deb, installed", f"{deb.stat().st_size >> 20} MB, {installed >> 10} MB", "-"),
         ("dpkg -i (with byte-compiling)", f"{install_s:.1f} s", "-"),
         ("edged --version", f"{version_s:.1f} s", "-"),
         ("edged started to READY (the client)", f"{ready_s:.1f} s", f"{native_ready_s:.1f} s"),
