@@ -53,6 +53,11 @@ def missing(reason: str, suite: str) -> None:
     pytest.skip(reason)
 
 
+def make_target(suite: str) -> str:
+    """What builds and tests ``suite``'s arm64 package."""
+    return "packaging-arm64" if suite == "bookworm" else f"packaging-arm64-{suite}"
+
+
 def qemu_problem() -> str | None:
     """Why arm64 programs cannot run in a chroot here, or None when they can."""
     if not (BINFMT.parent / "status").is_file():
@@ -86,11 +91,11 @@ def tree(suite: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]
     if problem:
         missing(problem, suite)
     if not deb.is_file():
-        missing(f"{deb.relative_to(ROOT)} ({where}) is not built: `make deb-arm64` or"
-                f" `make packaging-arm64-{suite}` builds it (6 to 15 minutes)", suite)  # fmt: skip
+        missing(f"{deb.relative_to(ROOT)} ({where}) is not built: `make {make_target(suite)}`"
+                " builds it (6 to 15 minutes)", suite)  # fmt: skip
     if not base.is_file():
-        missing(f"{base.relative_to(ROOT)} ({where}) is missing: `make packaging-arm64` or"
-                f" `make packaging-arm64-{suite}` makes it with mmdebstrap", suite)  # fmt: skip
+        missing(f"{base.relative_to(ROOT)} ({where}) is missing: `make {make_target(suite)}`"
+                " makes it with mmdebstrap", suite)  # fmt: skip
     with debian_tree(base, tmp_path_factory.mktemp(f"{suite}-arm64")) as found:
         yield found
 
