@@ -275,8 +275,8 @@ class Admin:
         source = install.staged_source(self.staging, doc.get("source"))
         started = time.monotonic()
         current = None if new else self._pin_current(name)
-        damaged = new is None and self.versions(name)["damaged"].get(str(version))
-        if version == current and not damaged:  # a damaged one is installed again over itself
+        known = None if new else self.manager.entry(name).versions.get(version)
+        if version == current and not (known and known.damaged):  # a damaged one: again over it
             raise InvalidRequest(f"version {version} of '{name}' is the active one")
         target = (new or self._entry(name).directory) / str(version)
         # reading and hashing gigabytes: in a thread, the loop goes on serving

@@ -102,6 +102,14 @@ def _signature(config_path: Path, version_dir: Path) -> tuple[Any, ...]:
     return (config_path.stat().st_mtime_ns, tuple(stats))
 
 
+async def check_files(mv: ModelVersion, version_dir: Path) -> None:
+    """Before a load: the version's files against the list its install kept (in a thread: it
+    reads them all); ModelLoadError, and ``mv.damaged`` saying why, when they differ."""
+    mv.damaged = await asyncio.to_thread(files.damage, version_dir)
+    if mv.damaged:
+        raise ModelLoadError(f"damaged on disk, not loaded: {mv.damaged}")
+
+
 def damaged_fields(name: str, mv: ModelVersion) -> dict[str, str]:
     """A log record's fields when ``mv`` was refused as damaged: its event says so to cloudsync
     (``reason`` "damaged", ``model``), which fetches the version again."""
@@ -292,9 +300,7 @@ class ModelManager:
         if current is None or current.state is not State.READY:
             entry.versions[version] = fresh  # shown as LOADING; a ready one serves meanwhile
         try:
-            fresh.damaged = await asyncio.to_thread(files.damage, version_dir)
-            if fresh.damaged:
-                raise ModelLoadError(f"damaged on disk, not loaded: {fresh.damaged}")
+            await check_files(fresh, version_dir)
             if own:
                 config = fresh.config = read_config(version_dir, entry.name)
             settings = Settings.from_config(config, self.max_queue_size)
@@ -651,10 +657,7 @@ class ModelManager:
                 await self.before_load()
             try:
                 self._admit(name, mv.version, mv.signature)
-                directory = self.entry(name).directory / str(mv.version)
-                mv.damaged = await asyncio.to_thread(files.damage, directory)
-                if mv.damaged:
-                    raise ModelLoadError(f"damaged on disk, not loaded: {mv.damaged}")
+                await check_files(mv, self.entry(name).directory / str(mv.version))
                 await mv.runtime.load()
             except Exception as exc:
                 why = exc.message if isinstance(exc, EdgedError) else f"{type(exc).__name__}: {exc}"
