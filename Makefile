@@ -39,6 +39,11 @@ DEB_BASE_ARM64 := build/debian-base-arm64.tar
 # The other arm64 targets, built and installed the same way: Debian 13 (Python 3.13) and JetPack
 # 6's userland, Ubuntu 22.04 (3.10; needs ports.ubuntu.com, or MIRROR=another ubuntu-ports)
 ARM64_TARGETS := trixie jammy
+# The CPU qemu emulates for arm64 programs (every rule and test here that runs one): a Cortex-A76,
+# ARMv8.2 as a Jetson Orin's Cortex-A78AE, without pointer authentication. Under qemu's default
+# (max), the PAC instructions of Debian 13's binaries (built with -mbranch-protection=standard)
+# cost ten times the time: dpkg-shlibdeps took 88 s for numpy's libraries, 8.7 s on this CPU.
+export QEMU_CPU ?= cortex-a76
 DEB_ARM64_TARGETS := $(ARM64_TARGETS:%=build/deb/%/edged_$(DEB_VERSION)_arm64.deb)
 BASE_ARM64_TARGETS := $(ARM64_TARGETS:%=build/base-%-arm64.tar)
 # JetPack's distributions (Ubuntu 22.04 and 24.04) and Debian 13: a package each, built in a

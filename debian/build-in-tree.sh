@@ -45,6 +45,11 @@ step() { printf '== %s: %s\n' "$(date +%T)" "$*"; }
 took() { printf '== %s: %s took %d s\n' "$(date +%T)" "$1" "$(($(date +%s) - $2))"; }
 
 binfmt=/proc/sys/fs/binfmt_misc/qemu-aarch64
+# The CPU qemu emulates (read by qemu-aarch64 from each program's environment): a Jetson Orin's
+# ARMv8.2, without the pointer authentication that qemu's default CPU emulates ten times slower
+# than the rest (Debian 13's binaries use it: dpkg-shlibdeps took over 20 minutes). Makefile.
+QEMU_CPU=${QEMU_CPU:-cortex-a76}
+export QEMU_CPU
 if [ "$ARCH" = arm64 ] && [ "$ARCH" != "$(dpkg --print-architecture)" ]; then
     # a machine without systemd (a container, CI) mounts nothing and registers nothing itself
     [ -e /proc/sys/fs/binfmt_misc/status ] ||
@@ -98,7 +103,7 @@ tar -xf "$TREE_TAR" -C "$root"
 mkdir -p "$root/proc" "$root/build/src"
 mount -t proc proc "$root/proc"
 in_tree() {
-    env -i PATH=$PATH_IN_TREE HOME=/root LANG=C.UTF-8 PIP_CONFIG_FILE=/dev/null \
+    env -i PATH=$PATH_IN_TREE HOME=/root LANG=C.UTF-8 QEMU_CPU=$QEMU_CPU PIP_CONFIG_FILE=/dev/null \
         PIP_DISABLE_PIP_VERSION_CHECK=1 nice -n 10 "$@"
 }
 test "$(chroot "$root" dpkg --print-architecture)" = "$ARCH"

@@ -48,8 +48,9 @@ def deb() -> Path:
 class Tree:
     """A Debian tree in a directory, entered with chroot and without a network."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
         self.root = root
+        self.env = ENV | (env or {})
 
     def run(self, *command: str, check: bool = True, timeout: float = 300) -> str:
         started = time.monotonic()
@@ -57,7 +58,7 @@ class Tree:
             ["unshare", "--net", "chroot", str(self.root), *command],
             capture_output=True,
             text=True,
-            env=ENV,
+            env=self.env,
             timeout=timeout,
         )
         print(f"{' '.join(command)}: {time.monotonic() - started:.1f} s, exit {done.returncode}")
@@ -81,7 +82,7 @@ class Tree:
             ["unshare", "--net", "chroot", str(self.root), *as_edged, "/usr/bin/edged"],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=ENV,
+            env=self.env,
         )
 
     def client(self, proc: subprocess.Popen[bytes], ready_s: float = 180) -> Client:
@@ -106,7 +107,7 @@ class Tree:
 
 
 @contextlib.contextmanager
-def debian_tree(base: Path, root: Path) -> Iterator[Tree]:
+def debian_tree(base: Path, root: Path, env: dict[str, str] | None = None) -> Iterator[Tree]:
     """The tree of ``base`` (a tarball `make test` makes) in ``root``, with /proc, removed after
     (skipped, saying why, without root or the tarball)."""
     if os.geteuid() != 0:
@@ -117,7 +118,7 @@ def debian_tree(base: Path, root: Path) -> Iterator[Tree]:
     (root / "proc").mkdir(exist_ok=True)
     subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
     try:
-        yield Tree(root)
+        yield Tree(root, env)
     finally:
         subprocess.run(["umount", "--lazy", str(root / "proc")], check=False)
         shutil.rmtree(root, ignore_errors=True)
