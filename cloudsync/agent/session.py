@@ -58,7 +58,7 @@ from cloudsync.protocol.envelope import (
     printable,
 )
 from cloudsync.protocol.mqtt import tls_context
-from cloudsync.protocol.topics import TopicError, Topics, check_name, parse
+from cloudsync.protocol.topics import TopicError, Topics, check_name, client_id, parse
 from cloudsync.protocol.trust import TRUST_FILE, Trust, TrustError, TrustState, refuse_revoked
 from edged.client import Client
 from edged.common.backoff import backoff_delay
@@ -76,6 +76,12 @@ MAX_PACKET = MAX_BYTES + 4096
 # while the disk cannot take acks, at most this many times max_inflight records are sent and
 # held in memory; then sending waits for the disk
 HELD_FACTOR = 4
+# PUBACK "No matching subscribers" (MQTT 5 reason code 16): the broker took a record, and gave
+# it to no one: the fleet service is away (a broker restart drops Mosquitto's shared
+# subscriptions until the service subscribes again; a replica without a persistent session has
+# none meanwhile). The record stays in the outbox and goes again this long after.
+NO_SUBSCRIBERS = 16
+UNHEARD_S = 2.0
 RESTART_MAX_S = 30.0  # a thread that failed is started again after 1, 2, 4 ... up to this
 
 
@@ -116,6 +122,8 @@ class Agent:
         self.acked: list[int] = []  # PUBACKed, to leave the outbox (kept while it cannot)
         self.refused: dict[int, str] = {}  # refused by the broker: to the dead letters
         self.unsendable: set[int] = set()  # seqs that cannot be sent nor dead-lettered now
+        self.unheard: dict[int, float] = {}  # seq -> when to send again (no subscriber had it)
+        self.unheard_since = 0.0  # the first of those in this spell (monotonic; 0: none)
         self.write_again = 0.0  # after an ack the disk could not take: when to try again
         # the sequence of what does not go through the outbox: increasing (next() is atomic)
         self.seq = itertools.count(now_ms() + 1)
@@ -178,7 +186,7 @@ class Agent:
         mq = self.config.mqtt
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
-            client_id=f"{self.config.node.fleet}.{self.node}",
+            client_id=client_id(self.config.node.fleet, self.node),
             protocol=mqtt.MQTTv5,
             transport=mq.transport,
             reconnect_on_failure=False,  # reconnects are ours: backoff with jitter
@@ -269,7 +277,18 @@ class Agent:
         if rc.is_failure:
             log.error("the broker refused record %d: %s; it goes to the dead letters", seq, rc)
             self.refused[seq] = str(rc)
+        elif rc.value == NO_SUBSCRIBERS:
+            if not self.unheard_since:  # once a spell
+                log.warning("the broker has no subscriber for the records (the fleet service"
+                            " is away): they stay in the outbox, sent again every %.0f s",
+                            UNHEARD_S)  # fmt: skip
+                self.unheard_since = time.monotonic()
+            self.unheard[seq] = time.monotonic() + UNHEARD_S
         else:
+            if self.unheard_since:
+                log.info("the fleet has the records again, after %.0f s without a subscriber",
+                         time.monotonic() - self.unheard_since)  # fmt: skip
+                self.unheard_since = 0.0
             self.acked.append(seq)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
@@ -481,7 +500,10 @@ class Agent:
             or waiting >= HELD_FACTOR * self.config.outbox.max_inflight
         ):
             return  # (bounded: what is held is excluded from each peek)
-        held = {*self.inflight.values(), *self.acked, *self.refused, *self.unsendable}
+        for seq in [s for s, when in self.unheard.items() if when <= now]:
+            del self.unheard[seq]
+        held = {*self.inflight.values(), *self.acked, *self.refused, *self.unsendable,
+                *self.unheard}  # fmt: skip
         for record in self.outbox.peek(room, exclude=held):
             topic = self._topic_of(record.kind)
             try:

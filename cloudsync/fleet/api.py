@@ -48,6 +48,7 @@ from cloudsync.fleet.service import Service
 from cloudsync.fleet.store import dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.commands import load_anchors, load_scopes
+from cloudsync.protocol.enrol import EnrolError
 from cloudsync.protocol.labels import LabelError, check_labels
 from cloudsync.protocol.topics import CMD_ID, NAME, TopicError, check_name
 
@@ -525,15 +526,30 @@ class Api:
             return await self.refuse(request, action, target, 422,
                                      f"ttl_s: 60 to {MAX_TOKEN_S} seconds")  # fmt: skip
         who, now = request[WHO], self.service.clock()
-        token = await self.db(self.service.enrolments.make_token, node, float(ttl), who.name,
-                              now)  # fmt: skip
+        try:
+            token = await self.db(self.service.enrolments.make_token, node, float(ttl),
+                                  who.name, now)  # fmt: skip
+        except EnrolError as exc:  # a reserved name, a revoked node
+            return await self.refuse(request, action, target, 409, str(exc))
         await self.db(self.audit, who, action, str(node), "done", {"ttl_s": ttl})
         return web.json_response(
             {"token": token, "node": node, "expires_ms": now + int(ttl * 1000)}, status=201
         )
 
     async def revocations(self, request: web.Request) -> web.Response:
-        return web.json_response({"revoked": await self.db(self.service.enrolments.revoked)})
+        enrolments = self.service.enrolments
+        return web.json_response({"revoked": await self.db(enrolments.revoked),
+                                  "barred": await self.db(enrolments.barred)})  # fmt: skip
+
+    async def reinstate(self, request: web.Request) -> web.Response:
+        """Lift the bar a revocation by name put on a node's name: it may enrol again."""
+        node, action = request.match_info["node"], "reinstate node"
+        if not NAME.match(node):
+            return await self.refuse(request, action, node[:64], 404, "node: not a node's name")
+        if not await self.db(self.service.enrolments.reinstate, node):
+            return await self.refuse(request, action, node, 404, "node: not revoked")
+        await self.db(self.audit, request[WHO], action, node, "done")
+        return web.json_response({"node": node, "barred": False})
 
     async def revoke(self, request: web.Request) -> web.Response:
         """Revoke a node's certificates (``{"node"}``) or one (``{"serial"}``, hex): into the
@@ -555,6 +571,8 @@ class Api:
         done = await self.db(self.service.enrolments.revoke, who.name, self.service.clock(),
                              doc.get("node"), doc.get("serial"))  # fmt: skip
         await self.db(self.service.write_crl)
+        if doc.get("node"):  # an open session goes at once (the service takes it over)
+            self.service.kick(doc["node"])
         await self.db(self.audit, who, action, target, "done", {"serials": done})
         return web.json_response({"revoked": done})
 
@@ -613,6 +631,7 @@ class Api:
             ("POST", "/v1/enrolment-tokens", self.create_enrolment_token, "operator", ()),
             ("GET", "/v1/revocations", self.revocations, "operator", ()),
             ("POST", "/v1/revocations", self.revoke, "operator", ()),
+            ("DELETE", "/v1/revocations/{node}", self.reinstate, "operator", ()),
         ]  # fmt: skip
         for method, path, handler, role, query in routes:
             app.router.add_route(method, path, _with_role(handler, role, query))

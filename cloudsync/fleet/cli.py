@@ -26,7 +26,9 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
     edgefleet --service URL label NODE k=v ...  set a node's operator labels (none: clear)
     edgefleet --service URL enrol token NODE    a one-time enrolment token for a new device
     edgefleet --service URL enrol list|approve RID|refuse RID    requests without a token
-    edgefleet --service URL enrol revoke NODE   its certificates into the CRL (the broker's)
+    edgefleet --service URL enrol revoke NODE   its certificates into the CRL (the broker's),
+                                                its session closed, its name barred
+    edgefleet --service URL enrol reinstate NODE   the name may enrol again
     edgefleet --service URL deploy create ID --manifest F --url PATH=URL [--selector k=v]
                                                 [--priority N]; deploy list; deploy delete ID
     edgefleet --service URL cmd NODE drain ...  signed here with your key, relayed and kept by
@@ -498,9 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
     anchors.add_argument("--limit", type=int, default=100, help="the newest this many")
     anchors.set_defaults(fn=cmd_checkpoints)
     enrol = sub.add_parser("enrol", help="new devices' certificates (service)")
-    enrol.add_argument("action", choices=["token", "list", "approve", "refuse", "revoke"])
-    enrol.add_argument("target", nargs="?", help="token, revoke: the node's name; approve,"
-                       " refuse: the request's id")  # fmt: skip
+    enrol.add_argument("action", choices=["token", "list", "approve", "refuse", "revoke",
+                                          "reinstate"])  # fmt: skip
+    enrol.add_argument("target", nargs="?", help="token, revoke, reinstate: the node's name;"
+                       " approve, refuse: the request's id")  # fmt: skip
     enrol.add_argument("--serial", help="revoke: this certificate (hex) instead of a node's")
     enrol.add_argument("--ttl", type=float, default=86400.0, help="token: seconds it is good for")
     enrol.add_argument("--state", choices=["pending", "issued", "refused"], help="list: only")

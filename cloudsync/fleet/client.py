@@ -215,6 +215,11 @@ def cmd_enrol(args: argparse.Namespace) -> tuple[Any, str]:
         body = {"serial": args.serial} if args.serial else {"node": args.target}
         gone = client.call("POST", "/v1/revocations", body)
         return gone, f"revoked: {', '.join(gone['revoked']) or 'nothing new'}"
+    if args.action == "reinstate":
+        if not args.target:
+            raise Failure("enrol reinstate: the revoked node's name", EXIT_USAGE)
+        done = client.call("DELETE", "/v1/revocations/" + urllib.parse.quote(args.target, safe=""))
+        return done, f"node {done['node']}: may enrol again (a token or an approval)"
     if not args.target:
         raise Failure(f"enrol {args.action}: the request's id (edgefleet enrol list)", EXIT_USAGE)
     done = client.call("POST", f"/v1/enrolments/{args.target}/{args.action}")

@@ -14,6 +14,10 @@ from cloudsync.protocol.topics import check_name
 from edged.config import LogFormat, Section, load_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/edgefleet/edgefleet.toml")
+MIN_CERT_S = 30.0
+# The operators' CN in docs/PROTOCOL.md's ACL (and operator-NAME, for a fleet that gives each
+# operator a certificate of their own, with the same rights).
+RESERVED = ["operator", "operator-*"]
 Role = Literal["viewer", "operator", "admin"]
 
 
@@ -178,7 +182,19 @@ class EnrolmentConfig(Section):
         None, description="the issuing CA's certificate (PEM; the broker trusts it); none: off"
     )
     ca_key: Path | None = Field(None, description="its private key (PEM, the service's only)")
-    cert_days: float = Field(90.0, gt=0, le=825, description="a node certificate's lifetime")
+    cert_days: float = Field(
+        90.0,
+        ge=MIN_CERT_S / 86400,
+        le=825,
+        description="a node certificate's lifetime (at least 30 s: a node renews at a share of"
+        " it, and reconnects each time)",
+    )
+    reserved: list[str] = Field(
+        default_factory=lambda: list(RESERVED),
+        description="names no node may have, shell patterns (the broker's ACL gives them other"
+        " rights): never issued, whatever the token or approval. The service's own names are"
+        " added: [service] identity and the CN of [mqtt] cert_file",
+    )
     crl_file: Path | None = Field(
         None,
         description="the CRL of revoked node certificates, signed by the issuing CA, written at"

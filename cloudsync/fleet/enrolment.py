@@ -11,13 +11,22 @@ requests and their answers, kept in the database.
   CSR under a known id is refused. At most MAX_PENDING requests wait.
 - ``approve`` / ``refuse``: an operator's decision on a pending request (the API's, audited
   there); ``make_token``: a token for one node name, returned once, kept as its SHA-256.
+- ``revoke``: a node's certificates (or one, by serial) into the CRL. A node revoked by name is
+  *barred*: it is issued nothing more (no renewal, no enrolment under its name, no token; its
+  unused tokens and pending requests are dropped) until an operator ``reinstate``s the name, and
+  the service refuses what it still publishes (cloudsync.fleet.registry). A node whose newest
+  certificate is revoked by serial renews no more either: it enrols again.
+- Reserved names (``[enrolment] reserved``, shell patterns, and the service's own identities):
+  never issued, whatever the token or the approval: the broker's ACL gives them other rights.
 """
 
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import hashlib
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,14 +63,19 @@ class Issuer:
     def issue(self, csr: x509.CertificateSigningRequest, node: str,
               now: datetime.datetime) -> x509.Certificate:  # fmt: skip
         key = csr.public_key()
+        lifetime = datetime.timedelta(days=self.days)
+        # Valid from a little before now (a node's clock may lag), by at most a tenth of the
+        # lifetime: a node renews at a share of not_before..not_after, and a back-dating
+        # longer than that share had it renew again at once, in a loop.
+        backdate = min(datetime.timedelta(minutes=5), lifetime / 10)
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
             .issuer_name(self.cert.subject)
             .public_key(key)
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=self.days))
+            .not_valid_before(now - backdate)
+            .not_valid_after(now + lifetime)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .add_extension(
@@ -113,8 +127,19 @@ def write_crl(issuer: Issuer, revoked: list[dict[str, Any]], now_ms: int, path: 
 
 
 class Enrolments:
-    def __init__(self, store: Store, issuer: Issuer | None) -> None:
+    def __init__(self, store: Store, issuer: Issuer | None,
+                 reserved: Collection[str] = ()) -> None:  # fmt: skip
         self.store, self.issuer = store, issuer
+        self.reserved = tuple(reserved)  # shell patterns of names never issued
+
+    def refusal(self, tx: Tx, node: str) -> str | None:
+        """Why ``node`` may have no certificate (a reserved name, a barred node), or None."""
+        if any(fnmatch.fnmatchcase(node, pattern) for pattern in self.reserved):
+            return f"node {node!r}: a reserved name (the broker gives it other rights)"
+        if tx.rows("SELECT node FROM barred WHERE node = ?", (node,)):
+            return (f"node {node!r} is revoked: an operator reinstates the name first"
+                    " (edgefleet enrol reinstate)")  # fmt: skip
+        return None
 
     def request(self, tx: Tx, rid: str, payload: bytes, now_ms: int) -> Decision:
         """A device's request (ValueError: one that is not an envelope of the contract)."""
@@ -138,8 +163,10 @@ class Enrolments:
         except EnrolError as exc:
             return Decision(rid, Answer("refused", error=str(exc)))
         token = env.body.get("token")
-        how, state, reason = "approval", "pending", None
-        if token is not None:
+        how, state, reason = "approval", "pending", self.refusal(tx, node)
+        if reason is not None:  # kept, refused: the same request again gets the same answer
+            state = "refused"
+        elif token is not None:
             how = "token"
             used = tx.execute(
                 "UPDATE enrol_tokens SET used_ts = ?, used_by = ? WHERE sha256 = ? AND node = ?"
@@ -176,6 +203,24 @@ class Enrolments:
             csr = check_csr(env.body.get("csr"), node)
         except EnrolError as exc:
             return Decision(rid, Answer("refused", error=str(exc)), node)
+        # The node's newest certificate, revoked by serial: the one it holds is no credential.
+        newest = tx.rows(
+            "SELECT e.serial, r.serial AS revoked FROM enrolments e LEFT JOIN revoked r"
+            " ON r.serial = e.serial WHERE e.node = ? AND e.state = 'issued'"
+            " ORDER BY e.decided_ts DESC, e.not_after DESC LIMIT 1",
+            (node,),
+        )
+        why = self.refusal(tx, node) or (
+            f"node {node!r}: its certificate {newest[0]['serial']} is revoked: it enrols again"
+            if newest and newest[0]["revoked"] else None
+        )  # fmt: skip
+        if why is not None:
+            tx.execute(
+                "INSERT INTO enrolments (rid, node, csr, state, how, requested_ts, decided_ts,"
+                " decided_by, reason) VALUES (?, ?, ?, 'refused', 'renewal', ?, ?, 'service', ?)",
+                (rid, node, env.body["csr"], now_ms, now_ms, why),
+            )
+            return Decision(rid, Answer("refused", error=why), node)
         tx.execute(
             "INSERT INTO enrolments (rid, node, csr, state, how, requested_ts) VALUES"
             " (?, ?, ?, 'pending', 'renewal', ?)",
@@ -211,23 +256,30 @@ class Enrolments:
             if not found:
                 return None
             row = found[0]
-            if not approve:
+            if approve and self.issuer is None:
+                return None
+            # reserved, or barred since it was asked: refused, whoever approves
+            barred = self.refusal(tx, row["node"]) if approve else None
+            if not approve or barred is not None:
+                reason = barred or why or f"refused by {actor}"
                 tx.execute(
                     "UPDATE enrolments SET state = 'refused', decided_ts = ?, decided_by = ?,"
                     " reason = ? WHERE rid = ?",
-                    (now_ms, actor, why or f"refused by {actor}", rid),
+                    (now_ms, actor, reason, rid),
                 )
-                return Decision(rid, Answer("refused", error=why or f"refused by {actor}"))
-            if self.issuer is None:
-                return None
+                return Decision(rid, Answer("refused", error=reason))
             csr = check_csr(row["csr"], row["node"])
             return Decision(rid, self._issue(tx, rid, row["node"], csr, now_ms, actor))
 
     def make_token(self, node: str, ttl_s: float, actor: str, now_ms: int) -> str:
-        """A one-time token for ``node``, valid ``ttl_s``: returned once, kept as its hash."""
+        """A one-time token for ``node``, valid ``ttl_s``: returned once, kept as its hash
+        (EnrolError: a name that may have none, saying why)."""
         check_name("node", node)
         token = "enrol_" + secrets.token_urlsafe(24)
         with self.store.transaction() as tx:
+            why = self.refusal(tx, node)
+            if why is not None:
+                raise EnrolError(why)
             tx.execute(
                 "INSERT INTO enrol_tokens (sha256, node, expires, created_by, created_ts)"
                 " VALUES (?, ?, ?, ?, ?)",
@@ -237,13 +289,25 @@ class Enrolments:
 
     def revoke(self, actor: str, now_ms: int, node: str | None = None,
                serial: str | None = None) -> list[str]:  # fmt: skip
-        """Revoke every certificate issued to ``node``, or the one with ``serial`` (hex, any
-        the fleet CA signed): the serials newly revoked."""
+        """Revoke every certificate issued to ``node`` and bar the name, or revoke the one
+        certificate with ``serial`` (hex, any the fleet CA signed): the serials newly revoked."""
         with self.store.transaction() as tx:
             if node is not None:
                 found = tx.rows(
                     "SELECT serial, node FROM enrolments WHERE node = ? AND state = 'issued'",
                     (node,),
+                )
+                tx.execute(
+                    "INSERT INTO barred (node, barred_ts, barred_by) VALUES (?, ?, ?)"
+                    " ON CONFLICT DO NOTHING",
+                    (node, now_ms, actor),
+                )
+                tx.execute("DELETE FROM enrol_tokens WHERE node = ? AND used_ts IS NULL",
+                           (node,))  # fmt: skip
+                tx.execute(
+                    "UPDATE enrolments SET state = 'refused', decided_ts = ?, decided_by = ?,"
+                    " reason = ? WHERE node = ? AND state = 'pending'",
+                    (now_ms, actor, f"node {node!r} was revoked", node),
                 )
             else:
                 issued = tx.rows("SELECT node FROM enrolments WHERE serial = ?", (serial,))
@@ -259,8 +323,17 @@ class Enrolments:
                     done.append(str(row["serial"]))
         return done
 
+    def reinstate(self, node: str) -> bool:
+        """Lift the bar on ``node``'s name (its revoked certificates stay in the CRL): it may
+        enrol again, with a token or an approval. False: it was not barred."""
+        with self.store.transaction() as tx:
+            return tx.execute("DELETE FROM barred WHERE node = ?", (node,)).rowcount == 1
+
     def revoked(self) -> list[dict[str, Any]]:
         return self.store.query("SELECT * FROM revoked ORDER BY revoked_ts, serial")
+
+    def barred(self) -> list[dict[str, Any]]:
+        return self.store.query("SELECT * FROM barred ORDER BY barred_ts, node")
 
     def write_crl(self, path: Path, now_ms: int) -> None:
         if self.issuer is not None:

@@ -70,6 +70,8 @@ class Ingested:
     events: list[Event] = field(default_factory=list)  # stored the first time (the ECS log's)
     decisions: list[Decision] = field(default_factory=list)  # enrolment answers to publish
     counters: int = 0  # counters moved by telemetry
+    barred: set[str] = field(default_factory=set)  # revoked nodes that published: dropped
+    revoked: int = 0  # their messages
 
     def merge(self, other: Ingested) -> None:
         self.births |= other.births
@@ -80,6 +82,8 @@ class Ingested:
         self.events += other.events
         self.decisions += other.decisions
         self.counters += other.counters
+        self.barred |= other.barred
+        self.revoked += other.revoked
         for kind, n in other.counted.items():
             self.counted[kind] = self.counted.get(kind, 0) + n
 
@@ -145,9 +149,15 @@ class Registry:
         heartbeats: list[tuple[Any, ...]] = []
         first = ""
         with self.store.transaction() as tx:
+            barred = {row["node"] for row in tx.rows("SELECT node FROM barred")}
             for msg in batch:
+                # A revoked node's messages are not the fleet's: but its renewal (refused, it is
+                # told why) and its going offline (the will the broker sends when it goes).
+                if msg.node in barred and msg.kind not in ("renew", "status"):
+                    self.drop_revoked(msg, done)
+                    continue
                 try:
-                    self._one(tx, msg, watched, done, heartbeats)
+                    self._one(tx, msg, watched, done, heartbeats, barred)
                     done.counted[msg.kind] = done.counted.get(msg.kind, 0) + 1
                 except (EnvelopeError, LabelError, ValueError, TypeError, KeyError,
                         AttributeError) as exc:  # fmt: skip
@@ -171,8 +181,13 @@ class Registry:
                         done.poison, first)  # fmt: skip
         return done
 
+    @staticmethod
+    def drop_revoked(msg: Message, done: Ingested) -> None:
+        done.barred.add(msg.node)
+        done.revoked += 1
+
     def _one(self, tx: Tx, msg: Message, watched: frozenset[str], done: Ingested,
-             heartbeats: list[tuple[Any, ...]]) -> None:  # fmt: skip
+             heartbeats: list[tuple[Any, ...]], barred: set[str]) -> None:  # fmt: skip
         if msg.kind == "desired-models":
             self._desired(tx, msg, done)
             return
@@ -188,7 +203,10 @@ class Registry:
         if not 0 <= env.ts < MAX_INT:
             raise ValueError(f"ts {env.ts}: out of range")
         if msg.kind == "status":
-            self._status(tx, msg, env, done)
+            if msg.node in barred and env.body.get("state") != "offline":
+                self.drop_revoked(msg, done)
+            else:
+                self._status(tx, msg, env, done)
         elif msg.kind == "heartbeat":
             heartbeats.append((msg.node, msg.arrived_ms, msg.arrived_ms, env.ts, dumps(env.body)))
             done.sent_ms.append(env.ts)

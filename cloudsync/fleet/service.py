@@ -45,8 +45,10 @@ from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.x509.oid import NameOID
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -68,6 +70,7 @@ from cloudsync.protocol.topics import (
     PREFIX,
     TopicError,
     Topics,
+    client_id,
     enrol_answer,
     enrol_filter,
     parse,
@@ -78,6 +81,7 @@ log = logging.getLogger("edgefleet.service")
 BATCH = 5000
 BATCH_WAIT_S = 0.05
 RUNNER_LEASE = "runner"
+KICK_S = 5.0  # a revoked node still publishing is kicked again at most this often
 
 
 def now_ms() -> int:
@@ -87,6 +91,16 @@ def now_ms() -> int:
 def alertmanager_context(config: FleetServiceConfig) -> ssl.SSLContext | None:
     ca = config.alerts.ca_file
     return ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+
+
+def reserved_names(config: FleetServiceConfig) -> list[str]:
+    """Names no node may have: ``[enrolment] reserved``, the service's identity (the sender of
+    what it publishes) and the CN of its own certificate on the broker."""
+    names = [*config.enrolment.reserved, config.service.identity]
+    if config.mqtt.cert_file is not None:
+        cert = x509.load_pem_x509_certificate(config.mqtt.cert_file.read_bytes())
+        names += [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    return names
 
 
 def load_deploy_key(config: FleetServiceConfig) -> tuple[str, Ed25519PrivateKey] | None:
@@ -126,6 +140,10 @@ class Metrics:
                                  registry=r)  # fmt: skip
         self.events = Counter("edgefleet_node_events", "nodes' events stored (once each)",
                               registry=r)  # fmt: skip
+        self.barred = Counter("edgefleet_revoked_messages", "messages of revoked nodes,"
+                              " dropped", registry=r)  # fmt: skip
+        self.kicks = Counter("edgefleet_revoked_sessions_closed", "sessions of revoked nodes"
+                             " the service closed on the broker", registry=r)  # fmt: skip
         self.alert_pushes = Counter(
             "edgefleet_alertmanager_pushes", "sends of the alerts to Alertmanager, by outcome",
             ["outcome"], registry=r,
@@ -142,7 +160,7 @@ class Service:
         issuer = None
         if enrol.ca_cert is not None and enrol.ca_key is not None:
             issuer = Issuer(enrol.ca_cert, enrol.ca_key, enrol.cert_days)
-        self.enrolments = Enrolments(self.store, issuer)
+        self.enrolments = Enrolments(self.store, issuer, reserved_names(config))
         self.registry = Registry(self.store, config.service.offline_after_s, self.enrolments,
                                  config.events.checkpoint_s)  # fmt: skip
         self.crl_due = 0.0
@@ -177,6 +195,7 @@ class Service:
         self.dirty: set[str] = set()
         self.full_pass = False
         self.dirty_lock = threading.Lock()
+        self.kicked: dict[str, float] = {}  # node: when it may be kicked again (monotonic)
         self.holds_lease = False
         self.seq = 0
         self.threads: list[threading.Thread] = []
@@ -246,6 +265,41 @@ class Service:
             self.client.ack(mid, 1)
         except Exception:  # the session redelivers what was not acknowledged
             log.debug("ack %d", mid, exc_info=True)
+
+    def kick(self, node: str) -> None:
+        """End ``node``'s open session on the broker, as a revocation by name does: a client of
+        the service's connects under the node's client id, which makes the broker close the
+        node's connection (MQTT's session takeover), and leaves. From the broker's next reload
+        of the CRL the node cannot connect again; until then each batch in which it publishes
+        kicks it again, at most every KICK_S. On a thread of its own: never waits on paho's."""
+        now = time.monotonic()
+        with self.dirty_lock:
+            if now < self.kicked.get(node, 0.0):
+                return
+            self.kicked[node] = now + KICK_S
+        threading.Thread(target=self._kick, args=(node,), name=f"kick-{node}",
+                         daemon=True).start()  # fmt: skip
+
+    def _kick(self, node: str) -> None:
+        cfg = self.config.mqtt
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id(self.fleet, node),
+                             protocol=mqtt.MQTTv5)  # fmt: skip
+        connected = threading.Event()
+        client.on_connect = lambda *args: connected.set()
+        try:
+            client.tls_set_context(tls_context(cfg.ca_file, cfg.cert_file, cfg.key_file))
+            client.connect(cfg.host, cfg.port, keepalive=10, clean_start=True)
+            client.loop_start()
+            if connected.wait(10):
+                log.warning("node %s is revoked: its session on the broker is closed", node)
+                self.metrics.kicks.inc()
+            else:
+                log.error("node %s is revoked, but its session could not be taken over", node)
+            client.disconnect()
+        except Exception:  # a thread of its own: logged, never raised
+            log.exception("node %s is revoked, but its session could not be taken over", node)
+        finally:
+            client.loop_stop()
 
     def publish_desired(self, node: str, entries: list[dict[str, Any]]) -> bool:
         """The node's desired state, retained; written as the node's desired state at once
@@ -331,6 +385,9 @@ class Service:
         written = self.clock()  # the age at commit: the queue and the transaction included
         for sent in done.sent_ms:
             self.metrics.lag.observe(max(0.0, (written - sent) / 1000))
+        self.metrics.barred.inc(done.revoked)
+        for node in done.barred:  # a revoked node still connected (the broker has not reloaded)
+            self.kick(node)
         if done.births or done.desired:
             with self.dirty_lock:
                 self.dirty |= done.births | done.desired

@@ -218,6 +218,11 @@ CREATE TABLE IF NOT EXISTS revoked (
     revoked_ts BIGINT NOT NULL,
     revoked_by TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS barred (
+    node TEXT PRIMARY KEY,
+    barred_ts BIGINT NOT NULL,
+    barred_by TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS records (
     node TEXT NOT NULL,
     id TEXT NOT NULL,

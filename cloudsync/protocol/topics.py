@@ -118,6 +118,11 @@ class Topics:
         return f"{self.base}/#"
 
 
+def client_id(fleet: str, node: str) -> str:
+    """A node's MQTT client id (its session on the broker): ``{fleet}.{node}``."""
+    return f"{fleet}.{node}"
+
+
 def barrier(fleet: str) -> str:
     """Where an operator's tool publishes a marker after subscribing to the fleet's statuses
     (``fleet_filter(fleet, "status")`` matches it; no node is named ``_fleet``): the broker

@@ -200,8 +200,8 @@ def test_the_claim_credential_can_only_enrol(broker: Broker, pki: Path) -> None:
 def test_a_rotation_during_traffic_loses_no_acknowledged_record(
     tmp_path: Path, broker: Broker, pki: Path
 ) -> None:
-    """A certificate of 35 s renewed at 92 % of its life (the 5 minutes it is back-dated
-    included: about 8 s after it is issued) while a program posts records: one reconnect a
+    """A certificate of 35 s renewed at 40 % of its life (the tenth of it that it is back-dated
+    included: about 12 s after it is issued) while a program posts records: one reconnect a
     renewal, with the new key and certificate, the session resumed, and every record stored
     reaches the fleet."""
     enrolment = (f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
@@ -212,7 +212,7 @@ def test_a_rotation_during_traffic_loses_no_acknowledged_record(
     watcher.subscribe("edge/v1/f1/n12/#")
     token = service.call("POST", "/v1/enrolment-tokens", {"node": "n12"}, role="operator")[1]
     device = Device(tmp_path / "n12", broker, "n12", token["token"])
-    device.config.write_text(device.config.read_text() + "renew_after = 0.92\n")
+    device.config.write_text(device.config.read_text() + "renew_after = 0.4\n")
     device.start()
     stored: list[str] = []
     try:

@@ -191,3 +191,90 @@ def test_a_renewal_cut_short_settles_on_the_pair_that_goes_together(tmp_path: Pa
     nxt.write_bytes(cert_of(new_key()))
     settle(config)
     assert not nxt.exists() and cert.read_bytes() == kept
+
+
+def renew(enrolments: Enrolments, node: str, at: int = NOW, seq: int = 1) -> dict[str, object]:
+    payload = Envelope(node, seq, {"csr": make_csr(new_key(), node)}).encode()
+    with enrolments.store.transaction() as tx:
+        return enrolments.renew(tx, node, payload, at).answer.body()
+
+
+def issued(enrolments: Enrolments, node: str) -> str:
+    """A certificate for ``node`` by token: its serial."""
+    _, answer = ask(enrolments, node, make_csr(new_key(), node),
+                    enrolments.make_token(node, 600, "alice", NOW))  # fmt: skip
+    assert answer["state"] == "issued", answer
+    cert = x509.load_pem_x509_certificate(str(answer["cert"]).encode())
+    return format(cert.serial_number, "x")
+
+
+def test_reserved_names_are_never_issued(enrolments: Enrolments) -> None:
+    """Issue 44: CN=operator has the operators' ACL on the broker; no token, request or
+    approval may make one (nor operator-NAME, nor the service's own names)."""
+    enrolments.reserved = ("operator", "operator-*", "edgefleet")
+    for name in ("operator", "operator-alice", "edgefleet"):
+        with pytest.raises(EnrolError, match=f"node '{name}': a reserved name"):
+            enrolments.make_token(name, 600, "alice", NOW)
+        rid, answer = ask(enrolments, name, make_csr(new_key(), name))
+        assert answer == {"state": "refused", "error": f"node {name!r}: a reserved name"
+                          " (the broker gives it other rights)"}  # fmt: skip
+        assert enrolments.decide(rid, True, "bob", NOW) is None  # nothing pending to approve
+    assert renew(enrolments, "operator")["state"] == "refused"
+    assert issued(enrolments, "operators") and issued(enrolments, "n-operator")  # not patterns
+
+
+def test_a_node_revoked_by_name_gets_nothing_more_until_reinstated(
+    enrolments: Enrolments,
+) -> None:
+    """Issue 44: a revoked node renewed its certificate (and could enrol again under its
+    name). Revoked by name, it is barred: no renewal, no token, no request, no approval; its
+    unused tokens and pending requests go; reinstated, it enrols again, its old certificates
+    still revoked."""
+    first = issued(enrolments, "n3")
+    spare = enrolments.make_token("n3", 600, "alice", NOW)
+    waiting, _ = ask(enrolments, "n3", make_csr(new_key(), "n3"))
+    assert renew(enrolments, "n3")["state"] == "issued"
+    assert len(enrolments.revoke("carol", NOW + 1, node="n3")) == 2  # the first and the renewed
+    barred = ("node 'n3' is revoked: an operator reinstates the name first"
+              " (edgefleet enrol reinstate)")  # fmt: skip
+    assert renew(enrolments, "n3", seq=2) == {"state": "refused", "error": barred}
+    _, with_token = ask(enrolments, "n3", make_csr(new_key(), "n3"), spare)
+    assert with_token == {"state": "refused", "error": barred}
+    _, without = ask(enrolments, "n3", make_csr(new_key(), "n3"))
+    assert without == {"state": "refused", "error": barred}
+    assert enrolments.decide(waiting, True, "bob", NOW) is None  # refused by the revocation
+    assert {r["rid"]: r["reason"] for r in enrolments.list()}[waiting] == "node 'n3' was revoked"
+    with pytest.raises(EnrolError, match="is revoked"):
+        enrolments.make_token("n3", 600, "alice", NOW)
+    assert [b["node"] for b in enrolments.barred()] == ["n3"]
+    assert enrolments.reinstate("n3") and not enrolments.reinstate("n3")
+    assert issued(enrolments, "n3") not in {r["serial"] for r in enrolments.revoked()}
+    assert first in {r["serial"] for r in enrolments.revoked()}
+
+
+def test_a_node_whose_newest_certificate_is_revoked_renews_no_more(
+    enrolments: Enrolments,
+) -> None:
+    old = issued(enrolments, "n4")
+    assert renew(enrolments, "n4", NOW + 1)["state"] == "issued"
+    assert enrolments.revoke("carol", NOW + 1, serial=old) == [old]  # an old one: renews on
+    assert renew(enrolments, "n4", NOW + 2, seq=2)["state"] == "issued"
+    newest = enrolments.list("issued")[0]["serial"]
+    assert enrolments.revoke("carol", NOW + 3, serial=newest) == [newest]
+    answer = renew(enrolments, "n4", NOW + 4, seq=3)
+    assert answer == {"state": "refused",
+                      "error": f"node 'n4': its certificate {newest} is revoked: it enrols"
+                               " again"}  # fmt: skip
+    assert issued(enrolments, "n4")  # not barred: a token enrols it again
+
+
+def test_a_short_lifetime_is_back_dated_by_a_tenth_of_it(ca: Path) -> None:
+    """Issue 44: a 35 s certificate back-dated by 5 minutes was due for renewal at once, and
+    its node renewed in a loop."""
+    issuer = Issuer(ca / "ca.pem", ca / "ca.key", 0.0004)
+    now = datetime.datetime.fromtimestamp(NOW / 1000, datetime.timezone.utc)
+    cert = issuer.issue(check_csr(make_csr(new_key(), "n5"), "n5"), "n5", now)
+    lifetime = datetime.timedelta(days=0.0004)
+    second = datetime.timedelta(seconds=1)  # X.509 times are whole seconds
+    assert abs(cert.not_valid_before_utc - (now - lifetime / 10)) < second
+    assert abs(cert.not_valid_after_utc - (now + lifetime)) < second

@@ -1,0 +1,139 @@
+"""Issue 44, points 1 and 2, end to end with a real Mosquitto (the fleet's ACLs and the
+service's CRL), the real ``edgefleet serve`` with an issuing CA, and a real cloudsync enrolled
+by token.
+
+- **A revoked device does not come back by renewing** (found: n3, revoked while connected, kept
+  publishing and renewed its certificate before the broker reloaded the CRL). Revoked by name:
+  its open session is closed at once (the service takes it over), what it still publishes is
+  dropped, its renewal is refused, its name cannot enrol again (with a token, by claim, by an
+  approval) until an operator reinstates it; after the broker's reload its certificate cannot
+  connect. The others are untouched.
+- **Reserved names are never issued** (found: a token for ``operator`` enrolled a certificate
+  with the operators' ACL, which wrote another node's desired state): the operators' CN and the
+  service's own names get no token (409) and no certificate by claim.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from cloudsync.protocol.enrol import make_csr, new_key, new_request_id
+from cloudsync.protocol.envelope import Envelope, decode
+from cloudsync.protocol.mqtt import SyncClient
+from tests.conftest import wait_for
+from tests.fleetservice import FleetService
+from tests.integration.cloudsync.test_enrolment import Device, broker, online, service
+from tests.mosquitto import OPERATOR, Broker
+
+__all__ = ["broker", "service"]  # the fixtures: a broker with the service's CRL, its service
+
+
+def answer(client: SyncClient, topic: str, request: str, payload: bytes) -> dict[str, object]:
+    """The service's answer on ``topic`` to ``payload`` published on ``request``."""
+    client.subscribe(topic)
+    assert client.publish(request, payload).getName() == "Success", request
+    wait_for(lambda: any(t == topic for t, _ in client.received), 20, f"an answer on {topic}")
+    body = decode(next(p for t, p in client.received if t == topic)).body
+    return dict(body)
+
+
+def heartbeats(service: FleetService, node: str) -> int:
+    return int(service.call("GET", f"/v1/nodes/{node}", role="viewer")[1]["heartbeats"])
+
+
+def test_a_revoked_node_is_out_connected_or_not(
+    tmp_path: Path, broker: Broker, service: FleetService, pki: Path
+) -> None:
+    token = service.call("POST", "/v1/enrolment-tokens", {"node": "n3"}, role="operator")[1]
+    device = Device(tmp_path / "n3", broker, "n3", token["token"]).start()
+    # Its certificate, copied by an adversary: a second session, under another client id.
+    stolen = tmp_path / "stolen"
+    stolen.mkdir()
+    shutil.copy(pki / "ca.pem", stolen / "ca.pem")
+    try:
+        wait_for(lambda: online(service, "n3"), 30, "n3 enrolled and online", device.proc)
+        shutil.copy(device.cert, stolen / "n3.pem")
+        shutil.copy(device.key, stolen / "n3.key")
+        thief = SyncClient(broker.port, stolen, "n3")
+        assert thief.connect()
+
+        status, gone = service.call("POST", "/v1/revocations", {"node": "n3"}, role="operator")
+        assert status == 200 and len(gone["revoked"]) == 1, gone
+        # Its own session is closed at once: the service took it over (Mosquitto logs it).
+        wait_for(lambda: "already connected, closing old connection" in broker.logs(), 10,
+                 "n3's session taken over")  # fmt: skip
+        # What it still publishes (it reconnects: the broker has not reloaded) is dropped.
+        before = heartbeats(service, "n3")
+        time.sleep(3.5)  # a heartbeat a second
+        assert heartbeats(service, "n3") == before
+        metrics = service.call("GET", "/metrics", role=None)[1]
+        assert "edgefleet_revoked_messages_total" in metrics, metrics[-2000:]
+        # Connected still, it asks for its next certificate: refused, saying why.
+        why = "node 'n3' is revoked: an operator reinstates the name first"
+        renewal = Envelope("n3", 1, {"csr": make_csr(new_key(), "n3")}).encode()
+        got = answer(thief, "edge/v1/f1/n3/renew/cert", "edge/v1/f1/n3/renew", renewal)
+        assert got["state"] == "refused" and why in str(got["error"]), got
+        # Its name cannot come back: no token, no request by the claim credential.
+        refused = service.call("POST", "/v1/enrolment-tokens", {"node": "n3"}, role="operator")
+        assert refused[0] == 409 and why in refused[1]["error"], refused
+        claim = SyncClient(broker.port, pki, "claim")
+        assert claim.connect()
+        rid = new_request_id()
+        request = Envelope("n3", 1, {"csr": make_csr(new_key(), "n3")}).encode()
+        got = answer(claim, f"edge/v1/f1/_enrol/{rid}/cert", f"edge/v1/f1/_enrol/{rid}", request)
+        assert got["state"] == "refused" and why in str(got["error"]), got  # not pending
+        claim.close()
+        listed = service.edgefleet("enrol", "list", "--state", "pending")
+        assert listed == []
+
+        # The broker reloads its CRL: the certificate cannot connect again, the others can.
+        broker.reload()
+        thief.close()
+        again = SyncClient(broker.port, stolen, "n3")
+        assert not again.connect(timeout=5), "a revoked certificate connected"
+        again.close()
+        time.sleep(3)
+        assert not online(service, "n3") or heartbeats(service, "n3") == before
+        other = SyncClient(broker.port, pki, "n1")
+        assert other.connect()
+        other.close()
+
+        # Reinstated, the name enrols again as a new device would (its old certificate stays
+        # revoked); the audit log has both.
+        assert service.edgefleet("enrol", "reinstate", "n3") == {"node": "n3", "barred": False}
+        assert service.call("POST", "/v1/enrolment-tokens", {"node": "n3"},
+                            role="operator")[0] == 201  # fmt: skip
+        listed = service.call("GET", "/v1/revocations", role="operator")[1]
+        assert listed["barred"] == [] and [r["node"] for r in listed["revoked"]] == ["n3"]
+        audit = service.call("GET", "/v1/audit", role="operator")[1]["entries"]
+        actions = [(e["action"], e["target"], e["outcome"]) for e in audit]
+        assert ("revoke certificate", "n3", "done") in actions
+        assert ("reinstate node", "n3", "done") in actions
+    finally:
+        device.stop()
+
+
+def test_reserved_names_get_no_token_and_no_certificate(
+    broker: Broker, service: FleetService, pki: Path
+) -> None:
+    # the operators' CN, operator-NAME, the service's identity: each refused, saying so
+    for name in (OPERATOR, "operator-alice", "edgefleet"):
+        status, body = service.call("POST", "/v1/enrolment-tokens", {"node": name},
+                                    role="operator")  # fmt: skip
+        assert status == 409, (name, status, body)
+        assert body["error"] == f"node {name!r}: a reserved name (the broker gives it other rights)"
+    claim = SyncClient(broker.port, pki, "claim")
+    assert claim.connect()
+    try:
+        rid = new_request_id()
+        request = Envelope(OPERATOR, 1, {"csr": make_csr(new_key(), OPERATOR)}).encode()
+        got = answer(claim, f"edge/v1/f1/_enrol/{rid}/cert", f"edge/v1/f1/_enrol/{rid}", request)
+        assert got == {"state": "refused",
+                       "error": "node 'operator': a reserved name (the broker gives it other"
+                                " rights)"}  # fmt: skip
+    finally:
+        claim.close()
+    # nothing waits for an operator's approval, so nothing can be approved by mistake
+    assert service.edgefleet("enrol", "list", "--state", "pending") == []
