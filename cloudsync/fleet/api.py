@@ -142,8 +142,17 @@ class Api:
     async def body(self, request: web.Request, action: str, target: str) -> Any:
         """The JSON body, or a 400/413 raised (and audited)."""
         who = request[WHO]
+        timeout_s = self.service.config.api.idle_timeout_s
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), timeout_s)
+        except asyncio.TimeoutError:
+            await self.db(self.audit, who, action, target, "refused: body too slow")
+            raise web.HTTPRequestTimeout(
+                text=json.dumps(
+                    {"error": f"body: not all there within {timeout_s:g} s (api.idle_timeout_s)"}
+                ),
+                content_type="application/json",
+            ) from None
         except web.HTTPRequestEntityTooLarge:
             await self.db(self.audit, who, action, target, "refused: body too large")
             limit = self.service.config.api.max_body_kb

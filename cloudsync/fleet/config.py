@@ -124,6 +124,20 @@ class ApiConfig(Section):
     tls_key: Path | None = Field(None, description="its private key")
     tokens: list[Token] = Field(default_factory=list, description="who may call it, as what")
     max_body_kb: int = Field(1024, ge=1, description="a larger request body is refused (413)")
+    max_connections: int = Field(
+        512,
+        ge=1,
+        le=60000,
+        description="open connections (503 above, at once; the unit's LimitNOFILE is 8192)",
+    )
+    idle_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="a connection handling no request is closed after this long (half-sent"
+        " headers, idle keep-alive, a TLS handshake not done), and a request body must arrive"
+        " within it (408)",
+    )
     public_url: str = Field(
         "", description="the URL people reach the service at (the alerts link the console)"
     )

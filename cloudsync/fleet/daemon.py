@@ -8,6 +8,7 @@ import hashlib
 import logging
 import secrets
 import signal
+import socket
 from pathlib import Path
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from cloudsync.fleet.service import Service
 from cloudsync.fleet.store import StoreError
 from edged.errors import ConfigError
 from edged.logs import setup_logging
+from edged.server import connections
 
 log = logging.getLogger("edgefleet")
 
@@ -27,15 +29,29 @@ class CannotStart(Exception):
 
 
 async def _serve(service: Service, api: Api) -> None:
-    runner = web.AppRunner(api.app(), access_log=None)
-    await runner.setup()
     cfg = service.config.api
-    site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=api.ssl_context())
+    # Whoever reaches the port may open connections: at most max_connections are held (503
+    # above), and one that handles no request for idle_timeout_s is closed (issue 44: 1,100
+    # half-sent request heads held every descriptor, /healthz did not answer).
+    runner = web.AppRunner(
+        api.app(), access_log=None, keepalive_timeout=cfg.idle_timeout_s,
+        logger=connections.QuietLog(logging.getLogger("aiohttp.server")),
+    )  # fmt: skip
+    await runner.setup()
     try:
+        family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+        sock = socket.create_server((cfg.host, cfg.port), family=family)
+        site = connections.CappedSite(
+            runner, sock, cfg.max_connections, who="edgefleet", setting="api.max_connections",
+            ssl_context=api.ssl_context(), handshake_timeout_s=cfg.idle_timeout_s,
+        )  # fmt: skip
         await site.start()
     except OSError as exc:
         await runner.cleanup()
         raise CannotStart(f"cannot listen on {cfg.host}:{cfg.port}: {exc}") from None
+    sweeper = asyncio.get_running_loop().create_task(
+        connections.sweep_idle(runner, cfg.idle_timeout_s), name="idle-connections"
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -48,6 +64,7 @@ async def _serve(service: Service, api: Api) -> None:
     try:
         await stop.wait()
     finally:
+        sweeper.cancel()
         await runner.cleanup()
 
 

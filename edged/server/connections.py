@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import Any
 
@@ -23,61 +24,79 @@ from edged.errors import RequestTimeout
 
 log = logging.getLogger(__name__)
 
+BACKLOG = 1024  # the listening socket's queue (the kernel's somaxconn caps it)
 BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
 
 
 class _Refused(asyncio.Protocol):
     """A connection over the cap: told so in one write, then closed."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    def __init__(self, body: bytes) -> None:
+        self.body = body
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        body = b'{"error": "edged has %d connections open, its limit (server.max_connections)"}'
-        body %= self.limit
-        head = BUSY + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+        head = BUSY + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(self.body)
         assert isinstance(transport, asyncio.Transport)
-        transport.write(head + body)
+        transport.write(head + self.body)
         transport.close()
 
 
 class CappedSite(web.SockSite):
-    """A SockSite that refuses connections over ``limit`` instead of holding them."""
+    """A SockSite that refuses connections over ``limit`` instead of holding them (edged's
+    REST socket, and the fleet service's API: ``who`` and its ``setting`` name them in the
+    answer; with ``ssl_context``, a TLS handshake not done in ``handshake_timeout_s`` is
+    closed)."""
 
-    def __init__(self, runner: web.AppRunner, sock: Any, limit: int) -> None:
-        super().__init__(runner, sock)
-        self.limit = limit
+    def __init__(self, runner: web.AppRunner, sock: Any, limit: int, *,
+                 who: str = "edged", setting: str = "server.max_connections",
+                 ssl_context: ssl.SSLContext | None = None,
+                 handshake_timeout_s: float = 60.0) -> None:  # fmt: skip
+        super().__init__(runner, sock, ssl_context=ssl_context)
+        self.limit, self.who, self.setting = limit, who, setting
+        self.handshake_timeout_s = handshake_timeout_s
+        self.busy = b'{"error": "%s has %d connections open, its limit (%s)"}' % (
+            who.encode(), limit, setting.encode())  # fmt: skip
         self.refused = 0
-        # accepted in this turn of the loop: their connection_made, which puts them in
-        # server.connections, runs later (asyncio accepts up to a backlog's worth at once)
-        self.accepting = 0
-
-    def _settled(self) -> None:
-        self.accepting = 0
+        # accepted, not yet connected (aiohttp lists a connection from its connection_made: a
+        # step of the loop later, or after the TLS handshake): id -> (protocol, when)
+        self.pending: dict[int, tuple[asyncio.Protocol, float]] = {}
 
     def _factory(self) -> asyncio.Protocol:
         server = self._runner.server
         assert server is not None
-        if not self.accepting:  # after this turn's connection_made callbacks, count afresh
-            loop = asyncio.get_running_loop()
-            loop.call_soon(loop.call_soon, self._settled)
-        self.accepting += 1
-        if len(server.connections) + self.accepting > self.limit:
+        live = {id(handler) for handler in server.connections}
+        now = time.monotonic()
+        # those connected since, or never (a handshake that failed), leave the count
+        gone = max(10.0, self.handshake_timeout_s)
+        self.pending = {key: (proto, since) for key, (proto, since) in self.pending.items()
+                        if key not in live and now - since < gone}  # fmt: skip
+        if len(live) + len(self.pending) >= self.limit:
             self.refused += 1
             if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
                 log.warning(
-                    "REST socket: %d connections open, refused one (%d so far;"
-                    " server.max_connections)",
-                    len(server.connections),
-                    self.refused,
-                )
-            return _Refused(self.limit)
-        return server()
+                    "%s: %d connections open, refused one (%d so far; %s)",
+                    self.who, len(live) + len(self.pending), self.refused, self.setting,
+                )  # fmt: skip
+            return _Refused(self.busy)
+        handler = server()
+        self.pending[id(handler)] = (handler, now)
+        return handler
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._factory, sock=self._sock)
+        if self._ssl_context is None:
+            self._server = await loop.create_server(self._factory, sock=self._sock)
+        else:
+            self._server = await loop.create_server(
+                self._factory, sock=self._sock, ssl=self._ssl_context,
+                ssl_handshake_timeout=self.handshake_timeout_s,
+            )  # fmt: skip
+        # A burst of connections waits in the kernel's queue: asyncio's backlog (100) dropped
+        # the rest's handshakes, which their clients take as made, so they came (and were
+        # counted) seconds late. Not asyncio's own backlog argument: it also accepts that
+        # many in one step of the loop, a descriptor each before any is refused and closed.
+        self._sock.listen(BACKLOG)
 
 
 async def sweep_idle(runner: web.AppRunner, idle_timeout_s: float) -> None:
