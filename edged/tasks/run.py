@@ -42,6 +42,9 @@ class Plan:
     deadline_s: float
     intent: dict[str, Any] | None = None  # how free text was read
     strict: bool = False  # the whole request is private: no node releases what it derives
+    # the inputs the caller labelled private itself (an input's "private": true, the request's
+    # "private" list, or the whole request): no node releases what derives from them
+    explicit: set[str] = field(default_factory=set)
 
     # nodes whose outputs are private by what they are or did, whatever their inputs: a private
     # model, a private namespace (known when planned), a private passage found (when run)
@@ -52,15 +55,21 @@ class Plan:
         inputs' labels, and the node's own (``derived``), unless the node releases them (and
         the request is not private as a whole)."""
         private_out: dict[str, bool] = {}
+        sealed_out: dict[str, bool] = {}  # derived from an input the caller labelled private
         runs_private: dict[str, bool] = {}
         for node in self.graph.nodes.values():
-            touched = node.private or any(
+            sealed = any(
+                ref.name in self.explicit if ref.node is None else sealed_out[ref.node]
+                for ref in node.inputs.values()
+            )
+            touched = node.private or sealed or any(
                 ref.name in self.private if ref.node is None else private_out[ref.node]
                 for ref in node.inputs.values()
             )
             runs_private[node.id] = touched
-            private_out[node.id] = (touched or node.id in self.derived) and (
-                self.strict or not node.releases
+            sealed_out[node.id] = sealed  # the caller's label wins over a node's release
+            private_out[node.id] = sealed or (
+                (touched or node.id in self.derived) and (self.strict or not node.releases)
             )
         return runs_private
 
@@ -181,7 +190,8 @@ class TaskRunner:
         ways = [k for k in ("template", "text", "graph") if k in doc]
         if len(ways) != 1:
             raise InvalidRequest("give one of 'template' (a name), 'text' or 'graph'")
-        values, private, released = decode_inputs(doc.get("inputs", {}))
+        values, explicit, released = decode_inputs(doc.get("inputs", {}))
+        private = set(explicit)
         copies: set[str] = set()  # inputs filled with the free text
         intent = None
         if "graph" in doc:
@@ -204,19 +214,23 @@ class TaskRunner:
         marked = doc.get("private", [])
         if not isinstance(marked, list) or not all(isinstance(m, str) for m in marked):
             raise InvalidRequest("'private' must be a list of input names")
-        private |= set(marked)
+        explicit |= set(marked)
+        private |= explicit
         if private & copies:  # one text, one label for all its copies
             private |= copies
+        if explicit & copies:
+            explicit |= copies
         strict = params.get("private") is True  # the whole request is private
         if strict:
             private |= set(values)
+            explicit |= set(values)
         missing = sorted(graph.inputs - set(values))
         if missing:
             raise InvalidRequest(f"the task '{task}' needs input(s): {', '.join(missing)}")
         deadline_ms = doc.get("deadline_ms", self.config.deadline_ms)
         if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int) or deadline_ms < 1:
             raise InvalidRequest("'deadline_ms' must be a positive integer")
-        plan = Plan(task, graph, values, private, deadline_ms / 1000, intent, strict)
+        plan = Plan(task, graph, values, private, deadline_ms / 1000, intent, strict, explicit)
         plan.derived = {n.id for n in graph.nodes.values() if self._private_node(n)}
         return plan
 

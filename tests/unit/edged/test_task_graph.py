@@ -85,6 +85,23 @@ def test_private_inputs_make_their_nodes_private_unless_a_node_releases_its_outp
     assert Plan("g", graph, {"image": b""}, set(), 5.0).labels()["report"] is True
 
 
+def test_an_input_the_caller_labels_private_is_never_released() -> None:
+    """Issue 44: image-report sent the text read from an image the caller marked private to
+    the cloud answer model; the template's release is for its own default label only."""
+    template = load_templates({})["image-report"]
+    values = {"image": b"..."}
+    explicit = Plan("image-report", template.graph, values, {"image"}, 5.0, explicit={"image"})
+    assert explicit.labels() == {"text": True, "fields": True, "report": True}
+    # the same in a graph of the caller's own: its label wins over its own node's release
+    graph = parse_graph({"nodes": DEFAULTS["image-report"]["nodes"]})
+    assert Plan("g", graph, values, {"image"}, 5.0, explicit={"image"}).labels()["report"]
+    # another input's label does not reach nodes that do not take it
+    mixed = {"nodes": [*DEFAULTS["image-report"]["nodes"], node("i", "intent", text="$t")]}
+    plan = Plan("g", parse_graph(mixed), {**values, "t": "hi"}, {"image", "t"}, 5.0,
+                explicit={"t"})  # fmt: skip
+    assert plan.labels() == {"text": True, "fields": False, "report": False, "i": True}
+
+
 def test_templates_from_the_config_are_checked_at_start() -> None:
     assert set(load_templates({})) == {"image-report", "voice-command", "ask", "search"}
     mine = {"nodes": [node("a", "intent", text="$text")], "inputs": {"text": {}}}
