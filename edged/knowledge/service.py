@@ -8,6 +8,14 @@ synchronous and owned by this process (Milvus Lite: one process per file), so it
 the daemon's thread pool, one at a time. It is opened at first use: pymilvus takes a second to
 import and most devices that never ask the knowledge base need not pay it.
 
+Private data is private to its owner, the uid that put it there (``edged.request.CALLER``, from
+SO_PEERCRED), not to everyone who may call edged: a namespace in ``private_namespaces`` belongs
+to the uid whose ingest made it (kept in ``<store>.owners.json``; one made before owners were
+kept is edged's own), and only that uid may ingest into it, search it, ask it, delete from it
+or see its figures; a document ingested ``private`` in a shared namespace carries its owner, is
+found only by that uid's searches and asks, and only that uid deletes it. Root and edged's own
+uid are every namespace's owners (they read the files anyway).
+
 Embedding calls are private: what is being indexed stays on the device, whatever the routing
 rules say of the embedding model. ``ask`` answers from the best passage when it is close enough
 to the question (``answer_threshold``), else sends the question and the top passages to the
@@ -18,7 +26,9 @@ says so.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -29,9 +39,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edged.errors import EdgedError, InsufficientStorage, InvalidRequest, Unavailable
+from edged.atomic import write_atomic
+from edged.errors import EdgedError, Forbidden, InsufficientStorage, InvalidRequest, Unavailable
 from edged.knowledge.store import Chunk, KnowledgeStore
 from edged.knowledge.text import chunk_markdown, chunk_text
+from edged.request import CALLER
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +54,7 @@ Answer = Callable[[str, list[str]], Awaitable[tuple[str, str, str]]]
 WRITE_BATCH = 512  # chunks per upsert: what a crash in the middle of an ingest can lose
 MAX_DOCUMENTS = 1000  # per ingest request
 MAX_DOCUMENT_CHARS = 2_000_000
+MAX_K = 1000  # the store's largest search
 FORMATS = ("text", "markdown")
 # pymilvus error codes of a filter that does not parse or names no field: Milvus Lite 3's
 # ILLEGAL_ARGUMENT and ILLEGAL_RANGE, a Milvus server's ParameterInvalid (2.4 and later)
@@ -74,8 +87,17 @@ class KnowledgeService:
         embed_batch: int = 8,
         answer: Answer | None = None,
         ask: AskSettings | None = None,
+        owners_file: Path | None = None,
     ) -> None:
         self.uri = str(uri)
+        # who owns each private namespace (uid); a remote store keeps them where edged says
+        if owners_file is None and "://" not in self.uri:
+            owners_file = Path(f"{self.uri}.owners.json")
+        self.owners_file = owners_file
+        self.owners: dict[str, int] = {}
+        if owners_file is not None and owners_file.is_file():
+            kept = json.loads(owners_file.read_text())
+            self.owners = {str(k): int(v) for k, v in kept.items()}
         self.dim_of = dim  # the embedding model's, asked at first use (it may still be loading)
         self.dim = 0
         self.embed = embed
@@ -130,7 +152,7 @@ class KnowledgeService:
         parts = [await self.embed(texts[i : i + step]) for i in range(0, len(texts), step)]
         return np.concatenate(parts)
 
-    def _pieces(self, doc: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    def _pieces(self, doc: Any, owner: int) -> list[tuple[str, str, dict[str, Any]]]:
         """One document as (chunk, source, metadata) rows, or InvalidRequest."""
         if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
             raise InvalidRequest("each document needs 'text' (a string)")
@@ -140,6 +162,8 @@ class KnowledgeService:
         metadata = doc.get("metadata", {})
         if not isinstance(source, str) or not isinstance(metadata, dict):
             raise InvalidRequest("'source' must be a string and 'metadata' an object")
+        # "private" and "owner" are edged's to set (the document's "private")
+        metadata = {k: v for k, v in metadata.items() if k not in ("private", "owner")}
         kind = doc.get("format", "markdown" if source.endswith((".md", ".markdown")) else "text")
         if kind not in FORMATS:
             raise InvalidRequest(f"'format' must be one of {', '.join(FORMATS)}")
@@ -147,7 +171,7 @@ class KnowledgeService:
         if not isinstance(private, bool):
             raise InvalidRequest("'private' must be true or false")
         if private:
-            metadata = {**metadata, "private": True}
+            metadata = {**metadata, "private": True, "owner": owner}
         sizes = self.chunk_size, self.overlap
         if kind == "text":
             return [(p, source, metadata) for p in chunk_text(doc["text"], *sizes)]
@@ -164,10 +188,13 @@ class KnowledgeService:
             raise InvalidRequest("'documents' must be a non-empty list of {text, source}")
         if len(documents) > MAX_DOCUMENTS:
             raise InvalidRequest(f"at most {MAX_DOCUMENTS} documents per request")
+        await self.check_owner(namespace, claim=True)
+        owner = self.caller()
         # chunking is CPU work, up to MAX_DOCUMENTS x MAX_DOCUMENT_CHARS: in the thread pool,
         # not on the event loop (health checks, other requests)
         pending = await asyncio.get_running_loop().run_in_executor(
-            self.executor, lambda: [piece for doc in documents for piece in self._pieces(doc)]
+            self.executor,
+            lambda: [piece for doc in documents for piece in self._pieces(doc, owner)],
         )
         if not pending:
             raise InvalidRequest("the documents hold no text")
@@ -182,6 +209,40 @@ class KnowledgeService:
         return {"namespace": namespace, "documents": len(documents), "chunks": written}
 
     @staticmethod
+    def caller() -> int:
+        """The uid of this request's caller (edged's own for its own calls)."""
+        uid = CALLER.get()
+        return os.getuid() if uid is None else uid
+
+    @staticmethod
+    def sees_all(uid: int) -> bool:
+        return uid in (0, os.getuid())
+
+    async def check_owner(self, namespace: str, claim: bool = False) -> None:
+        """Forbidden unless the caller owns ``namespace`` (a private one); ``claim``: an
+        ingest, which makes a new private namespace its caller's."""
+        if namespace not in self.ask_settings.private_namespaces:
+            return
+        uid = self.caller()
+        owner = self.owners.get(namespace)
+        if owner is None:
+            existing = namespace in await self.namespaces()
+            owner = os.getuid() if existing or not claim else uid  # made before owners: edged's
+            self.owners[namespace] = owner
+            if self.owners_file is not None:
+                write_atomic(self.owners_file, json.dumps(self.owners).encode(), 0o600)
+        if owner != uid and not self.sees_all(uid):
+            raise Forbidden(f"namespace '{namespace}' is private to its owner (uid {owner});"
+                            f" uid {uid} may not use it")  # fmt: skip
+
+    def visible(self, metadata: dict[str, Any], uid: int) -> bool:
+        """May ``uid`` see a chunk: not private, or its own (one ingested before owners were
+        kept: edged's)."""
+        if not metadata.get("private") or self.sees_all(uid):
+            return True
+        return metadata.get("owner", os.getuid()) == uid
+
+    @staticmethod
     def store_namespace(namespace: str) -> None:
         KnowledgeStore.collection(namespace)  # InvalidRequest for a bad name, before any work
 
@@ -193,9 +254,22 @@ class KnowledgeService:
         if not isinstance(where, str):
             raise InvalidRequest("'filter' must be a Milvus filter expression (a string)")
         self.store_namespace(namespace)
+        await self.check_owner(namespace)
+        uid = self.caller()
         vectors = await self._vectors([query])
-        (hits,) = await self._call(lambda store: store.search(namespace, vectors, k, where), where)
-        return {"namespace": namespace, "query": query, "hits": [h.as_dict() for h in hits]}
+        # another uid's private chunks are not this caller's hits: asked for more until k are
+        # left (the store's nearest are the same ones, and more after them)
+        limit = k
+        while True:
+            search = partial(KnowledgeStore.search, namespace=namespace, vectors=vectors,
+                             k=limit, where=where)  # fmt: skip
+            (found,) = await self._call(search, where)
+            hits = [h for h in found if self.visible(h.metadata, uid)]
+            if len(hits) >= k or len(found) < limit or limit >= MAX_K:
+                break
+            limit = min(MAX_K, limit * 4)
+        return {"namespace": namespace, "query": query,
+                "hits": [h.as_dict() for h in hits[:k]]}  # fmt: skip
 
     async def ask(
         self,
@@ -271,10 +345,21 @@ class KnowledgeService:
             raise InvalidRequest("'ids' must be a list of strings")
         if source is not None and not isinstance(source, str):
             raise InvalidRequest("'source' must be a string")
+        self.store_namespace(namespace)
+        await self.check_owner(namespace)
+        uid = self.caller()
+        if not self.sees_all(uid):  # another uid's private chunks are not this caller's to remove
+            found = await self._call(lambda store: store.matching(namespace, ids, source))
+            theirs = [i for i, metadata in found if not self.visible(metadata, uid)]
+            if theirs:
+                raise Forbidden(f"{len(theirs)} of those chunks are another uid's private"
+                                f" ones; uid {uid} may not delete them")  # fmt: skip
         removed = await self._call(lambda store: store.delete(namespace, ids, source))
         return {"namespace": namespace, "deleted": removed}
 
     async def stats(self, namespace: str) -> dict[str, Any]:
+        self.store_namespace(namespace)
+        await self.check_owner(namespace)
         return await self._call(lambda store: store.stats(namespace))
 
     async def namespaces(self) -> list[str]:

@@ -381,6 +381,20 @@ class KnowledgeStore:
             for hits in found
         ]
 
+    def matching(
+        self, namespace: str, ids: Sequence[str] | None = None, source: str | None = None
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """The chunks a delete by id or by source would remove: (id, metadata) each."""
+        name = self._existing(namespace)
+        if ids:
+            rows = self.client.get(name, ids=list(ids), output_fields=["metadata"])
+        elif source is not None:
+            rows = self.client.query(name, filter=f"source == {json.dumps(source)}",
+                                     output_fields=["metadata"])  # fmt: skip
+        else:
+            raise InvalidRequest("say which chunks to delete: ids or a source")
+        return [(str(row["id"]), row.get("metadata") or {}) for row in rows]
+
     def delete(
         self, namespace: str, ids: Sequence[str] | None = None, source: str | None = None
     ) -> int:
