@@ -27,8 +27,15 @@ OPERATOR = "operator"  # the CN of the operators' certificate: the fleet's whole
 CLAIM = "enrol+claim"  # the claim certificate's CN: its + keeps the node pattern from it
 
 ACL = f"""\
-# Nodes: only their own subtree, whatever the fleet (the certificate's CN is the user, %u).
-pattern readwrite edge/v1/+/%u/#
+# Nodes: only their own subtree, whatever the fleet (the certificate's CN is the user, %u);
+# what the fleet tells a node (desired states, commands, a renewed certificate) it only reads.
+pattern write edge/v1/+/%u/status
+pattern write edge/v1/+/%u/heartbeat
+pattern write edge/v1/+/%u/telemetry
+pattern write edge/v1/+/%u/events
+pattern write edge/v1/+/%u/cmd/+/result
+pattern write edge/v1/+/%u/renew
+pattern read edge/v1/+/%u/#
 
 # Operators (edgefleet): every node of every fleet.
 user {OPERATOR}

@@ -607,6 +607,7 @@ class Api:
     def app(self) -> web.Application:
         limit = self.service.config.api.max_body_kb * 1024
         app = web.Application(middlewares=[self.guard], client_max_size=limit)
+        app.on_response_prepare.append(no_sniff)
         routes = [
             ("GET", "/healthz", self.healthz, "viewer", ()),
             ("GET", "/metrics", self.metrics, "viewer", ()),
@@ -657,6 +658,12 @@ class Api:
         context.minimum_version = ssl.TLSVersion.TLSv1_3
         context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
         return context
+
+
+async def no_sniff(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer, errors included, is what its Content-Type says: a browser must not guess
+    (a JSON error echoing a caller's text read as HTML)."""
+    response.headers["X-Content-Type-Options"] = "nosniff"
 
 
 def relayed(doc: Any, target: str, now_ms: int) -> dict[str, Any]:
