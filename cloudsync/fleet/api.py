@@ -97,6 +97,10 @@ class Api:
                 return who
         return None
 
+    def named(self, name: str) -> Token | None:
+        """The ``[api] tokens`` entry of ``name`` (a console session's holder), or None."""
+        return next((who for who in self.tokens.values() if who.name == name), None)
+
     def audit(self, who: Token, action: str, target: str, outcome: str,
               detail: Any = None) -> None:  # fmt: skip
         text = dumps(detail if detail is not None else {})

@@ -7,13 +7,16 @@ part of the name, filtered by state and label selector), a node, the deployments
 the rollout runs) and the audit log (operator and up, as in the API).
 
 Who is calling is the API's question with the API's answer: the login form takes an API token
-(``[api] tokens``), which the console keeps in a cookie (HttpOnly, SameSite=Strict, Path=
-/console, Secure when the API serves TLS). Every form carries a CSRF token, an HMAC of the
-session's token, checked on each POST with the request's Origin. The actions (pause, resume,
-promote and abort a rollout; set a node's operator labels) are the API handlers' own code, so
-they are checked and audited as the API's; a role too low sees no button, and a forged POST
-is a 403 (audited as the API audits one). The database is called from the thread pool; each
-answer says its server time in ``Server-Timing``.
+(``[api] tokens``) and opens a session: a random id in a cookie (HttpOnly, SameSite=Strict,
+Path=/console, Secure when the API serves TLS), its SHA-256 kept in the database with the
+token's holder for SESSION_S, so that every replica knows it and signing out ends it (the
+cookie was the API token itself, which signing out could not take back). A session is as good
+as its holder's entry in ``[api] tokens``: removed there, it is gone. Every form carries a CSRF
+token, an HMAC keyed by the session id, checked on each POST with the request's Origin. The
+actions (pause, resume, promote and abort a rollout; set a node's operator labels) are the
+API handlers' own code, so they are checked and audited as the API's; a role too low sees no
+button, and a forged POST is a 403 (audited as the API audits one). The database is called
+from the thread pool; each answer says its server time in ``Server-Timing``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import hmac
 import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -33,6 +37,7 @@ import jinja2
 from aiohttp import web
 
 from cloudsync.fleet.api import ROLES, WHO, Api, shown
+from cloudsync.fleet.config import Token
 from cloudsync.fleet.registry import MAX_INT
 from cloudsync.fleet.rollout import breached
 from cloudsync.fleet.rollouts import Rollout
@@ -41,6 +46,7 @@ from cloudsync.protocol.labels import LabelError, check_labels
 log = logging.getLogger("edgefleet.console")
 FILES = Path(__file__).with_name("console")  # package data: the templates and console.css
 COOKIE = "edgefleet_console"
+SESSION_S = 12 * 3600  # a console session's life: signed in again after a working day
 CSRF_CONTEXT = b"edgefleet console csrf v1"
 STATES = ("online", "stale", "offline", "unknown")
 LIVE = ("running", "paused", "aborting")
@@ -64,7 +70,7 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
 }
 Page = Callable[[web.Request], Awaitable[web.StreamResponse]]
-TOKEN = web.RequestKey("console_token", str)  # the session's API token (its CSRF token's key)
+TOKEN = web.RequestKey("console_token", str)  # the session's id (its CSRF token's key)
 
 
 class Refused(Exception):
@@ -86,9 +92,13 @@ def page(role: str = "viewer", query: tuple[str, ...] = (), public: bool = False
 
 
 def csrf_of(token: str) -> str:
-    """The CSRF token of a session: an HMAC keyed by its API token (the same on every replica
-    and across restarts; it tells nothing of the token)."""
+    """The CSRF token of a session: an HMAC keyed by its id (the same on every replica and
+    across restarts; it tells nothing of the id)."""
     return hmac.new(token.encode(), CSRF_CONTEXT, hashlib.sha256).hexdigest()
+
+
+def session_hash(session: str) -> str:
+    return hashlib.sha256(session.encode(errors="surrogatepass")).hexdigest()
 
 
 def text_param(request: web.Request, name: str, default: str = "") -> str:
@@ -243,7 +253,7 @@ class Console:
         if getattr(handler, "public", False):
             return await handler(request)
         token = request.cookies.get(COOKIE, "")
-        who = self.api.holder(token) if token and len(token) <= 512 else None
+        who = await self.api.db(self.holder, token) if token and len(token) <= 512 else None
         if who is None:
             if request.method == "GET":
                 return see_other(url("/console/login", next=request.path_qs))
@@ -315,13 +325,40 @@ class Console:
             why = "That token is not one of the service's [api] tokens."
             return self.render("login.html", request, status=401, next=target, message=why)
         await self.api.db(self.api.audit, who, "console sign-in", "-", "done")
+        session = await self.api.db(self.open_session, who)
         response = see_other(target)
-        response.set_cookie(COOKIE, token, path="/console", httponly=True, samesite="Strict",
-                            secure=self.secure)  # fmt: skip
+        response.set_cookie(COOKIE, session, path="/console", httponly=True, samesite="Strict",
+                            secure=self.secure, max_age=SESSION_S)  # fmt: skip
         return response
+
+    def open_session(self, who: Token) -> str:
+        """A new session of ``who``: its id (only its SHA-256 is kept); expired ones go."""
+        session, now = secrets.token_urlsafe(32), self.service.clock()
+        with self.service.store.transaction() as tx:
+            tx.execute("DELETE FROM console_sessions WHERE expires < ?", (now,))
+            tx.execute(
+                "INSERT INTO console_sessions (sha256, holder, created_ts, expires)"
+                " VALUES (?, ?, ?, ?)",
+                (session_hash(session), who.name, now, now + SESSION_S * 1000),
+            )
+        return session
+
+    def close_session(self, session: str) -> None:
+        with self.service.store.transaction() as tx:
+            tx.execute("DELETE FROM console_sessions WHERE sha256 = ?", (session_hash(session),))
+
+    def holder(self, session: str) -> Token | None:
+        """Whose session this is, while it lasts and its holder has a token, or None."""
+        found = self.service.store.query(
+            "SELECT holder FROM console_sessions WHERE sha256 = ? AND expires > ?",
+            (session_hash(session), self.service.clock()),
+        )
+        return self.api.named(found[0]["holder"]) if found else None
 
     @page()
     async def logout(self, request: web.Request) -> web.Response:
+        await self.api.db(self.close_session, request[TOKEN])
+        await self.api.db(self.api.audit, request[WHO], "console sign-out", "-", "done")
         response = see_other("/console/login")
         response.del_cookie(COOKIE, path="/console", httponly=True, samesite="Strict",
                             secure=self.secure)  # fmt: skip

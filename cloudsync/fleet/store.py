@@ -223,6 +223,12 @@ CREATE TABLE IF NOT EXISTS barred (
     barred_ts BIGINT NOT NULL,
     barred_by TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS console_sessions (
+    sha256 TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    created_ts BIGINT NOT NULL,
+    expires BIGINT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS records (
     node TEXT NOT NULL,
     id TEXT NOT NULL,

@@ -5,17 +5,23 @@
   docs/PROTOCOL.md gives operators) now lets a node write only what it sends (status,
   heartbeat, telemetry, events, command results, its renewal) and read the rest of its subtree.
 - The API's JSON answers lacked ``X-Content-Type-Options: nosniff``, errors included.
+- Signing out of the console did not end the session: the cookie was the API token.
 """
 
 from __future__ import annotations
 
+import http.client
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from http.cookies import SimpleCookie
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 
+from cloudsync.fleet.console import COOKIE, csrf_of
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
@@ -69,5 +75,40 @@ def test_every_api_answer_says_nosniff(tmp_path: Path, broker: Broker) -> None:
                 got, headers = exc.code, exc.headers
             assert got == status, path
             assert headers["X-Content-Type-Options"] == "nosniff", (path, dict(headers))
+    finally:
+        service.stop()
+
+
+def test_signing_out_ends_the_console_session(tmp_path: Path, broker: Broker) -> None:
+    """The console's cookie was the API token itself: signing out deleted it in the browser,
+    and a copy of it went on working (it still does as a bearer token: it is the API's). Now
+    the cookie is a session's id, which signing out ends on the server."""
+    service = FleetService(tmp_path / "service", broker).start()
+
+    def call(method: str, path: str, cookie: str = "", body: str = "") -> tuple[int, Any]:
+        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=30)
+        headers = {"Content-Type": "application/x-www-form-urlencoded"}
+        if cookie:
+            headers["Cookie"] = f"{COOKIE}={cookie}"
+        connection.request(method, path, body or None, headers)
+        reply = connection.getresponse()
+        reply.read()
+        connection.close()
+        return reply.status, reply.headers
+
+    try:
+        status, headers = call("POST", "/console/login",
+                               body=urlencode({"token": TOKENS["operator"]}))  # fmt: skip
+        assert status == 303
+        session = SimpleCookie(headers["Set-Cookie"])[COOKIE].value
+        assert session != TOKENS["operator"] and len(session) >= 40
+        assert call("GET", "/console/nodes", session)[0] == 200
+        assert call("GET", "/console/nodes", TOKENS["operator"])[0] == 303  # a token: no session
+        body = urlencode({"csrf": csrf_of(session)})
+        assert call("POST", "/console/logout", session, body)[0] == 303
+        status, headers = call("GET", "/console/nodes", session)  # the copy kept
+        assert status == 303 and headers["Location"].startswith("/console/login")
+        audit = service.call("GET", "/v1/audit", role="admin")[1]["entries"]
+        assert ("console sign-out", "done") in [(e["action"], e["outcome"]) for e in audit]
     finally:
         service.stop()

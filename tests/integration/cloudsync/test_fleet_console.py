@@ -20,8 +20,10 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
@@ -333,11 +335,34 @@ def test_an_operator_pauses_the_rollout_and_labels_a_node_through_the_browser(
     run(act())
 
 
+SESSIONS: dict[tuple[int, str], str] = {}  # (the service's port, role): a session's id
+
+
+def signed_in(fleet: Fleet, role: str) -> str:
+    """A session of ``role``, opened by the login form as a browser would (one per role and
+    service; a role not in TOKENS: that text as the cookie, which is no session)."""
+    if role not in TOKENS:
+        return role
+    key = (fleet.service.port, role)
+    if key not in SESSIONS:
+        connection = http.client.HTTPConnection("127.0.0.1", fleet.service.port, timeout=30)
+        form = urlencode({"token": TOKENS[role], "next": "/console/"})
+        connection.request("POST", "/console/login", form,
+                           {"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+        reply = connection.getresponse()
+        reply.read()
+        connection.close()
+        assert reply.status == 303, reply.status
+        cookie = SimpleCookie(reply.headers["Set-Cookie"])
+        SESSIONS[key] = cookie[COOKIE].value
+    return SESSIONS[key]
+
+
 def session(fleet: Fleet, role: str | None) -> aiohttp.ClientSession:
-    """A client with ``role``'s session cookie (a role not in TOKENS: that text as the token)."""
+    """A client with ``role``'s session cookie (a role not in TOKENS: that text as the cookie)."""
     jar = aiohttp.CookieJar(unsafe=True)
     if role is not None:
-        jar.update_cookies({COOKIE: TOKENS.get(role, role)}, response_url=URL(fleet.base + "/"))
+        jar.update_cookies({COOKIE: signed_in(fleet, role)}, response_url=URL(fleet.base + "/"))
     return aiohttp.ClientSession(cookie_jar=jar)
 
 
@@ -362,7 +387,8 @@ async def get(fleet: Fleet, path: str, role: str | None = "viewer") -> tuple[int
 
 def test_a_viewer_or_a_forged_form_changes_nothing(fleet: Fleet) -> None:
     service = fleet.service
-    viewer, operator = csrf_of(TOKENS["viewer"]), csrf_of(TOKENS["operator"])
+    viewer = csrf_of(signed_in(fleet, "viewer"))
+    operator = csrf_of(signed_in(fleet, "operator"))
 
     async def forge() -> None:
         # a viewer's own valid form, posted by hand: the role decides (and it is audited)
@@ -444,7 +470,8 @@ def test_hostile_input_gets_an_error_page_and_nothing_runs(fleet: Fleet) -> None
     for raw in ("/console/../v1/audit", "/console/%2e%2e/v1/audit", "/console/nodes/..%2fv1",
                 "/console/..%5cv1/audit"):  # fmt: skip
         connection = http.client.HTTPConnection("127.0.0.1", fleet.service.port, timeout=30)
-        connection.request("GET", raw, headers={"Cookie": f"{COOKIE}={TOKENS['admin']}"})
+        cookie = f"{COOKIE}={signed_in(fleet, 'admin')}"
+        connection.request("GET", raw, headers={"Cookie": cookie})
         reply = connection.getresponse()
         answer = reply.read().decode()
         connection.close()
