@@ -20,6 +20,7 @@ from aiohttp import web
 from edged import logs, systemd
 from edged.admin import ADMIN_FILE, Admin
 from edged.cloud import CloudEndpoint, CloudError, read_token
+from edged.common import connections
 from edged.config import Config
 from edged.dataplane.plane import DataPlane
 from edged.device import LoadMonitor
@@ -41,7 +42,6 @@ from edged.runtimes.base import Runtime
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.runtimes.process import ProcessRuntime, wants_process
 from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
-from edged.server import connections
 from edged.server.access import Access
 from edged.server.grpc import GrpcServer
 from edged.server.grpc import start_server as start_grpc

@@ -17,9 +17,9 @@ from cloudsync.fleet import config as config_module
 from cloudsync.fleet.api import Api
 from cloudsync.fleet.service import Service
 from cloudsync.fleet.store import StoreError
+from edged.common import connections
 from edged.errors import ConfigError
 from edged.logs import setup_logging
-from edged.server import connections
 
 log = logging.getLogger("edgefleet")
 

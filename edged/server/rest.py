@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from edged import logs
 from edged.admin import Admin
+from edged.common import connections
 from edged.config import ServerConfig
 from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
@@ -35,7 +36,6 @@ from edged.protocol.tensors import (
     response_document,
 )
 from edged.request import CALLER, Sequences
-from edged.server import connections
 from edged.server.access import Access, Peer, peer_of
 from edged.server.services import Services
 

@@ -62,9 +62,13 @@ class Plan:
                 ref.name in self.explicit if ref.node is None else sealed_out[ref.node]
                 for ref in node.inputs.values()
             )
-            touched = node.private or sealed or any(
-                ref.name in self.private if ref.node is None else private_out[ref.node]
-                for ref in node.inputs.values()
+            touched = (
+                node.private
+                or sealed
+                or any(
+                    ref.name in self.private if ref.node is None else private_out[ref.node]
+                    for ref in node.inputs.values()
+                )
             )
             runs_private[node.id] = touched
             sealed_out[node.id] = sealed  # the caller's label wins over a node's release
