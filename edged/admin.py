@@ -475,13 +475,15 @@ class Admin:
 
     async def verify_egress(self, checkpoints: list[str]) -> dict[str, Any]:
         """GET /v1/admin/egress/verify[?checkpoint=SEQ:HASH...]: the whole chain walked (the
-        fleet's checkpoints, each must be in it)."""
+        fleet's checkpoints, each must be in it), and edged's own head: a file replaced or cut
+        short under edged is a chain that verifies, but not one that holds edged's head."""
         ledger = self._ledger()
         try:
             anchors = anchors_of(checkpoints)
         except ValueError as exc:
             raise InvalidRequest(f"'checkpoint': {exc}") from None
-        report = await asyncio.to_thread(verify, ledger.directory, anchors)
+        head = ledger.head if ledger.head.seq else None  # taken before the walk: in the files
+        report = await asyncio.to_thread(verify, ledger.directory, anchors, head)
         return report.as_dict()
 
     def _ledger(self) -> Ledger:

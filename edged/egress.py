@@ -22,6 +22,11 @@ are sent (a killed process loses nothing written); ``fsync`` follows every ``fsy
 cut can lose that much). A torn last line (a power cut mid-write) is no entry: ``verify``
 reports it and accepts the chain up to it, and the next ``open`` cuts it off and records a
 ``recovered`` entry saying how many bytes went.
+
+The files alone cannot show that they were replaced: a shorter copy renamed over the segment
+edged writes is a chain that verifies. So ``verify`` is given edged's own head where edged runs
+(the files must hold it), and the writer checks, before each entry, that the file at its
+segment's path is still the one it opened (see ``Ledger.record``).
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ class Report:
     pruned_through: int = 0  # entries before first_seq were pruned, as a pruned entry records
     error: str = ""  # the first break: where and what
     anchors: list[str] = field(default_factory=list)  # checkpoints matched ("seq:hash")
+    edged_head: Checkpoint | None = None  # the running edged's head it was compared with
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +106,7 @@ class Report:
             "pruned_through": self.pruned_through,
             "error": self.error,
             "anchors": self.anchors,
+            "edged_head": self.edged_head.as_dict() if self.edged_head else None,
         }
 
 
@@ -122,11 +129,30 @@ def anchors_of(texts: list[str]) -> dict[int, str]:
     return anchors
 
 
-def verify(directory: Path, anchors: dict[int, str] | None = None) -> Report:
+def verify(
+    directory: Path, anchors: dict[int, str] | None = None, head: Checkpoint | None = None
+) -> Report:
     """Walk every segment in order: each line an entry whose hash is its own, whose ``seq``
     follows and whose ``prev`` is the entry before's hash; the first one after a cut says
     where (a ``pruned`` entry later in the chain records the cut's last seq and hash).
-    ``anchors`` (seq: hash, from the fleet's checkpoints): each must be in the chain."""
+    ``anchors`` (seq: hash, from the fleet's checkpoints): each must be in the chain.
+    ``head``: the running edged's own, read before the walk: the chain must hold it, since a
+    file replaced or cut short under edged is otherwise a chain that verifies."""
+    report = _walk(directory, anchors, head)
+    if head is None or not head.seq:
+        return report
+    report.edged_head = head
+    end = report.first_seq + report.entries - 1 if report.entries else 0  # the last whole seq
+    if head.seq <= end:  # the walk compared its hash
+        return report
+    if not report.ok:  # the break is the first thing to show; what it hides, the second
+        report.error += f"; the chain verifies up to entry {end}, edged's head is {head.seq}"
+        return report
+    return _broken(report, f"the ledger on disk ends at entry {end}, edged's head is"
+                           f" {head.seq}: the file was replaced or truncated")  # fmt: skip
+
+
+def _walk(directory: Path, anchors: dict[int, str] | None, head: Checkpoint | None) -> Report:
     report = Report()
     files = segments(directory)
     report.segments = len(files)
@@ -159,11 +185,14 @@ def verify(directory: Path, anchors: dict[int, str] | None = None) -> Report:
                     cut = (seq, str(prev))
             if entry.get("seq") != seq + 1:
                 return _broken(report, f"{where}: seq {entry.get('seq')} after {seq}: an entry"
-                                       " is missing or inserted")  # fmt: skip
+                                       f" is missing or inserted{_noted(entry)}")  # fmt: skip
             if entry.get("prev") != prev:
                 return _broken(report, f"{where}: seq {entry.get('seq')}: prev is not the hash"
-                                       f" of seq {seq}")  # fmt: skip
+                                       f" of seq {seq}{_noted(entry)}")  # fmt: skip
             seq, prev = entry["seq"], entry["hash"]
+            if head is not None and seq == head.seq and prev != head.hash:
+                return _broken(report, f"{where}: seq {seq} is not edged's (edged's head there"
+                                       " has another hash): the ledger was rewritten")  # fmt: skip
             report.entries += 1
             if entry.get("kind") == "pruned":
                 pruned.append((int(entry.get("through_seq", 0)), str(entry.get("last_hash"))))
@@ -190,6 +219,15 @@ def _broken(report: Report, why: str) -> Report:
     return report
 
 
+def _noted(entry: dict[str, Any]) -> str:
+    """What edged said of a break it saw coming: a ``replaced`` entry opens the segment it went
+    on in after the one before changed under it."""
+    if entry.get("kind") != "replaced":
+        return ""
+    by, why = entry.get("by"), entry.get("why")
+    return f" ({entry.get('segment')} changed under {by}, which recorded: {why})"
+
+
 class Ledger:
     """The writer: one per process (the directory's lock file says so)."""
 
@@ -208,10 +246,14 @@ class Ledger:
         self.fd = -1
         self.path: Path | None = None
         self.size = 0
+        self.ident = (0, 0)  # the open segment's (st_dev, st_ino): the file edged writes
+        self.lost = ""  # the segment found changed under edged, logged once ("": none)
+        self.pending: dict[str, Any] | None = None  # a replaced entry not yet written
         self.head = Checkpoint(0, ZERO)
         self.dirty = False
         self.failed = ""  # why the last write failed ("": none)
         self.enabled = True  # False: the config turned it off (its last entry says so)
+        self.owner = "edged"  # the process that writes it (edged, cloudsync): said in its logs
 
     # ---- opening ----------------------------------------------------------------------------
 
@@ -219,8 +261,13 @@ class Ledger:
         """Open the ledger (made when new: a genesis entry), its head read from the last
         segment, a torn last line cut off (and recorded); ``note``: an entry to write first
         (e.g. the settings it runs with)."""
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         files = segments(self.directory)
+        # Who called what is the writer's alone (admins read it through its API): a ledger of
+        # an older edged, 0640 for edged's group, is made the owner's (issue 44).
+        os.chmod(self.directory, 0o700)
+        for file in files:
+            os.chmod(file, 0o600)
         if not files:
             self._start(1)
             self._append({"kind": "genesis", "ledger": secrets.token_hex(16)}, ZERO, 0)
@@ -243,6 +290,7 @@ class Ledger:
         """Open it with an entry saying so and how it is set; off (by the config only), an
         entry says that, and it is closed. One that cannot be opened (a full disk) is logged:
         ``record`` then refuses, so what it would record is not sent until it can."""
+        self.owner = owner
         try:
             if enabled:
                 head = self.open({"kind": "started", "by": owner, "settings": settings})
@@ -286,26 +334,85 @@ class Ledger:
             self._start(self.head.seq + 1)
             return torn, end - good
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        self.path, self.size = path, end
+        st = os.fstat(self.fd)
+        self.path, self.size, self.ident = path, end, (st.st_dev, st.st_ino)
         return torn, 0
 
     def _start(self, first_seq: int) -> None:
-        if self.fd >= 0:
-            os.fsync(self.fd)
-            os.close(self.fd)
-        self.path = self.directory / f"egress-{first_seq:012d}.jsonl"
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        self.size = os.fstat(self.fd).st_size
+        """Go on in a new segment. It is opened before the old one is closed, so that a failure
+        leaves the ledger as it was, never with a descriptor that is closed (or reused)."""
+        path = self.directory / f"egress-{first_seq:012d}.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        old, self.fd, self.path = self.fd, fd, path
+        st = os.fstat(fd)
+        self.size, self.ident = st.st_size, (st.st_dev, st.st_ino)
+        if old >= 0:
+            try:
+                os.fsync(old)
+            finally:
+                os.close(old)
 
     # ---- writing ----------------------------------------------------------------------------
 
     def record(self, kind: str, **fields: Any) -> Checkpoint:
         """One entry, written (to the kernel) before this returns: its seq and hash. OSError
-        (a full disk) is raised: what it would record must not be sent."""
+        (a full disk) is raised: what it would record must not be sent.
+
+        Before it, the file at the segment's path must still be the one edged opened (the same
+        device and inode, as long as edged wrote it). When it is not (a copy renamed over it,
+        renamed away, deleted, cut short or written by another), the file edged holds open is
+        one nobody will read: edged logs an error (once; an event for the fleet), leaves what
+        is at the path as it is, and goes on in a new segment whose first entry, ``replaced``,
+        continues the chain from edged's own head and says what changed. The entries the
+        change hid are then missing from the chain on disk, and ``verify`` names the break."""
         with self.lock:
             if self.fd < 0:
                 raise OSError("the egress ledger is not open")
+            self._follow()
             return self._append({"kind": kind, **fields}, self.head.hash, self.head.seq)
+
+    def _follow(self) -> None:
+        """Go on in a new segment if the open one changed under edged (see ``record``); an
+        OSError leaves it to the next entry to try again, nothing written to the old file."""
+        note = self.pending
+        if note is None:
+            why = self._changed()
+            if not why:
+                return
+            assert self.path is not None
+            name = self.path.name
+            if self.lost != name:
+                log.error("egress ledger %s changed under %s: %s; entries from seq %d go to a"
+                          " new segment whose first entry records this (verify shows the"
+                          " break)", name, self.owner, why, self.head.seq + 1)  # fmt: skip
+                self.lost = name
+            note = {"kind": "replaced", "segment": name, "by": self.owner, "bytes": self.size,
+                    "why": why}  # fmt: skip
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            old = self.fd
+            try:
+                self._start(self.head.seq + 1)
+            finally:
+                if self.fd != old:  # the new segment is open (the old one's fsync may fail)
+                    self.lost, self.pending = "", note
+        self._append(note, self.head.hash, self.head.seq)
+        self.pending = None
+
+    def _changed(self) -> str:
+        """Why the file at the segment's path is not the one edged writes ("": it is). The
+        identity comes from the descriptor when it was opened; one unlinked since (its link
+        count 0) is no longer at the path, so one stat of the path tells every case."""
+        assert self.path is not None
+        try:
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            return "it is gone from the directory (renamed away or deleted)"
+        if (there.st_dev, there.st_ino) != self.ident:
+            return f"another file ({there.st_size} bytes) was put in its place"
+        if there.st_size != self.size:
+            return (f"it holds {there.st_size} bytes, edged wrote {self.size} (cut short, or"
+                    " written by another)")  # fmt: skip
+        return ""
 
     def _append(self, fields: dict[str, Any], prev: str, seq: int) -> Checkpoint:
         entry = {"seq": seq + 1, "ts": int(self.clock() * 1000), **fields, "prev": prev}

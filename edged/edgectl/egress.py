@@ -3,7 +3,10 @@
 ``list`` pages through the entries (filters: a request, a model, a caller's uid, a kind, a
 time range); ``verify`` walks the whole chain, through edged, or offline over a copy of the
 ledger's directory (``--dir``), and checks the fleet's checkpoints (``--checkpoint SEQ:HASH``)
-are in it: a ledger edited, cut or rewritten since does not verify (exit 1)."""
+are in it: a ledger edited, cut or rewritten since does not verify (exit 1). The files must also
+hold the running edged's own head (through edged, or ``--dir`` of edged's own directory): a
+file replaced or cut short under edged does not verify either. A copy, or files while edged is
+not running, are verified alone, and the answer says they were not compared with edged."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from typing import Any
 
 from edged.client import Client, ClientError
 from edged.common.cli import UsageError
-from edged.egress import anchors_of, verify
+from edged.egress import Checkpoint, anchors_of, verify
 
 
 def when_ms(text: str | None) -> int | None:
@@ -30,6 +33,31 @@ def when_ms(text: str | None) -> int | None:
     if at.tzinfo is None:
         at = at.replace(tzinfo=datetime.timezone.utc)
     return int(at.timestamp() * 1000)
+
+
+def offline(client: Client, directory: Path, anchors: dict[int, str]) -> dict[str, Any]:
+    """``verify --dir``: the files, compared with edged's head when they are the running edged's
+    own (a shorter copy renamed over its segment verifies alone); a copy, or files while edged
+    does not answer, alone, with why (``alone``)."""
+    head, alone = None, "a copy: not edged's ledger directory"
+    try:
+        ledger = Client(client.socket_path, timeout=min(client.timeout, 10.0)).status()["egress"]
+    except ClientError as exc:
+        alone = f"edged does not answer: {exc.message}"
+    else:
+        if not ledger or not ledger["head"]["seq"]:
+            alone = "edged's ledger is not open"
+        elif same(Path(ledger["directory"]), directory):
+            head = Checkpoint(ledger["head"]["seq"], ledger["head"]["hash"])
+    report = verify(directory, anchors, head).as_dict()
+    return report if head else {**report, "alone": alone}
+
+
+def same(one: Path, other: Path) -> bool:
+    try:
+        return one.samefile(other)
+    except OSError:
+        return False
 
 
 def line(entry: dict[str, Any]) -> str:
@@ -52,9 +80,16 @@ def cmd_egress(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
                 anchors = anchors_of(checkpoints)
             except ValueError as exc:
                 raise UsageError(f"--checkpoint: {exc}") from None
-            report = verify(Path(args.dir), anchors).as_dict()
+            report = offline(client, Path(args.dir), anchors)
         else:
-            report = client.verify_egress(checkpoints)
+            try:
+                report = client.verify_egress(checkpoints)
+            except ClientError as exc:
+                if exc.status:
+                    raise
+                raise ClientError(0, f"{exc.message} (--dir, e.g. /var/lib/edged/egress,"
+                                     " verifies the ledger's files alone, not compared with"
+                                     " edged's head)") from None  # fmt: skip
         last = report["last"]
         text = (
             f"{report['entries']} entries, seq {report['first_seq']} to {last['seq']}, head"
@@ -65,6 +100,9 @@ def cmd_egress(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
                if report["torn_bytes"] else "")
             + (f"; checkpoints in the chain: {len(report['anchors'])}" if report["anchors"]
                else "")
+            + (f"; edged's head (seq {report['edged_head']['seq']}) is in it"
+               if report["edged_head"] else
+               f"; not compared with edged's head ({report.get('alone') or 'it has none'})")
         )  # fmt: skip
         if not report["ok"]:
             raise ClientError(500, f"the egress ledger does not verify: {report['error']}")

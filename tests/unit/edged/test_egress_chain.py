@@ -201,3 +201,24 @@ def test_garbage_at_the_end_is_kept_and_the_chain_goes_on_in_a_new_segment(
     )
     report = verify(tmp_path)
     assert not report.ok and "egress-000000000001.jsonl line 5: not an entry" in report.error
+
+
+def test_the_files_are_the_writers_alone(tmp_path: Path) -> None:
+    """Issue 44: the ledger was 0640 for edged's group, whose members read who called what
+    while the admin API refused them. An older ledger's modes are made the owner's at open."""
+    directory = tmp_path / "egress"
+    directory.mkdir(mode=0o750)
+    old = Ledger(directory)
+    old.open()
+    old.close()
+    for file in segments(directory):
+        file.chmod(0o640)
+    ledger = Ledger(directory)
+    ledger.open()
+    ledger.record("cloud-infer", model="m")
+    ledger._start(ledger.head.seq + 1)  # a new segment
+    ledger.record("cloud-infer", model="m")
+    ledger.close()
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert {f.stat().st_mode & 0o777 for f in segments(directory)} == {0o600}
+    assert len(segments(directory)) == 2
