@@ -6,6 +6,9 @@ default), the breaker OPENs: calls are refused at once (the router sends the wor
 After ``cooldown`` seconds it is HALF_OPEN: up to ``probes`` calls go through; if they all
 succeed it CLOSEs (with a fresh window), one failure OPENs it again with the cooldown doubled
 (up to ``max_cooldown``), so a sick endpoint is not hammered.
+
+``ArmBreakers`` keeps one such breaker per arm of a cloud model's A/B split, so that a failing
+version of one model is refused on its own while the tier goes on serving the rest.
 """
 
 from __future__ import annotations
@@ -116,11 +119,58 @@ class CircuitBreaker:
         self.opened_at = now
         self.outcomes.clear()
 
+    def release(self) -> None:
+        """An allowed call whose ending says nothing of this endpoint (it failed elsewhere, or
+        was never sent): in HALF_OPEN its probe slot is free again, so the trial still ends."""
+        if self.state is BreakerState.HALF_OPEN and self.trial_started > self.trial_passed:
+            self.trial_started -= 1
+
     def failure_rate(self) -> float:
         """Share of failed calls in the window (0 when none ended)."""
         if not self.outcomes:
             return 0.0
         return sum(1 for _, ok in self.outcomes if not ok) / len(self.outcomes)
+
+
+class ArmBreakers:
+    """The breakers of a tier's A/B split calls, one per model and version called (an arm).
+
+    The tier's own breaker answers for the tier as a whole; a failing arm must not close the
+    tier to the healthy arm and to every other model, so a split call's failures that are its
+    version's are counted here instead. A call drawn for an arm whose circuit is open goes to
+    the other arm while that one's is not (``choose``). Made on first use with the tier
+    breaker's settings (``make``); a model's are forgotten when its split changes."""
+
+    def __init__(self, make: Callable[[], CircuitBreaker]) -> None:
+        self.make = make
+        self.breakers: dict[tuple[str, str], CircuitBreaker] = {}
+
+    def of(self, model: str, version: str) -> CircuitBreaker:
+        """The breaker of ``model``'s arm ``version`` (its name on the server)."""
+        found = self.breakers.get((model, version))
+        if found is None:
+            found = self.breakers[(model, version)] = self.make()
+        return found
+
+    def choose(self, model: str, drawn: str, other: str) -> str | None:
+        """Where a call drawn for version ``drawn`` goes: there while its circuit would let
+        it, else to ``other`` while that one's would; None when both are open. Takes no
+        probe slot (``allow`` does, when the call goes out)."""
+        for version in (drawn, other):
+            if self.of(model, version).would_allow():
+                return version
+        return None
+
+    def forget(self, model: str) -> None:
+        """A new split (or none) of ``model``: its arms start afresh."""
+        for key in [k for k in self.breakers if k[0] == model]:
+            del self.breakers[key]
+
+    def reset(self) -> None:
+        """Every arm CLOSED (the link came back: what the outage made fail says nothing of
+        the versions)."""
+        for breaker in self.breakers.values():
+            breaker.reset()
 
 
 class ScaleOut:

@@ -14,6 +14,9 @@ limit here (the gRPC deadline too). Around the calls:
 - a ``CircuitBreaker`` counts the outcomes (5xx, timeouts and connection errors are failures;
   4xx are the request's fault, not the endpoint's); when the link comes back after an outage
   it closes at once (its probes proved the endpoint), so traffic returns in one step;
+- the calls of a model split between two versions (an A/B test) have a breaker per arm as well
+  (``arm_fault`` says which failures are an arm's): a failing arm is refused on its own, its
+  share going to the other arm, while the tier's breaker counts only the tier's failures;
 - the catalog: the models the server lists in its repository index (re-read every
   ``catalog_refresh_s`` and when the link comes back), plus those the config names.
 """
@@ -39,7 +42,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from edged import wire
 from edged.background import Background
-from edged.breaker import CircuitBreaker, ScaleOut
+from edged.breaker import ArmBreakers, CircuitBreaker, ScaleOut
 from edged.common.backoff import backoff_delay
 from edged.config import CloudConfig
 from edged.egress import Ledger, digest
@@ -66,6 +69,21 @@ GRPC_STATUS = {
     "StatusCode.DEADLINE_EXCEEDED": 504,
 }
 JSON = "application/json"
+GATEWAY_STATUS = {502, 504}  # a gateway's word that the server behind it did not answer
+
+
+def arm_fault(status: int | None, grpc: bool) -> bool:
+    """Whether a failed call of an A/B arm failed for its version rather than for the tier.
+
+    The server answered, naming the version called: a 5xx of its own (the version is broken or
+    overloaded) or a 404 (no such version), is the arm's, and counts in the arm's breaker only.
+    What says nothing of one version is the tier's and counts in the tier's breaker: no answer
+    at all (refused, reset, TLS, a timeout: ``status`` None), a gateway's 502 or 504 (the
+    server behind it did not answer), and over gRPC UNAVAILABLE and DEADLINE_EXCEEDED (503,
+    504), which grpc also gives for a lost connection."""
+    if status is None or status in GATEWAY_STATUS or (grpc and status == 503):
+        return False
+    return status == 404 or status >= 500
 
 
 class CloudError(Exception):
@@ -205,15 +223,12 @@ class CloudEndpoint(Background):
         self.on_decided: Callable[[str, str | None, float], None] | None = None
         # every call an A/B test counts: model, the arm's cloud name, good (the metrics)
         self.on_counted: Callable[[str, str, bool], None] | None = None
+        self.breaker = self._new_breaker()
+        self.arm_breakers = ArmBreakers(self._new_breaker)  # an A/B test's arms, each its own
         for m in config.models:
             if m.b_cloud_name:
                 self.set_split(m.name, m.b_cloud_name, m.b_share)
         self.rng = random.Random()
-        self.breaker = CircuitBreaker(
-            error_rate=config.breaker_error_rate,
-            window=config.breaker_window_s,
-            min_calls=config.breaker_min_calls,
-        )
         self.scale = ScaleOut(
             error_rate=config.scale_out_error_rate,
             window=config.scale_out_window_s,
@@ -230,6 +245,14 @@ class CloudEndpoint(Background):
             on_change=self._link_changed,
         )
         self.task_name = f"catalog:{self.url}"
+
+    def _new_breaker(self) -> CircuitBreaker:
+        config = self.config
+        return CircuitBreaker(
+            error_rate=config.breaker_error_rate,
+            window=config.breaker_window_s,
+            min_calls=config.breaker_min_calls,
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -299,6 +322,7 @@ class CloudEndpoint(Background):
     def _link_changed(self, up: bool) -> None:
         if up:  # what the outage made fail says nothing of the endpoint; the probes passed
             self.breaker.reset()
+            self.arm_breakers.reset()
 
     async def _probe(self) -> None:
         assert self.client is not None
@@ -383,6 +407,7 @@ class CloudEndpoint(Background):
         else:
             self.splits.pop(model, None)
         self.tests.pop(model, None)
+        self.arm_breakers.forget(model)
         if b_cloud_name and 0 < share < 1:  # two arms: a test, from the first call on
             config = self.config
             latency = config.ab_latency_ms if latency_ms is None else latency_ms
@@ -406,13 +431,28 @@ class CloudEndpoint(Background):
         entry = self.catalog.get(model)
         return self.config.cost + (entry.cost if entry else 0.0)
 
-    def arm(self, model: str) -> tuple[str, str]:
-        """Which version a call of ``model`` goes to: ("a" or "b", its name on the server)."""
+    def arm(self, model: str) -> tuple[str, str, str]:
+        """Which version a call of ``model`` goes to: ("a" or "b", its name on the server, why
+        it is not the arm drawn: "" when it is). Under an A/B test, a call drawn for an arm
+        whose own circuit is open goes to the other arm, and the test counts it as a bad call
+        of the drawn one (it could not take it)."""
         entry = self.catalog.get(model)
+        names = {"a": entry.cloud_name if entry else model, "b": model}
         split = self.splits.get(model)
-        if split is not None and self.rng.random() < split[1]:
-            return "b", split[0]
-        return "a", entry.cloud_name if entry else model
+        drawn = "a"
+        if split is not None:
+            names["b"] = split[0]
+            drawn = "b" if self.rng.random() < split[1] else "a"
+        test = self.tests.get(model)
+        if test is None:  # one arm: its failures are the tier's
+            return drawn, names[drawn], ""
+        other = "a" if drawn == "b" else "b"
+        chosen = self.arm_breakers.choose(model, names[drawn], names[other])
+        if chosen is None or chosen == names[drawn]:
+            return drawn, names[drawn], ""
+        self._counted(model, test, drawn, names[drawn], False, refused=True)
+        why = f"arm {drawn}'s circuit ({names[drawn]}) is open: arm {other} took it"
+        return other, names[other], why
 
     def unavailable(self, model: str) -> str:
         """Why ``model`` cannot go to the cloud now ("" when it can). Takes no breaker slot."""
@@ -422,6 +462,11 @@ class CloudEndpoint(Background):
             return f"the cloud does not serve '{model}'"
         if not self.breaker.would_allow():
             return f"the circuit to {self.url} is open"
+        split = self.splits.get(model)
+        if split is not None and model in self.tests:
+            a_name = self.catalog[model].cloud_name
+            if self.arm_breakers.choose(model, a_name, split[0]) is None:
+                return f"the circuits of both A/B arms of '{model}' on {self.url} are open"
         return ""
 
     async def infer(
@@ -467,6 +512,16 @@ class CloudEndpoint(Background):
                 ) from None
             request.append(tensor)
         name = cloud_name or (entry.cloud_name if entry else model)
+        # an A/B test's call: its version's own failures count against its arm, not the tier
+        circuit = self.arm_breakers.of(model, name) if model in self.tests else None
+        if circuit is not None and not circuit.allow():
+            self.breaker.release()
+            raise CloudError(
+                f"the circuit of A/B arm {name} on {self.url} is open",
+                endpoint_fault=False,
+                retryable=True,  # a retry draws its arm again: the other one's may be closed
+                refused=True,
+            )
         record = self._recorder(model, name, request_id, egress)
         limit_us = max(1, int(timeout * 1e6))  # the server may drop it after this
         started = time.perf_counter()
@@ -514,6 +569,9 @@ class CloudEndpoint(Background):
                 retryable=status in RETRYABLE_STATUS,
             )
         except Unrecorded as exc:  # nothing was sent
+            self.breaker.release()
+            if circuit is not None:
+                circuit.release()
             raise CloudError(str(exc), endpoint_fault=False, refused=True) from None
         except (aiohttp.ClientError, OSError) as exc:
             error = CloudError(
@@ -524,6 +582,8 @@ class CloudEndpoint(Background):
         else:
             elapsed = time.perf_counter() - started
             self.breaker.record(True)
+            if circuit is not None:
+                circuit.record(True)
             self._scaled(self.scale.record(True))
             self.link.observe(elapsed, payload, rtt=False)
             response = result.get_response()
@@ -536,9 +596,17 @@ class CloudEndpoint(Background):
             quality = None if sure is None or sure.dtype == object else confidence(sure)
             self._tested(model, cloud_name, True, elapsed, quality, request_id)
             return out
-        self.breaker.record(not error.endpoint_fault)
+        armed = circuit is not None and arm_fault(error.status, self.grpc)
+        if circuit is None:
+            self.breaker.record(not error.endpoint_fault)
+        elif armed:  # the server answered for this version: the tier works, the arm failed
+            self.breaker.record(True)
+            circuit.record(False)
+        else:  # the tier's failure (or the request's): nothing said of the arm
+            self.breaker.record(not error.endpoint_fault)
+            circuit.release()
         self._scaled(self.scale.record(not error.endpoint_fault))
-        if error.endpoint_fault or timed_out:  # not the request's own faults (a 4xx)
+        if error.endpoint_fault or timed_out or armed:  # not the request's own faults (a 4xx)
             self._tested(model, cloud_name, False, time.perf_counter() - started)
         if error.link_fault:
             self.link.observe(None)
@@ -604,9 +672,12 @@ class CloudEndpoint(Background):
             self._counted(model, test, *found, score >= test.min_score)
         return found is not None
 
-    def _counted(self, model: str, test: ABTest, arm: str, name: str, good: bool) -> None:
-        """One call counted; a decision promotes its winner (all calls)."""
-        decided = test.count(arm, good)
+    def _counted(
+        self, model: str, test: ABTest, arm: str, name: str, good: bool, refused: bool = False
+    ) -> None:
+        """One call counted (``refused``: by an arm whose circuit is open); a decision
+        promotes its winner (all calls)."""
+        decided = test.count(arm, good, refused)
         if self.on_counted is not None:
             self.on_counted(model, name, good)
         if decided is None:
@@ -671,8 +742,20 @@ class CloudEndpoint(Background):
             "scale_out": self._scale_state(),
             "catalog": sorted(self.catalog),
             "ab": {m: {"b_cloud_name": b, "b_share": s} for m, (b, s) in self.splits.items()},
-            "ab_tests": {m: t.as_dict() for m, t in {**self.decisions, **self.tests}.items()},
+            "ab_tests": {
+                m: self._test_state(m, t) for m, t in {**self.decisions, **self.tests}.items()
+            },
         }
+
+    def _test_state(self, model: str, test: ABTest) -> dict[str, Any]:
+        """A test as the status shows it; a running one with each arm's circuit."""
+        shown = test.as_dict()
+        entry = self.catalog.get(model)
+        if self.tests.get(model) is test:
+            names = {"a": entry.cloud_name if entry else model, "b": test.b_name}
+            for arm, name in names.items():
+                shown[arm]["circuit"] = self.arm_breakers.of(model, name).current().value
+        return shown
 
     def _scale_state(self) -> dict[str, Any]:
         calls, failures = self.scale.counts()

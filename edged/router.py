@@ -438,15 +438,20 @@ class Router:
     async def _on_tier(
         self, call: Call, tier: CloudEndpoint, reserve: float
     ) -> tuple[str, Tensors]:
-        """One tier; with no fallback, retry what may succeed later while time is left."""
+        """One tier; with no fallback, retry what may succeed later while time is left. Each
+        try draws its A/B arm afresh: a retry after a failing arm's circuit opened goes to
+        the other arm."""
         wanted = [o.name for o in call.config.outputs] if call.config else []
         deadline = call.ctx.deadline
         attempt = 0
-        arm, target = tier.arm(call.name)
-        call.record["cloud_model"] = target
-        if arm == "b":
-            call.record["reason"] += f"; A/B: arm b ({target})"
+        said = ""
         while True:
+            arm, target, why = tier.arm(call.name)
+            call.record["cloud_model"] = target
+            say = f"; A/B: {why}" if why else f"; A/B: arm b ({target})" if arm == "b" else ""
+            if say != said:  # once, not once a retry
+                call.record["reason"] += say
+                said = say
             rtt = tier.link.rtt
             started = time.perf_counter()
             budget = deadline - time.monotonic() - reserve

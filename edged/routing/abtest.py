@@ -7,10 +7,14 @@ quality signal: a classifier's best score, its least sure row). With ``min_score
 answered call that passes those waits for an operator's score of its answer (0 to 1, by its
 request id, within ``score_wait_s``): at least ``min_score`` is good, less is bad; a call
 never scored (no request id, not scored in time, or pushed out by ``MAX_PENDING`` newer ones)
-is not counted (``unscored``), a call that failed counts at once. Each arm's share of good
-calls has a Beta posterior (a uniform prior, Beta(1, 1)); after every call the test computes
-P(b's share > a's) exactly (Miller's sum over Beta functions, no sampling: the same counts give
-the same answer). The stopping rule, fixed before the first call:
+is not counted (``unscored``), a call that failed counts at once. A call drawn for an arm
+whose own circuit is open (edged.breaker.ArmBreakers: its version kept failing) goes to the
+other arm and counts at once as a bad call of the drawn one (``refused``): the arm could not
+take it, so a failing arm loses by the same rule instead of leaving the test short of calls
+for ever. Each arm's share of good calls has a Beta posterior (a uniform prior, Beta(1, 1));
+after every call the test computes P(b's share > a's) exactly (Miller's sum over Beta
+functions, no sampling: the same counts give the same answer). The stopping rule, fixed
+before the first call:
 
 - no decision before each arm has ``min_calls`` calls; from then on the test looks again each
   time the calls in all have grown by 5% (at most about 90 looks up to ``max_calls``, each a
@@ -44,9 +48,10 @@ MAX_PENDING = 10_000  # answered calls of one test waiting for their score, at m
 class Arm:
     calls: int = 0
     good: int = 0
+    refused: int = 0  # of its bad calls, those its open circuit sent to the other arm
 
     def as_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "good": self.good}
+        return {"calls": self.calls, "good": self.good, "refused": self.refused}
 
 
 def _log_beta(x: float, y: float) -> float:
@@ -152,12 +157,14 @@ class ABTest:
             self.pending.popitem(last=False)
             self.unscored += 1
 
-    def count(self, arm: str, good: bool) -> str | None:
-        """One call judged ``good`` or not; the decision when this call made it, else None."""
+    def count(self, arm: str, good: bool, refused: bool = False) -> str | None:
+        """One call judged ``good`` or not (``refused``: the arm's open circuit sent it to the
+        other arm, a bad call); the decision when this call made it, else None."""
         if self.decided is not None or arm not in self.arms:
             return None
         self.arms[arm].calls += 1
-        self.arms[arm].good += good
+        self.arms[arm].good += good and not refused
+        self.arms[arm].refused += refused
         a, b = self.arms["a"], self.arms["b"]
         calls = a.calls + b.calls
         if not self.decides or calls < self.checked_at * 1.05:

@@ -577,7 +577,7 @@ def test_an_ab_test_stops_a_worse_arm_b_and_promotes_a_better_one(
     to a) or promoted (all to b), with an event naming the evidence, the status, and the
     decision kept across a restart."""
     cloud = faults_cleared
-    split = (f"ab_min_calls = 30\nbreaker_min_calls = 100000\nab_min_confidence = 0.25\n"
+    split = (f"ab_min_calls = 30\nab_min_confidence = 0.25\n"
              f'[[cloud.models]]\nname = "{MODEL}"\nb_cloud_name = "{MODEL_B}"\n'
              f"b_share = 0.5\n")  # fmt: skip
     daemon = edged_with_cloud(make_daemon, cloud, extra=split)
@@ -625,8 +625,7 @@ def test_an_ab_split_the_fleet_decides_counts_each_arm_and_decides_nothing_here(
     splits; its counts per arm, good and not by the rule the command gave (latency_ms), are the
     metric the fleet adds up; kept across a restart. Bad rule fields are 400s naming them."""
     cloud = faults_cleared
-    daemon = edged_with_cloud(make_daemon, cloud, extra="ab_min_calls = 30\n"
-                              "breaker_min_calls = 100000\n")  # fmt: skip
+    daemon = edged_with_cloud(make_daemon, cloud, extra="ab_min_calls = 30\n")
     client = daemon.client
     split = {"b_cloud_name": MODEL_B, "b_share": 0.5, "decided_by": "fleet", "latency_ms": 60000}
     assert client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab", split)["ab"] == {
