@@ -13,16 +13,27 @@ from edged.runtimes.base import Tensors
 
 # Longest input in tokens; MiniLM was trained on 256 word pieces.
 MAX_TOKENS = 256
+# A text is tokenized from its head: the first HEAD_CHARS characters (cut at a space), more
+# only when they hold fewer than MAX_TOKENS tokens. The tokenizer reads a text whole before it
+# truncates, keeping the rest as overflow: 256 texts of 16 KB held hundreds of MiB for tokens
+# that are thrown away (issue 44).
+HEAD_CHARS = 8 * MAX_TOKENS
+# Tokens in one call of the encoder: its attention is rows x heads x tokens^2 floats, so 64 rows
+# of 256 tokens took 1.5 GiB, which ONNX Runtime's arena kept. Rows per call shrink as texts
+# grow (64 of 32 tokens, 16 of 256).
+TOKENS_PER_CALL = 4096
 
 
 def _sample_text() -> Tensors:
     return {"text": np.array([b"edged warms up this model."], dtype=object)}
 
 
-async def _batched(pipeline: Pipeline, model: str, feeds: Tensors, output: str) -> np.ndarray:
-    """Call ``model`` in slices no larger than its max_batch_size and stack the results."""
+async def _batched(pipeline: Pipeline, model: str, feeds: Tensors, output: str,
+                   most: int = 0) -> np.ndarray:  # fmt: skip
+    """Call ``model`` in slices no larger than its max_batch_size (and ``most`` rows, if
+    given) and stack the results."""
     rows = len(next(iter(feeds.values())))
-    limit = pipeline.steps.config_of(model).max_batch_size or rows
+    limit = min(pipeline.steps.config_of(model).max_batch_size or rows, most or rows)
     parts = []
     for start in range(0, rows, limit):
         part = {k: v[start : start + limit] for k, v in feeds.items()}
@@ -49,9 +60,22 @@ class TextEmbedding(Pipeline):
         """One short sentence."""
         return _sample_text()
 
+    def head(self, text: str) -> str:
+        """The start of ``text`` that holds its first MAX_TOKENS tokens: cut after a whole
+        word, so that its tokens are the text's own first ones."""
+        size = HEAD_CHARS
+        while len(text) > size:
+            cut = text[:size]
+            space = cut.rfind(" ", size // 2)
+            cut = cut[:space] if space > 0 else cut
+            if len(self.tokenizer.encode(cut).ids) >= MAX_TOKENS:
+                return cut
+            size *= 4
+        return text
+
     def tokenize(self, texts: list[str]) -> Tensors:
         """Token ids, attention mask and token types as int64 [batch, tokens]."""
-        encodings = self.tokenizer.encode_batch(texts)
+        encodings = self.tokenizer.encode_batch([self.head(t) for t in texts])
         return {
             "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
             "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
@@ -67,7 +91,8 @@ class TextEmbedding(Pipeline):
             return {"embedding": np.zeros((0, max(dim, 0)), dtype=np.float32)}
         feeds = await self.offload(self.tokenize, texts)
         output = self.steps.config_of(encoder).outputs[0].name
-        return {"embedding": await _batched(self, encoder, feeds, output)}
+        most = max(1, TOKENS_PER_CALL // feeds["input_ids"].shape[1])
+        return {"embedding": await _batched(self, encoder, feeds, output, most)}
 
 
 class Intent(Pipeline):

@@ -45,6 +45,14 @@ PROVIDERS = {
 MALLOC_TRIM: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
+# Runs that give their memory back when they end (``OnnxModel._heavy``): ONNX Runtime's CPU
+# arena shrinks to what it holds between runs, then the C heap is trimmed.
+HEAVY_S = 0.05
+HEAVY_BYTES = 1 << 20
+SHRINK = ort.RunOptions()
+SHRINK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc keeps them after a session goes,
     so the daemon's RSS would not drop as much); a no-op where there is no glibc."""
@@ -253,6 +261,15 @@ class OnnxRuntime:
         try:
             if self.recent_s is not None and self.recent_s * 1e6 < self.settings.inline_max_us:
                 results = session.run(self.output_names, feeds)
+            elif self._heavy(feeds):
+                # ONNX Runtime's arena keeps the largest run's activations for good (a batch of
+                # long texts took 1.5 GiB that never came back): a heavy run gives them back
+                # when it ends, and the C heap its free pages after it
+                loop = asyncio.get_running_loop()
+                results = await loop.run_in_executor(
+                    self.executor, session.run, self.output_names, feeds, SHRINK
+                )
+                await loop.run_in_executor(self.executor, trim_heap)
             else:
                 results = await asyncio.get_running_loop().run_in_executor(
                     self.executor, session.run, self.output_names, feeds
@@ -264,6 +281,14 @@ class OnnxRuntime:
             raise InvalidRequest(f"model '{self.config.name}' rejected the input: {exc}") from None
         self.recent_s = ewma(self.recent_s, time.perf_counter() - started)
         return dict(zip(self.output_names, results))
+
+    def _heavy(self, feeds: Tensors) -> bool:
+        """A run whose memory is worth giving back: large inputs, or a model that takes long
+        (its activations are large). Measured, the runs interleaved: OCR's detector 87.1 ms
+        plain, 88.7 ms with the arena shrunk and the heap trimmed; the text encoder on 16 x 256
+        tokens the same within noise."""
+        slow = self.recent_s is not None and self.recent_s >= HEAVY_S
+        return slow or sum(int(v.nbytes) for v in feeds.values()) >= HEAVY_BYTES
 
     async def unload(self) -> None:
         """Drop the session (ONNX Runtime frees it when the last reference goes: an execution
