@@ -66,10 +66,12 @@ class CappedSite(web.SockSite):
         assert server is not None
         live = {id(handler) for handler in server.connections}
         now = time.monotonic()
-        # those connected since, or never (a handshake that failed), leave the count
+        # those connected since, connected and closed already (aiohttp's handler lets go of
+        # its server then), or never (a handshake that failed) leave the count
         gone = max(10.0, self.handshake_timeout_s)
         self.pending = {key: (proto, since) for key, (proto, since) in self.pending.items()
-                        if key not in live and now - since < gone}  # fmt: skip
+                        if key not in live and now - since < gone
+                        and getattr(proto, "_manager", None) is not None}  # fmt: skip
         if len(live) + len(self.pending) >= self.limit:
             self.refused += 1
             if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
