@@ -141,3 +141,11 @@ def test_a_body_sent_too_slowly_is_a_408(service: FleetService) -> None:
     assert reply.startswith(b"HTTP/1.1 408"), reply
     assert b"api.idle_timeout_s" in reply
     assert IDLE_S - 1 < time.monotonic() - started < IDLE_S + 5
+
+
+def test_connections_that_came_and_went_hold_no_slot(service: FleetService) -> None:
+    """Each connection counted from its accept to its connect: one that connected and closed
+    before the next accept stayed counted for 10 s, and a client calling back to back (each
+    call a new connection) filled the cap with closed ones: every caller got 503."""
+    statuses = [health(service)[0] for _ in range(3 * CAP)]
+    assert statuses == [200] * (3 * CAP)
