@@ -19,7 +19,13 @@ import time
 from bench.idle_unload import tree_rss
 from tests.conftest import Daemon
 
-CONFIG = '[models]\nload = ["intent", "text-embedding", "text-encoder", "intent-classifier"]\n'
+# The 4 MiB body above max_json_bytes' 2 MiB (issue 44, point 7): allowed here, as a user may.
+CONFIG = """
+[server]
+max_json_bytes = 16777216
+[models]
+load = ["intent", "text-embedding", "text-encoder", "intent-classifier"]
+"""
 
 
 def texts(count: int, size: int) -> list[str]:
