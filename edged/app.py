@@ -150,7 +150,8 @@ class Daemon:
             self.manager, config.routing, self.cloud, self.load, self.metrics, clouds[1:]
         )
         self.plane = DataPlane(self.manager, self.router, self.load, self.events,
-                               config.server.shm_regions)  # fmt: skip
+                               config.server.shm_regions,
+                               config.server.shm_regions_per_uid)  # fmt: skip
         self.plane.ledger = self.ledger
         self.admin = Admin(
             config.state_dir / ADMIN_FILE,

@@ -72,6 +72,12 @@ class ServerConfig(Section):
         description="system shared-memory regions registered at once, all callers"
         " together (Triton's extension; 0 turns it off)",
     )
+    shm_regions_per_uid: int = Field(
+        16,
+        ge=1,
+        description="system shared-memory regions one uid may hold at once (a 400 above,"
+        " naming this key): one uid cannot take all of shm_regions and leave root none",
+    )
     read_timeout_s: float = Field(
         30.0,
         gt=0,

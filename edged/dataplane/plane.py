@@ -96,10 +96,12 @@ class DataPlane:
         monitor: LoadMonitor | None = None,
         events: EventLog | None = None,
         shm_regions: int = 64,
+        shm_regions_per_uid: int = 16,
     ) -> None:
         """The manager's metrics also count the API requests in flight; ``router`` decides where
         each call runs; ``monitor`` gives the device's load for the status; ``events``: the
-        daemon's event log (/v1/events)."""
+        daemon's event log (/v1/events); ``shm_regions`` and ``shm_regions_per_uid``: the
+        shared-memory regions held at once, in all and of one uid (server.*)."""
         self.manager = manager
         self.router = router
         self.monitor = monitor
@@ -111,7 +113,8 @@ class DataPlane:
         self.idle.set()
         self.started = time.monotonic()
         manager.metrics.inflight.set_function(lambda: self.inflight)
-        self.shm = Regions(shm_regions)  # Triton's system shared memory (edged.protocol.shm)
+        # Triton's system shared memory (edged.protocol.shm)
+        self.shm = Regions(shm_regions, shm_regions_per_uid)
         self.ledger: Ledger | None = None  # the egress ledger (its head in the status)
 
     def shared_memory(self, caller: Any, limit: int) -> Bound:

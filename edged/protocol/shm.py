@@ -14,13 +14,20 @@ What edged holds is bounded and the caller's own:
   uid is not readable through edged unless its permissions allow that uid. edged opens the file
   itself (``O_NOFOLLOW``: a link is refused), so edged's user must be able to open it too (the
   file's group, or mode 0666): the refusal says so.
-- At most ``max_regions`` regions at once; each is checked against the file's size when it is
-  registered and again at each use (a file made smaller since is an error, not a crash).
+- At most ``max_regions`` regions at once, and ``per_uid`` of them of one uid, so that one uid
+  cannot take them all and leave root (or anyone else) none; root is held to its own quota
+  only, so that several uids together cannot leave it none either; each is checked against the
+  file's size when it is registered and again at each use (a file made smaller since is an
+  error, not a crash). There is no cap on bytes: a region is the caller's own file, and what
+  edged holds for it is one descriptor, whatever its size (reads are bounded per request).
 - Tensors are read and written with ``pread``/``pwrite`` on the file, not through a mapping: a
   client that truncates its file under a mapping would kill edged (SIGBUS). That is one copy
   by the kernel, the same one a mapping's page faults would do, and none through the socket.
 - A process's regions go when it exits (a pidfd watched by the event loop): nothing is left
-  open for a client that crashed.
+  open for a client that crashed. The pidfd is closed as soon as the process has no region
+  left (unregistered by itself or by another process of its uid), not only when it exits: an
+  idle client that once used shared memory holds nothing in edged. So edged holds at most two
+  descriptors a region (its file and its process's pidfd), ``2 * max_regions`` in all.
 """
 
 from __future__ import annotations
@@ -107,9 +114,11 @@ class Regions:
     """Every region registered: by (uid, name)."""
 
     max_regions: int = 64
+    per_uid: int = 16
     root: Path = SHM_ROOT
     regions: dict[tuple[int, str], Region] = field(default_factory=dict)
-    watched: dict[int, int] = field(default_factory=dict)  # pid -> its pidfd
+    # pid -> its pidfd and the loop that watches it: only while the pid has a region
+    watched: dict[int, tuple[int, asyncio.AbstractEventLoop]] = field(default_factory=dict)
     # Reads run in worker threads: a region's descriptor is not closed (and its number reused
     # by another file) while one reads through it.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -129,8 +138,17 @@ class Regions:
                 raise InvalidRequest(f"{what}: an integer >= 0")
         if (caller.uid, name) in self.regions:
             raise InvalidRequest(f"region '{name}' is registered already: unregister it first")
-        if len(self.regions) >= self.max_regions:
-            raise InvalidRequest(f"{self.max_regions} regions are registered: at most that many")
+        held = sum(1 for uid, _ in self.regions if uid == caller.uid)
+        if held >= self.per_uid:
+            raise InvalidRequest(
+                f"uid {caller.uid} has {held} shared-memory regions registered, as many as one"
+                f" uid may (server.shm_regions_per_uid = {self.per_uid}): unregister one first"
+            )
+        if len(self.regions) >= self.max_regions and caller.uid != 0:  # root: its quota only
+            raise InvalidRequest(
+                f"{len(self.regions)} regions are registered, all callers together: at most"
+                f" that many (server.shm_regions = {self.max_regions})"
+            )
         path = self.root / key.lstrip("/")
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -184,6 +202,7 @@ class Regions:
                 raise InvalidRequest(f"no shared-memory region '{name}' is registered")
             for n in names:
                 self._drop(self.regions.pop((caller.uid, n)))
+        self._unwatch_idle()
 
     def status(self, caller: Any, name: str | None) -> list[dict[str, Any]]:
         if caller is None:
@@ -247,13 +266,27 @@ class Regions:
             fd = os.pidfd_open(pid)
         except OSError as exc:
             raise InvalidRequest(f"the calling process ({pid}) is gone ({exc.strerror})") from None
-        self.watched[pid] = fd
-        loop.add_reader(fd, self._exited, loop, pid)
+        self.watched[pid] = (fd, loop)
+        loop.add_reader(fd, self._exited, pid)
 
-    def _exited(self, loop: asyncio.AbstractEventLoop, pid: int) -> None:
-        fd = self.watched.pop(pid)
-        loop.remove_reader(fd)
-        os.close(fd)
+    def _unwatch(self, pid: int) -> None:
+        fd, loop = self.watched.pop(pid)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: it watches nothing
+            loop.remove_reader(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def _unwatch_idle(self) -> None:
+        """Close the pidfd of each process that has no region left. Kept until the process
+        exited, a pidfd for every idle client that had once registered ran edged out of
+        descriptors (issue 44)."""
+        with self.lock:
+            holding = {region.pid for region in self.regions.values()}
+        for pid in [pid for pid in self.watched if pid not in holding]:
+            self._unwatch(pid)
+
+    def _exited(self, pid: int) -> None:
+        self._unwatch(pid)
         with self.lock:
             gone = [key for key, r in self.regions.items() if r.pid == pid]
             for key in gone:
@@ -271,12 +304,8 @@ class Regions:
             for region in self.regions.values():
                 self._drop(region)
             self.regions.clear()
-        for fd in self.watched.values():
-            with contextlib.suppress(OSError, RuntimeError):
-                asyncio.get_running_loop().remove_reader(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.watched.clear()
+        for pid in list(self.watched):
+            self._unwatch(pid)
 
 
 @dataclass
