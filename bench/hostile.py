@@ -35,7 +35,8 @@ CONFIG = """
 [server]
 read_timeout_s = 5.0
 [models]
-load = ["intent", "text-embedding", "text-encoder", "intent-classifier", "vad", "vad-silero"]
+load = ["intent", "text-embedding", "text-encoder", "intent-classifier", "vad", "vad-silero",
+        "ocr", "ocr-det", "ocr-rec", "ocr-cls"]
 """
 
 
@@ -76,6 +77,36 @@ def markdown(size: int) -> Callable[[], bytes]:
     return make
 
 
+def json_infer(mib: float) -> Callable[[], bytes]:
+    """The largest kind of JSON infer body: numbers ("0.5,"), ``mib`` of them."""
+
+    def make() -> bytes:
+        count = int(mib * (1 << 20)) // 4
+        doc = b'{"inputs":[{"name":"embedding","datatype":"FP32","shape":[%d],"data":' % count
+        return post("/v2/models/intent-classifier/infer", doc + b"[" + b"0.5," * (count - 1)
+                    + b"0.5]}]}")  # fmt: skip
+
+    return make
+
+
+def long_texts() -> bytes:
+    """256 texts of 16 KB to /v1/intent (a 4 MiB body, within every limit): issue 44."""
+    words = ["edge", "inference", "on", "the", "device", "and", "in", "cloud"]
+    text = " ".join(words[i % 8] for i in range(3300))[:16384]
+    return post("/v1/intent", json.dumps({"texts": [text] * 256}).encode())
+
+
+def big_image() -> bytes:
+    """A 6000 x 6000 PNG of one colour: 48 KB on the wire (issue 44)."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("L", (6000, 6000), 255).save(out, "PNG", optimize=True)
+    return post("/v1/ocr", out.getvalue())
+
+
 def small_garbage() -> bytes:
     body = b'{"inputs":[{"name":"embedding","datatype":"FP32","shape":[0,2147483647,2147483647],'
     return post(
@@ -91,6 +122,10 @@ INPUTS: dict[str, Callable[[], bytes]] = {
     "1.5 KB markdown line (ingest)": markdown(1536),
     "4 KB markdown line (ingest)": markdown(4096),
     "NaN, 5,000-digit integer, huge shape": small_garbage,
+    "15 MiB JSON infer of numbers": json_infer(15),
+    "JSON infer of numbers just under max_json_bytes (2 MiB)": json_infer(1.99),
+    "256 texts of 16 KB (/v1/intent, 4 MiB)": long_texts,
+    "6000 x 6000 PNG of 48 KB (/v1/ocr)": big_image,
 }
 
 
@@ -179,7 +214,10 @@ def run(daemon: Daemon, name: str, seconds: float) -> dict[str, object]:
     stop.set()
     for t in threads:
         t.join()
+    time.sleep(2.0)  # what edged gives back once the hostile client stops
+    after = tree_rss(daemon.proc.pid)
     latencies.sort()
+    latencies = latencies or [float("nan")]  # no probe answered 200 in the whole row
     return {
         "input": name,
         "answers": ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())) or "-",
@@ -188,6 +226,7 @@ def run(daemon: Daemon, name: str, seconds: float) -> dict[str, object]:
         "max": latencies[-1],
         "rss": start_rss / 2**20,
         "peak": peak[0] / 2**20,
+        "after": after / 2**20,
     }
 
 
@@ -205,11 +244,12 @@ def main() -> None:
         finally:
             daemon.stop()
     print("| hostile input (in a loop) | edged's answers | ready p50 ms | p99 ms | max ms |"
-          " RSS before MiB | peak MiB |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          " RSS before MiB | peak MiB | after MiB |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        memory = f"{r['rss']:.0f} | {r['peak']:.0f} | {r['after']:.0f}"
         print(f"| {r['input']} | {r['answers']} | {r['p50']:.1f} | {r['p99']:.1f} |"
-              f" {r['max']:.1f} | {r['rss']:.0f} | {r['peak']:.0f} |")  # fmt: skip
+              f" {r['max']:.1f} | {memory} |")  # fmt: skip
     print(f"\nedged still running after all rows: {alive}")
 
 
