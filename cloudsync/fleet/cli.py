@@ -88,7 +88,7 @@ from cloudsync.protocol.commands import COMMANDS, sign
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import LEAVES, TopicError, Topics, barrier, fleet_filter, parse
-from edged.common.cli import UsageError, key_values
+from edged.common.cli import UsageError, key_values, reader_may_go
 
 OFFLINE_AFTER = 3  # heartbeat intervals without one: offline
 
@@ -612,6 +612,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return reader_may_go(lambda: run(argv))
+
+
+def run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         reply, text = args.fn(args)

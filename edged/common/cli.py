@@ -1,10 +1,31 @@
-"""What the command-line tools (edgectl, edgefleet) share: the usage error and ``name=value``
-arguments."""
+"""What the command-line tools (edgectl, edgefleet) share: the usage error, ``name=value``
+arguments, and a quiet end when the reader of their output goes."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
+from collections.abc import Callable
 from typing import Any
+
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader went (head)
+
+
+def reader_may_go(main: Callable[[], int]) -> int:
+    """``main``'s exit code, or EXIT_PIPE when the reader of its output closed the pipe
+    (``edgectl egress list | head``): the rest was not wanted, so no traceback is printed, for
+    the write or for the flush at exit."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # stdout is dead: the interpreter's own flush at exit would raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
 
 
 class UsageError(Exception):

@@ -12,7 +12,7 @@ import json
 import sys
 
 from edged.client import Client, ClientError, default_socket
-from edged.common.cli import UsageError
+from edged.common.cli import UsageError, reader_may_go
 from edged.edgectl import egress
 from edged.edgectl.admin import cmd_drain, cmd_reload, cmd_resume, cmd_routing
 from edged.edgectl.base import EXIT_NOT_READY, EXIT_OK, EXIT_USAGE, exit_code
@@ -231,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``edgectl`` console script."""
+    return reader_may_go(lambda: run(argv))
+
+
+def run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     client = Client(args.socket, timeout=args.timeout)
     try:
