@@ -63,8 +63,9 @@ class ServerConfig(Section):
     access_log: Literal["none", "errors", "all"] = Field(
         "errors",
         description="a line at info for each REST request (method, path, status, time, route,"
-        " caller; with REQUEST_ID and MODEL as journal fields): errors: those answered 4xx or"
-        " 5xx; all: every one (debug logs every one anyway)",
+        " caller; with REQUEST_ID and MODEL as journal fields): errors: those answered 5xx,"
+        " and 4xx up to 20 at once and 5 a second (the others counted in the next line);"
+        " all: every one (debug logs every one anyway)",
     )
     shm_regions: int = Field(
         64,
