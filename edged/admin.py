@@ -504,6 +504,13 @@ class Admin:
         """PUT /v1/admin/cloud/{m}/ab {"b_cloud_name", "b_share"} (share 0: arm a only;
         optional: "tier" (default: the first), "decided_by" edged or fleet, and the test's
         "latency_ms", "min_confidence")."""
+        share = doc.get("b_share", 0) if isinstance(doc, dict) else 0
+        cloud = self._tier(doc.get("tier") if isinstance(doc, dict) else None)
+        if share and model not in self.manager.entries and model not in cloud.catalog:
+            raise NotFound(
+                f"no model '{model}' on the device or in the cloud tier {cloud.name}'s catalog:"
+                " a split of it would split nothing"
+            )
         reply = self._split(model, doc, persist=True)
         log.info("cloud A/B of %s: %s", model, reply["ab"] or "off")
         return reply

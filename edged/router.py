@@ -302,7 +302,8 @@ class Router:
         flexible = tiers.flexible(current_qos().priority, left)  # it can wait: the cheap tier
         cloud, choices = self._cloud_path(name, version, payload, config, flexible, left)
         if not cloud.available and local_error is not None:
-            if isinstance(local_error, NotFound) and name in self._catalog():
+            # (a version asked for is the device's alone: not there, it is a 404 all the same)
+            if isinstance(local_error, NotFound) and name in self._catalog() and version is None:
                 raise Unavailable(  # a cloud-only model while the cloud is down: not a 404
                     f"model '{name}' runs only in the cloud, which cannot serve it now:"
                     f" {cloud.why_not}"
