@@ -54,6 +54,11 @@ Answer = Callable[[str, list[str]], Awaitable[tuple[str, str, str]]]
 WRITE_BATCH = 512  # chunks per upsert: what a crash in the middle of an ingest can lose
 MAX_DOCUMENTS = 1000  # per ingest request
 MAX_DOCUMENT_CHARS = 2_000_000
+# Chunks per ingest request, counted once the text is chunked and before any is embedded: each
+# is embedded before the answer, about 25 ms here (2,048: under a minute). A document of
+# 2,000,000 characters, 4,800 chunks, ran over 300 s with nothing to stop it (issue 44);
+# edgectl kb ingest sends files in requests of 200,000 characters.
+MAX_INGEST_CHUNKS = 2048
 MAX_K = 1000  # the store's largest search
 FORMATS = ("text", "markdown")
 # pymilvus error codes of a filter that does not parse or names no field: Milvus Lite 3's
@@ -198,6 +203,11 @@ class KnowledgeService:
         )
         if not pending:
             raise InvalidRequest("the documents hold no text")
+        if len(pending) > MAX_INGEST_CHUNKS:
+            raise InvalidRequest(
+                f"the documents make {len(pending)} chunks; at most {MAX_INGEST_CHUNKS} per"
+                " request: send them in parts (edgectl kb ingest does)"
+            )
         written = 0
         for i in range(0, len(pending), WRITE_BATCH):
             batch = pending[i : i + WRITE_BATCH]
