@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from edged.client import Client
 from tests.conftest import Daemon, require_models, wait_for
+from tests.halfsent import held_after
 
 ALLOWED_5XX = {503, 504}  # docs/SECURITY.md: a tier that cannot serve now, a deadline
 CONFIG = """
@@ -205,24 +206,7 @@ def test_a_thousand_half_sent_requests_hold_no_slot_for_long(tmp_path: Path) -> 
                 sock.sendall(
                     b"POST /v1/intent HTTP/1.1\r\nContent-Length: 100\r\n" if i % 2 else b"GE"
                 )
-        opened = time.monotonic()
-        waiting = list(held)
-        while True:  # until edged has accepted them all: a 503 each, or held without an answer
-            still = []
-            for sock in waiting:
-                sock.setblocking(False)
-                try:
-                    first = sock.recv(64)[:12]
-                except BlockingIOError:
-                    still.append(sock)
-                    continue
-                except ConnectionResetError:  # refused before it had sent: the 503 discarded
-                    first = b"HTTP/1.1 503"
-                assert first == b"HTTP/1.1 503", first  # no held one is closed this early
-            waiting = still
-            if len(waiting) <= 64 or time.monotonic() - opened > 6:
-                break
-            time.sleep(0.1)
+        waiting = held_after(held, 64, 6.0)  # edged has seen them all: a 503 each, or held
         assert len(waiting) <= 64, len(waiting)  # never more held than the cap
         for sock in waiting:  # and the held ones are closed once idle for read_timeout_s
             sock.settimeout(30)

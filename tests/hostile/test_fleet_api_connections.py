@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleetservice import FleetService
+from tests.halfsent import held_after
 from tests.mosquitto import Broker
 
 CAP = 256
@@ -72,23 +73,7 @@ def test_a_thousand_half_sent_heads_do_not_freeze_the_api(service: FleetService)
         opened = time.monotonic()
         # the API answers meanwhile, at once: a 503 while the cap is full (whoever asks)
         answers = [health(service) for _ in range(20)]
-        waiting = list(held)
-        while True:  # until the service has seen them all: a 503 each, or held unanswered
-            still = []
-            for sock in waiting:
-                sock.setblocking(False)
-                try:
-                    first = sock.recv(64)[:12]
-                except BlockingIOError:
-                    still.append(sock)
-                    continue
-                except ConnectionResetError:  # refused before it had sent: the 503 discarded
-                    first = b"HTTP/1.1 503"
-                assert first == b"HTTP/1.1 503", first  # no held one is closed this early
-            waiting = still
-            if len(waiting) <= CAP or time.monotonic() - opened > IDLE_S - 2:
-                break
-            time.sleep(0.1)
+        waiting = held_after(held, CAP, IDLE_S - 2 - (time.monotonic() - opened))
         # never more held than the cap (the health checks above took slots for a moment)
         assert len(waiting) <= CAP, len(waiting)
         for sock in waiting:  # and the held ones are closed once idle for idle_timeout_s
