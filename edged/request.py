@@ -18,9 +18,10 @@ graphs read them.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,8 +70,9 @@ class RouteContext:
     request_id: str = ""
     uid: int | None = None  # the caller's (SO_PEERCRED), for the egress ledger
     decisions: list[dict[str, Any]] = field(default_factory=list)
-    # edged's own calls (a pipeline's warm-up when it loads): a drain does not stop them, or a
-    # pipeline loaded while drained would stay unavailable after the resume
+    # edged's own calls (a pipeline's warm-up when it loads, an install's smoke test): a drain
+    # does not stop them, or a pipeline loaded while drained would stay unavailable after the
+    # resume; and no statistics count them, since no caller made them (own_call)
     internal: bool = False
 
     def make_private(self, why: str) -> None:
@@ -155,6 +157,24 @@ def set_route(ctx: RouteContext) -> contextvars.Token[RequestContext]:
     """Routing facts for what follows in this context (the QoS kept); ``CONTEXT.reset`` with
     the token puts the ones before back."""
     return CONTEXT.set(RequestContext(CONTEXT.get().qos, ctx))
+
+
+def own_call() -> bool:
+    """Whether the call running now is edged's own, not a caller's: the statistics and the
+    request metrics leave it out, so that they show what callers asked for."""
+    route = current_route()
+    return route is not None and route.internal
+
+
+@contextlib.contextmanager
+def own_calls(deadline_s: float = 60.0) -> Iterator[None]:
+    """Mark the model calls made inside as edged's own (a check it runs at load), with their
+    own deadline, ``deadline_s`` from now; the context before comes back after."""
+    token = set_route(RouteContext(deadline=time.monotonic() + deadline_s, internal=True))
+    try:
+        yield
+    finally:
+        CONTEXT.reset(token)
 
 
 SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")  # Triton's names

@@ -38,7 +38,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from edged.errors import DeadlineExceeded, InvalidRequest, ModelLoadError, Overloaded, Unavailable
 from edged.models.config import ModelConfig
-from edged.request import RequestQos, current_qos
+from edged.request import RequestQos, current_qos, own_call
 from edged.runtimes.base import Tensors
 from edged.stats import ewma
 
@@ -131,6 +131,7 @@ class Pending:
     future: asyncio.Future[Tensors]
     late: bool = False  # DELAY: past its timeout, behind its level's requests in time
     timer: asyncio.TimerHandle | None = None
+    own: bool = False  # edged's own call (a warm-up): the observer does not see it
 
     def finish(self, result: Tensors | BaseException) -> None:
         if self.timer is not None:
@@ -145,7 +146,8 @@ class Pending:
 
 @dataclass
 class Observer:
-    """Where the scheduler reports what it does (Prometheus metrics in the daemon)."""
+    """Where the scheduler reports what it does for callers (Prometheus metrics in the daemon):
+    edged's own requests (a pipeline's warm-up) are not reported."""
 
     queued: Callable[[float], None] = lambda seconds: None
     executed: Callable[[int, float], None] = lambda rows, seconds: None
@@ -270,6 +272,7 @@ class Scheduler:
             reject_on_timeout=policy.reject_on_timeout,
             enqueued=now,
             future=loop.create_future(),
+            own=own_call(),
         )
         if deadline is not None:
             pending.timer = loop.call_at(deadline, self._expire, pending)
@@ -406,7 +409,8 @@ class Scheduler:
     async def _run(self, batch: list[Pending]) -> None:
         started = time.monotonic()
         for p in batch:
-            self.observer.queued(started - p.enqueued)
+            if not p.own:
+                self.observer.queued(started - p.enqueued)
         live = [p for p in batch if not p.future.done()]
         self.running += 1
         try:
@@ -426,12 +430,13 @@ class Scheduler:
         if not live:
             return []
         try:
+            callers = sum(p.rows for p in live if not p.own)
             if len(live) == 1:
-                return [await self._execute(live[0].inputs)]
+                return [await self._execute(live[0].inputs, callers)]
             merged = {
                 name: np.concatenate([p.inputs[name] for p in live]) for name in live[0].inputs
             }
-            return list(self._split(await self._execute(merged), live))
+            return list(self._split(await self._execute(merged, callers), live))
         except InvalidRequest as exc:
             if len(live) == 1:
                 return [exc]
@@ -440,7 +445,9 @@ class Scheduler:
         except Exception as exc:
             return [exc] * len(live)
 
-    async def _execute(self, feeds: Tensors) -> Tensors:
+    async def _execute(self, feeds: Tensors, callers: int) -> Tensors:
+        """One execution; the observer sees it with the ``callers``' rows of it (none: it was
+        edged's own warm-up), the estimate of the work ahead with all of them."""
         rows = len(next(iter(feeds.values()))) if feeds else 0
         started = time.monotonic()
         try:
@@ -448,7 +455,8 @@ class Scheduler:
         finally:
             seconds = time.monotonic() - started
             self.estimate.add(seconds, rows)
-            self.observer.executed(rows, seconds)
+            if callers:
+                self.observer.executed(callers, seconds)
 
     @staticmethod
     def _split(outputs: Tensors, batch: list[Pending]) -> list[Tensors]:

@@ -19,7 +19,7 @@ from edged.egress import Ledger
 from edged.errors import InvalidRequest, NotFound, Unavailable
 from edged.events import EventLog
 from edged.models.config import ModelConfig
-from edged.models.repository import ModelManager
+from edged.models.repository import ModelManager, State
 from edged.protocol.shm import Bound, Regions
 from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
 from edged.request import (
@@ -152,9 +152,7 @@ class DataPlane:
         wanted = parse_version(version)
         if wanted is not None and wanted not in entry.versions:
             raise NotFound(f"model '{name}' has no version {wanted}")
-        shown = entry.versions.get(
-            wanted if wanted is not None else max(entry.ready_versions or [0])
-        )
+        shown = entry.versions.get(wanted) if wanted is not None else self.manager.serving(entry)
         # The serving version's config: after a reload, entry.config may be one still loading.
         config = shown.config if shown is not None and shown.config else entry.config
         if config is None:
@@ -192,13 +190,25 @@ class DataPlane:
             return False
         return True
 
-    def model_config(self, name: str) -> ModelConfig:
+    def model_config(self, name: str, version: str | None = None) -> ModelConfig:
         """GET /v2/models/{m}/config (Triton's model configuration extension; REST sends
-        ``as_json()``, gRPC the ``proto``)."""
+        ``as_json()``, gRPC the ``proto``): the config of the version that serves a call naming
+        none, or of ``version``, which is the version's own config.pbtxt when it came with one;
+        the model's while none serves."""
         entry = self.manager.entry(name)
-        if entry.config is None:
+        wanted = parse_version(version)
+        if wanted is not None:
+            shown = entry.versions.get(wanted)
+            if shown is None:
+                raise NotFound(f"model '{name}' has no version {wanted}")
+            if shown.state is not State.READY or shown.config is None:
+                raise Unavailable(f"model '{name}' version {wanted} is not ready: {shown.reason}")
+            return shown.config
+        serving = self.manager.serving(entry)
+        config = serving.config if serving is not None and serving.config else entry.config
+        if config is None:
             raise Unavailable(f"model '{name}' has no valid config: {entry.error}")
-        return entry.config
+        return config
 
     def status(self) -> dict[str, Any]:
         """GET /v1/status: readiness, in-flight requests and every model's state."""
@@ -249,8 +259,24 @@ class DataPlane:
         come (``triton_final_response`` false in each), and the response returned is the
         final one, with no outputs (its ``triton_final_response`` true); any other model's
         one response is returned, final. ``sequences`` are the stream's open sequences, for
-        stateful models."""
-        self.check_ready()
+        stateful models. The call counts in the model's statistics however it ends, refused here
+        or on the way (``edged.models.calls``)."""
+        with self.manager.calls.call(name) as call:
+            self.check_ready()
+            call.named = parse_version(version)
+            if request.refused is not None:  # a shared-memory region it names was refused
+                raise request.refused
+            return await self._infer(name, call.named, request, deadline, send, sequences)
+
+    async def _infer(
+        self,
+        name: str,
+        version: int | None,
+        request: InferRequest,
+        deadline: float | None,
+        send: Send | None,
+        sequences: Sequences | None,
+    ) -> tuple[InferResponse, dict[str, bool]]:
         # Not reset on return: the request's task ends with it, and the transport's own log
         # lines about this request (errors, the access line) come after the return.
         logs.set_fields(request_id=request.id or logs.short_id(), model=name)
@@ -267,9 +293,7 @@ class DataPlane:
             sink = Responses(name, partial, sequences)
         token = RESPONSES.set(sink)
         try:
-            served, outputs = await self.router.infer(
-                name, parse_version(version), request.inputs, parameters
-            )
+            served, outputs = await self.router.infer(name, version, request.inputs, parameters)
         finally:
             RESPONSES.reset(token)
         main = route.summary()  # where it ran, for the transport's access line
@@ -326,11 +350,15 @@ class DataPlane:
     async def run(
         self, name: str, inputs: dict[str, np.ndarray], params: Mapping[str, Any]
     ) -> tuple[str, dict[str, np.ndarray], dict[str, Any]]:
-        """Run a model for the task API: (served version, outputs, route parameters)."""
-        self.check_ready()
-        logs.set_fields(model=name, request_id=logs.bound().get("request_id") or logs.short_id())
-        parameters, route = self.take_parameters(params)
-        served, outputs = await self.router.infer(name, None, inputs, parameters)
+        """Run a model for the task API: (served version, outputs, route parameters); counted
+        as ``infer`` counts its calls."""
+        with self.manager.calls.call(name):
+            self.check_ready()
+            logs.set_fields(
+                model=name, request_id=logs.bound().get("request_id") or logs.short_id()
+            )
+            parameters, route = self.take_parameters(params)
+            served, outputs = await self.router.infer(name, None, inputs, parameters)
         return served, outputs, route_parameters(route, params.get("explain") is True, text=False)
 
     def take_parameters(

@@ -29,6 +29,7 @@ from edged.errors import (
 )
 from edged.metrics import Metrics
 from edged.models import files
+from edged.models.calls import Calls
 from edged.models.config import ModelConfig, read_config
 from edged.models.names import DAMAGED
 from edged.runtimes.base import Runtime, Tensors
@@ -137,6 +138,7 @@ class ModelManager:
         self.repository = repository
         self.factory = factory
         self.metrics = metrics or Metrics()
+        self.calls = Calls(self.metrics, self.charged)  # what the statistics count
         self.max_queue_size = max_queue_size
         self.idle_unload_s = idle_unload_s
         self.before_load = before_load
@@ -504,13 +506,31 @@ class ModelManager:
             return entry, mv
         if missing and entry.ready_versions:
             raise Unavailable(f"model '{name}' cannot run: {missing}")
-        pinned = entry.versions.get(self.pinned.get(name, -1))
-        if pinned is not None and pinned.state is State.READY:
-            return entry, pinned
-        ready = entry.ready_versions
-        if not ready:
+        serving = self.serving(entry)
+        if serving is None:
             raise Unavailable(f"model '{name}' is not ready: {self.reason(name)}")
-        return entry, entry.versions[ready[-1]]
+        return entry, serving
+
+    def serving(self, entry: ModelEntry) -> ModelVersion | None:
+        """The version that serves a call naming none: the active (pinned) one while it is
+        ready, else the newest ready one (None: none is ready)."""
+        pinned = entry.versions.get(self.pinned.get(entry.name, -1))
+        if pinned is not None and pinned.state is State.READY:
+            return pinned
+        ready = entry.ready_versions
+        return entry.versions[ready[-1]] if ready else None
+
+    def charged(self, name: str, named: int | None) -> int | None:
+        """The version that a failed call of ``name`` no version ran counts under: the one it
+        named if the model has it, else the one that serves (None: an unknown model, or none
+        serves)."""
+        entry = self.entries.get(name)
+        if entry is None:
+            return None
+        if named is not None and named in entry.versions:
+            return named
+        serving = self.serving(entry)
+        return serving.version if serving is not None else None
 
     def missing_step(self, name: str, seen: frozenset[str] = frozenset()) -> str:
         """Why a pipeline cannot run now because a model it calls does not serve ("" if none)."""
@@ -534,29 +554,27 @@ class ModelManager:
         inputs: Tensors,
         parameters: Mapping[str, Any] | None = None,
     ) -> tuple[ModelEntry, int, Tensors]:
-        """Check the inputs against the model's config and run them."""
-        entry, mv = self.resolve(name, version)
-        assert mv.config is not None and mv.runtime is not None
-        mv.inflight += 1  # from here on, unload_idle leaves this version alone
-        mv.idle.clear()
-        started = mv.last_used = time.monotonic()
-        error: BaseException | None = None
-        try:
-            mv.config.check_inputs(inputs)
-            if mv.asleep:
-                await self._wake(entry.name, mv)
-            if mv.scheduler is not None:
-                outputs = await mv.scheduler.submit(inputs)
-            else:
-                outputs = await mv.runtime.infer(inputs, parameters or {})
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            mv.inflight -= 1
-            if mv.inflight == 0:
-                mv.idle.set()
-            self.metrics.finished(name, mv.version, time.monotonic() - started, error)
+        """Check the inputs against the model's config and run them: a run of the caller's call,
+        counted with it (``edged.models.calls``)."""
+        with self.calls.run(name, version) as call:
+            entry, mv = self.resolve(name, version)
+            assert mv.config is not None and mv.runtime is not None
+            call.version = mv.version
+            mv.inflight += 1  # from here on, unload_idle leaves this version alone
+            mv.idle.clear()
+            mv.last_used = time.monotonic()
+            try:
+                mv.config.check_inputs(inputs)
+                if mv.asleep:
+                    await self._wake(entry.name, mv)
+                if mv.scheduler is not None:
+                    outputs = await mv.scheduler.submit(inputs)
+                else:
+                    outputs = await mv.runtime.infer(inputs, parameters or {})
+            finally:
+                mv.inflight -= 1
+                if mv.inflight == 0:
+                    mv.idle.set()
         return entry, mv.version, outputs
 
     # ---- idle unload ---------------------------------------------------------------------

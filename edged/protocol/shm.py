@@ -242,6 +242,11 @@ class Regions:
             raise InvalidRequest(f"region '{use.region}': its file is smaller than registered")
         return data
 
+    def check(self, caller: Any, use: Use) -> None:
+        """Refuse ``use`` as a place to write to now, as ``write`` would (InvalidRequest)."""
+        with self.lock:
+            self._region(caller, use, write=True)
+
     def write(self, caller: Any, use: Use, data: bytes) -> None:
         if len(data) > use.byte_size:
             raise InvalidRequest(
@@ -318,6 +323,9 @@ class Bound:
 
     def read(self, use: Use) -> memoryview:
         return self.regions.read(self.caller, use, self.limit)
+
+    def check(self, use: Use) -> None:
+        self.regions.check(self.caller, use)
 
     def write(self, use: Use, data: bytes) -> None:
         self.regions.write(self.caller, use, data)

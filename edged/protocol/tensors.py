@@ -174,6 +174,10 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     outputs: list[RequestedOutput] = field(default_factory=list)
     binary_output: bool = False
+    # A shared-memory region it names was refused (the first such refusal): the call of its
+    # model fails with this where its model's calls are counted, not in the decoder, so that the
+    # refusal counts as that model's failure (the input it would have read is missing).
+    refused: InvalidRequest | None = None
 
 
 @dataclass
@@ -365,6 +369,14 @@ def from_region(
     return from_binary(name, datatype, shape, shm.read(use), copy=False)
 
 
+def check_output_region(name: str, use: Use, shm: Bound | None) -> None:
+    """Refuse an output's region before its model runs (not after, with the work done): one
+    this caller has not registered, that ``use`` does not fit in, or that edged cannot write."""
+    if shm is None:
+        raise InvalidRequest(f"output '{name}': shared memory is for local callers")
+    shm.check(use)
+
+
 def place(
     response: InferResponse, requested: Iterable[RequestedOutput], shm: Bound | None
 ) -> dict[str, dict[str, Any]]:
@@ -407,6 +419,7 @@ def decode_request(
         raise InvalidRequest("request 'parameters' must be an object")
 
     inputs: dict[str, np.ndarray] = {}
+    refused: InvalidRequest | None = None  # a region refused: InferRequest.refused
     offset = 0
     for raw in raw_inputs:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
@@ -426,7 +439,10 @@ def decode_request(
         size = params.get("binary_data_size")
         use = use_of(f"input '{name}'", params)
         if use is not None:
-            inputs[name] = from_region(name, datatype, shape, use, shm)
+            try:
+                inputs[name] = from_region(name, datatype, shape, use, shm)
+            except InvalidRequest as exc:
+                refused = refused or exc
         elif size is not None:
             if type(size) is not int or size < 0:
                 raise InvalidRequest(f"tensor '{name}': binary_data_size must be an integer >= 0")
@@ -462,12 +478,15 @@ def decode_request(
         classification = params.get("classification", 0)
         if type(classification) is not int or classification < 0:
             raise InvalidRequest(f"output '{raw['name']}': classification must be an integer >= 0")
+        use = use_of(f"output '{raw['name']}'", params)
+        if use is not None and refused is None:
+            try:
+                check_output_region(raw["name"], use, shm)
+            except InvalidRequest as exc:
+                refused = exc
         outputs.append(
             RequestedOutput(
-                raw["name"],
-                None if binary_flag is None else bool(binary_flag),
-                classification,
-                use_of(f"output '{raw['name']}'", params),
+                raw["name"], None if binary_flag is None else bool(binary_flag), classification, use
             )
         )
     request_id = doc.get("id")
@@ -479,6 +498,7 @@ def decode_request(
         parameters=parameters,
         outputs=outputs,
         binary_output=bool(parameters.get("binary_data_output", False)),
+        refused=refused,
     )
 
 

@@ -50,6 +50,7 @@ from edged.protocol.tensors import (
     InferRequest,
     InferResponse,
     RequestedOutput,
+    check_output_region,
     check_shape,
     datatype_of,
     element_count,
@@ -116,6 +117,7 @@ def decode_infer(request: pb.ModelInferRequest, shm: Bound | None = None) -> Inf
             f"raw_input_contents has {len(raw)} entries for {carried} inputs not in shared memory"
         )
     inputs: dict[str, np.ndarray] = {}
+    refused: InvalidRequest | None = None  # a region refused: InferRequest.refused
     chunks = iter(raw)
     for tensor, use in zip(request.inputs, uses):
         name = tensor.name
@@ -128,7 +130,10 @@ def decode_infer(request: pb.ModelInferRequest, shm: Bound | None = None) -> Inf
             )
         shape = check_shape(name, list(tensor.shape), tensor.datatype)
         if use is not None:
-            inputs[name] = from_region(name, tensor.datatype, shape, use, shm)
+            try:
+                inputs[name] = from_region(name, tensor.datatype, shape, use, shm)
+            except InvalidRequest as exc:
+                refused = refused or exc
             continue
         if raw:
             inputs[name] = from_binary(name, tensor.datatype, shape, next(chunks))
@@ -156,6 +161,11 @@ def decode_infer(request: pb.ModelInferRequest, shm: Bound | None = None) -> Inf
         if not isinstance(classification, int) or classification < 0:
             raise InvalidRequest(f"output '{wanted.name}': classification must be an integer >= 0")
         use = use_of(f"output '{wanted.name}'", params)
+        if use is not None and refused is None:
+            try:
+                check_output_region(wanted.name, use, shm)
+            except InvalidRequest as exc:
+                refused = exc
         outputs.append(RequestedOutput(wanted.name, True, classification, use))
     return InferRequest(
         inputs=inputs,
@@ -163,6 +173,7 @@ def decode_infer(request: pb.ModelInferRequest, shm: Bound | None = None) -> Inf
         parameters=_parameters(request.parameters),
         outputs=outputs,
         binary_output=True,
+        refused=refused,
     )
 
 
@@ -288,7 +299,8 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
         async def work() -> pb.ModelConfigResponse:
-            return pb.ModelConfigResponse(config=self.plane.model_config(request.name).proto)
+            config = self.plane.model_config(request.name, request.version or None)
+            return pb.ModelConfigResponse(config=config.proto)
 
         return await self._call(context, work)
 

@@ -435,7 +435,8 @@ def create_app(
         return ok(plane.statistics(info.get("model"), info.get("version")))
 
     async def model_config(request: web.Request) -> web.Response:
-        return ok(plane.model_config(request.match_info["model"]).as_json())
+        info = request.match_info
+        return ok(plane.model_config(info["model"], info.get("version")).as_json())
 
     async def infer(request: web.Request) -> web.Response:
         info = request.match_info
@@ -646,6 +647,7 @@ def create_app(
             web.get(model + "/ready", model_ready),
             web.get(versioned + "/ready", model_ready),
             web.get(model + "/config", model_config),
+            web.get(versioned + "/config", model_config),
             web.post(model + "/infer", infer),
             web.post(model + "/stream", stream),
             web.post(versioned + "/infer", infer),

@@ -683,6 +683,22 @@ def test_outputs_not_in_shared_memory_need_no_caller_and_are_not_placed() -> Non
     )
 
 
+def test_a_refused_region_is_kept_on_the_request_for_its_models_call_to_fail_with() -> None:
+    """Not raised by the decoder: the data plane raises it where the model's calls are counted,
+    so that a refused region is a failure in the model's statistics. An output's region is
+    refused before the model runs, the first refusal is the one kept."""
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": 4}
+    output = {"name": "y", "parameters": region}
+    doc = {"inputs": [{**X, "parameters": region}], "outputs": [output]}
+    request = decode_request(json.dumps(doc).encode())
+    assert request.refused is not None and "x" not in request.inputs
+    assert request.refused.message == "input 'x': shared memory is for callers on edged's sockets"
+    request = decode_request(json.dumps({"inputs": [X], "outputs": [output]}).encode())
+    assert request.refused is not None
+    assert request.refused.message == "output 'y': shared memory is for local callers"
+    assert decode_request(json.dumps({"inputs": [X]}).encode()).refused is None
+
+
 def test_a_header_length_outside_the_body_is_refused_with_both_numbers() -> None:
     body = request_body([X])
     assert refusal(lambda: decode_request(body, -1)) == (
@@ -724,9 +740,6 @@ def test_a_header_length_outside_the_body_is_refused_with_both_numbers() -> None
          "tensor 'x': binary_data_size must be an integer >= 0"),
         ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "parameters": {}}]},
          "tensor 'x' has neither 'data' nor binary_data_size"),
-        ({"inputs": [{**X, "parameters": {"shared_memory_region": "r",
-                                          "shared_memory_byte_size": 4}}]},
-         "input 'x': shared memory is for callers on edged's sockets"),
         ({"inputs": [{**X, "parameters": {"shared_memory_region": "r",
                                           "shared_memory_byte_size": -4}}]},
          "input 'x': shared_memory_byte_size must be an integer >= 0"),
