@@ -159,7 +159,8 @@ def test_no_other_user_reaches_the_knowledge_store(edged: Daemon) -> None:
         {"documents": [{"text": SECRET, "source": "hr/doors.md", "private": True}]},
     )
     assert written["chunks"] == 1
-    assert client.kb_search("hr", "door code")[0]["metadata"] == {"private": True}
+    found = client.kb_search("hr", "door code")[0]["metadata"]
+    assert found == {"private": True, "owner": os.getuid()}  # the ingester's: root's here
     assert edged.proc is not None
     pids = family(edged.proc.pid)
     inodes = socket_inodes(pids)
