@@ -23,7 +23,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.asunit import open_files_limit, proc_status
-from tests.conftest import ROOT, Daemon, linked_repository, skip_or_fail
+from tests.conftest import ROOT, Daemon, linked_repository, skip_or_fail, wait_for
 
 FRESH = 500  # sequential connections, each a new channel
 AT_ONCE = 100  # raw connections opened together, each sending its preface at once
@@ -88,6 +88,12 @@ def test_every_fresh_grpc_connection_is_answered_by_edged_as_its_unit_runs_it(
     assert open_files_limit(as_unit.proc.pid) == 1024
     path = str(as_unit.socket.with_name("edged-grpc.sock"))
 
+    pid = as_unit.proc.pid
+
+    def descriptors() -> int:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+
+    before = descriptors()
     answered = 0
     for _ in range(FRESH):
         client = grpcclient.InferenceServerClient(url=f"unix://{path}")
@@ -97,6 +103,10 @@ def test_every_fresh_grpc_connection_is_answered_by_edged_as_its_unit_runs_it(
             client.close()
     assert answered == FRESH
 
+    # The closed channels leave edged nothing: about one relayed pair in two stayed open for
+    # good (the caller's end half-closed, grpc's never), 158 descriptors after 500 channels,
+    # and the burst below found edged past server.max_connections. Closed within EOF_GRACE_S.
+    wait_for(lambda: descriptors() <= before + 8, 30, "the fresh connections closed in edged")
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(preface_at_once, [path] * AT_ONCE))
     assert [kinds for kinds in answers if SETTINGS not in kinds or GOAWAY in kinds] == []
