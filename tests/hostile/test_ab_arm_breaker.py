@@ -48,7 +48,7 @@ def test_a_failing_arm_b_leaves_arm_a_and_other_models_in_the_cloud(
     cloud.fail_every(1, status=503, models=[MODEL_B])
     rows, others = [], []
     for i in range(300):
-        rows.append(ask(client, 40000 + i, route="cloud"))
+        rows.append(ask(client, 60000 + i, route="cloud"))
         if i % 10 == 0:
             others.append(ask_other(client, i))
         if i == 100:  # b's own circuit is what opened (a trial of it may be due)
@@ -71,7 +71,7 @@ def test_a_failing_arm_b_leaves_arm_a_and_other_models_in_the_cloud(
     assert test["a"]["good"] == test["a"]["calls"] and test["b"]["good"] == 0, test
     assert others == ["cloud"] * 30, others
     cloud.fail_every(0)
-    after = [ask(client, 40500 + i, route="cloud") for i in range(10)]
+    after = [ask(client, 60500 + i, route="cloud") for i in range(10)]
     assert all(row["route"] == "cloud" and "A/B" not in row["reason"] for row in after)
 
 
@@ -89,7 +89,7 @@ def test_a_model_only_the_cloud_serves_keeps_answering_while_arm_b_fails(
     failed = []
     for i in range(200):
         try:
-            ask(client, 50000 + i)
+            ask(client, 70000 + i)
         except ClientError as exc:
             failed.append(exc)
     print(f"cloud only, arm b failing: {len(failed)} of 200 calls failed")

@@ -90,14 +90,7 @@ def test_a_call_the_egress_ledger_cannot_record_is_not_sent(
         sent.append(f"req-{i}")
     assert kept["route"] == "fallback" and "the egress ledger cannot record this call" in (
         kept["reason"]), kept  # fmt: skip
-    # Nothing leaves unrecorded: whatever of this test the cloud saw, the ledger holds. The call
-    # that fell back was not sent at the try the ledger refused; an earlier try of it may have
-    # been (recorded, then failed: on a loaded machine, a timeout), so it counts as sent then.
-    mine = {s["id"] for s in cloud.seen() if s["id"].startswith("req-400")}
-    held = {e["request_id"] for e in client.egress(kind="cloud-infer")["entries"]}
-    assert mine <= held, mine - held
-    if f"req-{i}" in held:
-        sent.append(f"req-{i}")
+    assert f"req-{i}" not in {s["id"] for s in cloud.seen()}
     assert client.status()["egress"]["failed"]
     filler.unlink()
     assert ask(client, 40100, route="cloud")["route"] == "cloud"
