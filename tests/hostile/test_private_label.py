@@ -11,16 +11,13 @@ and every node that derives from the image says it ran private.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from edged.client import ClientError
-from tests.conftest import ANSWER_MODEL, MODELS, Cloud, Daemon, wait_for
+from tests.conftest import Cloud, Daemon
 from tests.hashproxy import HashProxy
-from tests.integration.edged.test_egress import hashing, sent
-from tests.integration.edged.test_routing import cloud_state
-from tests.integration.edged.test_tasks import INVOICE, OCR_MODELS, TEXT_MODELS, b64, tasks
+from tests.integration.edged.test_egress import hashing, image_report_daemon, sent
+from tests.integration.edged.test_tasks import INVOICE, b64, tasks
 from tests.media import text_image
 
 __all__ = ["hashing"]  # the fixture: the recording proxy in front of the cloud
@@ -31,19 +28,7 @@ pytestmark = pytest.mark.usefixtures("faults_cleared")
 def test_a_callers_private_image_leaves_nothing_with_the_template_that_releases_it(
     make_daemon: type[Daemon], hashing: HashProxy, cloud: Cloud
 ) -> None:
-    config = f"""
-[models]
-load = {json.dumps(OCR_MODELS + TEXT_MODELS)}
-[cloud]
-url = "http://{hashing.address}"
-[[cloud.models]]
-name = "{ANSWER_MODEL}"
-[knowledge]
-answer_model = "{ANSWER_MODEL}"
-"""
-    daemon = make_daemon(MODELS, config=config).start()
-    wait_for(lambda: ANSWER_MODEL in cloud_state(daemon.client)["catalog"], 10,
-             "the cloud's catalog")  # fmt: skip
+    daemon = image_report_daemon(make_daemon, hashing)
     image = b64(text_image(INVOICE))
     # the template's own label: its OCR node releases the text, which goes to the cloud
     released = tasks(daemon.client, {"template": "image-report", "inputs": {"image": image}})

@@ -269,16 +269,11 @@ def test_edgectl_and_the_admin_api_list_and_verify_the_ledger(
         assert found.returncode == 1 and "its hash is not its own" in found.stderr, found
 
 
-def test_a_task_graphs_cloud_node_is_recorded(
-    make_daemon: type[Daemon], hashing: HashProxy, cloud: Cloud
-) -> None:
-    """The image-report template: its report node asks the answer model in the cloud (the OIP
-    one, through the router, as the knowledge store's escalations do), with the text read on
-    the device, never the private image: one entry, whose hash is what the cloud received; the
-    OCR steps on the private image, none."""
+def image_report_daemon(make_daemon: type[Daemon], hashing: HashProxy) -> Daemon:
+    """edged with the OCR and text models, the answer model in the cloud behind ``hashing``,
+    started, the cloud's catalog seen: image-report's report node can go to the cloud."""
     from tests.conftest import ANSWER_MODEL, MODELS
-    from tests.integration.edged.test_tasks import INVOICE, OCR_MODELS, TEXT_MODELS, b64, tasks
-    from tests.media import text_image
+    from tests.integration.edged.test_tasks import OCR_MODELS, TEXT_MODELS
 
     config = f"""
 [models]
@@ -291,8 +286,23 @@ name = "{ANSWER_MODEL}"
 answer_model = "{ANSWER_MODEL}"
 """
     daemon = make_daemon(MODELS, config=config).start()
-    catalog = lambda: ANSWER_MODEL in cloud_state(daemon.client)["catalog"]  # noqa: E731
-    wait_for(catalog, 10, "the cloud's catalog")
+    wait_for(lambda: ANSWER_MODEL in cloud_state(daemon.client)["catalog"], 10,
+             "the cloud's catalog")  # fmt: skip
+    return daemon
+
+
+def test_a_task_graphs_cloud_node_is_recorded(
+    make_daemon: type[Daemon], hashing: HashProxy, cloud: Cloud
+) -> None:
+    """The image-report template: its report node asks the answer model in the cloud (the OIP
+    one, through the router, as the knowledge store's escalations do), with the text read on
+    the device, never the private image: one entry, whose hash is what the cloud received; the
+    OCR steps on the private image, none."""
+    from tests.conftest import ANSWER_MODEL
+    from tests.integration.edged.test_tasks import INVOICE, b64, tasks
+    from tests.media import text_image
+
+    daemon = image_report_daemon(make_daemon, hashing)
     answer = tasks(daemon.client, {"template": "image-report",
                                    "inputs": {"image": b64(text_image(INVOICE))}})  # fmt: skip
     assert answer["status"] == "ok"
