@@ -9,7 +9,7 @@ Each row: the hostile client (one thread, back to back, for ``--seconds``) sends
 input; a prober asks /v2/health/ready every 20 ms on a connection of its own; RSS is read from
 /proc every 50 ms.
 
-    .venv/bin/python bench/hostile.py [--seconds 10]
+    .venv/bin/python bench/hostile.py [--seconds 10] [--only PNG] [--skip WAV]
 """
 
 from __future__ import annotations
@@ -234,8 +234,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--skip", action="append", default=[], help="rows whose name has this")
+    parser.add_argument("--only", action="append", default=[], help="rows whose name has this")
     args = parser.parse_args()
     names = [n for n in [*INPUTS, "1,100 half-sent requests"] if not any(s in n for s in args.skip)]
+    if args.only:
+        names = [n for n in names if n == "none (baseline)" or any(s in n for s in args.only)]
     with tempfile.TemporaryDirectory() as work:
         daemon = Daemon(Path(work), config=CONFIG).start()
         try:

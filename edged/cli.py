@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edged import __version__, logs
 from edged import config as config_module
+from edged.common import heap
 from edged.errors import ConfigError, EdgedError
 
 DESCRIPTION = """\
@@ -66,6 +67,7 @@ def effective_config(args: argparse.Namespace) -> config_module.Config:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``edged`` console script."""
+    heap.fix_thresholds()  # before the daemon's imports allocate (edged/common/heap.py)
     args = build_parser().parse_args(argv)
     try:
         config = effective_config(args)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from edged.common.heap import trim_heap
 from edged.config import OnnxRuntimeConfig
 from edged.errors import EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import ModelConfig, oip_datatype
@@ -41,23 +41,12 @@ PROVIDERS = {
 }
 
 
-# glibc's malloc_trim, looked up in the process's own symbols (no ldconfig run); None elsewhere
-MALLOC_TRIM: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
-
-
 # Runs that give their memory back when they end (``OnnxModel._heavy``): ONNX Runtime's CPU
 # arena shrinks to what it holds between runs, then the C heap is trimmed.
 HEAVY_S = 0.05
 HEAVY_BYTES = 1 << 20
 SHRINK = ort.RunOptions()
 SHRINK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-
-
-def trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc keeps them after a session goes,
-    so the daemon's RSS would not drop as much); a no-op where there is no glibc."""
-    if MALLOC_TRIM is not None:
-        MALLOC_TRIM(0)
 
 
 def choose_providers(wanted: Sequence[str], available: Sequence[str]) -> list[str]:

@@ -68,4 +68,6 @@ def test_long_texts_take_no_memory_that_stays(make_daemon: type[Daemon]) -> None
     assert len(answers) == 2 and answers[0]["intents"] == answers[1]["intents"]
     assert len(answers[0]["intents"]) == 256
     assert peak[0] - start < 1024 * mib  # was +1,874 MiB with two callers
-    assert after < start * 1.5, (start / mib, after / mib)  # was 248 -> 2,212 MiB with one
+    # the goal of issue 44: back within 10 % (was 248 -> 2,212 MiB with one caller; +18 % until
+    # the heap's thresholds were fixed, edged/common/heap.py)
+    assert after < start * 1.1, (start / mib, after / mib)
