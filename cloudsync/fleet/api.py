@@ -561,6 +561,7 @@ class Api:
             return await self.refuse(request, action, node[:64], 404, "node: not a node's name")
         if not await self.db(self.service.enrolments.reinstate, node):
             return await self.refuse(request, action, node, 404, "node: not revoked")
+        await self.db(self.service.write_broker_files)
         await self.db(self.audit, request[WHO], action, node, "done")
         return web.json_response({"node": node, "barred": False})
 
@@ -583,7 +584,7 @@ class Api:
         who = request[WHO]
         done = await self.db(self.service.enrolments.revoke, who.name, self.service.clock(),
                              doc.get("node"), doc.get("serial"))  # fmt: skip
-        await self.db(self.service.write_crl)
+        await self.db(self.service.write_broker_files)
         if doc.get("node"):  # an open session goes at once (the service takes it over)
             self.service.kick(doc["node"])
         await self.db(self.audit, who, action, target, "done", {"serials": done})

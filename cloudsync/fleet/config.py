@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from cloudsync.protocol.topics import check_name
 from edged.config import LogFormat, Section, load_file
@@ -214,6 +214,24 @@ class EnrolmentConfig(Section):
         description="the CRL of revoked node certificates, signed by the issuing CA, written at"
         " start, daily and at each revocation (mosquitto.conf's crlfile; SIGHUP reloads it)",
     )
+    acl_file: Path | None = Field(
+        None,
+        description="the broker's ACL file (mosquitto.conf's acl_file), written at start and at"
+        " each revocation and reinstatement by name: acl_base's rules, then each barred name"
+        " denied every topic (SIGHUP reloads it: a session open under the name, whatever its"
+        " client id, can then neither publish nor receive)",
+    )
+    acl_base: Path | None = Field(
+        None, description="the fleet's ACL rules that acl_file is made from (with acl_file)"
+    )
+
+    @model_validator(mode="after")
+    def _acl_pair(self) -> EnrolmentConfig:
+        if (self.acl_file is None) != (self.acl_base is None):
+            raise ValueError("acl_file and acl_base: both or neither")
+        if self.acl_file is not None and self.acl_file == self.acl_base:
+            raise ValueError("acl_file: not acl_base itself (the service writes it)")
+        return self
 
 
 class LogConfig(Section):

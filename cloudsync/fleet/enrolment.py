@@ -26,7 +26,7 @@ import datetime
 import fnmatch
 import hashlib
 import secrets
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cloudsync.fleet.store import Store, Tx
 from cloudsync.protocol import envelope
 from cloudsync.protocol.enrol import Answer, EnrolError, check_csr, public_der
-from cloudsync.protocol.topics import TopicError, check_name, enrol_answer
+from cloudsync.protocol.topics import NAME, TopicError, check_name, enrol_answer
 from edged.atomic import write_atomic
 
 MAX_PENDING = 1000  # requests waiting for an operator; more are refused
@@ -124,6 +124,28 @@ def write_crl(issuer: Issuer, revoked: list[dict[str, Any]], now_ms: int, path: 
     algorithm = None if isinstance(issuer.key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
     crl = builder.sign(issuer.key, algorithm)
     write_atomic(path, crl.public_bytes(serialization.Encoding.PEM), 0o644)
+
+
+ACL_BARRED = """
+# Barred by the fleet service (revoked by name; `edgefleet enrol reinstate NAME` lifts it):
+# nothing in, nothing out, whatever the session's client id. Written by the service: edit
+# [enrolment] acl_base instead.
+"""
+
+
+def write_acl(base: Path, barred: Iterable[str], path: Path) -> None:
+    """The broker's ACL: ``base``'s rules, then a ``topic deny #`` section per barred name
+    (Mosquitto checks a user's denials before any rule or pattern, on each publish and each
+    delivery, and a reload applies them to open sessions), written atomically (0644)."""
+    names = sorted(set(barred))
+    for name in names:  # names are checked where they come in: never a line of their own
+        if not NAME.match(name):
+            raise ValueError(f"{name!r}: not a node's name")
+    text = base.read_text(encoding="utf-8")
+    if not text.endswith("\n"):
+        text += "\n"
+    text += ACL_BARRED + "".join(f"user {name}\ntopic deny #\n" for name in names)
+    write_atomic(path, text.encode(), 0o644)
 
 
 class Enrolments:
@@ -338,6 +360,9 @@ class Enrolments:
     def write_crl(self, path: Path, now_ms: int) -> None:
         if self.issuer is not None:
             write_crl(self.issuer, self.revoked(), now_ms, path)
+
+    def write_acl(self, base: Path, path: Path) -> None:
+        write_acl(base, [row["node"] for row in self.barred()], path)
 
     def list(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """The latest requests, newest first (``state``: pending, issued or refused only)."""

@@ -164,7 +164,7 @@ class Service:
         self.registry = Registry(self.store, config.service.offline_after_s, self.enrolments,
                                  config.events.checkpoint_s)  # fmt: skip
         self.crl_due = 0.0
-        self.write_crl()  # at start: the broker's crlfile is there before it is needed
+        self.write_broker_files()  # at start: the broker's crlfile is there before it is needed
         self.deployments = Deployments(self.store, clock)
         self.rollouts = Rollouts(
             self.store, self.deployments, self.fleet, self.publish_desired, self.send_command,
@@ -488,7 +488,7 @@ class Service:
             if full:
                 self.rollouts.prune()
                 if time.monotonic() >= self.crl_due:  # a fresh CRL before the last one expires
-                    self.write_crl()
+                    self.write_broker_files()
                 keep_ms = int(self.config.events.keep_days * 86_400_000)
                 anchors_ms = int(self.config.events.checkpoint_keep_days * 86_400_000)
                 self.registry.prune(self.clock(), keep_ms, anchors_ms)
@@ -499,12 +499,15 @@ class Service:
                 self.dirty |= nodes
                 self.full_pass = self.full_pass or full
 
-    def write_crl(self) -> None:
-        """The CRL at ``[enrolment] crl_file`` (if set), signed now; again in a day."""
-        path = self.config.enrolment.crl_file
-        if path is not None and self.enrolments.issuer is not None:
-            self.enrolments.write_crl(path, self.clock())
-            self.crl_due = time.monotonic() + 86400
+    def write_broker_files(self) -> None:
+        """The CRL at ``[enrolment] crl_file`` (if set), signed now, again in a day; the ACL at
+        ``acl_file`` (if set), with the names barred now."""
+        cfg = self.config.enrolment
+        if cfg.crl_file is not None and self.enrolments.issuer is not None:
+            self.enrolments.write_crl(cfg.crl_file, self.clock())
+        if cfg.acl_file is not None and cfg.acl_base is not None:
+            self.enrolments.write_acl(cfg.acl_base, cfg.acl_file)
+        self.crl_due = time.monotonic() + 86400
 
     def alerter(self) -> None:
         """Every ``[alerts] resend_s``, while this replica holds the runner lease: the alerts to

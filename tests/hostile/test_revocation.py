@@ -7,7 +7,9 @@ by token.
   its open session is closed at once (the service takes it over), what it still publishes is
   dropped, its renewal is refused, its name cannot enrol again (with a token, by claim, by an
   approval) until an operator reinstates it; after the broker's reload its certificate cannot
-  connect. The others are untouched.
+  connect, and a session still open under its name (a stolen certificate, another client id)
+  can neither publish nor receive (the service's ACL denies the name). The others are
+  untouched.
 - **Reserved names are never issued** (found: a token for ``operator`` enrolled a certificate
   with the operators' ACL, which wrote another node's desired state): the operators' CN and the
   service's own names get no token (409) and no certificate by claim.
@@ -88,8 +90,26 @@ def test_a_revoked_node_is_out_connected_or_not(
         listed = service.edgefleet("enrol", "list", "--state", "pending")
         assert listed == []
 
-        # The broker reloads its CRL: the certificate cannot connect again, the others can.
+        # The service wrote the name's denial into the broker's ACL; the broker reloads it and
+        # the CRL. The thief's session, still open, can neither publish nor receive: Mosquitto
+        # checks a user's denials on each publish and each delivery.
+        assert "user n3\ntopic deny #\n" in (broker.workdir / "acl").read_text()
+        watcher = SyncClient(broker.port, pki, OPERATOR)
+        assert watcher.connect()
+        watcher.subscribe("edge/v1/f1/n3/#")
         broker.reload()
+        wait_for(lambda: thief.publish("edge/v1/f1/n3/heartbeat", b"{}").getName()
+                 == "Not authorized", 10, "the thief's publish refused")  # fmt: skip
+        watcher.received.clear()  # what the thief published before the reload took
+        assert thief.publish("edge/v1/f1/n3/events", b"[]").getName() == "Not authorized"
+        assert watcher.publish("edge/v1/f1/n3/renew/cert", b"late").getName() == "Success"
+        time.sleep(1)
+        assert not [t for t, _ in watcher.received if t.endswith("/events")], watcher.received
+        assert [p for t, p in watcher.received if t.endswith("/renew/cert")] == [b"late"]
+        assert not [p for t, p in thief.received if p == b"late"], "the thief read a message"
+        assert thief.client.is_connected()  # open all along: the ACL, not a disconnection
+        watcher.close()
+        # The certificate cannot connect again, the others can.
         thief.close()
         again = SyncClient(broker.port, stolen, "n3")
         assert not again.connect(timeout=5), "a revoked certificate connected"
@@ -103,6 +123,7 @@ def test_a_revoked_node_is_out_connected_or_not(
         # Reinstated, the name enrols again as a new device would (its old certificate stays
         # revoked); the audit log has both.
         assert service.edgefleet("enrol", "reinstate", "n3") == {"node": "n3", "barred": False}
+        assert "user n3\n" not in (broker.workdir / "acl").read_text()
         assert service.call("POST", "/v1/enrolment-tokens", {"node": "n3"},
                             role="operator")[0] == 201  # fmt: skip
         listed = service.call("GET", "/v1/revocations", role="operator")[1]

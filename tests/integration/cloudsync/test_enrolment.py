@@ -34,7 +34,7 @@ from cloudsync.protocol.mqtt import SyncClient
 from edged.client import Client
 from tests.conftest import wait_for
 from tests.fleetservice import FleetService
-from tests.mosquitto import OPERATOR, Broker, Stoppable, cloudsync_config
+from tests.mosquitto import ACL, OPERATOR, Broker, Stoppable, cloudsync_config
 
 
 @pytest.fixture
@@ -48,8 +48,11 @@ def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
 
 @pytest.fixture
 def service(tmp_path: Path, broker: Broker, pki: Path) -> Iterator[FleetService]:
+    base = tmp_path / "acl.base"  # the fleet's rules; the service writes the broker's ACL
+    base.write_text(ACL)
     enrolment = (f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
-                 f'cert_days = 30\ncrl_file = "{tmp_path / "fleet.crl"}"\n')  # fmt: skip
+                 f'cert_days = 30\ncrl_file = "{tmp_path / "fleet.crl"}"\n'
+                 f'acl_base = "{base}"\nacl_file = "{broker.workdir / "acl"}"\n')  # fmt: skip
     service = FleetService(tmp_path / "service", broker, sections=enrolment).start()
     yield service
     service.kill()

@@ -35,6 +35,16 @@ def test_an_unknown_key_is_named(tmp_path: Path) -> None:
         load(path)
 
 
+def test_the_brokers_acl_needs_its_rules_and_is_not_them(tmp_path: Path) -> None:
+    path = tmp_path / "edgefleet.toml"
+    for text, why in (('acl_file = "/a"', "both or neither"),
+                      ('acl_base = "/a"', "both or neither"),
+                      ('acl_file = "/a"\nacl_base = "/a"', "not acl_base itself")):  # fmt: skip
+        path.write_text(f"[enrolment]\n{text}\n")
+        with pytest.raises(ConfigError, match=why):
+            load(path)
+
+
 @pytest.mark.parametrize(
     "bad",
     [

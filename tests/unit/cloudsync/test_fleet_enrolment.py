@@ -252,6 +252,27 @@ def test_a_node_revoked_by_name_gets_nothing_more_until_reinstated(
     assert first in {r["serial"] for r in enrolments.revoked()}
 
 
+def test_the_brokers_acl_denies_each_barred_name_after_the_fleets_rules(
+    enrolments: Enrolments, tmp_path: Path
+) -> None:
+    base, acl = tmp_path / "rules.acl", tmp_path / "broker.acl"
+    base.write_text("pattern read edge/v1/+/%u/#")  # no newline at its end: one is added
+    enrolments.revoke("carol", NOW, node="n3")
+    enrolments.revoke("carol", NOW, node="a-1")
+    enrolments.write_acl(base, acl)
+    text = acl.read_text()
+    assert text.startswith("pattern read edge/v1/+/%u/#\n\n# Barred by the fleet service")
+    assert text.endswith("user a-1\ntopic deny #\nuser n3\ntopic deny #\n")
+    assert oct(acl.stat().st_mode & 0o777) == "0o644"  # the broker reads it
+    enrolments.reinstate("n3")
+    enrolments.write_acl(base, acl)
+    assert "user n3" not in acl.read_text() and "user a-1\n" in acl.read_text()
+    # a name that is not one (it would be a line of the ACL's own) is never written
+    with pytest.raises(ValueError, match="not a node's name"):
+        enrolment.write_acl(base, ["n4\ntopic readwrite #"], acl)
+    assert "readwrite" not in acl.read_text()
+
+
 def test_a_node_whose_newest_certificate_is_revoked_renews_no_more(
     enrolments: Enrolments,
 ) -> None:
