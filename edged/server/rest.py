@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from edged import logs
 from edged.admin import Admin
-from edged.common import connections
+from edged.common import connections, heap
 from edged.config import ServerConfig
 from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
@@ -90,6 +90,9 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     every one with ``access_log = "all"``; with "errors", 5xx and, up to a rate, 4xx)."""
     started = time.perf_counter()
     response = await _checked(request, handler)
+    if (request.content_length or 0) >= heap.LARGE_BYTES and request.app[PLANE].inflight == 0:
+        # the last large request of a burst has gone: the heap's free pages go back now
+        await asyncio.get_running_loop().run_in_executor(None, heap.trim_heap)
     wanted = request.app[SETTINGS].access_log
     level = logging.INFO if wanted == "all" or (
         wanted == "errors" and response.status >= 400) else logging.DEBUG  # fmt: skip
