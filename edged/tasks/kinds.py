@@ -18,7 +18,7 @@ from edged.errors import InvalidRequest, Unavailable
 if TYPE_CHECKING:
     from edged.dataplane.plane import DataPlane
     from edged.knowledge.service import KnowledgeService
-    from edged.tasks.graph import Node
+    from edged.tasks.nodes import Node
 
 # question, passages -> (answer, route, reason): the daemon's answer model (knowledge.answer_model)
 Answer = Callable[[str, list[str]], Awaitable[tuple[str, str, str]]]

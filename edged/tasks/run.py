@@ -21,8 +21,9 @@ from edged.dataplane.plane import DataPlane
 from edged.errors import DeadlineExceeded, EdgedError, InvalidRequest
 from edged.knowledge.service import KnowledgeService
 from edged.router import Router
-from edged.tasks.graph import Graph, Node, parse_graph
+from edged.tasks.graph import parse_graph
 from edged.tasks.kinds import KINDS, Answer, Context
+from edged.tasks.nodes import Graph, Node
 from edged.tasks.templates import Template, load_templates
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from edged.errors import ConfigError, InvalidRequest
-from edged.tasks.graph import Graph, parse_graph
+from edged.tasks.graph import parse_graph
+from edged.tasks.nodes import Graph
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "image-report": {
