@@ -47,6 +47,23 @@ class Alerting:
         self.context = context
         self.failing: set[str] = set()
 
+    def firing(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The alerts firing, counted by name and severity, the most common first."""
+        return self.store.query(
+            "SELECT alertname, severity, COUNT(*) AS n FROM alerts WHERE state = 'firing'"
+            " GROUP BY alertname, severity ORDER BY n DESC, alertname LIMIT ?", (limit,),
+        )  # fmt: skip
+
+    def latest(self, node: str | None = None, limit: int = 10) -> list[dict[str, Any]]:
+        """Of all nodes: the alerts firing, the latest to start first; of one node: its alerts,
+        firing and resolved."""
+        params: list[Any]
+        if node is None:
+            where, params = "WHERE state = 'firing' ORDER BY", [limit]
+        else:
+            where, params = "WHERE node = ? ORDER BY state,", [node, limit]
+        return self.store.query(f"SELECT * FROM alerts {where} starts_ms DESC LIMIT ?", params)
+
     def alerts(self) -> list[dict[str, Any]]:
         """What to send now: the alerts firing, and those resolved lately."""
         now = self.clock()

@@ -22,14 +22,10 @@ from a thread pool, never from the event loop.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import re
-import ssl
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +33,16 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from cloudsync.fleet.abtests import check as check_ab_test
+from cloudsync.fleet.actions import ROLES, WHO, Actions, Refused, db
+from cloudsync.fleet.commands import shown
 from cloudsync.fleet.config import Token
-from cloudsync.fleet.deployments import Deployment, Invalid, check
+from cloudsync.fleet.deployments import Invalid, check
 from cloudsync.fleet.enrolment import MAX_TOKEN_S
 from cloudsync.fleet.exporter import MAX_SHARDS
 from cloudsync.fleet.registry import MAX_INT, MAX_PAGE
 from cloudsync.fleet.rollouts import Conflict, Rollout
 from cloudsync.fleet.rollouts import check as check_rollout
 from cloudsync.fleet.service import Service
-from cloudsync.fleet.store import dumps
 from cloudsync.protocol import envelope
 from cloudsync.protocol.commands import load_anchors, load_scopes
 from cloudsync.protocol.enrol import EnrolError
@@ -53,13 +50,10 @@ from cloudsync.protocol.labels import LabelError, check_labels
 from cloudsync.protocol.topics import CMD_ID, NAME, TopicError, check_name
 
 log = logging.getLogger("edgefleet.api")
-ROLES = {"viewer": 0, "operator": 1, "admin": 2}
 OPENAPI = Path(__file__).with_name("openapi.json")  # package data; docs/fleet-api.json links it
 PUBLIC = {"/healthz", "/metrics", "/v1/openapi.json"}
 CONSOLE = "/console"  # cloudsync.fleet.console: its own session (a cookie) and checks
-MAX_AUDIT_DETAIL = 2000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-WHO = web.RequestKey("who", Token)
 SERIAL = re.compile(r"^[0-9a-f]{1,40}\Z")  # a certificate's serial number, hex
 
 
@@ -68,18 +62,13 @@ def error(status: int, message: str) -> web.Response:
 
 
 class Api:
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.tokens: dict[str, Token] = {t.sha256: t for t in service.config.api.tokens}
+    def __init__(self, service: Service, actions: Actions) -> None:
+        self.service, self.actions = service, actions
         trust = service.config.service.trust_dir
         self.anchors: dict[str, Any] | None = None
         if trust is not None:  # the keys that may sign manifests, as nodes count them
             scoped = load_scopes(trust)
             self.anchors = {k: v for k, v in load_anchors(trust).items() if k not in scoped}
-
-    async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn`` on the thread pool (the database never blocks the event loop)."""
-        return await asyncio.get_running_loop().run_in_executor(None, partial(fn, *args, **kwargs))
 
     # ---- who calls -------------------------------------------------------------------------
 
@@ -87,31 +76,7 @@ class Api:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             return None
-        return self.holder(token)
-
-    def holder(self, token: str) -> Token | None:
-        """Whose token this is (a bearer's, or the console's cookie), or None."""
-        digest = hashlib.sha256(token.strip().encode()).hexdigest()
-        for known, who in self.tokens.items():  # constant time, whichever matches
-            if hmac.compare_digest(known, digest):
-                return who
-        return None
-
-    def named(self, name: str) -> Token | None:
-        """The ``[api] tokens`` entry of ``name`` (a console session's holder), or None."""
-        return next((who for who in self.tokens.values() if who.name == name), None)
-
-    def audit(self, who: Token, action: str, target: str, outcome: str,
-              detail: Any = None) -> None:  # fmt: skip
-        text = dumps(detail if detail is not None else {})
-        if len(text) > MAX_AUDIT_DETAIL:
-            text = dumps({"truncated": text[:MAX_AUDIT_DETAIL]})
-        with self.service.store.transaction() as tx:
-            tx.execute(
-                "INSERT INTO audit (ts, actor, role, action, target, outcome, detail)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (self.service.clock(), who.name, who.role, action, target, outcome, text),
-            )
+        return self.actions.holder(token)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -127,16 +92,14 @@ class Api:
             return error(400, f"query: no parameter {sorted(unknown)[0]!r} here")
         if ROLES[who.role] < ROLES[need]:
             if request.method != "GET":
-                await self.db(
-                    self.audit,
-                    who,
-                    f"{request.method} {request.path}",
-                    request.match_info.get("id", request.path),
-                    f"denied: {need}",
-                )
+                await self.actions.audit(who, f"{request.method} {request.path}",
+                                         request.match_info.get("id", request.path),
+                                         f"denied: {need}")  # fmt: skip
             return error(403, f"role {who.role} may not do this: {need} needed")
         try:
             return await handler(request)
+        except Refused as exc:  # audited where it was refused
+            return error(exc.status, exc.message)
         except web.HTTPException:
             raise
         except Exception:  # one call's failure is a 500, the service goes on
@@ -150,7 +113,7 @@ class Api:
         try:
             raw = await asyncio.wait_for(request.read(), timeout_s)
         except asyncio.TimeoutError:
-            await self.db(self.audit, who, action, target, "refused: body too slow")
+            await self.actions.audit(who, action, target, "refused: body too slow")
             raise web.HTTPRequestTimeout(
                 text=json.dumps(
                     {"error": f"body: not all there within {timeout_s:g} s (api.idle_timeout_s)"}
@@ -158,7 +121,7 @@ class Api:
                 content_type="application/json",
             ) from None
         except web.HTTPRequestEntityTooLarge:
-            await self.db(self.audit, who, action, target, "refused: body too large")
+            await self.actions.audit(who, action, target, "refused: body too large")
             limit = self.service.config.api.max_body_kb
             raise web.HTTPRequestEntityTooLarge(
                 max_size=limit * 1024,
@@ -169,7 +132,7 @@ class Api:
         try:
             return json.loads(raw)
         except (ValueError, RecursionError) as exc:
-            await self.db(self.audit, who, action, target, "refused: body is not JSON")
+            await self.actions.audit(who, action, target, "refused: body is not JSON")
             raise web.HTTPBadRequest(
                 text=json.dumps({"error": f"body: not JSON ({type(exc).__name__})"}),
                 content_type="application/json",
@@ -177,14 +140,14 @@ class Api:
 
     async def refuse(self, request: web.Request, action: str, target: str,
                      status: int, message: str) -> web.Response:  # fmt: skip
-        await self.db(self.audit, request[WHO], action, target, f"refused: {message}")
-        return error(status, message)
+        refused = await self.actions.refuse(request[WHO], action, target, status, message)
+        return error(refused.status, refused.message)
 
     # ---- public ----------------------------------------------------------------------------
 
     async def healthz(self, request: web.Request) -> web.Response:
         try:
-            await self.db(self.service.store.query, "SELECT 1 AS ok")
+            await db(self.service.store.ping)
             database = True
         except Exception:  # health says it, does not raise
             database = False
@@ -207,7 +170,7 @@ class Api:
         numbers = all(x.isdigit() and len(x) <= 3 for x in (shard, shards))
         if not (numbers and int(shard) < int(shards) <= MAX_SHARDS):
             return error(400, f"shard: 0 to shards - 1; shards: 1 to {MAX_SHARDS}")
-        body = await self.db(self.service.series.render, int(shard), int(shards))
+        body = await db(self.service.series.render, int(shard), int(shards))
         return web.Response(body=body, content_type="text/plain", charset="utf-8",
                             headers={"Cache-Control": "no-store"})  # fmt: skip
 
@@ -231,29 +194,29 @@ class Api:
         except (ValueError, LabelError) as exc:
             return error(400, f"selector: k=v,k2=v2 ({exc})")
         now = self.service.clock()
-        page, after = await self.db(
+        page, after = await db(
             self.service.registry.nodes, now, state, selector, q.get("contains", ""),
             q.get("after", ""), limit,
         )  # fmt: skip
-        counts = await self.db(self.service.registry.counts, now)
+        counts = await db(self.service.registry.counts, now)
         return web.json_response({"nodes": page, "next": after, "counts": counts})
 
     async def node(self, request: web.Request) -> web.Response:
-        row = await self.db(self.service.registry.node, request.match_info["node"],
+        row = await db(self.service.registry.node, request.match_info["node"],
                             self.service.clock())  # fmt: skip
         if row is None:
             return error(404, "no such node")
         return web.json_response({"fleet": self.service.config.service.fleet, **row})
 
     async def history(self, request: web.Request) -> web.Response:
-        rows = await self.db(self.service.registry.history, request.match_info["node"])
+        rows = await db(self.service.registry.history, request.match_info["node"])
         return web.json_response({"history": rows})
 
     async def egress_checkpoints(self, request: web.Request) -> web.Response:
         limit = page_size(request.query.get("limit", "100"))
         if limit is None:
             return error(400, f"limit: 1 to {MAX_PAGE}")
-        found = await self.db(self.service.registry.checkpoints, request.match_info["node"],
+        found = await db(self.service.registry.checkpoints, request.match_info["node"],
                               limit)  # fmt: skip
         return web.json_response({"checkpoints": found})
 
@@ -263,43 +226,22 @@ class Api:
         if not isinstance(doc, dict) or set(doc) != {"labels"}:
             return await self.refuse(request, "set labels", node, 422,
                                      'body: {"labels": {label: value}}')  # fmt: skip
-        return await self.set_labels(request, node, doc["labels"])
-
-    async def set_labels(self, request: web.Request, node: str, given: Any) -> web.Response:
-        """The operators' labels of ``node`` set, audited (the API's and the console's)."""
-        action = "set labels"
-        try:
-            labels = check_labels(given)
-        except LabelError as exc:
-            return await self.refuse(request, action, node, 422, str(exc))
-        if not await self.db(self.service.registry.set_labels, node, labels):
-            return await self.refuse(request, action, node, 404, "no such node")
-        await self.db(self.audit, request[WHO], action, node, "done", labels)
-        self.service.reconcile_soon({node})
+        labels = await self.actions.set_labels(request[WHO], node, doc["labels"])
         return web.json_response({"node": node, "operator_labels": labels})
 
     # ---- deployments -----------------------------------------------------------------------
 
     async def deployments(self, request: web.Request) -> web.Response:
-        found = await self.db(self.service.deployments.all)
+        found = await db(self.service.deployments.all)
         return web.json_response({"deployments": [d.as_dict() for d in found]})
 
     async def deployment(self, request: web.Request) -> web.Response:
-        found = await self.db(self.service.deployments.get, request.match_info["id"])
+        found = await db(self.service.deployments.get, request.match_info["id"])
         if found is None:
             return error(404, "no such deployment")
         doc = found.as_dict()
-        doc["nodes"] = await self.db(self.progress, found)
+        doc["nodes"] = await db(self.service.deployments.progress, found)
         return web.json_response(doc)
-
-    def progress(self, found: Deployment) -> dict[str, int]:
-        """How many nodes the service gave this deployment's entries to (``targeted``)."""
-        rows = self.service.store.query(
-            "SELECT d.models FROM managed m JOIN desired d ON d.node = m.node"
-        )
-        wanted = {dumps(e) for e in found.models}
-        targeted = sum(1 for r in rows if wanted & {dumps(e) for e in json.loads(r["models"])})
-        return {"targeted": targeted}
 
     async def create_deployment(self, request: web.Request) -> web.Response:
         doc = await self.body(request, "create deployment", "-")
@@ -309,22 +251,22 @@ class Api:
         except Invalid as exc:
             return await self.refuse(request, "create deployment", target, 422, str(exc))
         who = request[WHO]
-        if not await self.db(self.service.deployments.create, dep, who.name):
+        if not await db(self.service.deployments.create, dep, who.name):
             return await self.refuse(request, "create deployment", dep.id, 409,
                                      f"deployment {dep.id} exists")  # fmt: skip
-        await self.db(self.audit, who, "create deployment", dep.id, "done",
+        await self.actions.audit(who, "create deployment", dep.id, "done",
                       {"selector": dep.selector, "priority": dep.priority,
                        "versions": dep.as_dict()["versions"]})  # fmt: skip
         self.service.reconcile_soon()
-        created = await self.db(self.service.deployments.get, dep.id)
+        created = await db(self.service.deployments.get, dep.id)
         return web.json_response(created.as_dict(), status=201)
 
     async def delete_deployment(self, request: web.Request) -> web.Response:
         ident = request.match_info["id"]
-        if not await self.db(self.service.deployments.delete, ident):
+        if not await db(self.service.deployments.delete, ident):
             return await self.refuse(request, "delete deployment", ident, 404,
                                      "no such deployment")  # fmt: skip
-        await self.db(self.audit, request[WHO], "delete deployment", ident, "done")
+        await self.actions.audit(request[WHO], "delete deployment", ident, "done")
         self.service.reconcile_soon()
         return web.json_response({"deleted": ident})
 
@@ -342,54 +284,38 @@ class Api:
             return await self.refuse(request, action, node, 422, str(exc))
         who = request[WHO]
         try:
-            await self.db(self.keep_command, command, node, who.name)
+            await db(self.service.commands.keep, command, node, who.name)
         except KeyError as exc:
             return await self.refuse(request, action, node, 409, str(exc))
         if not self.service.send_command(node, command["id"], command["payload"]):
             return await self.refuse(request, action, node, 503, "the broker is not connected")
         detail = {k: command[k] for k in ("id", "name", "issuer", "kid")}
-        await self.db(self.audit, who, f"command {command['name']}", node, "sent", detail)
+        await self.actions.audit(who, f"command {command['name']}", node, "sent", detail)
         return web.json_response({**detail, "node": node, "state": "sent"}, status=202)
 
-    def keep_command(self, command: dict[str, Any], node: str, actor: str) -> None:
-        with self.service.store.transaction() as tx:
-            made = tx.execute(
-                "INSERT INTO commands (id, node, name, issuer, kid, actor, sent_ts) VALUES"
-                " (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                (command["id"], node, command["name"], command["issuer"], command["kid"], actor,
-                 self.service.clock()),
-            )  # fmt: skip
-            if made.rowcount != 1:
-                raise KeyError(f"command {command['id']} was sent already")
-
     async def command(self, request: web.Request) -> web.Response:
-        rows = await self.db(self.service.store.query, "SELECT * FROM commands WHERE id = ?",
-                             (request.match_info["id"],))  # fmt: skip
-        return error(404, "no such command") if not rows else web.json_response(shown(rows[0]))
+        found = await db(self.service.commands.get, request.match_info["id"])
+        return error(404, "no such command") if found is None else web.json_response(found)
 
     async def node_commands(self, request: web.Request) -> web.Response:
         limit = page_size(request.query.get("limit", "100"))
         if limit is None:
             return error(400, f"limit: 1 to {MAX_PAGE}")
-        rows = await self.db(
-            self.service.store.query,
-            "SELECT * FROM commands WHERE node = ? ORDER BY sent_ts DESC LIMIT ?",
-            (request.match_info["node"], limit),
-        )  # fmt: skip
-        return web.json_response({"commands": [shown(r) for r in rows]})
+        found = await db(self.service.commands.of_node, request.match_info["node"], limit)
+        return web.json_response({"commands": found})
 
     # ---- rollouts --------------------------------------------------------------------------
 
     async def rollouts(self, request: web.Request) -> web.Response:
-        found = await self.db(self.service.rollouts.all)
+        found = await db(self.service.rollouts.all)
         return web.json_response({"rollouts": [summary(r) for r in found]})
 
     async def rollout(self, request: web.Request) -> web.Response:
         ident = request.match_info["id"]
-        found = await self.db(self.service.rollouts.get, ident)
+        found = await db(self.service.rollouts.get, ident)
         if found is None:
             return error(404, "no such rollout")
-        nodes = await self.db(self.service.rollouts.nodes, ident)
+        nodes = await db(self.service.rollouts.nodes, ident)
         states: dict[str, int] = {}
         for row in nodes:
             states[row["state"]] = states.get(row["state"], 0) + 1
@@ -414,43 +340,32 @@ class Api:
             return await self.refuse(request, action, target, 422, str(exc))
         who = request[WHO]
         try:
-            made = await self.db(self.service.rollouts.create, made, who.name)
+            made = await db(self.service.rollouts.create, made, who.name)
         except Conflict as exc:
             return await self.refuse(request, action, made.id, 409, str(exc))
-        await self.db(self.audit, who, action, made.id, "done", {
+        await self.actions.audit(who, action, made.id, "done", {
             "model": made.model, "version": made.version, "stages": made.stages,
             "deployment": made.deployment, "selector": made.selector})  # fmt: skip
         self.service.wake.set()
         return web.json_response(summary(made), status=201)
 
     async def act_on_rollout(self, request: web.Request) -> web.Response:
-        ident, action = request.match_info["id"], request.match_info["action"]
-        who = request[WHO]
-        if action not in ("pause", "resume", "promote", "abort"):
-            return await self.refuse(request, f"{action[:32]} rollout", ident, 404,
-                                     "an action: pause, resume, promote or abort")  # fmt: skip
-        try:
-            done = await self.db(self.service.rollouts.act, ident, action, who.name)
-        except KeyError:
-            return await self.refuse(request, f"{action} rollout", ident, 404, "no such rollout")
-        except Conflict as exc:
-            return await self.refuse(request, f"{action} rollout", ident, 409, str(exc))
-        await self.db(self.audit, who, f"{action} rollout", ident, "done")
-        self.service.wake.set()
+        done = await self.actions.act_on_rollout(request[WHO], request.match_info["id"],
+                                                 request.match_info["action"])  # fmt: skip
         return web.json_response(summary(done))
 
     # ---- A/B tests --------------------------------------------------------------------------
 
     async def ab_tests(self, request: web.Request) -> web.Response:
-        found = await self.db(self.service.abtests.all)
+        found = await db(self.service.abtests.all)
         return web.json_response({"ab_tests": [t.as_dict() for t in found]})
 
     async def ab_test(self, request: web.Request) -> web.Response:
         ident = request.match_info["id"]
-        found = await self.db(self.service.abtests.get, ident)
+        found = await db(self.service.abtests.get, ident)
         if found is None:
             return error(404, "no such A/B test")
-        nodes = await self.db(self.service.abtests.nodes, ident)
+        nodes = await db(self.service.abtests.nodes, ident)
         states: dict[str, int] = {}
         for row in nodes:
             states[row["state"]] = states.get(row["state"], 0) + 1
@@ -469,22 +384,22 @@ class Api:
             return await self.refuse(request, action, target, 422, str(exc))
         who = request[WHO]
         try:
-            made = await self.db(self.service.abtests.create, made, who.name)
+            made = await db(self.service.abtests.create, made, who.name)
         except Conflict as exc:
             return await self.refuse(request, action, made.id, 409, str(exc))
-        await self.db(self.audit, who, action, made.id, "done", made.split())
+        await self.actions.audit(who, action, made.id, "done", made.split())
         self.service.wake.set()
         return web.json_response(made.as_dict(), status=201)
 
     async def stop_ab_test(self, request: web.Request) -> web.Response:
         ident, who = request.match_info["id"], request[WHO]
         try:
-            done = await self.db(self.service.abtests.stop, ident, who.name)
+            done = await db(self.service.abtests.stop, ident, who.name)
         except KeyError:
             return await self.refuse(request, "stop A/B test", ident, 404, "no such A/B test")
         except Conflict as exc:
             return await self.refuse(request, "stop A/B test", ident, 409, str(exc))
-        await self.db(self.audit, who, "stop A/B test", ident, "done")
+        await self.actions.audit(who, "stop A/B test", ident, "done")
         self.service.wake.set()
         return web.json_response(done.as_dict())
 
@@ -497,7 +412,7 @@ class Api:
         limit = page_size(request.query.get("limit", "100"))
         if limit is None:
             return error(400, f"limit: 1 to {MAX_PAGE}")
-        rows = await self.db(self.service.enrolments.list, state, limit)
+        rows = await db(self.service.enrolments.list, state, limit)
         return web.json_response({"enrolments": rows})
 
     async def decide_enrolment(self, request: web.Request) -> web.Response:
@@ -510,12 +425,12 @@ class Api:
             why = "no [enrolment] ca_cert and ca_key: nothing can be issued"
             return await self.refuse(request, action, rid, 409, why)
         who = request[WHO]
-        done = await self.db(self.service.enrolments.decide, rid, decision == "approve",
+        done = await db(self.service.enrolments.decide, rid, decision == "approve",
                              who.name, self.service.clock())  # fmt: skip
         if done is None:
             return await self.refuse(request, action, rid, 404, "no such request pending")
         self.service.answer(done)
-        await self.db(self.audit, who, action, rid, "done")
+        await self.actions.audit(who, action, rid, "done")
         return web.json_response({"rid": rid, "state": done.answer.state})
 
     async def create_enrolment_token(self, request: web.Request) -> web.Response:
@@ -540,29 +455,29 @@ class Api:
                                      f"ttl_s: 60 to {MAX_TOKEN_S} seconds")  # fmt: skip
         who, now = request[WHO], self.service.clock()
         try:
-            token = await self.db(self.service.enrolments.make_token, node, float(ttl),
+            token = await db(self.service.enrolments.make_token, node, float(ttl),
                                   who.name, now)  # fmt: skip
         except EnrolError as exc:  # a reserved name, a revoked node
             return await self.refuse(request, action, target, 409, str(exc))
-        await self.db(self.audit, who, action, str(node), "done", {"ttl_s": ttl})
+        await self.actions.audit(who, action, str(node), "done", {"ttl_s": ttl})
         return web.json_response(
             {"token": token, "node": node, "expires_ms": now + int(ttl * 1000)}, status=201
         )
 
     async def revocations(self, request: web.Request) -> web.Response:
         enrolments = self.service.enrolments
-        return web.json_response({"revoked": await self.db(enrolments.revoked),
-                                  "barred": await self.db(enrolments.barred)})  # fmt: skip
+        return web.json_response({"revoked": await db(enrolments.revoked),
+                                  "barred": await db(enrolments.barred)})  # fmt: skip
 
     async def reinstate(self, request: web.Request) -> web.Response:
         """Lift the bar a revocation by name put on a node's name: it may enrol again."""
         node, action = request.match_info["node"], "reinstate node"
         if not NAME.match(node):
             return await self.refuse(request, action, node[:64], 404, "node: not a node's name")
-        if not await self.db(self.service.enrolments.reinstate, node):
+        if not await db(self.service.enrolments.reinstate, node):
             return await self.refuse(request, action, node, 404, "node: not revoked")
-        await self.db(self.service.write_broker_files)
-        await self.db(self.audit, request[WHO], action, node, "done")
+        await db(self.service.write_broker_files)
+        await self.actions.audit(request[WHO], action, node, "done")
         return web.json_response({"node": node, "barred": False})
 
     async def revoke(self, request: web.Request) -> web.Response:
@@ -582,12 +497,12 @@ class Api:
             why = "no [enrolment] ca_cert and ca_key: no CRL can be signed"
             return await self.refuse(request, action, target, 409, why)
         who = request[WHO]
-        done = await self.db(self.service.enrolments.revoke, who.name, self.service.clock(),
+        done = await db(self.service.enrolments.revoke, who.name, self.service.clock(),
                              doc.get("node"), doc.get("serial"))  # fmt: skip
-        await self.db(self.service.write_broker_files)
+        await db(self.service.write_broker_files)
         if doc.get("node"):  # an open session goes at once (the service takes it over)
             self.service.kick(doc["node"])
-        await self.db(self.audit, who, action, target, "done", {"serials": done})
+        await self.actions.audit(who, action, target, "done", {"serials": done})
         return web.json_response({"revoked": done})
 
     # ---- audit -----------------------------------------------------------------------------
@@ -597,12 +512,7 @@ class Api:
         after = request.query.get("after", "0")
         if limit is None or not after.isdigit() or int(after) >= MAX_INT:
             return error(400, f"after: an entry's id; limit: 1 to {MAX_PAGE}")
-        rows = await self.db(
-            self.service.store.query,
-            "SELECT * FROM audit WHERE id > ? ORDER BY id LIMIT ?", (int(after), limit),
-        )  # fmt: skip
-        for row in rows:
-            row["detail"] = json.loads(row["detail"])
+        rows = await db(self.service.audit.after, int(after), limit)
         return web.json_response(
             {"entries": rows, "next": rows[-1]["id"] if len(rows) == limit else None}
         )
@@ -650,19 +560,7 @@ class Api:
         ]  # fmt: skip
         for method, path, handler, role, query in routes:
             app.router.add_route(method, path, _with_role(handler, role, query))
-        from cloudsync.fleet.console import Console  # it imports this module
-
-        Console(self).mount(app, CONSOLE)
         return app
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        cfg = self.service.config.api
-        if cfg.tls_cert is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = ssl.TLSVersion.TLSv1_3
-        context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
-        return context
 
 
 async def no_sniff(request: web.Request, response: web.StreamResponse) -> None:
@@ -697,11 +595,6 @@ def relayed(doc: Any, target: str, now_ms: int) -> dict[str, Any]:
         raise ValueError("command.body.exp: expired, or not ms since the epoch")
     return {"id": env.id, "name": envelope.printable(name, 64), "issuer": env.node,
             "kid": kid, "payload": payload}  # fmt: skip
-
-
-def shown(row: dict[str, Any]) -> dict[str, Any]:
-    """A relayed command as the API shows it (its result, once the node answered)."""
-    return {**row, "result": json.loads(row["result"]) if row["result"] else None}
 
 
 def page_size(text: str) -> int | None:

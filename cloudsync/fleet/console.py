@@ -9,14 +9,15 @@ the rollout runs) and the audit log (operator and up, as in the API).
 Who is calling is the API's question with the API's answer: the login form takes an API token
 (``[api] tokens``) and opens a session: a random id in a cookie (HttpOnly, SameSite=Strict,
 Path=/console, Secure when the API serves TLS), its SHA-256 kept in the database with the
-token's holder for SESSION_S, so that every replica knows it and signing out ends it (the
-cookie was the API token itself, which signing out could not take back). A session is as good
-as its holder's entry in ``[api] tokens``: removed there, it is gone. Every form carries a CSRF
-token, an HMAC keyed by the session id, checked on each POST with the request's Origin. The
-actions (pause, resume, promote and abort a rollout; set a node's operator labels) are the
-API handlers' own code, so they are checked and audited as the API's; a role too low sees no
-button, and a forged POST is a 403 (audited as the API audits one). The database is called
-from the thread pool; each answer says its server time in ``Server-Timing``.
+token's holder for SESSION_S (``cloudsync.fleet.sessions``), so that every replica knows it and
+signing out ends it (the cookie was the API token itself, which signing out could not take
+back). A session is as good as its holder's entry in ``[api] tokens``: removed there, it is
+gone. Every form carries a CSRF token, an HMAC keyed by the session id, checked on each POST
+with the request's Origin. The actions (pause, resume, promote and abort a rollout; set a
+node's operator labels) are the API's own (``cloudsync.fleet.actions``), so they are checked
+and audited as the API's; a role too low sees no button, and a forged POST is a 403 (audited as
+the API audits one). The database is called from the thread pool; each answer says its server
+time in ``Server-Timing``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import hmac
 import json
 import logging
 import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -36,17 +36,18 @@ from urllib.parse import quote, urlencode
 import jinja2
 from aiohttp import web
 
-from cloudsync.fleet.api import ROLES, WHO, Api, shown
+from cloudsync.fleet.actions import ROLES, WHO, Actions, Refused, db
 from cloudsync.fleet.config import Token
 from cloudsync.fleet.registry import MAX_INT
 from cloudsync.fleet.rollout import breached
 from cloudsync.fleet.rollouts import Rollout
+from cloudsync.fleet.service import Service
+from cloudsync.fleet.sessions import SESSION_S
 from cloudsync.protocol.labels import LabelError, check_labels
 
 log = logging.getLogger("edgefleet.console")
 FILES = Path(__file__).with_name("console")  # package data: the templates and console.css
 COOKIE = "edgefleet_console"
-SESSION_S = 12 * 3600  # a console session's life: signed in again after a working day
 CSRF_CONTEXT = b"edgefleet console csrf v1"
 STATES = ("online", "stale", "offline", "unknown")
 LIVE = ("running", "paused", "aborting")
@@ -55,10 +56,6 @@ ACTIONS = {  # what a rollout in a state can be told (rollouts.Rollouts.act says
     "resume": ("paused",),
     "promote": ("running",),
     "abort": ("running", "paused"),
-}
-SERVING = {  # what a node's last heartbeat serves ({model: version}), as JSON text to group by
-    "sqlite": "json_extract(heartbeat, '$.models')",
-    "postgresql": "(heartbeat::jsonb -> 'models')::text",
 }
 MAX_TEXT = 200  # a query parameter's length (a search, a selector, a cursor)
 PAGE_SIZES = (20, 50, 100, 200, 500)
@@ -71,14 +68,6 @@ SECURITY_HEADERS = {
 }
 Page = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TOKEN = web.RequestKey("console_token", str)  # the session's id (its CSRF token's key)
-
-
-class Refused(Exception):
-    """A request the console answers with an error page (its status and what was wrong)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 def page(role: str = "viewer", query: tuple[str, ...] = (), public: bool = False) -> Any:
@@ -95,10 +84,6 @@ def csrf_of(token: str) -> str:
     """The CSRF token of a session: an HMAC keyed by its id (the same on every replica and
     across restarts; it tells nothing of the id)."""
     return hmac.new(token.encode(), CSRF_CONTEXT, hashlib.sha256).hexdigest()
-
-
-def session_hash(session: str) -> str:
-    return hashlib.sha256(session.encode(errors="surrogatepass")).hexdigest()
 
 
 def text_param(request: web.Request, name: str, default: str = "") -> str:
@@ -177,10 +162,11 @@ def pct(value: Any) -> str:
 
 
 class Console:
-    """The console's pages over the API's service, caller checks and actions."""
+    """The console's pages over the service's repositories and the actions it shares with the
+    API (``Actions``)."""
 
-    def __init__(self, api: Api) -> None:
-        self.api, self.service = api, api.service
+    def __init__(self, service: Service, actions: Actions) -> None:
+        self.service, self.actions = service, actions
         self.secure = self.service.config.api.tls_cert is not None
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(FILES),
@@ -253,12 +239,12 @@ class Console:
         if getattr(handler, "public", False):
             return await handler(request)
         token = request.cookies.get(COOKIE, "")
-        who = await self.api.db(self.holder, token) if token and len(token) <= 512 else None
+        who = await db(self.holder, token) if token and len(token) <= 512 else None
         if who is None:
             if request.method == "GET":
                 return see_other(url("/console/login", next=request.path_qs))
             raise Refused(403, "not signed in (or the token is no longer known): sign in again")
-        request[WHO], request[TOKEN] = who, token  # WHO: where the API's handlers read it
+        request[WHO], request[TOKEN] = who, token  # WHO: where the actions read it
         need = getattr(handler, "role", "viewer")  # unrouted: 404 or 405 follows
         if request.method == "POST":
             form = await request.post()
@@ -266,12 +252,12 @@ class Console:
             if not isinstance(sent, str) or not hmac.compare_digest(
                 sent.encode(errors="replace"), csrf_of(token).encode()
             ):
-                await self.api.db(self.api.audit, who, f"POST {request.path}",
+                await self.actions.audit(who, f"POST {request.path}",
                                   self.target(request), "refused: CSRF token")  # fmt: skip
                 raise Refused(403, "the form's CSRF token is missing or wrong: reload the page")
         if ROLES[who.role] < ROLES[need]:
             if request.method != "GET":  # audited as the API audits one
-                await self.api.db(self.api.audit, who, f"{request.method} {request.path}",
+                await self.actions.audit(who, f"{request.method} {request.path}",
                                   self.target(request), f"denied: {need}")  # fmt: skip
             raise Refused(403, f"role {who.role} may not do this: {need} needed")
         unknown = set(request.query) - getattr(handler, "query", set(request.query))
@@ -320,45 +306,26 @@ class Console:
         who = None
         if isinstance(token, str) and 0 < len(token) <= 512 and token.isprintable():
             token = token.strip()
-            who = self.api.holder(token)
+            who = self.actions.holder(token)
         if who is None or not isinstance(token, str):
             why = "That token is not one of the service's [api] tokens."
             return self.render("login.html", request, status=401, next=target, message=why)
-        await self.api.db(self.api.audit, who, "console sign-in", "-", "done")
-        session = await self.api.db(self.open_session, who)
+        await self.actions.audit(who, "console sign-in", "-", "done")
+        session = await db(self.service.sessions.open, who.name)
         response = see_other(target)
         response.set_cookie(COOKIE, session, path="/console", httponly=True, samesite="Strict",
                             secure=self.secure, max_age=SESSION_S)  # fmt: skip
         return response
 
-    def open_session(self, who: Token) -> str:
-        """A new session of ``who``: its id (only its SHA-256 is kept); expired ones go."""
-        session, now = secrets.token_urlsafe(32), self.service.clock()
-        with self.service.store.transaction() as tx:
-            tx.execute("DELETE FROM console_sessions WHERE expires < ?", (now,))
-            tx.execute(
-                "INSERT INTO console_sessions (sha256, holder, created_ts, expires)"
-                " VALUES (?, ?, ?, ?)",
-                (session_hash(session), who.name, now, now + SESSION_S * 1000),
-            )
-        return session
-
-    def close_session(self, session: str) -> None:
-        with self.service.store.transaction() as tx:
-            tx.execute("DELETE FROM console_sessions WHERE sha256 = ?", (session_hash(session),))
-
     def holder(self, session: str) -> Token | None:
         """Whose session this is, while it lasts and its holder has a token, or None."""
-        found = self.service.store.query(
-            "SELECT holder FROM console_sessions WHERE sha256 = ? AND expires > ?",
-            (session_hash(session), self.service.clock()),
-        )
-        return self.api.named(found[0]["holder"]) if found else None
+        name = self.service.sessions.holder(session)
+        return None if name is None else self.actions.named(name)
 
     @page()
     async def logout(self, request: web.Request) -> web.Response:
-        await self.api.db(self.close_session, request[TOKEN])
-        await self.api.db(self.api.audit, request[WHO], "console sign-out", "-", "done")
+        await db(self.service.sessions.close, request[TOKEN])
+        await self.actions.audit(request[WHO], "console sign-out", "-", "done")
         response = see_other("/console/login")
         response.del_cookie(COOKIE, path="/console", httponly=True, samesite="Strict",
                             secure=self.secure)  # fmt: skip
@@ -368,46 +335,24 @@ class Console:
 
     @page()
     async def overview(self, request: web.Request) -> web.Response:
-        seen = await self.api.db(self.overview_data, self.service.clock())
+        seen = await db(self.overview_data, self.service.clock())
         return self.render("overview.html", request, **seen)
 
     def overview_data(self, now: int) -> dict[str, Any]:
         """Counted in SQL: states, versions (nodes grouped by their births' software and
         models), alerts firing, rollouts by state; the latest events and firing alerts."""
-        store = self.service.store
-        counts = self.service.registry.counts(now)
-        by_software = store.query(
-            "SELECT software, COUNT(*) AS n FROM nodes GROUP BY software"
-            " ORDER BY n DESC, software LIMIT 20"
-        )
-        software = [{"versions": json.loads(r["software"]), "n": int(r["n"])} for r in by_software]
-        models: dict[tuple[str, str], int] = {}
-        for r in store.query(f"SELECT {SERVING[store.dialect]} AS m, COUNT(*) AS n FROM nodes"
-                             " WHERE heartbeat IS NOT NULL GROUP BY 1"):  # fmt: skip
-            for name, version in obj(json.loads(r["m"] or "{}")).items():
-                key = (str(name), str(version))
-                models[key] = models.get(key, 0) + int(r["n"])
-        firing = store.query(
-            "SELECT alertname, severity, COUNT(*) AS n FROM alerts WHERE state = 'firing'"
-            " GROUP BY alertname, severity ORDER BY n DESC, alertname LIMIT 50"
-        )
-        latest = store.query(
-            "SELECT * FROM alerts WHERE state = 'firing' ORDER BY starts_ms DESC LIMIT 10"
-        )
-        events = store.query(
-            "SELECT node, ts, arrived, priority, level, message FROM events"
-            " ORDER BY arrived DESC LIMIT 10"
-        )
-        rollouts = {r["state"]: int(r["n"]) for r in store.query(
-            "SELECT state, COUNT(*) AS n FROM rollouts GROUP BY state")}  # fmt: skip
-        deployments = int(store.query("SELECT COUNT(*) AS n FROM deployments")[0]["n"])
+        registry = self.service.registry
+        counts = registry.counts(now)
+        firing = self.service.alerting.firing()
         return {
-            "counts": counts, "total": sum(counts.values()), "software": software,
-            "models": sorted(models.items(), key=lambda kv: (-kv[1], kv[0]))[:20],
+            "counts": counts, "total": sum(counts.values()), "software": registry.software(),
+            "models": registry.serving(),
             "firing": firing, "firing_total": sum(int(r["n"]) for r in firing),
-            "latest_alerts": [alert(r) for r in latest], "events": events,
-            "rollout_states": rollouts,
-            "running": self.service.rollouts.running(), "deployment_count": deployments,
+            "latest_alerts": [alert(r) for r in self.service.alerting.latest()],
+            "events": registry.events(None, 10),
+            "rollout_states": self.service.rollouts.states(),
+            "running": self.service.rollouts.running(),
+            "deployment_count": self.service.deployments.count(),
         }  # fmt: skip
 
     # ---- nodes -------------------------------------------------------------------------------
@@ -425,9 +370,9 @@ class Console:
         contains, after = text_param(request, "contains"), text_param(request, "after")
         limit = size_param(request)
         now = self.service.clock()
-        found, more = await self.api.db(self.service.registry.nodes, now, state, selector,
+        found, more = await db(self.service.registry.nodes, now, state, selector,
                                         contains, after, limit)  # fmt: skip
-        counts = await self.api.db(self.service.registry.counts, now)
+        counts = await db(self.service.registry.counts, now)
         return self.render("nodes.html", request, nodes=found, more=more, counts=counts,
                            state=state or "", selector=chosen, contains=contains, after=after,
                            limit=limit)  # fmt: skip
@@ -435,7 +380,7 @@ class Console:
     @page()
     async def node(self, request: web.Request) -> web.Response:
         name = request.match_info["node"]
-        seen = await self.api.db(self.node_data, name, self.service.clock())
+        seen = await db(self.node_data, name, self.service.clock())
         if seen is None:
             raise Refused(404, f"no node {name[:80]!r} in fleet {self.service.fleet}")
         return self.render("node.html", request, **seen)
@@ -444,23 +389,13 @@ class Console:
         row = self.service.registry.node(name, now)
         if row is None:
             return None
-        store = self.service.store
-        commands = store.query("SELECT * FROM commands WHERE node = ? ORDER BY sent_ts DESC"
-                               " LIMIT 20", (name,))  # fmt: skip
-        events = store.query(
-            "SELECT id, ts, arrived, priority, level, message FROM events WHERE node = ?"
-            " ORDER BY arrived DESC LIMIT 50",
-            (name,),
-        )
-        alerts = store.query("SELECT * FROM alerts WHERE node = ? ORDER BY state, starts_ms"
-                             " DESC LIMIT 50", (name,))  # fmt: skip
-        rollouts = store.query("SELECT rollout, stage, state FROM rollout_nodes WHERE node = ?"
-                               " ORDER BY rollout", (name,))  # fmt: skip
         return {
             "row": row, "beat": row["heartbeat"] or {},
             "history": self.service.registry.history(name, 20),
-            "commands": [shown(c) for c in commands], "events": events,
-            "alerts": [alert(a) for a in alerts], "in_rollouts": rollouts,
+            "commands": self.service.commands.of_node(name, 20),
+            "events": self.service.registry.events(name, 50),
+            "alerts": [alert(a) for a in self.service.alerting.latest(name, 50)],
+            "in_rollouts": self.service.rollouts.of_node(name),
         }  # fmt: skip
 
     @page(role="operator")
@@ -471,49 +406,39 @@ class Console:
         try:
             labels = parse_labels(given if isinstance(given, str) else "")
         except LabelError as exc:
-            answer = await self.api.refuse(request, "set labels", node, 422, str(exc))
-        else:
-            answer = await self.api.set_labels(request, node, labels)
-        return self.after_action(answer, f"/console/nodes/{quote(node, safe='')}")
-
-    def after_action(self, answer: web.Response, back: str) -> web.StreamResponse:
-        """The API's answer to an action: done, back to the page; refused, why."""
-        if answer.status < 300:
-            return see_other(back)
-        try:
-            message = json.loads(answer.body)["error"]  # type: ignore[arg-type]
-        except (ValueError, KeyError, TypeError):
-            message = "refused"
-        raise Refused(answer.status, str(message))
+            raise await self.actions.refuse(request[WHO], "set labels", node, 422,
+                                            str(exc)) from None  # fmt: skip
+        await self.actions.set_labels(request[WHO], node, labels)
+        return see_other(f"/console/nodes/{quote(node, safe='')}")
 
     # ---- deployments and rollouts ------------------------------------------------------------
 
     @page()
     async def deployments(self, request: web.Request) -> web.Response:
-        found = await self.api.db(self.service.deployments.all)
+        found = await db(self.service.deployments.all)
         return self.render("deployments.html", request, deployments=[d.as_dict() for d in found])
 
     @page()
     async def deployment(self, request: web.Request) -> web.Response:
         ident = request.match_info["id"]
-        found = await self.api.db(self.service.deployments.get, ident)
+        found = await db(self.service.deployments.get, ident)
         if found is None:
             raise Refused(404, f"no deployment {ident[:80]!r}")
-        progress = await self.api.db(self.api.progress, found)
-        rollouts = await self.api.db(self.service.rollouts.all)
+        progress = await db(self.service.deployments.progress, found)
+        rollouts = await db(self.service.rollouts.all)
         return self.render("deployment.html", request, d=found.as_dict(), progress=progress,
                            rollouts=[r for r in rollouts if r.deployment == ident])  # fmt: skip
 
     @page()
     async def rollouts(self, request: web.Request) -> web.Response:
-        found = await self.api.db(self.service.rollouts.all)
+        found = await db(self.service.rollouts.all)
         found.sort(key=lambda r: (r.state not in LIVE, -r.created_ts))
         return self.render("rollouts.html", request, rollouts=found)
 
     @page()
     async def rollout(self, request: web.Request) -> web.Response:
         ident = request.match_info["id"]
-        seen = await self.api.db(self.rollout_data, ident)
+        seen = await db(self.rollout_data, ident)
         if seen is None:
             raise Refused(404, f"no rollout {ident[:80]!r}")
         r: Rollout = seen["r"]
@@ -550,10 +475,9 @@ class Console:
 
     @page(role="operator")
     async def act_on_rollout(self, request: web.Request) -> web.StreamResponse:
-        answer = await self.api.act_on_rollout(request)  # the API's: checks, acts, audits
-        return self.after_action(
-            answer, f"/console/rollouts/{quote(request.match_info['id'], safe='')}"
-        )
+        ident = request.match_info["id"]
+        await self.actions.act_on_rollout(request[WHO], ident, request.match_info["action"])
+        return see_other(f"/console/rollouts/{quote(ident, safe='')}")
 
     # ---- the audit log -----------------------------------------------------------------------
 
@@ -563,24 +487,10 @@ class Console:
         if before and (not before.isdigit() or int(before) >= MAX_INT):
             raise Refused(400, "before: an entry's id")
         contains, limit = text_param(request, "contains"), size_param(request)
-        rows = await self.api.db(self.audit_rows, int(before or MAX_INT), contains, limit)
+        rows = await db(self.service.audit.before, int(before or MAX_INT), contains, limit)
         more = rows[-1]["id"] if len(rows) == limit else None
         return self.render("audit.html", request, entries=rows, more=more, contains=contains,
                            before=before, limit=limit)  # fmt: skip
-
-    def audit_rows(self, before: int, contains: str, limit: int) -> list[dict[str, Any]]:
-        """The newest entries before ``before`` whose actor, action, target or outcome has
-        ``contains`` in it."""
-        where, params = "id < ?", list[Any]([before])
-        if contains:
-            like = "%" + re.sub(r"([\\%_])", r"\\\1", contains) + "%"
-            where += " AND (" + " OR ".join(
-                f"{c} LIKE ? ESCAPE '\\'" for c in ("actor", "action", "target", "outcome")
-            ) + ")"  # fmt: skip
-            params += [like] * 4
-        return self.service.store.query(
-            f"SELECT * FROM audit WHERE {where} ORDER BY id DESC LIMIT ?", (*params, limit)
-        )
 
 
 def see_other(location: str) -> web.Response:

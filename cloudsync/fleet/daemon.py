@@ -9,12 +9,16 @@ import logging
 import secrets
 import signal
 import socket
+import ssl
 from pathlib import Path
 
 from aiohttp import web
 
 from cloudsync.fleet import config as config_module
-from cloudsync.fleet.api import Api
+from cloudsync.fleet.actions import Actions
+from cloudsync.fleet.api import CONSOLE, Api
+from cloudsync.fleet.config import ApiConfig
+from cloudsync.fleet.console import Console
 from cloudsync.fleet.service import Service
 from cloudsync.fleet.store import StoreError
 from edged.common import connections
@@ -28,13 +32,32 @@ class CannotStart(Exception):
     """Why the service cannot start (the exit message)."""
 
 
-async def _serve(service: Service, api: Api) -> None:
+def application(service: Service) -> web.Application:
+    """The service's HTTP side: the JSON API, and the console under /console, both acting
+    through the same ``Actions``."""
+    actions = Actions(service)
+    app = Api(service, actions).app()
+    Console(service, actions).mount(app, CONSOLE)
+    return app
+
+
+def tls_context(cfg: ApiConfig) -> ssl.SSLContext | None:
+    """TLS 1.3 with ``[api] tls_cert`` and ``tls_key``; None (plain HTTP) without them."""
+    if cfg.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    return context
+
+
+async def _serve(service: Service, app: web.Application) -> None:
     cfg = service.config.api
     # Whoever reaches the port may open connections: at most max_connections are held (503
     # above), and one that handles no request for idle_timeout_s is closed (issue 44: 1,100
     # half-sent request heads held every descriptor, /healthz did not answer).
     runner = web.AppRunner(
-        api.app(), access_log=None, keepalive_timeout=cfg.idle_timeout_s,
+        app, access_log=None, keepalive_timeout=cfg.idle_timeout_s,
         logger=connections.QuietLog(logging.getLogger("aiohttp.server")),
     )  # fmt: skip
     await runner.setup()
@@ -43,7 +66,7 @@ async def _serve(service: Service, api: Api) -> None:
         sock = socket.create_server((cfg.host, cfg.port), family=family)
         site = connections.CappedSite(
             runner, sock, cfg.max_connections, who="edgefleet", setting="api.max_connections",
-            ssl_context=api.ssl_context(), handshake_timeout_s=cfg.idle_timeout_s,
+            ssl_context=tls_context(cfg), handshake_timeout_s=cfg.idle_timeout_s,
         )  # fmt: skip
         await site.start()
     except OSError as exc:
@@ -79,12 +102,12 @@ def serve(config_path: Path | None, log_level: str | None) -> None:
         log.warning("no [api] tokens: every call but /healthz and /metrics is refused (401)")
     try:
         service = Service(config)
-        api = Api(service)
+        app = application(service)
     except (StoreError, OSError, ValueError) as exc:  # the database, the deploy key, trust
         raise CannotStart(f"cannot start: {exc}") from None
     service.start()
     try:
-        asyncio.run(_serve(service, api))
+        asyncio.run(_serve(service, app))
     finally:
         service.stop()
 

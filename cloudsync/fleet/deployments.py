@@ -176,6 +176,16 @@ class Deployments:
         rows = self.store.query("SELECT * FROM deployments WHERE id = ?", (ident,))
         return self.load(rows[0]) if rows else None
 
+    def count(self) -> int:
+        return int(self.store.query("SELECT COUNT(*) AS n FROM deployments")[0]["n"])
+
+    def progress(self, dep: Deployment) -> dict[str, int]:
+        """How many nodes the service gave this deployment's entries to (``targeted``)."""
+        rows = self.store.query("SELECT d.models FROM managed m JOIN desired d ON d.node = m.node")
+        wanted = {dumps(e) for e in dep.models}
+        targeted = sum(1 for r in rows if wanted & {dumps(e) for e in json.loads(r["models"])})
+        return {"targeted": targeted}
+
     def create(self, dep: Deployment, actor: str) -> bool:
         """False if a deployment has that id already."""
         now = self.clock()

@@ -47,6 +47,10 @@ log = logging.getLogger("edgefleet.registry")
 MAX_PAGE = 1000
 MAX_INT = 2**53  # what a count or a time in a message may be (a BIGINT holds it)
 HASH = re.compile(r"^[0-9a-f]{64}\Z")  # a SHA-256, hex
+SERVING = {  # what a node's last heartbeat serves ({model: version}), as JSON text to group by
+    "sqlite": "json_extract(heartbeat, '$.models')",
+    "postgresql": "(heartbeat::jsonb -> 'models')::text",
+}
 
 
 class Message(NamedTuple):
@@ -490,6 +494,36 @@ class Registry:
         )
         counts = {raw["s"]: int(raw["n"]) for raw in raws}
         return counts
+
+    def software(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The most common software of the nodes' births (``versions``) and how many run it."""
+        rows = self.store.query(
+            "SELECT software, COUNT(*) AS n FROM nodes GROUP BY software"
+            " ORDER BY n DESC, software LIMIT ?", (limit,),
+        )  # fmt: skip
+        return [{"versions": json.loads(r["software"]), "n": int(r["n"])} for r in rows]
+
+    def serving(self, limit: int = 20) -> list[tuple[tuple[str, str], int]]:
+        """The model versions the nodes' last heartbeats serve, most served first: ((model,
+        version), nodes). Grouped in SQL by the heartbeat's ``models`` (a node sends what it
+        sends: what is not an object counts for nothing)."""
+        models: dict[tuple[str, str], int] = {}
+        rows = self.store.query(f"SELECT {SERVING[self.store.dialect]} AS m, COUNT(*) AS n"
+                                " FROM nodes WHERE heartbeat IS NOT NULL GROUP BY 1")  # fmt: skip
+        for r in rows:
+            served = json.loads(r["m"] or "{}")
+            for name, version in _mapping(served).items():
+                key = (str(name), str(version))
+                models[key] = models.get(key, 0) + int(r["n"])
+        return sorted(models.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+
+    def events(self, node: str | None, limit: int) -> list[dict[str, Any]]:
+        """The latest events to arrive, of one node or of all."""
+        where, params = ("WHERE node = ?", (node, limit)) if node else ("", (limit,))
+        return self.store.query(
+            "SELECT node, id, ts, arrived, priority, level, message FROM events"
+            f" {where} ORDER BY arrived DESC LIMIT ?", params,
+        )  # fmt: skip
 
 
 def _mapping(value: Any) -> dict[str, Any]:

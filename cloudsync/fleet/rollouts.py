@@ -243,6 +243,18 @@ class Rollouts:
             " ORDER BY stage, rank", (ident,),
         )  # fmt: skip
 
+    def states(self) -> dict[str, int]:
+        """How many rollouts are in each state."""
+        rows = self.store.query("SELECT state, COUNT(*) AS n FROM rollouts GROUP BY state")
+        return {r["state"]: int(r["n"]) for r in rows}
+
+    def of_node(self, node: str) -> list[dict[str, Any]]:
+        """The rollouts ``node`` is in: its stage and state in each."""
+        return self.store.query(
+            "SELECT rollout, stage, state FROM rollout_nodes WHERE node = ? ORDER BY rollout",
+            (node,),
+        )
+
     def running(self) -> list[Rollout]:
         """The rollouts that hold their model on their nodes (running, paused, aborting)."""
         rows = self.store.query("SELECT doc, rev FROM rollouts WHERE state IN ('running',"

@@ -56,6 +56,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from cloudsync.fleet.abtests import ABTests
 from cloudsync.fleet.alerting import Alerting
+from cloudsync.fleet.audit import AuditLog
+from cloudsync.fleet.commands import Commands
 from cloudsync.fleet.config import FleetServiceConfig
 from cloudsync.fleet.deployments import Deployments, Reconciler
 from cloudsync.fleet.enrolment import Decision, Enrolments, Issuer
@@ -63,6 +65,7 @@ from cloudsync.fleet.exporter import NodeSeries
 from cloudsync.fleet.observe import EventLog
 from cloudsync.fleet.registry import Ingested, Message, Registry
 from cloudsync.fleet.rollouts import Rollouts
+from cloudsync.fleet.sessions import Sessions
 from cloudsync.fleet.store import Store
 from cloudsync.protocol import envelope
 from cloudsync.protocol.mqtt import tls_context
@@ -166,6 +169,9 @@ class Service:
         self.crl_due = 0.0
         self.write_broker_files()  # at start: the broker's crlfile is there before it is needed
         self.deployments = Deployments(self.store, clock)
+        self.audit = AuditLog(self.store, clock)
+        self.commands = Commands(self.store, clock)
+        self.sessions = Sessions(self.store, clock)
         self.rollouts = Rollouts(
             self.store, self.deployments, self.fleet, self.publish_desired, self.send_command,
             load_deploy_key(config), config.service.identity, clock,
@@ -413,7 +419,7 @@ class Service:
                 continue
             done.merge(one)
         try:
-            self.store.query("SELECT 1 AS ok")
+            self.store.ping()
         except Exception:
             return None
         if refused:

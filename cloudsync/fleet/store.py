@@ -347,6 +347,10 @@ class Store:
         names = [d[0] for d in cursor.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
+    def ping(self) -> None:
+        """Raises if the database does not answer."""
+        self.query("SELECT 1 AS ok")
+
     def size_bytes(self) -> int:
         """The database's size on disk (SQLite: the file and its WAL)."""
         if self.dialect == "postgresql":

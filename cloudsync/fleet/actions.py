@@ -1,0 +1,102 @@
+"""Who calls the fleet service, and what the API and the console both do on a caller's behalf.
+
+Both adapters (``api.py``, JSON; ``console.py``, HTML pages) find the caller in the same
+``[api] tokens`` and act through the same functions here: each action checked, done and
+audited, or refused with a status and the reason (``Refused``, audited too), which each adapter
+answers in its own form. The database is called from the thread pool (``db``), never from the
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from aiohttp import web
+
+from cloudsync.fleet.config import Token
+from cloudsync.fleet.rollouts import Conflict, Rollout
+from cloudsync.fleet.service import Service
+from cloudsync.protocol.labels import LabelError, check_labels
+
+ROLES = {"viewer": 0, "operator": 1, "admin": 2}
+WHO = web.RequestKey("who", Token)  # the caller, where both adapters' guards put it
+ROLLOUT_ACTIONS = ("pause", "resume", "promote", "abort")
+
+
+class Refused(Exception):
+    """An action or a request refused: the status to answer and what was wrong."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn`` on the thread pool (the database never blocks the event loop)."""
+    return await asyncio.get_running_loop().run_in_executor(None, partial(fn, *args, **kwargs))
+
+
+class Actions:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.tokens: dict[str, Token] = {t.sha256: t for t in service.config.api.tokens}
+
+    # ---- who calls -------------------------------------------------------------------------
+
+    def holder(self, token: str) -> Token | None:
+        """Whose token this is (a bearer's, or the one signed in to the console), or None."""
+        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        for known, who in self.tokens.items():  # constant time, whichever matches
+            if hmac.compare_digest(known, digest):
+                return who
+        return None
+
+    def named(self, name: str) -> Token | None:
+        """The ``[api] tokens`` entry of ``name`` (a console session's holder), or None."""
+        return next((who for who in self.tokens.values() if who.name == name), None)
+
+    async def audit(self, who: Token, action: str, target: str, outcome: str,
+                    detail: Any = None) -> None:  # fmt: skip
+        await db(self.service.audit.add, who, action, target, outcome, detail)
+
+    async def refuse(self, who: Token, action: str, target: str, status: int,
+                     message: str) -> Refused:  # fmt: skip
+        """The refusal, audited (the caller raises it)."""
+        await self.audit(who, action, target, f"refused: {message}")
+        return Refused(status, message)
+
+    # ---- actions ---------------------------------------------------------------------------
+
+    async def set_labels(self, who: Token, node: str, given: Any) -> dict[str, str]:
+        """The operators' labels of ``node`` set (all of them), audited."""
+        action = "set labels"
+        try:
+            labels = check_labels(given)
+        except LabelError as exc:
+            raise await self.refuse(who, action, node, 422, str(exc)) from None
+        if not await db(self.service.registry.set_labels, node, labels):
+            raise await self.refuse(who, action, node, 404, "no such node")
+        await self.audit(who, action, node, "done", labels)
+        self.service.reconcile_soon({node})
+        return labels
+
+    async def act_on_rollout(self, who: Token, ident: str, action: str) -> Rollout:
+        """A rollout paused, resumed, promoted or aborted, audited."""
+        if action not in ROLLOUT_ACTIONS:
+            raise await self.refuse(who, f"{action[:32]} rollout", ident, 404,
+                                    "an action: pause, resume, promote or abort")  # fmt: skip
+        try:
+            done: Rollout = await db(self.service.rollouts.act, ident, action, who.name)
+        except KeyError:
+            raise await self.refuse(who, f"{action} rollout", ident, 404,
+                                    "no such rollout") from None  # fmt: skip
+        except Conflict as exc:
+            raise await self.refuse(who, f"{action} rollout", ident, 409, str(exc)) from None
+        await self.audit(who, f"{action} rollout", ident, "done")
+        self.service.wake.set()
+        return done
