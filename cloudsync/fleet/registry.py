@@ -48,7 +48,10 @@ MAX_PAGE = 1000
 MAX_INT = 2**53  # what a count or a time in a message may be (a BIGINT holds it)
 HASH = re.compile(r"^[0-9a-f]{64}\Z")  # a SHA-256, hex
 SERVING = {  # what a node's last heartbeat serves ({model: version}), as JSON text to group by
-    "sqlite": "json_extract(heartbeat, '$.models')",
+    # (SQLite's json_extract gives a string unquoted: only an object is taken; no "->" before
+    # SQLite 3.38, and Ubuntu 22.04, JetPack 6's, has 3.37)
+    "sqlite": "CASE json_type(heartbeat, '$.models') WHEN 'object'"
+    " THEN json_extract(heartbeat, '$.models') END",
     "postgresql": "(heartbeat::jsonb -> 'models')::text",
 }
 

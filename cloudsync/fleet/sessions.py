@@ -25,7 +25,7 @@ class Sessions:
         """A new session of ``holder``: its id (only its SHA-256 is kept); expired ones go."""
         session, now = secrets.token_urlsafe(32), self.clock()
         with self.store.transaction() as tx:
-            tx.execute("DELETE FROM console_sessions WHERE expires < ?", (now,))
+            tx.execute("DELETE FROM console_sessions WHERE expires <= ?", (now,))
             tx.execute(
                 "INSERT INTO console_sessions (sha256, holder, created_ts, expires)"
                 " VALUES (?, ?, ?, ?)",
