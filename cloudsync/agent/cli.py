@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         local = LocalServer(
             config.local.socket,
             config.local.socket_mode,
-            agent,
+            agent.outbox,
+            agent.status,
+            agent.metrics.render,
             config.local.read_timeout_s,
             config.local.max_connections,
         )

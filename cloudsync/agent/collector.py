@@ -11,18 +11,20 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import replace
+from threading import Event
+from typing import Any
 
-from cloudsync.agent.alerts import Facts, record_id
-from cloudsync.agent.outbox import Item, OutboxError
+from cloudsync.agent.alerts import Evaluator, Facts, record_id
+from cloudsync.agent.config import Config
+from cloudsync.agent.delivery import Delivery
+from cloudsync.agent.outbox import Item, Outbox, OutboxError
+from cloudsync.agent.state import AgentState, EdgedView
 from cloudsync.protocol import telemetry
 from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical, now_ms, printable
 from edged.client import Client, ClientError
 from edged.models.names import DAMAGED
-
-if TYPE_CHECKING:
-    from cloudsync.agent.session import Agent
 
 log = logging.getLogger("cloudsync")
 EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"
@@ -31,39 +33,27 @@ ALERTS = "alerts"  # the outbox's state key: the alerts firing (with their event
 MAX_EVENT_TEXT = 16384  # characters of one text field of an edged event that are forwarded
 
 
-@dataclass
-class EdgedView:
-    """What the agent last heard from edged (the collector thread replaces the whole view, the
-    MQTT thread reads it: an attribute assignment is atomic)."""
-
-    status: dict[str, Any] | None = None
-    capabilities: list[dict[str, Any]] = field(default_factory=list)
-    error: str = "not asked yet"
-    at_ms: int = 0
-    routes: dict[str, int] = field(default_factory=dict)  # decisions since edged started
-
-    def reachability(self) -> dict[str, Any]:
-        return {"reachable": self.status is not None, "error": self.error}
-
-
 class Collector:
-    """The edged thread of one agent (``run``); what it learns goes to ``agent.edged``, the
+    """The edged thread of one agent (``run``); what it learns goes to ``state.edged``, the
     outbox and the alerts."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, state: AgentState, config: Config, outbox: Outbox, alerts: Evaluator,
+                 delivery: Delivery, stopping: Event,
+                 edged_client: Callable[[], Client]) -> None:  # fmt: skip
+        self.state, self.config, self.outbox, self.alerts = state, config, outbox, alerts
+        self.delivery, self.stopping, self.edged_client = delivery, stopping, edged_client
         self.next_telemetry = 0.0
 
     def run(self) -> None:
         """The edged thread: its status and capabilities, and its events into the outbox,
         every heartbeat interval."""
-        client = self.agent.edged_client()
-        while not self.agent.stopping.is_set():
+        client = self.edged_client()
+        while not self.stopping.is_set():
             try:
                 self.once(client)
             except Exception:  # a full disk, a bug: logged, and the next turn tries again
                 log.exception("reading edged or evaluating the alerts failed")
-            self.agent.stopping.wait(self.agent.config.heartbeat.interval_s)
+            self.stopping.wait(self.config.heartbeat.interval_s)
 
     def once(self, client: Client) -> None:
         snap = None
@@ -71,14 +61,14 @@ class Collector:
             status = client.status()
             capabilities = client.capabilities()
             snap = telemetry.parse(client.metrics(), time.time(), status.get("epoch") or "")
-            self.agent.edged = EdgedView(status, capabilities, "", now_ms(), snap.route_totals())
+            self.state.edged = EdgedView(status, capabilities, "", now_ms(), snap.route_totals())
             self.read_events(client)
             self.report_metrics(snap)
         except ValueError as exc:  # not edged's metrics: say so, keep going
             log.error("edged's /metrics cannot be read: %s", exc)
         except ClientError as exc:
-            self.agent.edged = EdgedView(None, [], exc.message, now_ms())
-        if self.agent.config.alerts.enabled:
+            self.state.edged = EdgedView(None, [], exc.message, now_ms())
+        if self.config.alerts.enabled:
             self.check_alerts(snap)
 
     def facts(self, snap: telemetry.Snapshot | None) -> Facts:
@@ -86,10 +76,10 @@ class Collector:
         now = time.monotonic()
         facts = Facts(
             now,
-            edged_up=self.agent.edged.status is not None,
-            offline_s=0.0 if self.agent.offline_since is None else now - self.agent.offline_since,
-            outbox_age_s=self.agent.outbox.oldest_age_s(),
-            rollbacks={model: time.time() - at for model, at in list(self.agent.rollbacks.items())},
+            edged_up=self.state.edged.status is not None,
+            offline_s=0.0 if self.state.offline_since is None else now - self.state.offline_since,
+            outbox_age_s=self.outbox.oldest_age_s(),
+            rollbacks={model: time.time() - at for model, at in list(self.state.rollbacks.items())},
         )
         if snap is not None:
             facts.epoch = snap.epoch
@@ -102,17 +92,17 @@ class Collector:
         """Evaluate the alerts; each change goes to the fleet through the outbox."""
         items = []
         wall, mono = now_ms(), time.monotonic()
-        evaluator = self.agent.alerts
+        evaluator = self.alerts
         before = {key: replace(alert) for key, alert in evaluator.alerts.items()}
         for state, alert in evaluator.evaluate(self.facts(snap)):
             since = wall - int((mono - alert.since) * 1000)
-            body = self.agent.alerts.event(state, alert, wall, since)
+            body = self.alerts.event(state, alert, wall, since)
             level = logging.WARNING if state == "firing" else logging.INFO
             log.log(level, "alert %s %s: %s", alert.rule.name, state, body["summary"])
             items.append(Item("events", body, "alert", record_id(body)))
         if items:  # the events and the alerts firing now, in one transaction
             try:
-                self.agent.outbox.put_many(items, state={ALERTS: evaluator.saved(mono, wall)})
+                self.outbox.put_many(items, state={ALERTS: evaluator.saved(mono, wall)})
             except OutboxError:  # a full disk: the changes come again on the next turn
                 evaluator.alerts = before
                 raise
@@ -120,7 +110,7 @@ class Collector:
     def read_events(self, client: Client) -> None:
         """edged's events after the cursor kept in the outbox, stored with the cursor's advance
         in one transaction: none lost, none twice (a new edged epoch starts from 0)."""
-        epoch, _, last = (self.agent.outbox.get_state(EDGED_CURSOR) or ":0").partition(":")
+        epoch, _, last = (self.outbox.get_state(EDGED_CURSOR) or ":0").partition(":")
         cursor = int(last or 0)
         while True:
             reply = client.events(cursor)
@@ -135,24 +125,24 @@ class Collector:
                 items.insert(0, Item("events", {"alert": "edged events missed",
                                                 "missed": reply["missed"]}, "alert"))  # fmt: skip
             cursor = reply["events"][-1]["id"]
-            self.agent.outbox.put_many(items, state={EDGED_CURSOR: f"{epoch}:{cursor}"})
+            self.outbox.put_many(items, state={EDGED_CURSOR: f"{epoch}:{cursor}"})
             if any(e.get("reason") == DAMAGED for e in reply["events"]):
-                self.agent.delivery.poke()  # a version refused as damaged: fetched again
+                self.delivery.poke()  # a version refused as damaged: fetched again
             if cursor >= reply["last"]:
                 return
 
     def report_metrics(self, snap: telemetry.Snapshot) -> None:
         """Every ``telemetry.interval_s``: what edged served since the read behind the last
         record (kept in the outbox with the record, in one transaction)."""
-        interval = self.agent.config.telemetry.interval_s
+        interval = self.config.telemetry.interval_s
         if not interval or time.monotonic() < self.next_telemetry:
             return
         self.next_telemetry = time.monotonic() + interval
-        before = telemetry.Snapshot.from_state(self.agent.outbox.get_state(EDGED_METRICS))
+        before = telemetry.Snapshot.from_state(self.outbox.get_state(EDGED_METRICS))
         body = telemetry.telemetry(snap, before)
         record = f"metrics-{snap.epoch[:16]}-{int(snap.at * 1000)}"
         items = [Item("telemetry", body, "telemetry", record)] if body else []
-        self.agent.outbox.put_many(items, state={EDGED_METRICS: snap.to_state()})
+        self.outbox.put_many(items, state={EDGED_METRICS: snap.to_state()})
 
 
 def event_item(epoch: str, event: dict[str, Any]) -> Item:

@@ -6,15 +6,14 @@ version again."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cloudsync.agent.config import Config
+from cloudsync.agent.delivery import Delivery
 from cloudsync.protocol.commands import COMMANDS, Command
 from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical, now_ms, printable
 from edged.client import Client, ClientError
-from edged.events import CAPACITY
-
-if TYPE_CHECKING:
-    from cloudsync.agent.session import Agent
+from edged.events import CAPACITY, EventLog
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_LOG_LINES = 1000
@@ -25,16 +24,19 @@ MAX_DRAIN_WAIT_S = 600.0  # the command worker waits no longer for a drain
 class Handlers:
     """The commands of one agent."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, node: str, config: Config, edged_client: Callable[..., Client],
+                 status: Callable[[], dict[str, Any]], delivery: Delivery,
+                 events: EventLog) -> None:  # fmt: skip
+        self.node, self.config, self.edged_client, self.status = node, config, edged_client, status
+        self.delivery, self.events = delivery, events
 
     def run(self, command: Command) -> Any:
         """One verified command (docs/PROTOCOL.md lists them); raising fails it."""
         name, args = command.name, command.args
-        edged = self.agent.edged_client()
+        edged = self.edged_client()
         calls: dict[str, Callable[[], Any]] = {
-            "ping": lambda: {"pong": True, "node": self.agent.node, "ts": now_ms()},
-            "status": self.agent.status,
+            "ping": lambda: {"pong": True, "node": self.node, "ts": now_ms()},
+            "status": self.status,
             "models": lambda: edged.call("POST", "/v2/repository/index"),
             "routing": edged.routing,
             "set-routing": lambda: edged.set_routing(args),
@@ -73,9 +75,7 @@ class Handlers:
             return {"rolled_back": False, "active": active, "why": f"{wrong} is not active"}
         reply = edged.activate(model)
         if isinstance(active, int):
-            self.agent.delivery.rolled_back(
-                model, active, f"command {command.id} by {command.issuer}"
-            )
+            self.delivery.rolled_back(model, active, f"command {command.id} by {command.issuer}")
         return {"rolled_back": True, **reply}
 
     def drain(self, args: dict[str, Any]) -> Any:
@@ -86,7 +86,7 @@ class Handlers:
             wait = args["timeout_s"]
         else:
             wait = 0.0
-        edged = self.agent.edged_client(self.agent.config.edged.timeout_s + wait)
+        edged = self.edged_client(self.config.edged.timeout_s + wait)
         return edged.call("POST", "/v1/admin/drain", args)
 
     def logs(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -104,11 +104,11 @@ class Handlers:
         if not isinstance(contains, str):
             raise ValueError("'contains' must be text")
         if source == "edged":
-            edged = self.agent.edged_client()
+            edged = self.edged_client()
             last = edged.events(0, 1)["last"]
             reply = edged.events(max(0, last - CAPACITY), CAPACITY)
         else:
-            reply = self.agent.events.after(0, CAPACITY)
+            reply = self.events.after(0, CAPACITY)
         floor = LEVELS.index(level)
         found = [
             {**e, "message": printable(str(e.get("message")), MAX_LOG_MESSAGE)}

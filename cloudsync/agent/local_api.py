@@ -52,14 +52,14 @@ import socketserver
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from cloudsync.agent.outbox import PRIORITIES, Item, OutboxError
+from cloudsync.agent.outbox import PRIORITIES, Item, Outbox, OutboxError
 from cloudsync.protocol.envelope import (
     MAX_BODY_BYTES,
     MAX_BYTES,
@@ -68,9 +68,6 @@ from cloudsync.protocol.envelope import (
     depth,
     printable,
 )
-
-if TYPE_CHECKING:
-    from cloudsync.agent.session import Agent
 
 log = logging.getLogger("cloudsync")
 
@@ -412,9 +409,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/metrics":
-            self._send(200, self.server.agent.exporter.render(), CONTENT_TYPE_LATEST)
+            self._send(200, self.server.metrics(), CONTENT_TYPE_LATEST)
         elif self.path == "/v1/status":
-            self._reply(200, self.server.agent.status())
+            self._reply(200, self.server.status())
         else:
             self._reply(404, {"error": f"no route {printable(self.path, 200)}"})
 
@@ -462,7 +459,7 @@ class Handler(BaseHTTPRequestHandler):
                 admitted = admit(data)
                 del data
                 if not isinstance(admitted, Refused):
-                    return self.server.agent.outbox.put_many(admitted)
+                    return self.server.outbox.put_many(admitted)
         raise admitted
 
     def _read_body(self, length: int) -> bytearray:
@@ -500,14 +497,16 @@ class LocalServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self,
         path: Path,
         mode: int,
-        agent: Agent,
+        outbox: Outbox,
+        status: Callable[[], dict[str, Any]],
+        metrics: Callable[[], bytes],
         read_timeout_s: float = READ_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_socket():
             path.unlink()
-        self.agent = agent
+        self.outbox, self.status, self.metrics = outbox, status, metrics
         self.read_timeout_s = read_timeout_s
         self.max_connections = max_connections
         self.admission = threading.Lock()

@@ -39,13 +39,14 @@ from paho.mqtt.properties import Properties
 
 from cloudsync import __version__
 from cloudsync.agent.alerts import Evaluator
-from cloudsync.agent.collector import ALERTS, Collector, EdgedView
+from cloudsync.agent.collector import ALERTS, Collector
 from cloudsync.agent.config import Config
 from cloudsync.agent.delivery import Delivery
 from cloudsync.agent.enrol import Renewal
 from cloudsync.agent.handlers import Handlers
-from cloudsync.agent.metrics import Exporter
+from cloudsync.agent.metrics import AgentMetrics
 from cloudsync.agent.outbox import Item, Outbox, OutboxError
+from cloudsync.agent.state import AgentState
 from cloudsync.protocol.commands import Command, Refused, Verifier, load_anchors, load_scopes
 from cloudsync.protocol.envelope import (
     MAX_BODY_BYTES,
@@ -114,9 +115,11 @@ class Agent:
         self.unrecorded: dict[str, list[int]] = {}
         self.unrecorded_since = 0
         self.rng = rng or random.Random()
-        self.edged = EdgedView()
+        self.state = AgentState(
+            offline_since=time.monotonic(),
+            rollbacks=json.loads(self.outbox.get_state(ROLLBACKS) or "{}"),
+        )
         self.stopping = threading.Event()
-        self.connected = False
         self.inflight: dict[int, int] = {}  # MQTT message id -> outbox seq
         self.sent_at: dict[int, float] = {}  # MQTT message id -> when it went (monotonic)
         self.acked: list[int] = []  # PUBACKed, to leave the outbox (kept while it cannot)
@@ -163,19 +166,15 @@ class Agent:
         if self.trust.error:  # (connected is False: keep() only writes the outbox here)
             self.keep([Item("events", {"alert": "trust refused", "why": self.trust.error},
                             "alert")])  # fmt: skip
-        self.next_telemetry = 0.0
         self.events = EventLog()  # cloudsync's own log, for the ``logs`` command
         log.addHandler(self.events)
-        self.offline_since: float | None = time.monotonic()  # None while connected
-        self.poison = 0  # messages whose handling failed (a bug): acknowledged, logged, counted
-        self.restarts: dict[str, int] = {}  # thread name -> times it failed and was restarted
-        # model -> time.time() of its last rollback, kept across restarts (ModelRolledBack)
-        self.rollbacks: dict[str, float] = json.loads(self.outbox.get_state(ROLLBACKS) or "{}")
         self.alerts = Evaluator(config.alerts)
         self.alerts.restore(self.outbox.get_state(ALERTS), time.monotonic(), now_ms())
-        self.exporter = Exporter(self)
-        self.collector = Collector(self)
-        self.handlers = Handlers(self)
+        self.metrics = AgentMetrics(self.state, self.outbox, self.alerts)
+        self.collector = Collector(self.state, config, self.outbox, self.alerts, self.delivery,
+                                   self.stopping, self.edged_client)  # fmt: skip
+        self.handlers = Handlers(self.node, config, self.edged_client, self.status,
+                                 self.delivery, self.events)  # fmt: skip
         self.renewal = Renewal(config, self.node)
         self.swap = False  # a renewed certificate: a new client at the next turn
         self.client = self._client()
@@ -239,9 +238,9 @@ class Agent:
         if rc.is_failure:
             self._schedule_reconnect(f"the broker refused the connection: {rc}")
             return
-        self.connected = True
-        self.offline_since = None
-        self.exporter.connections.inc()
+        self.state.connected = True
+        self.state.offline_since = None
+        self.metrics.connections.inc()
         self.connecting_since = None
         self.attempt = 0
         log.info(
@@ -262,10 +261,10 @@ class Agent:
         self.sent_at = dict.fromkeys(self.sent_at, time.monotonic())
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
-        was = self.connected
-        self.connected = False
+        was = self.state.connected
+        self.state.connected = False
         if was:
-            self.offline_since = time.monotonic()
+            self.state.offline_since = time.monotonic()
         if not self.stopping.is_set():
             self._schedule_reconnect(f"disconnected ({rc})" if was else f"connect failed ({rc})")
 
@@ -298,7 +297,7 @@ class Agent:
         try:
             self._handle(message)
         except Exception:  # a bug here: logged, counted; the message is acknowledged all the same
-            self.poison += 1
+            self.state.poison += 1
             topic = getattr(message, "_topic", b"")  # bytes: .topic decodes (and may fail)
             log.exception("a message on %r could not be handled", bytes(topic)[:200])
 
@@ -379,8 +378,8 @@ class Agent:
             return
         except OutboxError as exc:
             log.error("%s: %d record(s) %s", exc, len(items),
-                      "published without it" if self.connected else "lost")  # fmt: skip
-        for item in items if self.connected else []:
+                      "published without it" if self.state.connected else "lost")  # fmt: skip
+        for item in items if self.state.connected else []:
             payload = self._envelope(item.body).encode()
             self._publish(self._topic_of(item.kind), payload, item.kind)
 
@@ -394,14 +393,14 @@ class Agent:
             try:
                 self.report(command.id, {"name": command.name, **result})
             except Exception:  # a result the outbox cannot take: said here, the thread goes on
-                self.poison += 1
+                self.state.poison += 1
                 log.exception("the result of command %s cannot be kept", command.id)
 
     # ---- what the node says ----------------------------------------------------------------
 
     def capabilities(self) -> dict[str, Any]:
         """The birth's body: who the node is and what it can do (edged's last answer)."""
-        status = self.edged.status or {}
+        status = self.state.edged.status or {}
         return {
             "software": {"cloudsync": __version__, "edged": status.get("version")},
             "hardware": {
@@ -414,13 +413,13 @@ class Agent:
                 {"name": m.get("name"), "version": m.get("version"), "state": m.get("state")}
                 for m in status.get("models", [])
             ],
-            "capabilities": self.edged.capabilities,
-            "edged": self.edged.reachability(),
+            "capabilities": self.state.edged.capabilities,
+            "edged": self.state.edged.reachability(),
             "labels": self.config.node.labels,
         }
 
     def heartbeat_body(self) -> dict[str, Any]:
-        status = self.edged.status or {}
+        status = self.state.edged.status or {}
         cloud = status.get("cloud") or {}
         return {
             "uptime_s": status.get("uptime_s"),
@@ -431,16 +430,16 @@ class Agent:
             "cloud_scale_out": (cloud.get("scale_out") or {}).get("needed"),
             "inflight": status.get("inflight"),
             "drained": status.get("drained"),
-            "routing": self.edged.routes,
+            "routing": self.state.edged.routes,
             "models": {
                 str(m.get("name")): m.get("version")
                 for m in status.get("models", [])
                 if m.get("state") == "READY"
             },
-            "edged": self.edged.reachability(),
+            "edged": self.state.edged.reachability(),
             "outbox": {**self.outbox.stats(), "oldest_age_s": self.outbox.oldest_age_s()},
-            "poison_messages": self.poison,
-            "thread_restarts": dict(self.restarts),
+            "poison_messages": self.state.poison,
+            "thread_restarts": dict(self.state.restarts),
             # the egress ledgers' heads: checkpoints the fleet keeps (a device cannot rewrite
             # its ledger past them unseen)
             "egress": {
@@ -455,12 +454,12 @@ class Agent:
             "node": self.node,
             "fleet": self.config.node.fleet,
             "broker": f"{self.config.mqtt.host}:{self.config.mqtt.port}",
-            "connected": self.connected,
+            "connected": self.state.connected,
             "heartbeats": self.heartbeats,
             "inflight": len(self.inflight),
-            "poison_messages": self.poison,
-            "thread_restarts": dict(self.restarts),
-            "edged": self.edged.reachability(),
+            "poison_messages": self.state.poison,
+            "thread_restarts": dict(self.state.restarts),
+            "edged": self.state.edged.reachability(),
             "outbox": self.outbox.stats(),
         }
 
@@ -486,7 +485,7 @@ class Agent:
                     log.error("%s; the records the broker has stay until it can", exc)
                 self.write_again = now + 1.0
         late = [m for m, t in self.sent_at.items() if now - t > ACK_TIMEOUT_S]
-        for mid in late if self.connected else []:
+        for mid in late if self.state.connected else []:
             # no PUBACK in all that time: sent again from the outbox (the same id); paho's own
             # resend after a reconnect normally answers long before
             log.warning("record %d: no PUBACK in %.0f s; it will be sent again",
@@ -495,7 +494,7 @@ class Agent:
         room = self.config.outbox.max_inflight - len(self.inflight)
         waiting = len(self.acked) + len(self.refused)  # the broker has them, the disk not yet
         if (
-            not self.connected
+            not self.state.connected
             or room <= 0
             or waiting >= HELD_FACTOR * self.config.outbox.max_inflight
         ):
@@ -535,7 +534,7 @@ class Agent:
         if self.swap:
             self._swap_client()
         now = time.monotonic()
-        if not self.connected:
+        if not self.state.connected:
             if self.connecting_since is None and now >= self.next_connect:
                 self._connect()
             elif self.connecting_since is not None and now - self.connecting_since > CONNACK_S:
@@ -544,7 +543,7 @@ class Agent:
             self.stopping.wait(0.05)  # turn while offline: 20 lines a second): do not spin
         elif self.client.loop(timeout=0.05) == mqtt.MQTT_ERR_NO_CONN:
             self.stopping.wait(0.05)
-        if self.connected and now >= self.next_heartbeat:
+        if self.state.connected and now >= self.next_heartbeat:
             interval = self.config.heartbeat.interval_s
             # at a fixed rate (no drift from the loop's turns), unless it fell behind
             self.next_heartbeat = max(self.next_heartbeat + interval, now + interval / 2)
@@ -555,8 +554,8 @@ class Agent:
                 payload = self._envelope(body).encode()
             self._publish(self.topics.heartbeat, payload, "heartbeat")
             self.heartbeats += 1
-            self.exporter.heartbeats.inc()
-        if self.connected and self.renewal.due(now):
+            self.metrics.heartbeats.inc()
+        if self.state.connected and self.renewal.due(now):
             self._publish(self.topics.renew, self.renewal.request(now), "renew")
         if now >= self.next_sync:
             self.next_sync = now + self.config.egress.fsync_s
@@ -608,9 +607,9 @@ class Agent:
             old.loop(timeout=0.05)
         except Exception:  # it goes either way
             log.debug("the old client's disconnect", exc_info=True)
-        if self.connected:
-            self.offline_since = time.monotonic()
-        self.connected = False
+        if self.state.connected:
+            self.state.offline_since = time.monotonic()
+        self.state.connected = False
         self.inflight.clear()
         self.sent_at.clear()
         self.client = self._client()
@@ -618,9 +617,9 @@ class Agent:
         log.info("reconnecting with the renewed certificate")
 
     def _rolled_back(self, model: str) -> None:
-        self.rollbacks[model] = time.time()
-        self.outbox.put_many([], state={ROLLBACKS: json.dumps(self.rollbacks)})
-        self.exporter.rollbacks.labels(model).inc()
+        self.state.rollbacks[model] = time.time()
+        self.outbox.put_many([], state={ROLLBACKS: json.dumps(self.state.rollbacks)})
+        self.metrics.rollbacks.labels(model).inc()
 
     def run(self) -> None:
         """Until ``stop``: the MQTT thread here, the edged, delivery and commands threads beside
@@ -661,8 +660,8 @@ class Agent:
                 body()
                 return
             except Exception:
-                self.restarts[name] = self.restarts.get(name, 0) + 1
-                self.exporter.restarts.labels(name).inc()
+                self.state.restarts[name] = self.state.restarts.get(name, 0) + 1
+                self.metrics.restarts.labels(name).inc()
                 failures = 1 if time.monotonic() - started > RESTART_MAX_S else failures + 1
                 pause = min(RESTART_MAX_S, 2.0 ** (failures - 1))
                 log.exception("the %s thread failed; it starts again in %.0f s", name, pause)
@@ -676,7 +675,7 @@ class Agent:
         if not port:
             return None
         try:
-            stop = self.exporter.serve(address, port)
+            stop = self.metrics.serve(address, port)
         except OSError as exc:
             log.error("cannot serve metrics on %s:%d: %s", address, port, exc.strerror or exc)
             return None
@@ -687,7 +686,7 @@ class Agent:
         self.stopping.set()
 
     def _close(self) -> None:
-        if self.connected:
+        if self.state.connected:
             bye = self._envelope({"state": "offline", "reason": "stopped"})
             info = self._publish(self.topics.status, bye.encode(), "status", retain=True)
             deadline = time.monotonic() + 2.0

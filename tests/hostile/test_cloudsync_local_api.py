@@ -28,8 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -554,14 +553,15 @@ def test_bodies_read_at_once_are_bounded_and_a_503_asks_for_a_retry(agent: Cloud
 def local_api(tmp_path: Path) -> Iterator[Path]:
     """An in-process LocalServer over a real outbox, with a 0.5 s read timeout (cloudsync's
     own is 30 s: too long to wait for here)."""
-    stub = SimpleNamespace(outbox=Outbox(tmp_path / "outbox.db"), status=lambda: {"ok": True})
-    server = LocalServer(tmp_path / "api.sock", 0o600, cast(Any, stub), read_timeout_s=0.5)
+    outbox = Outbox(tmp_path / "outbox.db")
+    server = LocalServer(tmp_path / "api.sock", 0o600, outbox, lambda: {"ok": True},
+                         lambda: b"", read_timeout_s=0.5)  # fmt: skip
     thread = server.start()
     yield tmp_path / "api.sock"
     server.shutdown()
     server.server_close()
     thread.join(5)
-    stub.outbox.close()
+    outbox.close()
 
 
 def send_nothing(sock: socket.socket) -> None:

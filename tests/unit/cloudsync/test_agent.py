@@ -42,11 +42,9 @@ def test_a_failing_thread_is_started_again_and_counted(
 
     with caplog.at_level(logging.ERROR, "cloudsync"):
         agent.supervise("worker", body)  # 1 s, then 2 s between the tries
-    assert calls == [0, 1, 2] and agent.restarts == {"worker": 2}
+    assert calls == [0, 1, 2] and agent.state.restarts == {"worker": 2}
     assert agent.status()["thread_restarts"] == {"worker": 2}
-    assert (
-        'cloudsync_thread_restarts_total{thread="worker"} 2.0' in agent.exporter.render().decode()
-    )
+    assert 'cloudsync_thread_restarts_total{thread="worker"} 2.0' in agent.metrics.render().decode()
     assert [r.message for r in caplog.records].count(
         "the worker thread failed; it starts again in 1 s"
     ) == 1
@@ -58,7 +56,7 @@ def test_a_stop_ends_the_pause_between_tries(agent: Agent) -> None:
         raise RuntimeError("failing while stopping")
 
     agent.supervise("edged", body)  # returns: no second try
-    assert agent.restarts == {"edged": 1}
+    assert agent.state.restarts == {"edged": 1}
 
 
 def test_a_record_too_large_to_send_is_dead_lettered_and_acks_wait_for_the_disk(
@@ -75,7 +73,7 @@ def test_a_record_too_large_to_send_is_dead_lettered_and_acks_wait_for_the_disk(
         return Sent
 
     monkeypatch.setattr(agent.client, "publish", publish)  # no broker in a unit test
-    agent.connected = True
+    agent.state.connected = True
     agent.outbox.put("telemetry", {"n": 1})
     # as an older cloudsync could store it: a body over what an envelope may carry
     agent.outbox.db.execute("UPDATE outbox SET body = ?", ['{"pad":"' + "x" * 300_000 + '"}'])

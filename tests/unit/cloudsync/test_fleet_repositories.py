@@ -103,8 +103,13 @@ def test_the_overview_counts_software_serving_models_events_and_alerts(store: St
               for node, models in zip(("n1", "n2", "n3"), served, strict=True)]  # fmt: skip
     batch += [
         msg("events", "n1", alert("firing", NOW), ident="a1", priority="alert"),
-        msg("events", "n2", {**alert("firing", NOW + 1, site="x"), "active_since_ms": NOW},
-            ident="a2", priority="alert"),
+        msg(
+            "events",
+            "n2",
+            {**alert("firing", NOW + 1, site="x"), "active_since_ms": NOW},
+            ident="a2",
+            priority="alert",
+        ),
         msg("events", "n2", {"message": "hello"}, ident="e3", arrived=NOW + 50),
     ]
     registry.ingest(batch)
