@@ -42,7 +42,9 @@ from edged.models.repository import ModelManager
 from edged.privacy import Privacy
 from edged.protocol.tensors import confidence, payload_bytes
 from edged.request import RouteContext, current_qos, current_route, set_route
-from edged.routing import Decision, Estimates, Path, RouteRequest, decide, tiers
+from edged.routing import tiers
+from edged.routing.decide import Decision, Path, RouteRequest, decide
+from edged.routing.estimates import Estimates
 from edged.routing.learned import Learner
 from edged.runtimes.base import Tensors
 

@@ -31,8 +31,9 @@ from bench.lab.traces import Trace
 from edged.breaker import CircuitBreaker
 from edged.link import LinkMonitor
 from edged.router import local_reserve
-from edged.routing import Decision, Estimates, Path, Policy, RouteRequest, decide, parse
-from edged.routing.decide import Route
+from edged.routing.conditions import parse
+from edged.routing.decide import Decision, Path, Policy, Route, RouteRequest, decide
+from edged.routing.estimates import Estimates
 from edged.routing.learned import Learner
 from edged.stats import percentile
 

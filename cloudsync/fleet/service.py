@@ -62,6 +62,7 @@ from cloudsync.fleet.config import FleetServiceConfig
 from cloudsync.fleet.deployments import Deployments, Reconciler
 from cloudsync.fleet.enrolment import Decision, Enrolments, Issuer
 from cloudsync.fleet.exporter import NodeSeries
+from cloudsync.fleet.leases import Leases
 from cloudsync.fleet.observe import EventLog
 from cloudsync.fleet.registry import Ingested, Message, Registry
 from cloudsync.fleet.rollouts import Rollouts
@@ -172,6 +173,7 @@ class Service:
         self.audit = AuditLog(self.store, clock)
         self.commands = Commands(self.store, clock)
         self.sessions = Sessions(self.store, clock)
+        self.leases = Leases(self.store)
         self.rollouts = Rollouts(
             self.store, self.deployments, self.fleet, self.publish_desired, self.send_command,
             load_deploy_key(config), config.service.identity, clock,
@@ -441,16 +443,8 @@ class Service:
 
     def lease(self) -> bool:
         """Takes or renews the runner lease; whether this replica holds it."""
-        now, cfg = self.clock(), self.config.service
-        with self.store.transaction() as tx:
-            done = tx.execute(
-                "INSERT INTO leases (name, holder, expires) VALUES (?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
-                " expires = excluded.expires"
-                " WHERE leases.expires < ? OR leases.holder = excluded.holder",
-                (RUNNER_LEASE, self.replica, now + int(cfg.lease_s * 1000), now),
-            )
-            held = done.rowcount == 1
+        for_ms = int(self.config.service.lease_s * 1000)
+        held = self.leases.take(RUNNER_LEASE, self.replica, self.clock(), for_ms)
         if held != self.holds_lease:
             log.info("%s the runner lease", "took" if held else "lost")
         self.holds_lease = held
@@ -459,9 +453,7 @@ class Service:
 
     def release(self) -> None:
         if self.holds_lease:
-            with self.store.transaction() as tx:
-                tx.execute("DELETE FROM leases WHERE name = ? AND holder = ?",
-                           (RUNNER_LEASE, self.replica))  # fmt: skip
+            self.leases.release(RUNNER_LEASE, self.replica)
             self.holds_lease = False
 
     def runner(self) -> None:

@@ -1,6 +1,3 @@
-"""The knowledge store (Milvus Lite by default): chunks of text with their embeddings."""
-
-from edged.knowledge.store import Chunk, Hit, KnowledgeStore, content_id
-from edged.knowledge.text import chunk_markdown, chunk_text
-
-__all__ = ["Chunk", "Hit", "KnowledgeStore", "chunk_markdown", "chunk_text", "content_id"]
+"""The knowledge store (Milvus Lite by default): chunks of text with their embeddings. Import
+the modules (``edged.knowledge.store``, ``edged.knowledge.text``...): this package loads
+nothing, so that the client-side tools, which split text, do not load the store."""

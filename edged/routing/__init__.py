@@ -1,17 +1,3 @@
-"""The path decision (pure): conditions, estimates and ``decide()``."""
-
-from edged.routing.conditions import Condition, parse
-from edged.routing.decide import Decision, Path, Policy, RouteRequest, Rule, decide
-from edged.routing.estimates import Estimates
-
-__all__ = [
-    "Condition",
-    "Decision",
-    "Estimates",
-    "Path",
-    "Policy",
-    "RouteRequest",
-    "Rule",
-    "decide",
-    "parse",
-]
+"""The path decision (pure): conditions, estimates and ``decide()``. Import the modules
+(``edged.routing.decide``...): this package loads nothing, so that a module that needs one of
+them (cloudsync needs ``abtest``) loads only that one."""

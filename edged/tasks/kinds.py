@@ -10,15 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edged.dataplane import default_models
+from edged.dataplane.plane import DataPlane
 from edged.errors import InvalidRequest, Unavailable
-
-if TYPE_CHECKING:
-    from edged.dataplane.plane import DataPlane
-    from edged.knowledge.service import KnowledgeService
-    from edged.tasks.nodes import Node
+from edged.knowledge.service import KnowledgeService
+from edged.tasks.nodes import Node
 
 # question, passages -> (answer, route, reason): the daemon's answer model (knowledge.answer_model)
 Answer = Callable[[str, list[str]], Awaitable[tuple[str, str, str]]]

@@ -25,7 +25,7 @@ import numpy as np
 import pymilvus
 import pytest
 
-from edged.knowledge import Chunk, KnowledgeStore
+from edged.knowledge.store import Chunk, KnowledgeStore
 from tests.conftest import Daemon, require_models
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

@@ -1,7 +1,8 @@
 """The house rules (docs/ARCHITECTURE.md, "Layers"): every import points downward.
 
-Read from the source with ``ast`` (every ``import``, at any depth, ``TYPE_CHECKING`` ones too),
-so a rule broken anywhere fails here, naming the module, the line and the rule:
+Read from the source with ``ast`` (every ``import``, at any depth, ``TYPE_CHECKING`` ones too,
+and what the ``__init__`` of each package an import goes into loads: Python runs it), so a rule
+broken anywhere fails here, naming the module, the line and the rule:
 
 - edged's layers, bottom up: leaves, parts, core, the data plane, task graphs, the adapters
   (REST, gRPC), the composition root. A module imports its own layer or lower ones.
@@ -12,13 +13,20 @@ so a rule broken anywhere fails here, naming the module, the line and the rule:
   device agent; cloudsync reaches into edged only through its public seams (the client, the
   shared helpers, the config loader, the log setup, the event log, atomic files, statistics,
   the load snapshot and the gauges made of it, what a model may be called).
+- No cycle between modules, whatever their layers (a cycle inside a layer, or one hidden under
+  ``TYPE_CHECKING`` or in a function, is a cycle all the same).
+- ``TYPE_CHECKING`` imports of our modules only where listed below, with the reason: a part
+  handed a whole object it imports only for its type is a hub in disguise.
+- The fleet service's SQL only in its repositories (and the store).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,6 +64,24 @@ CLOUDSYNC_MAY_IMPORT = [
 ]  # fmt: skip
 
 
+# (module, what it imports for types only): why it may
+TYPE_CHECKING_ALLOWED = {
+    ("edged.top_live", "edged.top"): "top (and rich) loaded only when `edgectl top` runs",
+}
+# the fleet service's modules that may hold SQL: the store and the repositories
+FLEET_SQL = {
+    "store", "registry", "deployments", "rollouts", "abtests", "enrolment", "audit", "commands",
+    "sessions", "leases", "alerting", "observe", "exporter",
+}  # fmt: skip
+SQL = re.compile(r"\b(SELECT\s|INSERT\s+INTO\s|UPDATE\s+\w+\s+SET\s|DELETE\s+FROM\s)")
+
+
+class Import(NamedTuple):
+    line: int
+    target: str
+    types_only: bool  # under ``if TYPE_CHECKING:``
+
+
 def under(module: str, prefixes: list[str]) -> str | None:
     """The longest of ``prefixes`` that ``module`` is or is inside (``edged`` itself only as
     the package: its version)."""
@@ -77,32 +103,125 @@ def module_of(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, root: Path, known: set[str]) -> Iterator[tuple[int, str]]:
-    """(line, module) for each module of ours that ``path`` imports (``from a import b`` is
-    ``a.b`` when that is a module)."""
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+def imports(path: Path, root: Path, known: set[str]) -> Iterator[Import]:
+    """Each module of ours that ``path`` imports (``from a import b`` is ``a.b`` when that is a
+    module), and whether it is under ``if TYPE_CHECKING:``."""
+
+    def walk(node: ast.AST, types_only: bool) -> Iterator[Import]:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield node.lineno, alias.name
+                yield Import(node.lineno, alias.name, types_only)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
-                yield node.lineno, full if full in known else node.module
+                yield Import(node.lineno, full if full in known else node.module, types_only)
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                yield from walk(child, True)
+            for child in node.orelse:
+                yield from walk(child, types_only)
+            return
+        for child in ast.iter_child_nodes(node):
+            yield from walk(child, types_only)
+
+    yield from walk(ast.parse(path.read_text(), str(path)), False)
+
+
+def packages_entered(source: str, target: str, known: set[str]) -> list[str]:
+    """The packages whose ``__init__`` an import of ``target`` from ``source`` runs (those
+    ``source`` is not inside already)."""
+    parts = target.split(".")
+    found = []
+    for n in range(1, len(parts)):
+        package = ".".join(parts[:n])
+        if package in known and not (source == package or source.startswith(package + ".")):
+            found.append(package)
+    return found
+
+
+def graph(root: Path) -> dict[str, list[tuple[Path, Import]]]:
+    """Module -> what it imports of ours (its path beside each, for the messages)."""
+    files = sorted([*(root / "edged").rglob("*.py"), *(root / "cloudsync").rglob("*.py")])
+    known = {module_of(f, root) for f in files}
+    found: dict[str, list[tuple[Path, Import]]] = {module_of(f, root): [] for f in files}
+    for path in files:
+        source = module_of(path, root)
+        for imp in imports(path, root, known):
+            if imp.target.startswith(("edged", "cloudsync")) and imp.target != source:
+                found[source].append((path, imp))
+    return found
 
 
 def violations(root: Path) -> list[str]:
-    files = sorted([*(root / "edged").rglob("*.py"), *(root / "cloudsync").rglob("*.py")])
-    known = {module_of(f, root) for f in files}
+    modules = graph(root)
+    known = set(modules)
     found = []
-    for path in files:
-        source = module_of(path, root)
-        for line, target in imports(path, root, known):
-            if not target.startswith(("edged", "cloudsync")) or target == source:
-                continue
-            why = rule(source, target)
+    for source, edges in modules.items():
+        for path, imp in edges:
+            where = f"{path.relative_to(root)}:{imp.line}: {source} imports {imp.target}"
+            why = rule(source, imp.target)
             if why:
-                found.append(f"{path.relative_to(root)}:{line}: {source} imports {target}: {why}")
+                found.append(f"{where}: {why}")
+            for package in packages_entered(source, imp.target, known):
+                for _, loaded in modules[package]:
+                    why = rule(source, loaded.target)
+                    if why:
+                        found.append(f"{where}, whose package {package} loads {loaded.target}:"
+                                     f" {why}")  # fmt: skip
+            if imp.types_only and (source, imp.target) not in TYPE_CHECKING_ALLOWED:
+                why = "import it, or hand over only what is used (or list it here, with why)"
+                found.append(f"{where} under TYPE_CHECKING: {why}")
+    fleet = root / "cloudsync" / "fleet"
+    for path in sorted(fleet.glob("*.py")):
+        if path.stem not in FLEET_SQL:
+            for number, text in enumerate(path.read_text().splitlines(), 1):
+                if SQL.search(text):
+                    found.append(f"{path.relative_to(root)}:{number}: SQL outside the fleet"
+                                 " service's repositories")  # fmt: skip
     return found
+
+
+def cycles(root: Path) -> list[str]:
+    """Each set of modules that import one another, round (Tarjan's strongly connected
+    components over every import, and the packages' ``__init__`` each import runs)."""
+    modules = graph(root)
+    known = set(modules)
+    edges = {
+        source: sorted({t for _, imp in found for t in (imp.target,
+                        *packages_entered(source, imp.target, known)) if t in known})
+        for source, found in modules.items()
+    }  # fmt: skip
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[str] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in edges[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                found.append("a cycle: " + ", ".join(sorted(component)))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return sorted(found)
 
 
 def rule(source: str, target: str) -> str:
@@ -142,14 +261,31 @@ def test_every_import_points_downward() -> None:
     assert not found, "\n".join(found)
 
 
+def test_no_module_imports_itself_round_a_cycle() -> None:
+    found = cycles(ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_the_types_only_imports_are_the_listed_ones() -> None:
+    """Counted, so that a new one is a decision (the agent's parts imported ``Agent`` for its
+    type: a cycle of four files the layers did not see, issue 45)."""
+    seen = {(source, imp.target) for source, edges in graph(ROOT).items()
+            for _, imp in edges if imp.types_only}  # fmt: skip
+    assert seen == set(TYPE_CHECKING_ALLOWED)
+
+
+def copy_tree(to: Path) -> None:
+    for package in ("edged", "cloudsync"):
+        for path in (ROOT / package).rglob("*.py"):
+            copy = to / path.relative_to(ROOT)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(path.read_text())
+
+
 def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
     """The same check over a copy of the tree in which the data plane imports the task graphs,
     the protocol imports the agent and edged imports cloudsync: each is found, with its line."""
-    for package in ("edged", "cloudsync"):
-        for path in (ROOT / package).rglob("*.py"):
-            copy = tmp_path / path.relative_to(ROOT)
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_text(path.read_text())
+    copy_tree(tmp_path)
     broken = {
         "edged/dataplane/plane.py": "from edged.tasks.run import TaskRunner\n",
         "cloudsync/protocol/topics.py": "from cloudsync.agent.session import Agent\n",
@@ -168,3 +304,35 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
     assert "edged.errors imports cloudsync.protocol.envelope: edged never imports" in text
     assert "cloudsync.agent.outbox: the fleet side never imports the device agent" in text
     assert "edged.top imports edged.router: a client-side tool imports only" in text
+
+
+def test_cycles_hidden_imports_and_stray_sql_put_back_on_purpose_are_named(tmp_path: Path) -> None:
+    """Over a copy of the tree: the agent's metrics importing ``Agent`` for its type (the cycle
+    issue 45 removed), the task kinds importing the graph parser in a function, the API and the
+    console importing each other, a package's ``__init__`` that loads the knowledge store for
+    the client-side tools, and SQL in the API: each found, and nothing else."""
+    copy_tree(tmp_path)
+    added = {
+        "cloudsync/agent/metrics.py":
+            "if TYPE_CHECKING:\n    from cloudsync.agent.session import Agent\n",
+        "edged/tasks/kinds.py": "def parse():\n    from edged.tasks.graph import parse_graph\n",
+        "cloudsync/fleet/console.py": "from cloudsync.fleet.api import Api\n",
+        "cloudsync/fleet/api.py":
+            'def console():\n    from cloudsync.fleet.console import Console\n\nX = "SELECT 1"\n',
+        "edged/knowledge/__init__.py": "from edged.knowledge.store import KnowledgeStore\n",
+    }  # fmt: skip
+    for name, text in added.items():
+        path = tmp_path / name
+        path.write_text(path.read_text() + "\n" + text)
+    assert cycles(tmp_path) == [
+        "a cycle: cloudsync.agent.metrics, cloudsync.agent.session",
+        "a cycle: cloudsync.fleet.api, cloudsync.fleet.console",
+        "a cycle: edged.tasks.graph, edged.tasks.kinds",
+    ]
+    found = violations(tmp_path)
+    text = "\n".join(found)
+    assert "cloudsync.agent.metrics imports cloudsync.agent.session under TYPE_CHECKING" in text
+    assert "cloudsync/fleet/api.py:" in text and "SQL outside the fleet service's" in text
+    tools = [f for f in found if "whose package edged.knowledge loads edged.knowledge.store" in f]
+    assert tools and all("a client-side tool imports only" in f for f in tools), text
+    assert len(found) == 2 + len(tools), text

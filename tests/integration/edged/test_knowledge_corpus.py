@@ -21,8 +21,8 @@ import pytest
 
 from edged.client import Client, ClientError
 from edged.edgectl.kb import KB_REQUEST_CHARS
-from edged.knowledge import KnowledgeStore, chunk_text, content_id
-from edged.knowledge.text import split_for_requests
+from edged.knowledge.store import KnowledgeStore, content_id
+from edged.knowledge.text import chunk_text, split_for_requests
 from tests.conftest import Daemon, skip_or_fail, wait_for
 
 SMALL_CHUNKS = """

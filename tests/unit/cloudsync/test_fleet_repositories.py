@@ -14,6 +14,7 @@ from cloudsync.fleet.audit import MAX_DETAIL, AuditLog
 from cloudsync.fleet.commands import Commands
 from cloudsync.fleet.config import Token
 from cloudsync.fleet.deployments import Deployment, Deployments
+from cloudsync.fleet.leases import Leases
 from cloudsync.fleet.registry import Registry
 from cloudsync.fleet.sessions import SESSION_S, Sessions, session_hash
 from cloudsync.fleet.store import Store
@@ -144,3 +145,17 @@ def test_deployments_are_counted_and_their_progress_is_what_was_given_out(store:
                        (node, NOW))  # fmt: skip
     assert deployments.count() == 1
     assert deployments.progress(dep) == {"targeted": 1}
+
+
+def test_a_lease_is_one_holders_until_it_expires_or_is_released(store: Store) -> None:
+    leases = Leases(store)
+    assert leases.take("runner", "a", NOW, 1000)
+    assert not leases.take("runner", "b", NOW + 999, 1000)  # a's, until NOW + 1000
+    assert leases.take("runner", "a", NOW + 999, 1000)  # renewed by its holder: to NOW + 1999
+    assert not leases.take("runner", "b", NOW + 1500, 1000)
+    assert leases.take("other", "b", NOW + 1500, 1000)  # another name, another lease
+    assert leases.take("runner", "b", NOW + 2000, 1000)  # a's expired
+    leases.release("runner", "a")  # not a's any more: nothing happens
+    assert not leases.take("runner", "a", NOW + 2001, 1000)
+    leases.release("runner", "b")
+    assert leases.take("runner", "a", NOW + 2002, 1000)

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from edged.config import parse as parse_config
 from edged.errors import ConfigError
-from edged.routing import Decision, Estimates, Path, Policy, RouteRequest, Rule, decide
 from edged.routing.conditions import VARIABLES, parse
-from edged.routing.estimates import load_band, size_band
+from edged.routing.decide import Decision, Path, Policy, RouteRequest, Rule, decide
+from edged.routing.estimates import Estimates, load_band, size_band
 from tests.conftest import examples
 
 # ---- conditions -----------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from edged.errors import InsufficientStorage, InvalidRequest, NotFound
-from edged.knowledge import Chunk, KnowledgeStore, chunk_markdown, chunk_text
-from edged.knowledge.text import split_for_requests
+from edged.knowledge.store import Chunk, KnowledgeStore
+from edged.knowledge.text import chunk_markdown, chunk_text, split_for_requests
 
 DIM = 8
 

@@ -8,7 +8,8 @@ from statistics import NormalDist
 
 import pytest
 
-from edged.routing import Decision, Path, Policy, RouteRequest, Rule, decide, parse
+from edged.routing.conditions import parse
+from edged.routing.decide import Decision, Path, Policy, RouteRequest, Rule, decide
 from edged.routing.learned import Learner, chance_within, slack_band
 
 
