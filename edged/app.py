@@ -43,9 +43,10 @@ from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.runtimes.process import ProcessRuntime, wants_process
 from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
 from edged.server.access import Access
-from edged.server.grpc import GrpcServer
-from edged.server.grpc import start_server as start_grpc
-from edged.server.rest import create_app, metrics_handler
+from edged.server.grpc.relay import GrpcServer
+from edged.server.grpc.relay import start_server as start_grpc
+from edged.server.rest.endpoints import metrics_handler
+from edged.server.rest.routes import create_app
 from edged.server.services import Services
 from edged.tasks.run import TaskRunner
 
