@@ -60,7 +60,7 @@ UBUNTU_KEYRING_SHA256 := 0d0e7ed6b112f5d03eabf3c7eb01ebdacf9c57714b279e90495cfc5
 # package without installing it (installing would start a Prometheus server on the machine).
 PROMTOOL := build/promtool/usr/bin/promtool
 
-.PHONY: run test setup unit-pythons field models deb deb-targets packaging-targets deb-arm64 packaging-arm64 monitoring lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress mutation clean distclean help
+.PHONY: run test setup unit-pythons field models deb deb-targets packaging-targets deb-arm64 packaging-arm64 monitoring map lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress mutation clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
@@ -85,6 +85,7 @@ help:
 	@echo "make packaging-arm64 - install the arm64 package in an arm64 tree under qemu, one inference"
 	@echo "make packaging-arm64-trixie - the same for Debian 13 arm64 (Python 3.13); -jammy: JetPack 6's Ubuntu 22.04"
 	@echo "make monitoring - regenerate the Prometheus alerting rules from cloudsync/agent/alerts.py"
+	@echo "make map    - regenerate docs/ARCHITECTURE.md's table of long modules (tests/house_map.py)"
 
 $(STAMPS):
 	@mkdir -p $(STAMPS)
@@ -265,6 +266,9 @@ $(PROMTOOL):
 monitoring: $(STAMPS)/venv $(PROMTOOL)
 	$(PY) -m cloudsync.agent.alerts > docs/monitoring/edged-alerts.rules.yml
 	$(PROMTOOL) check rules docs/monitoring/edged-alerts.rules.yml
+
+map: $(STAMPS)/venv
+	$(PY) -m tests.house_map
 
 lint: $(STAMPS)/venv
 	$(VENV)/bin/ruff check edged cloudsync tests bench models
