@@ -60,9 +60,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.serving import rss_mib  # noqa: E402
 from edged.client import Client, ClientError  # noqa: E402
+from edged.common.stats import percentile  # noqa: E402
 from edged.knowledge.store import Chunk, KnowledgeStore  # noqa: E402
 from edged.knowledge.text import chunk_text  # noqa: E402
-from edged.stats import percentile  # noqa: E402
 
 MODELS = ROOT / "models"
 DIM = 384

@@ -33,8 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edged.common.stats import percentile  # noqa: E402
 from edged.knowledge.store import MAX_MESSAGE, Chunk, KnowledgeStore  # noqa: E402
-from edged.stats import percentile  # noqa: E402
 
 DIM = 384
 K = 10

@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT))
 from bench.peer import ensure_venv, start_peer  # noqa: E402
 from bench.serving import stop  # noqa: E402
 from edged.client import Client  # noqa: E402
+from edged.common.stats import percentile  # noqa: E402
 from edged.routing.conditions import parse  # noqa: E402
 from edged.routing.decide import Path as Tier  # noqa: E402
 from edged.routing.decide import Policy, RouteRequest, Rule, decide  # noqa: E402
-from edged.stats import percentile  # noqa: E402
 from tests.faultproxy import FaultProxy  # noqa: E402
 
 MODELS = ROOT / "models"

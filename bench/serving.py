@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from edged.app import Daemon  # noqa: E402
 from edged.client import Client  # noqa: E402
+from edged.common.stats import percentile  # noqa: E402
 from edged.config import Config  # noqa: E402
-from edged.stats import percentile  # noqa: E402
 from tests.media import speech_in_silence, text_image  # noqa: E402
 
 MODELS = ROOT / "models"

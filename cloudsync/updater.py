@@ -57,9 +57,9 @@ from cloudsync.protocol import manifest as manifests
 from cloudsync.protocol import spool
 from cloudsync.protocol.commands import load_anchors, load_scopes
 from cloudsync.protocol.trust import TRUST_FILE, Trust, TrustError, TrustState
-from edged.atomic import write_atomic
 from edged.client import Client, ClientError
-from edged.errors import ConfigError
+from edged.common.atomic import write_atomic
+from edged.common.errors import ConfigError
 
 log = logging.getLogger("edged-updater")
 PACKAGE = spool.PACKAGE

@@ -35,11 +35,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from edged.atomic import write_atomic
 from edged.cloud import CloudEndpoint
-from edged.config import RoutingConfig, validate
-from edged.egress import Ledger, anchors_of, verify
-from edged.errors import (
+from edged.common.atomic import write_atomic
+from edged.common.errors import (
     ConfigError,
     Conflict,
     EdgedError,
@@ -48,6 +46,8 @@ from edged.errors import (
     NotFound,
     Unavailable,
 )
+from edged.config import RoutingConfig, validate
+from edged.egress import Ledger, anchors_of, verify
 from edged.models import install
 from edged.models.repository import VERSION, ModelManager, ModelVersion
 from edged.router import Router

@@ -12,10 +12,10 @@ import socket
 import sys
 from pathlib import Path
 
-from edged import __version__, logs
+from edged import __version__
 from edged import config as config_module
-from edged.common import heap
-from edged.errors import ConfigError, EdgedError
+from edged.common import heap, logs
+from edged.common.errors import ConfigError, EdgedError
 
 DESCRIPTION = """\
 edged serves inference on this device over a Unix socket (Open Inference Protocol REST).

@@ -44,9 +44,9 @@ from edged import wire
 from edged.background import Background
 from edged.breaker import ArmBreakers, CircuitBreaker, ScaleOut
 from edged.common.backoff import backoff_delay
+from edged.common.errors import ConfigError
 from edged.config import CloudConfig
 from edged.egress import Ledger, digest
-from edged.errors import ConfigError
 from edged.link import LinkMonitor
 from edged.protocol.tensors import confidence
 from edged.routing.abtest import ABTest

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from edged.errors import ConfigError
+from edged.common.errors import ConfigError
 from edged.routing import conditions
 from edged.routing.decide import Policy, Rule
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from edged.background import Background
 from edged.common.backoff import backoff_delay
-from edged.stats import ewma, percentile
+from edged.common.stats import ewma, percentile
 
 log = logging.getLogger(__name__)
 

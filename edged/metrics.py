@@ -23,8 +23,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from edged.common.errors import EdgedError
 from edged.device.monitor import LoadSnapshot
-from edged.errors import EdgedError
 from edged.gauges import cloud_families, device_families, gauge, tier_families
 from edged.scheduler import Observer, Scheduler
 

@@ -9,8 +9,8 @@ context variable (``CONTEXT``; asyncio copies it into each task the request star
 
 And, for a request made on a stream, ``RESPONSES``: where a decoupled model's responses go.
 
-The log fields (request id, model, route, reason) are ``edged.logs``' own context, shared with
-cloudsync.
+The log fields (request id, model, route, reason) are ``edged.common.logs``' own context,
+shared with cloudsync.
 
 A leaf: the data plane sets them, the scheduler, the router, the knowledge store and the task
 graphs read them.
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import InvalidRequest
+from edged.common.errors import InvalidRequest
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from edged import logs
-from edged.atomic import write_atomic
 from edged.cloud import CloudEndpoint, CloudError
+from edged.common import logs
+from edged.common.atomic import write_atomic
+from edged.common.errors import EdgedError, NotFound, Unavailable
 from edged.config import RoutingConfig
 from edged.device import LoadMonitor
-from edged.errors import EdgedError, NotFound, Unavailable
 from edged.metrics import Metrics
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager

@@ -36,11 +36,17 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
 
-from edged.errors import DeadlineExceeded, InvalidRequest, ModelLoadError, Overloaded, Unavailable
+from edged.common.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelLoadError,
+    Overloaded,
+    Unavailable,
+)
+from edged.common.stats import ewma
 from edged.models.config import ModelConfig
 from edged.request import RequestQos, current_qos, own_call
 from edged.runtimes.base import Tensors
-from edged.stats import ewma
 
 REJECT = pb.ModelQueuePolicy.TimeoutAction.REJECT
 

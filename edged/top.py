@@ -28,7 +28,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from edged.stats import quantile
+from edged.common.stats import quantile
 
 __all__ = ["Scrape", "render_frame", "render_unreachable"]
 

@@ -28,8 +28,8 @@ from cloudsync.agent.local_api import LocalServer
 from cloudsync.agent.outbox import OutboxError
 from cloudsync.agent.session import Agent, node_name
 from cloudsync.protocol.enrol import EnrolError
-from edged.errors import ConfigError
-from edged.logs import setup_logging
+from edged.common.errors import ConfigError
+from edged.common.logs import setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ from cloudsync.agent.state import AgentState, EdgedView
 from cloudsync.protocol import telemetry
 from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical, now_ms, printable
 from edged.client import Client, ClientError
-from edged.models.names import DAMAGED
+from edged.common.names import DAMAGED
 
 log = logging.getLogger("cloudsync")
 EDGED_CURSOR = "edged_events"  # the outbox's state key: "{epoch}:{last event id stored}"

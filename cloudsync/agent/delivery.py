@@ -70,8 +70,8 @@ from cloudsync.protocol import spool, telemetry
 from cloudsync.protocol.envelope import printable
 from cloudsync.protocol.manifest import Manifest, ManifestError, is_key, key_of, verify
 from cloudsync.protocol.trust import refuse_revoked
-from edged.atomic import write_atomic
 from edged.client import Client, ClientError
+from edged.common.atomic import write_atomic
 from edged.common.backoff import backoff_delay
 
 log = logging.getLogger("cloudsync.delivery")

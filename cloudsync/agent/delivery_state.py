@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudsync.agent.outbox import Outbox
-from edged.atomic import write_atomic
+from edged.common.atomic import write_atomic
 
 log = logging.getLogger("cloudsync.delivery")
 STATE = "delivery/"  # an older cloudsync's outbox state key per model, read once (migration)

@@ -40,7 +40,7 @@ from cloudsync.protocol.enrol import (
 )
 from cloudsync.protocol.mqtt import tls_context
 from cloudsync.protocol.topics import enrol_answer, enrol_request
-from edged.atomic import write_atomic
+from edged.common.atomic import write_atomic
 
 log = logging.getLogger("cloudsync.enrol")
 

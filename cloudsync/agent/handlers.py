@@ -13,7 +13,7 @@ from cloudsync.agent.delivery import Delivery
 from cloudsync.protocol.commands import COMMANDS, Command
 from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical, now_ms, printable
 from edged.client import Client, ClientError
-from edged.events import CAPACITY, EventLog
+from edged.common.events import CAPACITY, EventLog
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_LOG_LINES = 1000

@@ -46,7 +46,7 @@ from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import commands
 from cloudsync.protocol.labels import check_labels, selects
 from cloudsync.protocol.topics import NAME
-from edged.models.names import MODEL_NAME
+from edged.common.names import MODEL_NAME
 from edged.routing.abtest import Arm, verdict
 
 log = logging.getLogger("edgefleet.abtests")

@@ -22,8 +22,8 @@ from cloudsync.fleet.console import Console
 from cloudsync.fleet.service import Service
 from cloudsync.fleet.store import StoreError
 from edged.common import connections
-from edged.errors import ConfigError
-from edged.logs import setup_logging
+from edged.common.errors import ConfigError
+from edged.common.logs import setup_logging
 
 log = logging.getLogger("edgefleet")
 

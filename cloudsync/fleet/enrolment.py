@@ -40,7 +40,7 @@ from cloudsync.fleet.store import Store, Tx
 from cloudsync.protocol import envelope
 from cloudsync.protocol.enrol import Answer, EnrolError, check_csr, public_der
 from cloudsync.protocol.topics import NAME, TopicError, check_name, enrol_answer
-from edged.atomic import write_atomic
+from edged.common.atomic import write_atomic
 
 MAX_PENDING = 1000  # requests waiting for an operator; more are refused
 MAX_TOKEN_S = 30 * 86400

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from cloudsync.protocol.envelope import canonical, now_ms
 from edged.common.digest import sha256_of
-from edged.models.names import is_model_name
+from edged.common.names import is_model_name
 
 SPEC = 1
 MAX_FILES = 64

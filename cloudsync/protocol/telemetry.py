@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from edged.stats import quantile
+from edged.common.stats import quantile
 
 REQUESTS = "edged_inference_requests"
 LATENCY = "edged_inference_request_duration_seconds"

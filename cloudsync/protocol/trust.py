@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from cloudsync.protocol.envelope import now_ms
 from cloudsync.protocol.manifest import MAX_SIGNATURES, ManifestError, signers
 from cloudsync.protocol.manifest import sign as sign  # a trust document is signed as a manifest
-from edged.atomic import write_atomic
+from edged.common.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from edged.errors import RequestTimeout
+from edged.common.errors import RequestTimeout
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from edged.common.errors import InvalidRequest
 from edged.dataplane.plane import DataPlane
-from edged.errors import InvalidRequest
 from edged.protocol.tensors import bytes_tensor, text_tensor
 
 EMBED_MODEL = "text-embedding"

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from edged import __version__, logs
+from edged import __version__
+from edged.common import logs
+from edged.common.errors import InvalidRequest, NotFound, Unavailable
+from edged.common.events import EventLog
 from edged.device import LoadMonitor
 from edged.egress import Ledger
-from edged.errors import InvalidRequest, NotFound, Unavailable
-from edged.events import EventLog
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager, State
 from edged.protocol.shm import Bound, Regions

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from edged.atomic import write_atomic
+from edged.common.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 10.0

@@ -39,8 +39,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edged.atomic import write_atomic
-from edged.errors import EdgedError, Forbidden, InsufficientStorage, InvalidRequest, Unavailable
+from edged.common.atomic import write_atomic
+from edged.common.errors import (
+    EdgedError,
+    Forbidden,
+    InsufficientStorage,
+    InvalidRequest,
+    Unavailable,
+)
 from edged.knowledge.store import Chunk, KnowledgeStore
 from edged.knowledge.text import chunk_markdown, chunk_text
 from edged.request import CALLER

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import InsufficientStorage, InvalidRequest, NotFound
+from edged.common.errors import InsufficientStorage, InvalidRequest, NotFound
 
 NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}\Z")
 MAX_TEXT = 8192

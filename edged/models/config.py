@@ -14,7 +14,7 @@ import numpy as np
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from edged.errors import ConfigError, InvalidRequest, ModelLoadError
+from edged.common.errors import ConfigError, InvalidRequest, ModelLoadError
 from edged.protocol.tensors import DATATYPES
 
 MAX_CONFIG_BYTES = 1 << 20

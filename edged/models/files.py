@@ -19,8 +19,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from edged.atomic import write_atomic
-from edged.errors import InvalidRequest
+from edged.common.atomic import write_atomic
+from edged.common.errors import InvalidRequest
 
 CHUNK = 1 << 20
 RECORD = ".edged-files.json"  # in a version directory: its files as installed

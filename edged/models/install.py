@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import ConfigError, InvalidRequest
+from edged.common.errors import ConfigError, InvalidRequest
+from edged.common.names import is_model_name
 from edged.models.files import check_files, damage, record
-from edged.models.names import is_model_name
 from edged.models.repository import VERSION, ModelManager
 from edged.protocol.tensors import decode_request
 from edged.request import own_calls

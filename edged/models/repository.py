@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edged.errors import (
+from edged.common.errors import (
     ConfigError,
     Conflict,
     EdgedError,
@@ -27,11 +27,11 @@ from edged.errors import (
     NotFound,
     Unavailable,
 )
+from edged.common.names import DAMAGED
 from edged.metrics import Metrics
 from edged.models import files
 from edged.models.calls import Calls
 from edged.models.config import ModelConfig, read_config
-from edged.models.names import DAMAGED
 from edged.runtimes.base import Runtime, Tensors
 from edged.scheduler import Scheduler, Settings
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import PayloadTooLarge
+from edged.common.errors import PayloadTooLarge
 from edged.pipelines import vad_ops
 from edged.pipelines.base import LiveAudio, Pipeline, parameter, single_blob
 from edged.request import Sequence

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from edged.common.errors import EdgedError, InvalidRequest, ModelLoadError, PayloadTooLarge
 from edged.config import ModelsConfig
-from edged.errors import EdgedError, InvalidRequest, ModelLoadError, PayloadTooLarge
 from edged.models.config import ModelConfig
 from edged.request import RESPONSES, Sequence
 from edged.runtimes.base import Steps, Tensors

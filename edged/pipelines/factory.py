@@ -5,8 +5,8 @@ from __future__ import annotations
 from concurrent.futures import Executor
 from pathlib import Path
 
+from edged.common.errors import ModelLoadError
 from edged.config import ModelsConfig
-from edged.errors import ModelLoadError
 from edged.models.config import ModelConfig
 from edged.pipelines.audio import LiveVoiceActivity, VoiceActivity
 from edged.pipelines.base import Pipeline

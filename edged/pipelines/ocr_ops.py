@@ -21,7 +21,7 @@ import numpy as np
 import pyclipper
 from PIL import Image, ImageOps
 
-from edged.errors import InvalidRequest, PayloadTooLarge
+from edged.common.errors import InvalidRequest, PayloadTooLarge
 from edged.pipelines import contours, geometry, resample
 
 NOT_AN_IMAGE = "the body is not an image (PNG, JPEG, BMP, WebP, TIFF)"

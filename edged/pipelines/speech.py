@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import InvalidRequest, ModelLoadError, PayloadTooLarge, Unavailable
+from edged.common.errors import InvalidRequest, ModelLoadError, PayloadTooLarge, Unavailable
 from edged.pipelines import vad_ops
 from edged.pipelines.base import LiveAudio, Pipeline, single_blob, texts_of
 from edged.protocol.tensors import bytes_tensor

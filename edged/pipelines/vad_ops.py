@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from edged.errors import InvalidRequest, PayloadTooLarge
+from edged.common.errors import InvalidRequest, PayloadTooLarge
 
 CHUNK = {16000: 512, 8000: 256}
 CONTEXT = {16000: 64, 8000: 32}

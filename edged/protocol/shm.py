@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import InvalidRequest
+from edged.common.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 SHM_ROOT = Path("/dev/shm")

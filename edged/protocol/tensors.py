@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from edged.errors import InvalidRequest
+from edged.common.errors import InvalidRequest
 from edged.protocol.shm import Bound, Use, use_of
 
 # OIP datatype name -> numpy dtype. BYTES tensors are numpy object arrays of ``bytes``.

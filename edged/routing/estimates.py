@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from edged.stats import ewma
+from edged.common.stats import ewma
 
 LOAD_BANDS = 4
 

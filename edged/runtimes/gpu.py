@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from edged.errors import ModelLoadError
+from edged.common.errors import ModelLoadError
 from edged.models.config import ModelConfig
 
 log = logging.getLogger(__name__)

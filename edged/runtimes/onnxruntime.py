@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from edged.common.errors import EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.common.heap import trim_heap
+from edged.common.stats import ewma
 from edged.config import OnnxRuntimeConfig
-from edged.errors import EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import ModelConfig, oip_datatype
 from edged.protocol.tensors import DATATYPES
 from edged.runtimes import gpu
 from edged.runtimes.base import Tensors
-from edged.stats import ewma
 
 log = logging.getLogger(__name__)
 # ONNX Runtime's own warnings go to stderr uncoordinated with logging; its errors reach us as

@@ -35,8 +35,14 @@ from typing import Any
 import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as pb
 
+from edged.common.errors import (
+    DeadlineExceeded,
+    EdgedError,
+    InvalidRequest,
+    ModelLoadError,
+    Unavailable,
+)
 from edged.config import OnnxRuntimeConfig
-from edged.errors import DeadlineExceeded, EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import ModelConfig
 from edged.runtimes.base import Tensors
 from edged.runtimes.gpu import GPU_PROVIDERS, usable_providers

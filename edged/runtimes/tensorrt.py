@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from edged.common.errors import InvalidRequest, ModelLoadError, Unavailable
 from edged.config import OnnxRuntimeConfig
-from edged.errors import InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import PLAN_PLATFORM, ModelConfig
 from edged.runtimes import gpu
 from edged.runtimes.base import Tensors

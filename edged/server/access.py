@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from edged.common.errors import Forbidden
 from edged.config import ServerConfig
-from edged.errors import Forbidden
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edged.errors import Unavailable
+from edged.common.errors import Unavailable
 from edged.knowledge.service import KnowledgeService
 from edged.tasks.run import TaskRunner
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from edged.errors import InvalidRequest
+from edged.common.errors import InvalidRequest
 from edged.tasks.kinds import KINDS
 from edged.tasks.nodes import Graph, Node, Ref
 

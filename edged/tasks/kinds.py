@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from edged.common.errors import InvalidRequest, Unavailable
 from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
-from edged.errors import InvalidRequest, Unavailable
 from edged.knowledge.service import KnowledgeService
 from edged.tasks.nodes import Node
 

@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from edged.common.errors import DeadlineExceeded, EdgedError, InvalidRequest
 from edged.config import TasksConfig
 from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
-from edged.errors import DeadlineExceeded, EdgedError, InvalidRequest
 from edged.knowledge.service import KnowledgeService
 from edged.router import Router
 from edged.tasks.graph import parse_graph

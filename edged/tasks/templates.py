@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from edged.errors import ConfigError, InvalidRequest
+from edged.common.errors import ConfigError, InvalidRequest
 from edged.tasks.graph import parse_graph
 from edged.tasks.nodes import Graph
 

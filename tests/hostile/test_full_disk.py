@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edged.atomic import write_atomic
 from edged.client import ClientError
+from edged.common.atomic import write_atomic
 from edged.egress import verify
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, wait_for

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from edged.cloud import read_token
+from edged.common.errors import ConfigError, InvalidRequest, PayloadTooLarge
 from edged.config import CloudConfig, KnowledgeConfig
-from edged.errors import ConfigError, InvalidRequest, PayloadTooLarge
 from edged.models.install import check_files
 from edged.pipelines.vad_ops import decode_wav, to_model_rate
 from edged.protocol.tensors import (

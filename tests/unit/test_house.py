@@ -36,9 +36,9 @@ EDGED_LAYERS = [
     (
         "leaves",
         [
-            "edged", "edged.errors", "edged.common", "edged.stats", "edged.atomic",
+            "edged", "edged.common",
             "edged.protocol", "edged.models.config", "edged.routing", "edged.background",
-            "edged.breaker", "edged.events", "edged.logs", "edged.request", "edged.egress",
+            "edged.breaker", "edged.request", "edged.egress",
             "edged.wire",
         ],
     ),
@@ -60,9 +60,8 @@ EDGED_LAYERS = [
 TOOLS = ["edged.client", "edged.edgectl", "edged.top", "edged.top_live"]
 TOOLS_MAY_IMPORT = ["edged.client", "edged.knowledge.text", "edged.egress"]
 CLOUDSYNC_MAY_IMPORT = [
-    "edged", "edged.client", "edged.common", "edged.config", "edged.logs", "edged.events",
-    "edged.atomic", "edged.stats", "edged.errors", "edged.gauges", "edged.device.monitor",
-    "edged.models.names", "edged.routing.abtest", "edged.egress",
+    "edged", "edged.client", "edged.common", "edged.config",
+    "edged.gauges", "edged.device.monitor", "edged.routing.abtest", "edged.egress",
 ]  # fmt: skip
 
 
@@ -291,7 +290,7 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
     broken = {
         "edged/dataplane/plane.py": "from edged.tasks.run import TaskRunner\n",
         "cloudsync/protocol/topics.py": "from cloudsync.agent.session import Agent\n",
-        "edged/errors.py": "import cloudsync.protocol.envelope\n",
+        "edged/common/errors.py": "import cloudsync.protocol.envelope\n",
         "cloudsync/fleet/rollout.py": "from cloudsync.agent import outbox\n",
         "edged/top.py": "from edged.router import Router\n",
     }
@@ -303,7 +302,7 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
     text = "\n".join(found)
     assert "edged.dataplane.plane imports edged.tasks.run: upward: data plane may not" in text
     assert "imports cloudsync.agent.session: the protocol imports nothing else" in text
-    assert "edged.errors imports cloudsync.protocol.envelope: edged never imports" in text
+    assert "edged.common.errors imports cloudsync.protocol.envelope: edged never imports" in text
     assert "cloudsync.agent.outbox: the fleet side never imports the device agent" in text
     assert "edged.top imports edged.router: a client-side tool imports only" in text
 

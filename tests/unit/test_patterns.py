@@ -11,8 +11,8 @@ import pytest
 from cloudsync.fleet import abtests, api, observe, registry, rollouts
 from cloudsync.protocol import labels, manifest, topics, trust
 from edged import egress
+from edged.common import names
 from edged.knowledge import store
-from edged.models import names
 from edged.pipelines import speech
 
 VALID = [

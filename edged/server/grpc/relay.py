@@ -19,9 +19,9 @@ from pathlib import Path
 import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from edged.common.errors import ConfigError
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
-from edged.errors import ConfigError
 from edged.server.access import Access, Peer, peer_of
 from edged.server.grpc.servicer import Service
 

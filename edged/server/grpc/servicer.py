@@ -19,8 +19,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from edged.common.errors import EdgedError, Forbidden, InvalidRequest, NotFound, retry_after
 from edged.dataplane.plane import EMPTY_FINAL, DataPlane
-from edged.errors import EdgedError, Forbidden, InvalidRequest, NotFound, retry_after
 from edged.protocol.shm import Bound, use_of
 from edged.protocol.tensors import (
     DATATYPES,

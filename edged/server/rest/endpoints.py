@@ -12,12 +12,12 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from edged import logs
 from edged.admin import Admin
+from edged.common import logs
+from edged.common.errors import InvalidRequest, RequestTimeout
 from edged.config import ServerConfig
 from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
-from edged.errors import InvalidRequest, RequestTimeout
 from edged.metrics import Metrics
 from edged.protocol.tensors import (
     HEADER_LENGTH,

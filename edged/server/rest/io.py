@@ -12,9 +12,9 @@ from typing import Any
 from aiohttp import web
 
 from edged.common import connections
+from edged.common.errors import EdgedError, InvalidRequest, PayloadTooLarge
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
-from edged.errors import EdgedError, InvalidRequest, PayloadTooLarge
 from edged.protocol.tensors import dump_json, parse_json
 from edged.server.access import Access, Peer, peer_of
 from edged.server.offload import offload

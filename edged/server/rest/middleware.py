@@ -11,9 +11,8 @@ import traceback
 
 from aiohttp import web
 
-from edged import logs
-from edged.common import heap
-from edged.errors import EdgedError, PayloadTooLarge, retry_after
+from edged.common import heap, logs
+from edged.common.errors import EdgedError, PayloadTooLarge, retry_after
 from edged.request import CALLER
 from edged.server.rest.io import ACCESS, PLANE, SETTINGS, Handler, error_response, peer_credentials
 

@@ -148,7 +148,7 @@ def by_message(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 SENDER = """
 import logging
-from edged import logs
+from edged.common import logs
 
 print(logs.setup_logging("info", "journal", "node-7", "edged"))
 log = logging.getLogger("edged.router")
@@ -192,7 +192,7 @@ def test_records_reach_journald_with_model_route_request_id_and_node(journald: J
 
 STREAMED = """
 import logging, os, socket, sys
-from edged import logs
+from edged.common import logs
 
 # What systemd does for a service with StandardError=journal: stderr is a stream to journald
 # (stdout protocol header: identifier, unit, priority, level prefix, syslog, kmsg, console)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cloudsync.fleet.config import FleetServiceConfig, load
-from edged.errors import ConfigError
+from edged.common.errors import ConfigError
 
 SHIPPED = Path(__file__).resolve().parents[3] / "debian" / "edgefleet.toml"
 

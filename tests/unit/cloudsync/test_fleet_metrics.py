@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from cloudsync.protocol.telemetry import LATENCY, Snapshot, parse, telemetry
-from edged.errors import DeadlineExceeded, Unavailable
+from edged.common.errors import DeadlineExceeded, Unavailable
+from edged.common.stats import quantile
 from edged.metrics import Metrics
-from edged.stats import quantile
 
 
 def served(

@@ -27,7 +27,7 @@ from cloudsync.fleet.service import Service
 from cloudsync.protocol import manifest
 from cloudsync.protocol.labels import LABEL, MAX_LABELS
 from cloudsync.protocol.topics import NAME
-from edged.models.names import MODEL_NAME
+from edged.common.names import MODEL_NAME
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "fleet-api.json"
 METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}

@@ -10,7 +10,7 @@ from typing import cast
 
 import pytest
 
-from edged.errors import InvalidRequest, NotFound
+from edged.common.errors import InvalidRequest, NotFound
 from edged.metrics import Metrics
 from edged.models.calls import Calls
 from edged.request import own_calls

@@ -8,7 +8,7 @@ import pytest
 
 from edged import config
 from edged.cli import main as edged_main
-from edged.errors import ConfigError
+from edged.common.errors import ConfigError
 
 
 def test_defaults_need_no_file() -> None:

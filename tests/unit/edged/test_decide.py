@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edged.common.errors import ConfigError
 from edged.config import parse as parse_config
-from edged.errors import ConfigError
 from edged.routing.conditions import VARIABLES, parse
 from edged.routing.decide import Decision, Path, Policy, RouteRequest, Rule, decide
 from edged.routing.estimates import Estimates, load_band, size_band

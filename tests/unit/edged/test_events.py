@@ -8,7 +8,7 @@ import logging
 from cloudsync.agent.collector import event_item
 from cloudsync.agent.session import result_item
 from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical
-from edged.events import MAX_MESSAGE, EventLog
+from edged.common.events import MAX_MESSAGE, EventLog
 
 
 def test_events_after_a_cursor_with_limit_and_missed() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.errors import InsufficientStorage, InvalidRequest, NotFound
+from edged.common.errors import InsufficientStorage, InvalidRequest, NotFound
 from edged.knowledge.store import Chunk, KnowledgeStore
 from edged.knowledge.text import chunk_markdown, chunk_text, split_for_requests
 

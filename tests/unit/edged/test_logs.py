@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edged import logs
+from edged.common import logs
 from edged.config import ModelsConfig, OnnxRuntimeConfig, RoutingConfig
 from edged.dataplane.plane import DataPlane
 from edged.metrics import Metrics
@@ -217,7 +217,7 @@ def test_journal_without_systemd_python_warns_once_and_writes_json() -> None:
     script = (
         "import sys, logging\n"
         "sys.modules['systemd.journal'] = None\n"
-        "from edged import logs\n"
+        "from edged.common import logs\n"
         "print(logs.setup_logging('info', 'journal', 'node-7', 'edged'))\n"
         "print(logs.setup_logging('info', 'journal', 'node-7', 'edged'))\n"
         "logging.getLogger('edged').info('still running')\n"

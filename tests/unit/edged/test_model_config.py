@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.errors import ConfigError, InvalidRequest, ModelLoadError
+from edged.common.errors import ConfigError, InvalidRequest, ModelLoadError
 from edged.models.config import read_config
 
 CONFIG = """
@@ -140,8 +140,8 @@ def test_only_a_pipeline_that_streams_can_be_decoupled(tmp_path: Path) -> None:
     refused when it loads, naming why."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from edged.common.errors import ModelLoadError
     from edged.config import ModelsConfig
-    from edged.errors import ModelLoadError
     from edged.pipelines.factory import create_pipeline
 
     decoupled = "model_transaction_policy { decoupled: true }"

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from edged.errors import InvalidRequest, Unavailable
+from edged.common.errors import InvalidRequest, Unavailable
+from edged.common.names import DAMAGED
 from edged.models import install
 from edged.models.files import RECORD, damage, record
-from edged.models.names import DAMAGED
 from edged.models.repository import State
 from tests.modelfiles import add_model
 from tests.unit.edged.test_repository import manager_for, run, unload_when_idle

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from edged.errors import InvalidRequest, PayloadTooLarge
+from edged.common.errors import InvalidRequest, PayloadTooLarge
 from edged.pipelines import ocr_ops
 from tests.conftest import skip_or_fail
 from tests.media import FONT, char_accuracy

@@ -21,8 +21,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from edged.common.errors import EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.config import OnnxRuntimeConfig
-from edged.errors import EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.models.config import read_config
 from edged.runtimes.base import Runtime, Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime

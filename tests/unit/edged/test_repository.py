@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edged.common.errors import NotFound, Unavailable
 from edged.config import OnnxRuntimeConfig, RoutingConfig
-from edged.errors import NotFound, Unavailable
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager, State
 from edged.router import Router

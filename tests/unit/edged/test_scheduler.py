@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.config import OnnxRuntimeConfig
-from edged.errors import (
+from edged.common.errors import (
     DeadlineExceeded,
     InvalidRequest,
     ModelLoadError,
     Overloaded,
     Unavailable,
 )
+from edged.config import OnnxRuntimeConfig
 from edged.models.config import read_config
 from edged.request import CONTEXT, RequestContext, RequestQos, qos_from_parameters
 from edged.runtimes.base import Tensors

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from edged.errors import InvalidRequest
+from edged.common.errors import InvalidRequest
 from edged.request import Sequences
 
 

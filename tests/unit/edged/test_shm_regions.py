@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.errors import InvalidRequest
+from edged.common.errors import InvalidRequest
 from edged.protocol.shm import Regions, Use, may, use_of
 from edged.server.access import Peer
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from edged.errors import ConfigError, InvalidRequest
+from edged.common.errors import ConfigError, InvalidRequest
 from edged.tasks.graph import parse_graph
 from edged.tasks.kinds import extract_fields
 from edged.tasks.run import Plan, decode_inputs

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edged.common.errors import ModelLoadError
 from edged.config import OnnxRuntimeConfig
-from edged.errors import ModelLoadError
 from edged.models.config import read_config
 from edged.models.repository import ModelManager, State
 from edged.runtimes.gpu import profile_shapes

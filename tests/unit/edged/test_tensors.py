@@ -14,7 +14,7 @@ import tritonclient.http as triton
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from edged.errors import InvalidRequest
+from edged.common.errors import InvalidRequest
 from edged.protocol.shm import Bound, Use
 from edged.protocol.tensors import (
     DATATYPES,

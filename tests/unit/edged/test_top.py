@@ -10,9 +10,9 @@ from typing import Any
 from rich.console import Console, RenderableType
 
 from edged.cloud import CloudEndpoint
+from edged.common.errors import DeadlineExceeded, InvalidRequest
 from edged.config import CloudConfig
 from edged.device.monitor import LoadSnapshot
-from edged.errors import DeadlineExceeded, InvalidRequest
 from edged.metrics import Metrics
 from edged.top import Scrape, render_frame, render_unreachable
 

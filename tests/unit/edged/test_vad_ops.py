@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edged.errors import InvalidRequest
+from edged.common.errors import InvalidRequest
 from edged.pipelines import vad_ops
 from tests.conftest import skip_or_fail
 

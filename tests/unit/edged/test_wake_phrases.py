@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from edged.common.errors import ModelLoadError
 from edged.config import ModelsConfig
-from edged.errors import ModelLoadError
 from edged.models.config import read_config
 from edged.pipelines.speech import Transcribe, VoiceAssistant, WakeWord, parse_phrases
 from tests.conftest import MODELS, require_models

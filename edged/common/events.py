@@ -6,7 +6,7 @@ or down, a config reload, an error): one source of truth, nothing to keep in ste
 1 for each run of the daemon, which has its own ``epoch`` (a random id): a reader that sees a new
 epoch starts again from 0. A reader whose cursor fell out of the ring (``capacity`` events) is
 told how many it missed. A message is kept to its first MAX_MESSAGE characters, with a marker
-that says how many were cut. What the record's request was (``edged.logs.FIELDS``: its
+that says how many were cut. What the record's request was (``edged.common.logs.FIELDS``: its
 ``request_id``, ``model``, ``route``, ``reason``) comes with the event, so the fleet's event log
 can be searched by request.
 """
@@ -19,7 +19,7 @@ import threading
 import uuid
 from typing import Any
 
-from edged.logs import FIELDS
+from edged.common.logs import FIELDS
 
 CAPACITY = 10_000
 MAX_MESSAGE = 16384  # characters of a message kept; a longer one is cut, with a marker
@@ -47,7 +47,7 @@ class EventLog(logging.Handler):
             "source": record.name,
             "message": message,
         }
-        for key in FIELDS:  # what the request was (edged.logs binds them): its id, model...
+        for key in FIELDS:  # what the request was (edged.common.logs binds them): its id, model...
             value = getattr(record, key, None)
             if value is not None:
                 event[key] = str(value)[:MAX_FIELD]
