@@ -8,7 +8,8 @@ broken anywhere fails here, naming the module, the line and the rule:
   (REST, gRPC), the composition root. A module imports its own layer or lower ones.
 - edged's client-side tools (the client library, edgectl, ``top``) import only leaves, the
   client and the text splitter; nothing of the daemon imports them.
-- edged never imports cloudsync.
+- edged never imports cloudsync; the shared leaf package, ``edged.common``, imports nothing
+  else of edged.
 - cloudsync's protocol imports nothing else of cloudsync; the fleet side never imports the
   device agent; cloudsync reaches into edged only through its public seams (the client, the
   shared helpers, the config loader, the log setup, the event log, atomic files, statistics,
@@ -230,6 +231,8 @@ def rule(source: str, target: str) -> str:
     if source.startswith("edged"):
         if target.startswith("cloudsync"):
             return "edged never imports cloudsync"
+        if under(source, ["edged.common"]) and not under(target, ["edged.common"]):
+            return "the shared leaf package (edged.common) imports nothing else of edged"
         if under(source, TOOLS):
             if layer(target) == (0, "leaves") or under(target, TOOLS + TOOLS_MAY_IMPORT):
                 return ""
@@ -293,6 +296,7 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
         "edged/common/errors.py": "import cloudsync.protocol.envelope\n",
         "cloudsync/fleet/rollout.py": "from cloudsync.agent import outbox\n",
         "edged/top.py": "from edged.router import Router\n",
+        "edged/common/stats.py": "from edged.config import Config\n",
     }
     for name, line in broken.items():
         path = tmp_path / name
@@ -305,6 +309,7 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
     assert "edged.common.errors imports cloudsync.protocol.envelope: edged never imports" in text
     assert "cloudsync.agent.outbox: the fleet side never imports the device agent" in text
     assert "edged.top imports edged.router: a client-side tool imports only" in text
+    assert "edged.common.stats imports edged.config: the shared leaf package" in text
 
 
 def test_cycles_hidden_imports_and_stray_sql_put_back_on_purpose_are_named(tmp_path: Path) -> None:
