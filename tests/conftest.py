@@ -23,6 +23,7 @@ from bench.peer import Peer, ensure_venv, start_peer
 from edged.client import Client, ClientError
 from tests import asunit
 from tests.faultproxy import FaultProxy
+from tests.mosquitto import Broker, make_pki
 
 # make mutation (tests/mutation/run.py sets EDGED_MUTATION=1): each mutant runs its module's
 # unit tests, so their properties try fewer examples, the same ones every run (a score that
@@ -356,3 +357,37 @@ def postgres_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     server = Postgres(tmp_path_factory.mktemp("pg")).start()
     yield server
     server.stop()
+
+
+# ---- the fleet's fixtures: a real Mosquitto with the fleet's PKI, cloudsync as a process ----
+# (the agent's class imported in its fixture: tests/cloudsync_agent.py imports this module)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fleet's PKI for nodes n1 and n2 and the operator (a module's own where it needs
+    others)."""
+    why = Broker.available()
+    if why:
+        skip_or_fail(why)
+    return make_pki(tmp_path_factory.mktemp("pki"), ["n1", "n2"])
+
+
+@pytest.fixture
+def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
+    """A Mosquitto of the test's own (not started: ``broker.start()``), killed after it."""
+    server = Broker(tmp_path / "mosquitto", pki)
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def agent(tmp_path: Path, broker: Broker) -> Iterator[Any]:
+    """cloudsync for node n1 of that broker (not started: ``agent.start()``), killed after."""
+    from tests.cloudsync_agent import Agent
+
+    made = Agent(tmp_path / "agent", broker)
+    yield made
+    if made.proc is not None and made.proc.poll() is None:
+        made.proc.kill()
+        made.proc.wait()

@@ -1,6 +1,6 @@
-"""Fixtures of the hostile suite: a small disk of its own (a real tmpfs), and the fleet's for the
-adversaries of cloudsync (a real Mosquitto with the fleet's PKI, cloudsync as a process:
-tests/integration/cloudsync/test_cloudsync.py defines them)."""
+"""Fixtures of the hostile suite: a small disk of its own (a real tmpfs); the fleet's for the
+adversaries of cloudsync (a real Mosquitto with the fleet's PKI, cloudsync as a process) are
+tests/conftest.py's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import skip_or_fail
-from tests.integration.cloudsync.test_cloudsync import agent, broker, pki  # noqa: F401
 
 
 @pytest.fixture

@@ -24,10 +24,10 @@ from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import parse
 from edged.client import ClientError
 from edged.egress import Ledger, verify
+from tests.cloudsync_agent import NODE, Agent, last_status, operator
 from tests.conftest import wait_for
 from tests.hostile.conftest import fill
 from tests.hostile.test_cloudsync_poison import _results_by_id
-from tests.integration.cloudsync.test_cloudsync import NODE, Agent, _last_status, operator
 from tests.mosquitto import OPERATOR, Broker
 
 
@@ -74,7 +74,7 @@ def test_a_full_disk_refuses_new_records_keeps_delivering_and_loses_nothing(
 
         broker.start()
         consumer = operator(broker)
-        wait_for(lambda: _last_status(consumer) == "online", 15, "the birth")
+        wait_for(lambda: last_status(consumer) == "online", 15, "the birth")
         # still full: what it held is delivered all the same (it leaves the outbox later: the
         # deletes need the disk too)
         wait_for(lambda: len(telemetry(consumer)) >= 200, 30, "200 records delivered")

@@ -29,8 +29,8 @@ from cloudsync.protocol import envelope
 from cloudsync.protocol.commands import sign
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topic, TopicError, parse
+from tests.cloudsync_agent import NODE, Agent, online
 from tests.conftest import wait_for
-from tests.integration.cloudsync.test_cloudsync import NODE, Agent, online
 from tests.mosquitto import OPERATOR, Broker
 
 SURROGATE = "\ud800"  # json.dumps writes it as the escape \ud800: valid JSON, no valid UTF-8

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
+from tests.cloudsync_agent import Agent
 from tests.conftest import wait_for
 from tests.fleetservice import FleetService
-from tests.integration.cloudsync.test_cloudsync import Agent
 from tests.mosquitto import Broker
 from tests.prometheus import Alertmanager, Pages
 

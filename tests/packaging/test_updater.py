@@ -32,8 +32,8 @@ from cloudsync.fleet.common import secure_link_url
 from cloudsync.protocol import envelope
 from cloudsync.protocol.manifest import file_entry, make, sign
 from edged.client import Client, ClientError
+from tests.cloudsync_agent import NODE, bodies, operator
 from tests.conftest import skip_or_fail, wait_for
-from tests.integration.cloudsync.test_cloudsync import NODE, bodies, operator
 from tests.mosquitto import OPERATOR, Broker, cloudsync_config, make_pki
 from tests.nginx import SECRET, Cdn
 from tests.packaging.test_deb import BASE, SOCKET, VERSION, Tree, deb, debian_tree  # noqa: F401

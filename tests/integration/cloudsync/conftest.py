@@ -1,5 +1,5 @@
-"""Fixtures for every cloudsync integration test: the fleet's PKI (test_cloudsync.py defines
-it) and a real PostgreSQL for the fleet service's scaled mode."""
+"""Fixtures of the cloudsync integration tests beside tests/conftest.py's (the fleet's PKI,
+broker and agent): a real PostgreSQL for the fleet service's scaled mode."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import skip_or_fail
-from tests.integration.cloudsync.test_cloudsync import pki  # noqa: F401
 from tests.postgres import Postgres
 
 

@@ -7,141 +7,27 @@ the broker queues for it while it is away, so nothing depends on who connects fi
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench.peer import free_port
 from cloudsync.protocol import envelope
 from cloudsync.protocol.commands import sign
 from cloudsync.protocol.mqtt import SyncClient
-from cloudsync.protocol.topics import Topics, parse
-from edged.client import Client, ClientError
-from tests import asunit
+from cloudsync.protocol.topics import parse
+from edged.client import ClientError
+from tests.cloudsync_agent import NODE, Agent, bodies, last_status, online, operator
 from tests.conftest import CLOUD_MODEL as MODEL
-from tests.conftest import Cloud, Daemon, skip_or_fail, wait_for
+from tests.conftest import Cloud, Daemon, wait_for
 from tests.integration.edged.test_routing import ask, edged_with_cloud
-from tests.mosquitto import OPERATOR, Broker, cloudsync_config, edgefleet, make_pki
-
-NODE = Topics("f1", "n1")
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    why = Broker.available()
-    if why:
-        skip_or_fail(why)
-    return make_pki(tmp_path_factory.mktemp("pki"), ["n1", "n2"])
-
-
-@pytest.fixture
-def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
-    broker = Broker(tmp_path / "mosquitto", pki)
-    yield broker
-    broker.kill()
-
-
-@dataclass
-class Agent:
-    """cloudsync as a process: its config, local API socket, log; run as cloudsync.service
-    runs it (edged's user, the tests' ``edged-test``: tests/asunit.py) unless ``as_unit`` is
-    false."""
-
-    workdir: Path
-    broker: Broker
-    proc: subprocess.Popen[bytes] | None = None
-    as_unit: bool = True
-
-    def __post_init__(self) -> None:
-        self.account = asunit.account() if self.as_unit else None
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.socket = self.workdir / "cloudsync.sock"
-        self.log = self.workdir / "cloudsync.log"
-        self.config = self.workdir / "cloudsync.toml"
-        self.config.write_text(
-            'log_level = "debug"\n'
-            + cloudsync_config(
-                self.broker, self.workdir, "f1",
-                more="[heartbeat]\ninterval_s = 1", mqtt="keepalive_s = 5\nreconnect_max_s = 2",
-            )
-        )  # fmt: skip
-
-    def trust(self) -> Ed25519PrivateKey:
-        """A fleet key whose public half this node trusts (kid "fleet-1")."""
-        key = Ed25519PrivateKey.generate()
-        (self.workdir / "trust").mkdir(exist_ok=True)
-        (self.workdir / "trust" / "fleet-1.pub").write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
-        return key
-
-    def start(self) -> Agent:
-        unit: dict[str, Any] = {}
-        if self.account is not None:
-            self.log.touch()
-            self.account.own(self.workdir)  # again at each start: what the test wrote meanwhile
-            asunit.reachable(self.broker.pki)  # its certificate and key (0644 here)
-            unit = self.account.popen()
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(self.config)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                **unit,
-            )
-        wait_for(lambda: self.socket.exists(), 20, "cloudsync's local API", self.proc)
-        return self
-
-    @property
-    def local(self) -> Client:
-        return Client(str(self.socket), timeout=30)
-
-    def post(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        return dict(self.local.call("POST", "/v1/records", {"records": records}))
-
-    def status(self) -> dict[str, Any]:
-        return dict(self.local.call("GET", "/v1/status"))
-
-    def signal(self, sig: signal.Signals) -> int:
-        assert self.proc is not None
-        os.kill(self.proc.pid, sig)
-        return self.proc.wait(20)
-
-
-@pytest.fixture
-def agent(tmp_path: Path, broker: Broker) -> Iterator[Agent]:
-    agent = Agent(tmp_path / "agent", broker)
-    yield agent
-    if agent.proc is not None and agent.proc.poll() is None:
-        agent.proc.kill()
-        agent.proc.wait()
-
-
-def operator(broker: Broker) -> SyncClient:
-    """The fleet's consumer, with a persistent session subscribed to node n1's subtree."""
-    client = SyncClient(broker.port, broker.pki, OPERATOR, client_id="fleet-consumer")
-    assert client.connect()
-    assert not client.subscribe(NODE.everything)[0].is_failure
-    return client
-
-
-def bodies(messages: list[tuple[str, bytes]], kind: str) -> list[envelope.Envelope]:
-    return [envelope.decode(p) for t, p in messages if parse(t).kind == kind and p]
+from tests.mosquitto import OPERATOR, Broker, edgefleet
 
 
 def test_offline_boot_then_everything_arrives_birth_heartbeat_and_last_will(
@@ -190,7 +76,7 @@ def test_offline_boot_then_everything_arrives_birth_heartbeat_and_last_will(
         assert beat.body["outbox"]["counters"]["duplicate"] == 10
 
         assert agent.signal(signal.SIGKILL) == -signal.SIGKILL
-        wait_for(lambda: _last_status(consumer) == "offline", 10, "the last will")
+        wait_for(lambda: last_status(consumer) == "offline", 10, "the last will")
         assert "connection lost" in json.dumps(consumer.received[-1][1].decode())
     finally:
         consumer.close()
@@ -202,11 +88,6 @@ def test_offline_boot_then_everything_arrives_birth_heartbeat_and_last_will(
         assert envelope.decode(retained[1]).body["state"] == "offline"  # retained
     finally:
         late.close()
-
-
-def _last_status(client: SyncClient) -> str | None:
-    found = [envelope.decode(p).body["state"] for t, p in client.received if t == NODE.status]
-    return found[-1] if found else None
 
 
 def test_a_clean_stop_says_offline_and_bad_records_are_refused(
@@ -221,7 +102,7 @@ def test_a_clean_stop_says_offline_and_bad_records_are_refused(
             agent.post([{"kind": "logs", "body": {}}])
         assert "kind" in str(bad.value)
         assert agent.signal(signal.SIGTERM) == 0
-        wait_for(lambda: _last_status(consumer) == "offline", 10, "offline status")
+        wait_for(lambda: last_status(consumer) == "offline", 10, "offline status")
         last = [envelope.decode(p) for t, p in consumer.received if t == NODE.status][-1]
         assert last.body["reason"] == "stopped"
     finally:
@@ -336,22 +217,6 @@ def test_signed_commands_run_and_report_forged_expired_and_replayed_ones_are_ref
         wait_for(lambda: bodies(consumer.received, "events"), 5, "the refusal's alert")
         alerts = bodies(consumer.received, "events")
         assert alerts[-1].body["alert"] == "command refused"
-
-
-@contextlib.contextmanager
-def online(broker: Broker, agent: Agent) -> Iterator[tuple[Ed25519PrivateKey, SyncClient]]:
-    """The broker and the agent up, the fleet's signing key trusted, and the operator's
-    consumer connected once the birth is out (it follows the agent's subscription to its
-    commands on the same connection)."""
-    key = agent.trust()
-    broker.start()
-    agent.start()
-    consumer = operator(broker)
-    try:
-        wait_for(lambda: _last_status(consumer) == "online", 10, "the birth")
-        yield key, consumer
-    finally:
-        consumer.close()
 
 
 def wait_results(client: SyncClient, count: int) -> dict[str, dict[str, Any]]:

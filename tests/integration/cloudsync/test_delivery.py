@@ -30,8 +30,8 @@ from cloudsync.protocol.mqtt import SyncClient
 from edged.client import ClientError
 from edged.models.files import RECORD
 from tests.asunit import owned_like
+from tests.cloudsync_agent import NODE, Agent, bodies, operator
 from tests.conftest import Daemon, skip_or_fail, wait_for
-from tests.integration.cloudsync.test_cloudsync import NODE, Agent, bodies, operator
 from tests.integration.edged.test_model_install import answer, rows, smoke
 from tests.modelfiles import CONFIG, add_model, scale_model
 from tests.mosquitto import OPERATOR, Broker, make_pki

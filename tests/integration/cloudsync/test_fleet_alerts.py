@@ -12,13 +12,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.peer import free_port
 from cloudsync.protocol.envelope import Envelope
+from tests.cloudsync_agent import Agent, bodies, operator
 from tests.conftest import wait_for
-from tests.integration.cloudsync.test_cloudsync import Agent, bodies, operator, pki  # noqa: F401
 from tests.mosquitto import Broker
 
 
 @pytest.fixture
-def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:  # noqa: F811
+def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
     broker = Broker(tmp_path / "mosquitto", pki)
     yield broker
     broker.kill()

@@ -27,9 +27,9 @@ import pytest
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
+from tests.cloudsync_agent import Agent
 from tests.conftest import Daemon, wait_for
 from tests.fleetservice import TOKENS, FleetService
-from tests.integration.cloudsync.test_cloudsync import Agent
 from tests.mosquitto import OPERATOR, Broker
 from tests.prometheus import Alertmanager, Pages, Prometheus
 from tests.unit.test_dashboard import DASHBOARD, to_promql

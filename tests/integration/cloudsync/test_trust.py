@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cloudsync.protocol import envelope, trust
 from cloudsync.protocol.commands import sign
 from cloudsync.protocol.mqtt import SyncClient
+from tests.cloudsync_agent import NODE, Agent, bodies, operator
 from tests.conftest import skip_or_fail, wait_for
-from tests.integration.cloudsync.test_cloudsync import NODE, Agent, bodies, operator
 from tests.mosquitto import OPERATOR, Broker, edgefleet, make_pki
 from tests.pki import issue
 

@@ -16,7 +16,7 @@ from cloudsync.agent.alerts import RULES, Evaluator, Facts, prometheus_rules, re
 from cloudsync.agent.config import AlertsConfig
 from tests.conftest import skip_or_fail
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 RULES_FILE = ROOT / "docs" / "monitoring" / "edged-alerts.rules.yml"
 PROMTOOL = Path(
     os.environ.get("PROMTOOL", ROOT / "build" / "promtool" / "usr" / "bin" / "promtool")

@@ -11,7 +11,7 @@ import pytest
 from cloudsync.fleet.config import FleetServiceConfig, load
 from edged.common.errors import ConfigError
 
-SHIPPED = Path(__file__).resolve().parents[3] / "debian" / "edgefleet.toml"
+SHIPPED = Path(__file__).resolve().parents[4] / "debian" / "edgefleet.toml"
 
 
 def test_the_shipped_config_loads_and_names_every_key() -> None:

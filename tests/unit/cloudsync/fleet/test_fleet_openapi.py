@@ -29,7 +29,7 @@ from cloudsync.protocol.labels import LABEL, MAX_LABELS
 from cloudsync.protocol.topics import NAME
 from edged.common.names import MODEL_NAME
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "fleet-api.json"
+DOC = Path(__file__).resolve().parents[4] / "docs" / "fleet-api.json"
 METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 TOKENS = {role: f"{role}-token-for-the-openapi-test" for role in ROLES}
 

@@ -18,9 +18,8 @@ from cloudsync.fleet.leases import Leases
 from cloudsync.fleet.registry import Registry
 from cloudsync.fleet.sessions import SESSION_S, Sessions, session_hash
 from cloudsync.fleet.store import Store
-from tests.unit.cloudsync.test_fleet_observe import alert, msg, status
+from tests.fleetmessages import NOW, alert, msg, status
 
-NOW = 1_800_000_000_000
 ALICE = Token(name="alice", role="operator", sha256="a" * 64)
 
 
