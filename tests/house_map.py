@@ -19,8 +19,8 @@ WHY = {
     "retries and egress records; next: the two transports apart",
     "edged/models/repository.py": "the version life cycle is one lock discipline; next: "
     "versions and scanning apart",
-    "cloudsync/agent/session.py": "the MQTT uplink with its in-flight map, the outbox pump and "
-    "the heartbeat (issue 45: each its own part)",
+    "cloudsync/agent/session.py": "the MQTT session: connect and backoff, callbacks, commands "
+    "checked, the birth, the renewed certificate's client, the threads' supervisor",
     "edged/config.py": "every key with its description: one schema",
     "cloudsync/fleet/cli.py": "edgefleet's subcommands (issue 45: rollouts only through the "
     "service)",

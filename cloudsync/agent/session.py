@@ -4,11 +4,12 @@ One thread owns the MQTT client (paho-mqtt 2.x, driven by ``loop()``): it connec
 and the node's certificate, ``clean_start`` false and a session expiry (the broker keeps the
 node's QoS 1 queue while it is away), sets a retained *offline* last will, publishes a retained
 *online* birth with the node's capabilities on every connect, sends a heartbeat every
-``heartbeat.interval_s``, and drains the outbox: up to ``max_inflight`` records published at
-QoS 1, each deleted from the outbox only when its PUBACK comes (a refusal moves it to the dead
-letters). When the connection drops it reconnects after 1, 2, 4 ... 64 s, each delay drawn
-between half and all of it (jitter, so a fleet does not reconnect in step). It starts and keeps
-working with no network: records wait in the outbox.
+``heartbeat.interval_s`` (``heartbeat``), and drains the outbox (``pump``): up to
+``max_inflight`` records published at QoS 1, each deleted from the outbox only when its PUBACK
+comes (a refusal moves it to the dead letters); whatever it publishes goes through ``uplink``
+(the egress ledger first). When the connection drops it reconnects after 1, 2, 4 ... 64 s, each
+delay drawn between half and all of it (jitter, so a fleet does not reconnect in step). It
+starts and keeps working with no network: records wait in the outbox.
 
 Commands on ``.../cmd/{id}`` are verified in the MQTT thread (``cloudsync.protocol.commands``: a
 refused one is reported, never run) and run by the commands thread (``handlers``); results go
@@ -44,9 +45,12 @@ from cloudsync.agent.config import Config
 from cloudsync.agent.delivery import Delivery
 from cloudsync.agent.enrol import Renewal
 from cloudsync.agent.handlers import Handlers
+from cloudsync.agent.heartbeat import Heartbeat
 from cloudsync.agent.metrics import AgentMetrics
 from cloudsync.agent.outbox import Item, Outbox, OutboxError
+from cloudsync.agent.pump import RESULT, OutboxPump
 from cloudsync.agent.state import AgentState
+from cloudsync.agent.uplink import Uplink
 from cloudsync.protocol.commands import Command, Refused, Verifier, load_anchors, load_scopes
 from cloudsync.protocol.envelope import (
     MAX_BODY_BYTES,
@@ -64,25 +68,14 @@ from cloudsync.protocol.trust import TRUST_FILE, Trust, TrustError, TrustState, 
 from edged.client import Client
 from edged.common.backoff import backoff_delay
 from edged.common.events import EventLog
-from edged.egress import Ledger, digest
+from edged.egress import Ledger
 
 log = logging.getLogger("cloudsync")
 ROLLBACKS = "rollbacks"  # the outbox's state key: when each model was last rolled back
-RESULT = "result/"  # an outbox kind: a command's result, for .../cmd/{id}/result
 CONNACK_S = 10.0  # a connection that has no CONNACK by then is given up and tried again
-ACK_TIMEOUT_S = 120.0  # a record published this long ago with no PUBACK is published again
 # the largest MQTT packet cloudsync takes (MQTT 5's Maximum Packet Size: the broker does not
 # send a larger one): an envelope and its topic. The fleet's broker has the same limit.
 MAX_PACKET = MAX_BYTES + 4096
-# while the disk cannot take acks, at most this many times max_inflight records are sent and
-# held in memory; then sending waits for the disk
-HELD_FACTOR = 4
-# PUBACK "No matching subscribers" (MQTT 5 reason code 16): the broker took a record, and gave
-# it to no one: the fleet service is away (a broker restart drops Mosquitto's shared
-# subscriptions until the service subscribes again; a replica without a persistent session has
-# none meanwhile). The record stays in the outbox and goes again this long after.
-NO_SUBSCRIBERS = 16
-UNHEARD_S = 2.0
 RESTART_MAX_S = 30.0  # a thread that failed is started again after 1, 2, 4 ... up to this
 
 
@@ -111,30 +104,21 @@ class Agent:
                     "fsync_s": egress.fsync_s}  # fmt: skip
         self.ledger.start(egress.enabled, settings, "cloudsync")
         self.next_sync = 0.0
-        # what went while the ledger could not record it (a full disk): stream -> [count, bytes]
-        self.unrecorded: dict[str, list[int]] = {}
-        self.unrecorded_since = 0
+        self.uplink = Uplink(self.ledger, f"{config.mqtt.host}:{config.mqtt.port}",
+                             lambda: self.client)  # fmt: skip
+        self.pump = OutboxPump(self.outbox, self.topics, self.node, config.outbox.max_inflight,
+                               self.uplink.publish)  # fmt: skip
         self.rng = rng or random.Random()
         self.state = AgentState(
             offline_since=time.monotonic(),
             rollbacks=json.loads(self.outbox.get_state(ROLLBACKS) or "{}"),
         )
         self.stopping = threading.Event()
-        self.inflight: dict[int, int] = {}  # MQTT message id -> outbox seq
-        self.sent_at: dict[int, float] = {}  # MQTT message id -> when it went (monotonic)
-        self.acked: list[int] = []  # PUBACKed, to leave the outbox (kept while it cannot)
-        self.refused: dict[int, str] = {}  # refused by the broker: to the dead letters
-        self.unsendable: set[int] = set()  # seqs that cannot be sent nor dead-lettered now
-        self.unheard: dict[int, float] = {}  # seq -> when to send again (no subscriber had it)
-        self.unheard_since = 0.0  # the first of those in this spell (monotonic; 0: none)
-        self.write_again = 0.0  # after an ack the disk could not take: when to try again
         # the sequence of what does not go through the outbox: increasing (next() is atomic)
         self.seq = itertools.count(now_ms() + 1)
         self.attempt = 0
         self.next_connect = 0.0  # time.monotonic() of the next connection attempt
         self.connecting_since: float | None = None  # a socket is open, no CONNACK yet
-        self.next_heartbeat = 0.0
-        self.heartbeats = 0
         provisioned = Trust(
             0,
             load_anchors(config.commands.trust_dir),
@@ -171,6 +155,8 @@ class Agent:
         self.alerts = Evaluator(config.alerts)
         self.alerts.restore(self.outbox.get_state(ALERTS), time.monotonic(), now_ms())
         self.metrics = AgentMetrics(self.state, self.outbox, self.alerts)
+        self.heartbeat = Heartbeat(self.state, self.outbox, self.ledger,
+                                   config.heartbeat.interval_s, self._envelope)  # fmt: skip
         self.collector = Collector(self.state, config, self.outbox, self.alerts, self.delivery,
                                    self.stopping, self.edged_client)  # fmt: skip
         self.handlers = Handlers(self.node, config, self.edged_client, self.status,
@@ -255,10 +241,9 @@ class Agent:
             birth = self._envelope({"state": "online", **self.capabilities()}).encode()
         except ValueError as exc:  # what edged said cannot be sent (NaN, too large)
             birth = self._envelope({"state": "online", "error": printable(str(exc))}).encode()
-        self._publish(self.topics.status, birth, "status", retain=True)
-        self.next_heartbeat = time.monotonic()  # a heartbeat right after the birth
-        # paho sends again what was in flight: its PUBACK clock starts now
-        self.sent_at = dict.fromkeys(self.sent_at, time.monotonic())
+        self.uplink.publish(self.topics.status, birth, "status", retain=True)
+        self.heartbeat.soon(time.monotonic())  # a heartbeat right after the birth
+        self.pump.reconnected()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
         was = self.state.connected
@@ -269,26 +254,7 @@ class Agent:
             self._schedule_reconnect(f"disconnected ({rc})" if was else f"connect failed ({rc})")
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any) -> None:
-        seq = self.inflight.pop(mid, None)
-        self.sent_at.pop(mid, None)
-        if seq is None:  # a status or a heartbeat
-            return
-        if rc.is_failure:
-            log.error("the broker refused record %d: %s; it goes to the dead letters", seq, rc)
-            self.refused[seq] = str(rc)
-        elif rc.value == NO_SUBSCRIBERS:
-            if not self.unheard_since:  # once a spell
-                log.warning("the broker has no subscriber for the records (the fleet service"
-                            " is away): they stay in the outbox, sent again every %.0f s",
-                            UNHEARD_S)  # fmt: skip
-                self.unheard_since = time.monotonic()
-            self.unheard[seq] = time.monotonic() + UNHEARD_S
-        else:
-            if self.unheard_since:
-                log.info("the fleet has the records again, after %.0f s without a subscriber",
-                         time.monotonic() - self.unheard_since)  # fmt: skip
-                self.unheard_since = 0.0
-            self.acked.append(seq)
+        self.pump.published(mid, rc)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         """A command: checked here, run by the worker thread (it may ask edged). Nothing
@@ -381,7 +347,7 @@ class Agent:
                       "published without it" if self.state.connected else "lost")  # fmt: skip
         for item in items if self.state.connected else []:
             payload = self._envelope(item.body).encode()
-            self._publish(self._topic_of(item.kind), payload, item.kind)
+            self.uplink.publish(self.pump.topic_of(item.kind), payload, item.kind)
 
     def work(self) -> None:
         """The worker thread: commands, one at a time."""
@@ -418,36 +384,6 @@ class Agent:
             "labels": self.config.node.labels,
         }
 
-    def heartbeat_body(self) -> dict[str, Any]:
-        status = self.state.edged.status or {}
-        cloud = status.get("cloud") or {}
-        return {
-            "uptime_s": status.get("uptime_s"),
-            "load": status.get("load"),
-            "link": cloud.get("link"),
-            "breaker": cloud.get("breaker"),
-            "cloud_error_ratio": cloud.get("error_rate"),
-            "cloud_scale_out": (cloud.get("scale_out") or {}).get("needed"),
-            "inflight": status.get("inflight"),
-            "drained": status.get("drained"),
-            "routing": self.state.edged.routes,
-            "models": {
-                str(m.get("name")): m.get("version")
-                for m in status.get("models", [])
-                if m.get("state") == "READY"
-            },
-            "edged": self.state.edged.reachability(),
-            "outbox": {**self.outbox.stats(), "oldest_age_s": self.outbox.oldest_age_s()},
-            "poison_messages": self.state.poison,
-            "thread_restarts": dict(self.state.restarts),
-            # the egress ledgers' heads: checkpoints the fleet keeps (a device cannot rewrite
-            # its ledger past them unseen)
-            "egress": {
-                "edged": (status.get("egress") or {}).get("head"),
-                "uplink": self.ledger.head.as_dict() if self.ledger.enabled else None,
-            },
-        }
-
     def status(self) -> dict[str, Any]:
         """The local API's GET /v1/status."""
         return {
@@ -455,8 +391,8 @@ class Agent:
             "fleet": self.config.node.fleet,
             "broker": f"{self.config.mqtt.host}:{self.config.mqtt.port}",
             "connected": self.state.connected,
-            "heartbeats": self.heartbeats,
-            "inflight": len(self.inflight),
+            "heartbeats": self.heartbeat.sent,
+            "inflight": len(self.pump.inflight),
             "poison_messages": self.state.poison,
             "thread_restarts": dict(self.state.restarts),
             "edged": self.state.edged.reachability(),
@@ -464,70 +400,6 @@ class Agent:
         }
 
     # ---- the loops -------------------------------------------------------------------------
-
-    def pump(self) -> None:
-        """Acknowledge what the broker has (one transaction), move what it refused to the dead
-        letters, then publish more records. A write the disk cannot take now (full) is tried
-        again on the next turn; what was acknowledged is not sent meanwhile."""
-        now = time.monotonic()
-        if (self.acked or self.refused) and now >= self.write_again:
-            try:
-                if self.acked:
-                    self.outbox.ack(self.acked)
-                    self.acked = []
-                while self.refused:
-                    seq, why = next(iter(self.refused.items()))
-                    self.outbox.dead_letter(seq, why)
-                    del self.refused[seq]
-                self.write_again = 0.0
-            except OutboxError as exc:  # said once, tried again every second
-                if not self.write_again:
-                    log.error("%s; the records the broker has stay until it can", exc)
-                self.write_again = now + 1.0
-        late = [m for m, t in self.sent_at.items() if now - t > ACK_TIMEOUT_S]
-        for mid in late if self.state.connected else []:
-            # no PUBACK in all that time: sent again from the outbox (the same id); paho's own
-            # resend after a reconnect normally answers long before
-            log.warning("record %d: no PUBACK in %.0f s; it will be sent again",
-                        self.inflight.pop(mid), ACK_TIMEOUT_S)  # fmt: skip
-            del self.sent_at[mid]
-        room = self.config.outbox.max_inflight - len(self.inflight)
-        waiting = len(self.acked) + len(self.refused)  # the broker has them, the disk not yet
-        if (
-            not self.state.connected
-            or room <= 0
-            or waiting >= HELD_FACTOR * self.config.outbox.max_inflight
-        ):
-            return  # (bounded: what is held is excluded from each peek)
-        for seq in [s for s, when in self.unheard.items() if when <= now]:
-            del self.unheard[seq]
-        held = {*self.inflight.values(), *self.acked, *self.refused, *self.unsendable,
-                *self.unheard}  # fmt: skip
-        for record in self.outbox.peek(room, exclude=held):
-            topic = self._topic_of(record.kind)
-            try:
-                payload = record.envelope(self.node).encode()
-            except (EnvelopeError, ValueError) as exc:  # stored by an older cloudsync: too big
-                self._unsendable(record.seq, printable(str(exc)))
-                continue
-            info = self._publish(topic, payload, record.kind, record.id)
-            if info.rc != mqtt.MQTT_ERR_SUCCESS:
-                break  # the connection just went: the outbox still has it
-            self.inflight[info.mid] = record.seq
-            self.sent_at[info.mid] = now
-
-    def _unsendable(self, seq: int, why: str) -> None:
-        log.error("record %d cannot be sent (%s); it goes to the dead letters", seq, why)
-        try:
-            self.outbox.dead_letter(seq, why)
-        except OutboxError as exc:  # not now: skipped until the next start
-            log.error("%s", exc)
-            self.unsendable.add(seq)
-
-    def _topic_of(self, kind: str) -> str:
-        if kind.startswith(RESULT):
-            return self.topics.cmd_result(kind[len(RESULT) :])
-        return self.topics.events if kind == "events" else self.topics.telemetry
 
     def step(self) -> None:
         """One turn of the MQTT thread."""
@@ -543,57 +415,16 @@ class Agent:
             self.stopping.wait(0.05)  # turn while offline: 20 lines a second): do not spin
         elif self.client.loop(timeout=0.05) == mqtt.MQTT_ERR_NO_CONN:
             self.stopping.wait(0.05)
-        if self.state.connected and now >= self.next_heartbeat:
-            interval = self.config.heartbeat.interval_s
-            # at a fixed rate (no drift from the loop's turns), unless it fell behind
-            self.next_heartbeat = max(self.next_heartbeat + interval, now + interval / 2)
-            try:
-                payload = self._envelope(self.heartbeat_body()).encode()
-            except ValueError as exc:  # what edged said cannot be sent (NaN, too large)
-                body = {"outbox": self.outbox.stats(), "error": printable(str(exc))}
-                payload = self._envelope(body).encode()
-            self._publish(self.topics.heartbeat, payload, "heartbeat")
-            self.heartbeats += 1
+        beat = self.heartbeat.due(now) if self.state.connected else None
+        if beat is not None:
+            self.uplink.publish(self.topics.heartbeat, beat, "heartbeat")
             self.metrics.heartbeats.inc()
         if self.state.connected and self.renewal.due(now):
-            self._publish(self.topics.renew, self.renewal.request(now), "renew")
+            self.uplink.publish(self.topics.renew, self.renewal.request(now), "renew")
         if now >= self.next_sync:
             self.next_sync = now + self.config.egress.fsync_s
             self.ledger.sync()
-        self.pump()
-
-    def _publish(
-        self, topic: str, payload: bytes, kind: str, record: str = "", retain: bool = False
-    ) -> mqtt.MQTTMessageInfo:
-        """Publish, the message recorded in the uplink's egress ledger first. The device's own
-        reports go out even when the ledger cannot take the entry (a full disk: the alert that
-        says so must reach the fleet): they are counted, and the first entry written after
-        declares the gap (``unrecorded``: how many of each stream, their bytes, since when)."""
-        if self.ledger.enabled:
-            try:
-                if self.unrecorded:
-                    self.ledger.record(
-                        "unrecorded", since_ms=self.unrecorded_since, until_ms=now_ms(),
-                        streams={k: {"messages": n, "bytes": b}
-                                 for k, (n, b) in self.unrecorded.items()},
-                        why="the ledger could not write (its last error in cloudsync's log)",
-                    )  # fmt: skip
-                    self.unrecorded = {}
-                self.ledger.record(
-                    "mqtt", stream=kind, topic=topic, record=record, bytes=len(payload),
-                    sha256=digest(payload),
-                    broker=f"{self.config.mqtt.host}:{self.config.mqtt.port}",
-                )  # fmt: skip
-            except (OSError, ValueError) as exc:
-                if not self.unrecorded:
-                    self.unrecorded_since = now_ms()
-                    log.error("the egress ledger cannot record what cloudsync sends (%s): it"
-                              " goes on, counted, and the gap is recorded once it can",
-                              exc)  # fmt: skip
-                counted = self.unrecorded.setdefault(kind.split("/")[0], [0, 0])
-                counted[0] += 1
-                counted[1] += len(payload)
-        return self.client.publish(topic, payload, qos=1, retain=retain)
+        self.pump.turn(self.state.connected)
 
     def _swap_client(self) -> None:
         """The renewed certificate in use: a new client (paho keeps the TLS context it was
@@ -610,8 +441,7 @@ class Agent:
         if self.state.connected:
             self.state.offline_since = time.monotonic()
         self.state.connected = False
-        self.inflight.clear()
-        self.sent_at.clear()
+        self.pump.new_client()
         self.client = self._client()
         self.connecting_since, self.next_connect, self.attempt = None, 0.0, 0
         log.info("reconnecting with the renewed certificate")
@@ -688,11 +518,11 @@ class Agent:
     def _close(self) -> None:
         if self.state.connected:
             bye = self._envelope({"state": "offline", "reason": "stopped"})
-            info = self._publish(self.topics.status, bye.encode(), "status", retain=True)
+            info = self.uplink.publish(self.topics.status, bye.encode(), "status", retain=True)
             deadline = time.monotonic() + 2.0
             while not info.is_published() and time.monotonic() < deadline:
                 self.client.loop(timeout=0.05)
-            self.pump()  # the acks that came meanwhile
+            self.pump.turn(self.state.connected)  # the acks that came meanwhile
             self.client.disconnect()
         self.outbox.close()
         self.verifier.close()

@@ -78,32 +78,32 @@ def test_a_record_too_large_to_send_is_dead_lettered_and_acks_wait_for_the_disk(
     # as an older cloudsync could store it: a body over what an envelope may carry
     agent.outbox.db.execute("UPDATE outbox SET body = ?", ['{"pad":"' + "x" * 300_000 + '"}'])
     agent.outbox.put("telemetry", {"n": 2})
-    agent.pump()
+    agent.pump.turn(agent.state.connected)
     assert published == ["edge/v1/f1/n1/telemetry"]  # the second record only
     assert agent.outbox.stats()["dead_letters"] == 1
     # PUBACKed, and the disk cannot take the delete: kept, tried again, not sent twice
-    agent.acked = list(agent.inflight.values())
-    agent.inflight.clear()
+    agent.pump.acked = list(agent.pump.inflight.values())
+    agent.pump.inflight.clear()
 
     def full(seqs: Any) -> int:
         raise OutboxError("database or disk is full", full=True)
 
     monkeypatch.setattr(agent.outbox, "ack", full)
-    agent.pump()
-    agent.pump()
-    assert published == ["edge/v1/f1/n1/telemetry"] and agent.acked
+    agent.pump.turn(agent.state.connected)
+    agent.pump.turn(agent.state.connected)
+    assert published == ["edge/v1/f1/n1/telemetry"] and agent.pump.acked
     # a long outage of the disk: what the broker has is held in memory up to a bound, then
     # sending waits (each peek excludes what is held)
-    agent.acked += list(range(10_000, 10_000 + 4 * agent.config.outbox.max_inflight))
+    agent.pump.acked += list(range(10_000, 10_000 + 4 * agent.config.outbox.max_inflight))
     agent.outbox.put("telemetry", {"n": 3})
-    agent.pump()
+    agent.pump.turn(agent.state.connected)
     assert published == ["edge/v1/f1/n1/telemetry"]
     monkeypatch.undo()
     monkeypatch.setattr(agent.client, "publish", publish)
-    agent.acked = agent.acked[:1]  # the record the broker has (the ids above are made up)
-    agent.write_again = 0.0
-    agent.pump()  # acked at last, and the next record sent
-    assert not agent.acked and len(published) == 2
+    agent.pump.acked = agent.pump.acked[:1]  # the record the broker has (the ids above are made up)
+    agent.pump.write_again = 0.0
+    agent.pump.turn(agent.state.connected)  # acked at last, and the next record sent
+    assert not agent.pump.acked and len(published) == 2
     assert [r.body for r in agent.outbox.peek(10)] == [{"n": 3}]
 
 
