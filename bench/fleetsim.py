@@ -7,7 +7,8 @@ Each node is one MQTT 5 connection of its own (client id ``{fleet}.{node}`` as c
 takes), so its last will is real: the retained offline status cloudsync sets. On every connect
 it subscribes to its ``cmd/+`` and ``desired/models``, publishes a retained birth shaped as
 ``cloudsync.agent.session.Agent.capabilities()`` (plus ``labels``), a heartbeat at once and then
-every ``heartbeat_s`` (random phase) shaped as ``heartbeat_body()``, and every ``telemetry_s`` a
+every ``heartbeat_s`` (random phase) shaped as ``cloudsync.agent.heartbeat.Heartbeat.body()``, and
+every ``telemetry_s`` a
 telemetry record per model version as ``cloudsync.protocol.telemetry`` makes them. Records
 (telemetry, events, command results) carry the outbox's ``epoch``, ``priority`` and per-stream
 ``seq``; they wait in memory while the node is offline.
@@ -722,7 +723,7 @@ class Worker:
         }
 
     def heartbeat(self, node: Node) -> None:
-        """``Agent.heartbeat_body()`` of a simulated node."""
+        """``Heartbeat.body()`` of a simulated node."""
         client = node.client
         assert client is not None
         now = time.monotonic()
