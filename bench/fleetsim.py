@@ -8,10 +8,9 @@ takes), so its last will is real: the retained offline status cloudsync sets. On
 it subscribes to its ``cmd/+`` and ``desired/models``, publishes a retained birth shaped as
 ``cloudsync.agent.session.Agent.capabilities()`` (plus ``labels``), a heartbeat at once and then
 every ``heartbeat_s`` (random phase) shaped as ``cloudsync.agent.heartbeat.Heartbeat.body()``, and
-every ``telemetry_s`` a
-telemetry record per model version as ``cloudsync.protocol.telemetry`` makes them. Records
-(telemetry, events, command results) carry the outbox's ``epoch``, ``priority`` and per-stream
-``seq``; they wait in memory while the node is offline.
+every ``telemetry_s`` a telemetry record per model version as ``cloudsync.protocol.telemetry``
+makes them. Records (telemetry, events, command results) carry the outbox's ``epoch``,
+``priority`` and per-stream ``seq``; they wait in memory while the node is offline.
 
 A retained desired state is applied as cloudsync's delivery applies it: the manifest is checked
 (``parse_signed``; with ``trust`` its Ed25519 signatures are verified too), the version floor,
