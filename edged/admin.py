@@ -72,11 +72,12 @@ class Admin:
         keep_versions: int = 3,
         ready: Callable[[], bool] = lambda: True,
         staging: Path | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         """``router`` gets the settings; ``reload`` re-reads the config (the error, or None);
         ``keep_versions``: version directories kept on disk per model; ``staging``: where
         installs are taken from (default: ``staging`` beside ``path``, in the state
-        directory)."""
+        directory); ``ledger``: the egress ledger ``GET /v1/admin/egress`` reads."""
         self.path = path
         self.staging = staging if staging is not None else path.with_name(install.STAGING)
         self.keep_versions = keep_versions
@@ -88,7 +89,7 @@ class Admin:
         self.overrides: dict[str, Any] = {}
         self.drained: dict[str, Any] | None = None
         self.history: dict[str, list[int]] = {}  # per model, the versions activated, oldest first
-        self.ledger: Ledger | None = None  # the egress ledger, read by GET /v1/admin/egress
+        self.ledger = ledger
         # cloud A/B set here: model (the first tier's) or model@tier -> b and share
         self.splits: dict[str, dict[str, Any]] = {}
         for tier in router.clouds:  # an A/B test's decision is kept as the operator's would be

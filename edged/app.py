@@ -143,17 +143,14 @@ class Daemon:
         )
         recording = self.ledger if egress.enabled else None  # every call that leaves, first
         tiers = (config.cloud, *config.cloud.tiers) if config.cloud.url else ()
-        clouds = [CloudEndpoint(tier, local_names) for tier in tiers]
-        for cloud in clouds:
-            cloud.ledger = recording
+        clouds = [CloudEndpoint(tier, local_names, recording) for tier in tiers]
         self.cloud = clouds[0] if clouds else None  # the first tier: A/B, metrics, status
         self.router = Router(
             self.manager, config.routing, self.cloud, self.load, self.metrics, clouds[1:]
         )
         self.plane = DataPlane(self.manager, self.router, self.load, self.events,
-                               config.server.shm_regions,
-                               config.server.shm_regions_per_uid)  # fmt: skip
-        self.plane.ledger = self.ledger
+                               config.server.shm_regions, config.server.shm_regions_per_uid,
+                               self.ledger)  # fmt: skip
         self.admin = Admin(
             config.state_dir / ADMIN_FILE,
             self.router,
@@ -161,8 +158,8 @@ class Daemon:
             self.reload,
             config.models.keep_versions,
             lambda: self.plane.ready,
+            ledger=self.ledger,
         )
-        self.admin.ledger = self.ledger
         knowledge = config.knowledge
         token = read_token(knowledge.token_file) or ""
         self.chat = (  # an OpenAI-compatible answer model, when one is configured

@@ -191,10 +191,14 @@ class CloudEndpoint(Background):
     """Calls to one OIP endpoint, with its link monitor, breaker and catalog."""
 
     def __init__(
-        self, config: CloudConfig, local_names: Callable[[], Iterable[str]] = lambda: ()
+        self,
+        config: CloudConfig,
+        local_names: Callable[[], Iterable[str]] = lambda: (),
+        ledger: Ledger | None = None,
     ) -> None:
         """``local_names``: the models of the local repository, to look for in the cloud when
-        it does not serve its repository index."""
+        it does not serve its repository index; ``ledger``: the egress ledger every call is
+        recorded in before it leaves (None: none kept)."""
         self.config = config
         self.name = config.name
         self.local_names = local_names
@@ -211,7 +215,7 @@ class CloudEndpoint(Background):
         self.headers = {header: token} if token else {}
         self.client: Any = None
         self.session: aiohttp.ClientSession | None = None  # REST calls (the client: the rest)
-        self.ledger: Ledger | None = None  # the egress ledger: every call recorded first
+        self.ledger = ledger
         self.module: Any = triton
         self.binary = True if self.grpc else config.binary_data
         self.catalog: dict[str, CatalogEntry] = {}

@@ -108,9 +108,11 @@ class Delivery:
         edged_timeout_s: float = 2.0,
         threshold: Callable[[], int] | None = None,
         revoked: Callable[[], Collection[str]] = frozenset,
+        on_rollback: Callable[[str], None] | None = None,
     ) -> None:
         """``threshold``: the signatures a manifest needs (default: ``config.threshold``);
-        ``revoked``: certificate fingerprints whose download servers are refused."""
+        ``revoked``: certificate fingerprints whose download servers are refused;
+        ``on_rollback``: told the model whose version was rolled back."""
         self.config = config
         self.threshold = threshold or (lambda: config.threshold)
         self.revoked = revoked
@@ -123,7 +125,7 @@ class Delivery:
         self.current: list[dict[str, Any]] = []  # the desired state being applied
         self.wake = threading.Condition()
         self.stopping = False
-        self.on_rollback: Callable[[str], None] | None = None  # a version was rolled back
+        self.on_rollback = on_rollback
         self.context = self._tls()
         path = config.state_file or Path(outbox.path).with_name(STATE_FILE)
         self.states = DeliveryState(path, outbox)

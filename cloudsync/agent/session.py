@@ -145,8 +145,8 @@ class Agent:
             config.edged.timeout_s,
             lambda: self.trust.current.threshold,
             self.trust.revoked,
+            self._rolled_back,
         )
-        self.delivery.on_rollback = self._rolled_back
         if self.trust.error:  # (connected is False: keep() only writes the outbox here)
             self.keep([Item("events", {"alert": "trust refused", "why": self.trust.error},
                             "alert")])  # fmt: skip

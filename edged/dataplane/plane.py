@@ -98,11 +98,13 @@ class DataPlane:
         events: EventLog | None = None,
         shm_regions: int = 64,
         shm_regions_per_uid: int = 16,
+        ledger: Ledger | None = None,
     ) -> None:
         """The manager's metrics also count the API requests in flight; ``router`` decides where
         each call runs; ``monitor`` gives the device's load for the status; ``events``: the
         daemon's event log (/v1/events); ``shm_regions`` and ``shm_regions_per_uid``: the
-        shared-memory regions held at once, in all and of one uid (server.*)."""
+        shared-memory regions held at once, in all and of one uid (server.*); ``ledger``: the
+        egress ledger, its head in the status."""
         self.manager = manager
         self.router = router
         self.monitor = monitor
@@ -116,7 +118,7 @@ class DataPlane:
         manager.metrics.inflight.set_function(lambda: self.inflight)
         # Triton's system shared memory (edged.protocol.shm)
         self.shm = Regions(shm_regions, shm_regions_per_uid)
-        self.ledger: Ledger | None = None  # the egress ledger (its head in the status)
+        self.ledger = ledger
 
     def shared_memory(self, caller: Any, limit: int) -> Bound:
         """The shared-memory regions as ``caller`` (a socket's ``Peer``; None: not a local

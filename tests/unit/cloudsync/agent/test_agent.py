@@ -137,3 +137,20 @@ def test_what_cannot_be_had_at_start_is_one_line(tmp_path: Path, what: str, says
     assert done.returncode == 1
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"cloudsync: {says}") and "Traceback" not in done.stderr, line
+
+
+def test_a_rollback_the_delivery_reports_reaches_the_agents_state_and_metrics(
+    agent: Agent,
+) -> None:
+    """The delivery is given the agent's ``on_rollback`` when it is made (nothing wired after):
+    the model's rollback time is in the state the alerts read, kept in the outbox across a
+    restart, and counted."""
+    agent.delivery.report("rolled-back", model="ocr", version=3, why="failure rate")
+    assert set(agent.state.rollbacks) == {"ocr"}
+    text = agent.metrics.render().decode()
+    assert 'cloudsync_model_rollbacks_total{model="ocr"} 1.0' in text
+    assert 'cloudsync_model_last_rollback_timestamp_seconds{model="ocr"}' in text
+    at = agent.state.rollbacks["ocr"]
+    agent.outbox.close()
+    again = Agent(agent.config)  # a restart: the time comes back from the outbox
+    assert again.state.rollbacks == {"ocr": at}
