@@ -13,7 +13,7 @@ starts and keeps working with no network: records wait in the outbox.
 
 Commands on ``.../cmd/{id}`` are verified in the MQTT thread (``cloudsync.protocol.commands``: a
 refused one is reported, never run) and run by the commands thread (``handlers``); results go
-through the outbox. The edged thread (``collector``) reads edged; the delivery thread
+through the outbox. The edged thread (``edged_reader``) reads edged; the delivery thread
 (``delivery``) installs models. The MQTT thread never waits on edged. Every thread runs under
 ``supervise``: one that fails is logged, counted and started again.
 """
@@ -40,9 +40,9 @@ from paho.mqtt.properties import Properties
 
 from cloudsync import __version__
 from cloudsync.agent.alerts import Evaluator
-from cloudsync.agent.collector import ALERTS, Collector
 from cloudsync.agent.config import Config
 from cloudsync.agent.delivery import Delivery
+from cloudsync.agent.edged_reader import ALERTS, EdgedReader
 from cloudsync.agent.enrol import Renewal
 from cloudsync.agent.handlers import Handlers
 from cloudsync.agent.heartbeat import Heartbeat
@@ -157,7 +157,7 @@ class Agent:
         self.metrics = AgentMetrics(self.state, self.outbox, self.alerts)
         self.heartbeat = Heartbeat(self.state, self.outbox, self.ledger,
                                    config.heartbeat.interval_s, self._envelope)  # fmt: skip
-        self.collector = Collector(self.state, config, self.outbox, self.alerts, self.delivery,
+        self.edged_reader = EdgedReader(self.state, config, self.outbox, self.alerts, self.delivery,
                                    self.stopping, self.edged_client)  # fmt: skip
         self.handlers = Handlers(self.node, config, self.edged_client, self.status,
                                  self.delivery, self.events)  # fmt: skip
@@ -455,7 +455,7 @@ class Agent:
         """Until ``stop``: the MQTT thread here, the edged, delivery and commands threads beside
         it, each restarted if it fails."""
         stop_metrics = self._serve_metrics()
-        self.start_thread("edged", self.collector.run)
+        self.start_thread("edged", self.edged_reader.run)
         self.start_thread("delivery", self.delivery.run)
         worker = self.start_thread("commands", self.work)
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from cloudsync.agent.collector import event_item
+from cloudsync.agent.edged_reader import event_item
 from cloudsync.agent.session import result_item
 from cloudsync.protocol.envelope import MAX_BODY_BYTES, canonical
 from edged.common.events import MAX_MESSAGE, EventLog

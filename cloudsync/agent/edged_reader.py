@@ -1,4 +1,4 @@
-"""The edged collector: the agent's thread that asks edged (its socket API, a short timeout)
+"""The edged reader: the agent's thread that asks edged (its socket API, a short timeout)
 for its status, capabilities and metrics every heartbeat interval, keeps the last answer
 (``EdgedView``), moves edged's new events into the outbox (each cut to MAX_EVENT_TEXT a field),
 turns its metrics into telemetry records (``cloudsync.protocol.telemetry``) and evaluates the
@@ -33,7 +33,7 @@ ALERTS = "alerts"  # the outbox's state key: the alerts firing (with their event
 MAX_EVENT_TEXT = 16384  # characters of one text field of an edged event that are forwarded
 
 
-class Collector:
+class EdgedReader:
     """The edged thread of one agent (``run``); what it learns goes to ``state.edged``, the
     outbox and the alerts."""
 
