@@ -86,9 +86,10 @@ def in_doc(text: str) -> str:
 def main() -> int:
     text = DOC.read_text()
     DOC.write_text(text.replace(in_doc(text), table()))
-    for problem in problems():
+    found = problems()
+    for problem in found:
         print(problem, file=sys.stderr)
-    return 1 if problems() else 0
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -57,12 +57,13 @@ class Alerting:
     def latest(self, node: str | None = None, limit: int = 10) -> list[dict[str, Any]]:
         """Of all nodes: the alerts firing, the latest to start first; of one node: its alerts,
         firing and resolved."""
-        params: list[Any]
         if node is None:
-            where, params = "WHERE state = 'firing' ORDER BY", [limit]
-        else:
-            where, params = "WHERE node = ? ORDER BY state,", [node, limit]
-        return self.store.query(f"SELECT * FROM alerts {where} starts_ms DESC LIMIT ?", params)
+            return self.store.query("SELECT * FROM alerts WHERE state = 'firing'"
+                                    " ORDER BY starts_ms DESC LIMIT ?", (limit,))  # fmt: skip
+        return self.store.query(
+            "SELECT * FROM alerts WHERE node = ? ORDER BY state, starts_ms DESC LIMIT ?",
+            (node, limit),
+        )
 
     def alerts(self) -> list[dict[str, Any]]:
         """What to send now: the alerts firing, and those resolved lately."""

@@ -24,6 +24,7 @@ broken anywhere fails here, naming the module, the line and the rule:
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,6 +142,7 @@ def packages_entered(source: str, target: str, known: set[str]) -> list[str]:
     return found
 
 
+@functools.cache  # read once per tree: every test of the real one asks for it
 def graph(root: Path) -> dict[str, list[tuple[Path, Import]]]:
     """Module -> what it imports of ours (its path beside each, for the messages)."""
     files = sorted([*(root / "edged").rglob("*.py"), *(root / "cloudsync").rglob("*.py")])
