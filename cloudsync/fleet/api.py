@@ -476,9 +476,9 @@ class Api:
             return await self.refuse(request, action, node[:64], 404, "node: not a node's name")
         if not await db(self.service.enrolments.reinstate, node):
             return await self.refuse(request, action, node, 404, "node: not revoked")
-        await db(self.service.write_broker_files)
-        await self.actions.audit(request[WHO], action, node, "done")
-        return web.json_response({"node": node, "barred": False})
+        unwritten = await db(self.service.write_broker_files)
+        await self.actions.audit(request[WHO], action, node, "done", {"unwritten": unwritten})
+        return web.json_response({"node": node, "barred": False, "unwritten": unwritten})
 
     async def revoke(self, request: web.Request) -> web.Response:
         """Revoke a node's certificates (``{"node"}``) or one (``{"serial"}``, hex): into the
@@ -499,11 +499,12 @@ class Api:
         who = request[WHO]
         done = await db(self.service.enrolments.revoke, who.name, self.service.clock(),
                              doc.get("node"), doc.get("serial"))  # fmt: skip
-        await db(self.service.write_broker_files)
+        unwritten = await db(self.service.write_broker_files)  # each file tried; never raises
         if doc.get("node"):  # an open session goes at once (the service takes it over)
             self.service.kick(doc["node"])
-        await self.actions.audit(who, action, target, "done", {"serials": done})
-        return web.json_response({"revoked": done})
+        await self.actions.audit(who, action, target, "done",
+                                 {"serials": done, "unwritten": unwritten})  # fmt: skip
+        return web.json_response({"revoked": done, "unwritten": unwritten})
 
     # ---- audit -----------------------------------------------------------------------------
 

@@ -193,6 +193,14 @@ def cmd_checkpoints(args: argparse.Namespace) -> tuple[Any, str]:
     return kept, "\n".join(f"{c['seq']}:{c['hash']}" for c in kept)
 
 
+def unwritten(done: dict[str, Any]) -> str:
+    """A revocation's or reinstatement's broker files the service could not write, said."""
+    if not done.get("unwritten"):
+        return ""
+    return (f"\nnot written: {', '.join(done['unwritten'])} ([enrolment]; the service says why"
+            " in its log and tries again at its next full pass)")  # fmt: skip
+
+
 def cmd_enrol(args: argparse.Namespace) -> tuple[Any, str]:
     """New devices' certificates: a one-time token for a name, the requests, a decision."""
     client = service(args)
@@ -214,12 +222,14 @@ def cmd_enrol(args: argparse.Namespace) -> tuple[Any, str]:
             raise Failure("enrol revoke: a node's name, or --serial", EXIT_USAGE)
         body = {"serial": args.serial} if args.serial else {"node": args.target}
         gone = client.call("POST", "/v1/revocations", body)
-        return gone, f"revoked: {', '.join(gone['revoked']) or 'nothing new'}"
+        return gone, f"revoked: {', '.join(gone['revoked']) or 'nothing new'}" + unwritten(gone)
     if args.action == "reinstate":
         if not args.target:
             raise Failure("enrol reinstate: the revoked node's name", EXIT_USAGE)
         done = client.call("DELETE", "/v1/revocations/" + urllib.parse.quote(args.target, safe=""))
-        return done, f"node {done['node']}: may enrol again (a token or an approval)"
+        return done, f"node {done['node']}: may enrol again (a token or an approval)" + unwritten(
+            done
+        )
     if not args.target:
         raise Failure(f"enrol {args.action}: the request's id (edgefleet enrol list)", EXIT_USAGE)
     done = client.call("POST", f"/v1/enrolments/{args.target}/{args.action}")

@@ -148,6 +148,10 @@ class Metrics:
                               " dropped", registry=r)  # fmt: skip
         self.kicks = Counter("edgefleet_revoked_sessions_closed", "sessions of revoked nodes"
                              " the service closed on the broker", registry=r)  # fmt: skip
+        self.broker_files = Counter(
+            "edgefleet_broker_file_errors", "writes of the broker's CRL or ACL that failed (the"
+            " next full pass tries again), by file", ["file"], registry=r,
+        )  # fmt: skip
         self.alert_pushes = Counter(
             "edgefleet_alertmanager_pushes", "sends of the alerts to Alertmanager, by outcome",
             ["outcome"], registry=r,
@@ -168,7 +172,7 @@ class Service:
         self.registry = Registry(self.store, config.service.offline_after_s, self.enrolments,
                                  config.events.checkpoint_s)  # fmt: skip
         self.crl_due = 0.0
-        self.write_broker_files()  # at start: the broker's crlfile is there before it is needed
+        self.write_broker_files(strict=True)  # the broker's crlfile is there before it is needed
         self.deployments = Deployments(self.store, clock)
         self.audit = AuditLog(self.store, clock)
         self.commands = Commands(self.store, clock)
@@ -497,15 +501,32 @@ class Service:
                 self.dirty |= nodes
                 self.full_pass = self.full_pass or full
 
-    def write_broker_files(self) -> None:
+    def write_broker_files(self, strict: bool = False) -> list[str]:
         """The CRL at ``[enrolment] crl_file`` (if set), signed now, again in a day; the ACL at
-        ``acl_file`` (if set), with the names barred now."""
+        ``acl_file`` (if set), with the names barred now. Each in its own attempt: one that
+        fails (its base unreadable, a full disk, the database away) is logged and counted, the
+        other is written all the same, and the next full pass tries again. Returns the keys of
+        the files not written; ``strict`` (at start) raises instead."""
         cfg = self.config.enrolment
+        writes: list[tuple[str, Callable[[], None]]] = []
         if cfg.crl_file is not None and self.enrolments.issuer is not None:
-            self.enrolments.write_crl(cfg.crl_file, self.clock())
+            crl_file = cfg.crl_file
+            writes.append(("crl_file", lambda: self.enrolments.write_crl(crl_file, self.clock())))
         if cfg.acl_file is not None and cfg.acl_base is not None:
-            self.enrolments.write_acl(cfg.acl_base, cfg.acl_file)
-        self.crl_due = time.monotonic() + 86400
+            acl_base, acl_file = cfg.acl_base, cfg.acl_file
+            writes.append(("acl_file", lambda: self.enrolments.write_acl(acl_base, acl_file)))
+        unwritten = []
+        for key, write in writes:
+            try:
+                write()
+            except Exception:
+                if strict:
+                    raise
+                self.metrics.broker_files.labels(key).inc()
+                log.exception("[enrolment] %s was not written; the next full pass tries again", key)
+                unwritten.append(key)
+        self.crl_due = time.monotonic() + (0 if unwritten else 86400)
+        return unwritten
 
     def alerter(self) -> None:
         """Every ``[alerts] resend_s``, while this replica holds the runner lease: the alerts to

@@ -10,6 +10,11 @@ by token.
   connect, and a session still open under its name (a stolen certificate, another client id)
   can neither publish nor receive (the service's ACL denies the name). The others are
   untouched.
+- **An unreadable ACL base loses no revocation** (found: ``acl_base`` missing or not UTF-8 made
+  ``POST /v1/revocations`` answer 500 after storing the revocation, without the kick or the
+  audit entry): the CRL is still written, the session still kicked, the entry still audited,
+  the answer says which file was not written (``unwritten``), the failure is counted, and the
+  service's next full pass writes the ACL once its base can be read again.
 - **Reserved names are never issued** (found: a token for ``operator`` enrolled a certificate
   with the operators' ACL, which wrote another node's desired state): the operators' CN and the
   service's own names get no token (409) and no certificate by claim.
@@ -21,9 +26,12 @@ import shutil
 import time
 from pathlib import Path
 
+from cryptography import x509
+
 from cloudsync.protocol.enrol import make_csr, new_key, new_request_id
 from cloudsync.protocol.envelope import Envelope, decode
 from cloudsync.protocol.mqtt import SyncClient
+from cloudsync.protocol.topics import client_id
 from tests.conftest import wait_for
 from tests.fleetservice import FleetService
 from tests.integration.cloudsync.test_enrolment import Device, broker, online, service
@@ -122,7 +130,8 @@ def test_a_revoked_node_is_out_connected_or_not(
 
         # Reinstated, the name enrols again as a new device would (its old certificate stays
         # revoked); the audit log has both.
-        assert service.edgefleet("enrol", "reinstate", "n3") == {"node": "n3", "barred": False}
+        assert service.edgefleet("enrol", "reinstate", "n3") == {"node": "n3", "barred": False,
+                                                                  "unwritten": []}  # fmt: skip
         assert "user n3\n" not in (broker.workdir / "acl").read_text()
         assert service.call("POST", "/v1/enrolment-tokens", {"node": "n3"},
                             role="operator")[0] == 201  # fmt: skip
@@ -134,6 +143,49 @@ def test_a_revoked_node_is_out_connected_or_not(
         assert ("reinstate node", "n3", "done") in actions
     finally:
         device.stop()
+
+
+def test_an_unreadable_acl_base_loses_no_revocation(
+    tmp_path: Path, broker: Broker, service: FleetService, pki: Path
+) -> None:
+    base, acl, crl = tmp_path / "acl.base", broker.workdir / "acl", tmp_path / "fleet.crl"
+    rules = base.read_bytes()
+    base.write_bytes(b"\xff\xfe not UTF-8 \x80\n")
+    n1 = SyncClient(broker.port, pki, "n1", client_id=client_id("f1", "n1"))  # taken over
+
+    assert n1.connect()
+    try:
+        status, gone = service.call("POST", "/v1/revocations", {"node": "n1"}, role="operator")
+        assert (status, gone) == (200, {"revoked": [], "unwritten": ["acl_file"]})
+        wait_for(lambda: "already connected, closing old connection" in broker.logs(), 10,
+                 "n1's session taken over")  # fmt: skip
+        assert "user n1\n" not in acl.read_text()  # the broker's ACL as it was, not truncated
+        assert "topic" in acl.read_text()
+        # One certificate by its serial: the CRL is signed again though the ACL still fails.
+        base.unlink()
+        serial = format(x509.load_pem_x509_certificate((pki / "n1.pem").read_bytes())
+                        .serial_number, "x")  # fmt: skip
+        status, gone = service.call("POST", "/v1/revocations", {"serial": serial},
+                                    role="operator")  # fmt: skip
+        assert (status, gone) == (200, {"revoked": [serial], "unwritten": ["acl_file"]})
+        listed = x509.load_pem_x509_crl(crl.read_bytes())
+        assert [r.serial_number for r in listed] == [int(serial, 16)]
+        audit = service.call("GET", "/v1/audit", role="operator")[1]["entries"]
+        done = [(e["target"], e["outcome"], e["detail"]) for e in audit
+                if e["action"] == "revoke certificate"]  # fmt: skip
+        assert done == [
+            ("n1", "done", {"serials": [], "unwritten": ["acl_file"]}),
+            (serial, "done", {"serials": [serial], "unwritten": ["acl_file"]}),
+        ]
+        metrics = service.call("GET", "/metrics", role=None)[1]
+        assert 'edgefleet_broker_file_errors_total{file="acl_file"} 2.0' in metrics, metrics
+        assert 'file="crl_file"' not in metrics
+        # Readable again: the next full pass writes the ACL, the name denied.
+        base.write_bytes(rules)
+        wait_for(lambda: "user n1\ntopic deny #\n" in acl.read_text(), 30,
+                 "the ACL written by the next full pass")  # fmt: skip
+    finally:
+        n1.close()
 
 
 def test_reserved_names_get_no_token_and_no_certificate(
