@@ -83,6 +83,7 @@ from cloudsync.fleet.common import (
     Failure,
     desired_urls,
 )
+from cloudsync.fleet.registry import serving
 from cloudsync.protocol import envelope, manifest, trust
 from cloudsync.protocol.commands import COMMANDS, sign
 from cloudsync.protocol.envelope import EnvelopeError
@@ -162,24 +163,39 @@ def collect(args: argparse.Namespace) -> tuple[list[tuple[str, bytes]], bool]:
 
 
 def nodes_table(messages: list[tuple[str, bytes]], now_ms: int) -> list[dict[str, Any]]:
-    """A row per node from status and heartbeat messages (the latest of each)."""
+    """A row per node from status and heartbeat messages (the latest of each). Its models are
+    the birth's with those its heartbeat says are serving, as the service counts them
+    (``registry.serving``): a node born before edged had loaded its models lists them from its
+    next heartbeat on."""
     nodes: dict[str, dict[str, Any]] = {}
+    seen: dict[str, dict[str, Any]] = {}  # node: the birth's models, the heartbeat's, and when
     for topic, payload in messages:
         try:
             where, env = parse(topic), envelope.decode(payload)
         except (TopicError, EnvelopeError):
             continue
         row = nodes.setdefault(where.node, {"node": where.node, "state": "unknown"})
+        parts = seen.setdefault(where.node, {"born": [], "beat": None, "born_ts": None,
+                                             "beat_ts": None})  # fmt: skip
         if where.kind == "status":
             row["state"] = env.body.get("state", "unknown")
             row["software"] = env.body.get("software", {})
-            row["models"] = [m.get("name") for m in env.body.get("models", [])]
+            models = env.body.get("models")
+            models = models if isinstance(models, list) else []
+            parts["born"] = [m for m in models
+                             if isinstance(m, dict) and isinstance(m.get("name"), str)]  # fmt: skip
+            parts["born_ts"] = env.ts
         elif where.kind == "heartbeat":
-            row["heartbeat_ms"] = env.ts
-            row["outbox"] = env.body.get("outbox", {}).get("pending")
-    for row in nodes.values():
-        seen = row.get("heartbeat_ms")
-        row["heartbeat_age_s"] = None if seen is None else round((now_ms - seen) / 1000, 1)
+            row["heartbeat_ms"] = parts["beat_ts"] = env.ts
+            outbox = env.body.get("outbox")
+            row["outbox"] = outbox.get("pending") if isinstance(outbox, dict) else None
+            parts["beat"] = env.body
+    for node, row in nodes.items():
+        parts = seen[node]
+        serving_now = serving(parts["born"], parts["beat"], parts["beat_ts"], parts["born_ts"])
+        row["models"] = [m["name"] for m in serving_now]
+        beat = row.get("heartbeat_ms")
+        row["heartbeat_age_s"] = None if beat is None else round((now_ms - beat) / 1000, 1)
     return sorted(nodes.values(), key=lambda r: r["node"])
 
 

@@ -178,8 +178,11 @@ class Scene:
             )  # fmt: skip
         self.procs.append(proc)
         online = lambda: self.service.call("GET", "/v1/nodes/jetson-17")[1]  # noqa: E731
-        wait_for(lambda: isinstance(online(), dict) and online().get("state") == "online", 30,
-                 "jetson-17 online", proc)  # fmt: skip
+        # online, with edged's models in a heartbeat: the block lists them (the first heartbeats
+        # may come before edged has loaded them, and say "-")
+        wait_for(lambda: isinstance(online(), dict) and online().get("state") == "online"
+                 and bool(online().get("models")), 30, "jetson-17 online, its models listed",
+                 proc)  # fmt: skip
 
     def pending_device(self) -> None:
         """A new device with the claim credential and no token: pending until approved."""
