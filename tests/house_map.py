@@ -24,8 +24,6 @@ WHY = {
     "edged/config.py": "every key with its description: one schema",
     "cloudsync/fleet/cli.py": "edgefleet's subcommands (issue 45: rollouts only through the "
     "service)",
-    "cloudsync/fleet/api.py": "every route of the service's API; next: route modules per "
-    "resource, as edged's REST adapter",
     "cloudsync/fleet/rollouts.py": "one state machine",
     "edged/protocol/tensors.py": "the protocol's tensors, JSON and binary, pure",
     "edged/app.py": "the composition root (issue 45: nothing wired after construction)",

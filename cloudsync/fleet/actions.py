@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 from aiohttp import web
 
+from cloudsync.fleet.audit import AuditLog
 from cloudsync.fleet.config import Token
-from cloudsync.fleet.rollouts import Conflict, Rollout
-from cloudsync.fleet.service import Service
+from cloudsync.fleet.registry import Registry
+from cloudsync.fleet.rollouts import Conflict, Rollout, Rollouts
 from cloudsync.protocol.labels import LabelError, check_labels
 
 ROLES = {"viewer": 0, "operator": 1, "admin": 2}
@@ -42,9 +43,15 @@ async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 class Actions:
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.tokens: dict[str, Token] = {t.sha256: t for t in service.config.api.tokens}
+    """Over the ``[api] tokens``, the audit log, the registry (labels) and the rollouts; with
+    the runner's ``reconcile`` (some nodes at its next turn) and ``wake`` (a turn now)."""
+
+    def __init__(self, tokens: Iterable[Token], audit: AuditLog, registry: Registry,
+                 rollouts: Rollouts, reconcile: Callable[[set[str]], None],
+                 wake: Callable[[], None]) -> None:  # fmt: skip
+        self.tokens: dict[str, Token] = {t.sha256: t for t in tokens}
+        self.audit_log, self.registry, self.rollouts = audit, registry, rollouts
+        self.reconcile, self.wake = reconcile, wake
 
     # ---- who calls -------------------------------------------------------------------------
 
@@ -62,7 +69,7 @@ class Actions:
 
     async def audit(self, who: Token, action: str, target: str, outcome: str,
                     detail: Any = None) -> None:  # fmt: skip
-        await db(self.service.audit.add, who, action, target, outcome, detail)
+        await db(self.audit_log.add, who, action, target, outcome, detail)
 
     async def refuse(self, who: Token, action: str, target: str, status: int,
                      message: str) -> Refused:  # fmt: skip
@@ -79,10 +86,10 @@ class Actions:
             labels = check_labels(given)
         except LabelError as exc:
             raise await self.refuse(who, action, node, 422, str(exc)) from None
-        if not await db(self.service.registry.set_labels, node, labels):
+        if not await db(self.registry.set_labels, node, labels):
             raise await self.refuse(who, action, node, 404, "no such node")
         await self.audit(who, action, node, "done", labels)
-        self.service.reconcile_soon({node})
+        self.reconcile({node})
         return labels
 
     async def act_on_rollout(self, who: Token, ident: str, action: str) -> Rollout:
@@ -91,12 +98,12 @@ class Actions:
             raise await self.refuse(who, f"{action[:32]} rollout", ident, 404,
                                     "an action: pause, resume, promote or abort")  # fmt: skip
         try:
-            done: Rollout = await db(self.service.rollouts.act, ident, action, who.name)
+            done: Rollout = await db(self.rollouts.act, ident, action, who.name)
         except KeyError:
             raise await self.refuse(who, f"{action} rollout", ident, 404,
                                     "no such rollout") from None  # fmt: skip
         except Conflict as exc:
             raise await self.refuse(who, f"{action} rollout", ident, 409, str(exc)) from None
         await self.audit(who, f"{action} rollout", ident, "done")
-        self.service.wake.set()
+        self.wake()
         return done

@@ -37,12 +37,15 @@ import jinja2
 from aiohttp import web
 
 from cloudsync.fleet.actions import ROLES, WHO, Actions, Refused, db
+from cloudsync.fleet.alerting import Alerting
+from cloudsync.fleet.audit import AuditLog
+from cloudsync.fleet.commands import Commands
 from cloudsync.fleet.config import Token
-from cloudsync.fleet.registry import MAX_INT
+from cloudsync.fleet.deployments import Deployments
+from cloudsync.fleet.registry import MAX_INT, Registry
 from cloudsync.fleet.rollout import breached
-from cloudsync.fleet.rollouts import Rollout
-from cloudsync.fleet.service import Service
-from cloudsync.fleet.sessions import SESSION_S
+from cloudsync.fleet.rollouts import Rollout, Rollouts
+from cloudsync.fleet.sessions import SESSION_S, Sessions
 from cloudsync.protocol.labels import LabelError, check_labels
 
 log = logging.getLogger("edgefleet.console")
@@ -165,9 +168,14 @@ class Console:
     """The console's pages over the service's repositories and the actions it shares with the
     API (``Actions``)."""
 
-    def __init__(self, service: Service, actions: Actions) -> None:
-        self.service, self.actions = service, actions
-        self.secure = self.service.config.api.tls_cert is not None
+    def __init__(self, actions: Actions, *, registry: Registry, alerting: Alerting,
+                 rollouts: Rollouts, deployments: Deployments, commands: Commands,
+                 sessions: Sessions, audit: AuditLog, fleet: str, clock: Callable[[], int],
+                 secure: bool) -> None:  # fmt: skip
+        self.actions, self.registry, self.alerting = actions, registry, alerting
+        self.rollouts, self.deployments, self.commands = rollouts, deployments, commands
+        self.sessions, self.audit, self.fleet, self.clock = sessions, audit, fleet, clock
+        self.secure = secure  # the cookie's Secure flag: the API serves TLS
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(FILES),
             autoescape=True,
@@ -192,9 +200,9 @@ class Console:
             ("GET", "/nodes", self.nodes),
             ("GET", "/nodes/{node}", self.node),
             ("POST", "/nodes/{node}/labels", self.set_labels),
-            ("GET", "/deployments", self.deployments),
+            ("GET", "/deployments", self.deployment_list),
             ("GET", "/deployments/{id}", self.deployment),
-            ("GET", "/rollouts", self.rollouts),
+            ("GET", "/rollouts", self.rollout_list),
             ("GET", "/rollouts/{id}", self.rollout),
             ("POST", "/rollouts/{id}/{action}", self.act_on_rollout),
             ("GET", "/audit", self.audit_log),
@@ -278,8 +286,8 @@ class Console:
             who=who,
             may_act=who is not None and ROLES[who.role] >= ROLES["operator"],
             csrf=csrf_of(token) if token else "",
-            now=self.service.clock(),
-            fleet=self.service.fleet,
+            now=self.clock(),
+            fleet=self.fleet,
             path=request.path,
             status=status,
             **context,
@@ -311,7 +319,7 @@ class Console:
             why = "That token is not one of the service's [api] tokens."
             return self.render("login.html", request, status=401, next=target, message=why)
         await self.actions.audit(who, "console sign-in", "-", "done")
-        session = await db(self.service.sessions.open, who.name)
+        session = await db(self.sessions.open, who.name)
         response = see_other(target)
         response.set_cookie(COOKIE, session, path="/console", httponly=True, samesite="Strict",
                             secure=self.secure, max_age=SESSION_S)  # fmt: skip
@@ -319,12 +327,12 @@ class Console:
 
     def holder(self, session: str) -> Token | None:
         """Whose session this is, while it lasts and its holder has a token, or None."""
-        name = self.service.sessions.holder(session)
+        name = self.sessions.holder(session)
         return None if name is None else self.actions.named(name)
 
     @page()
     async def logout(self, request: web.Request) -> web.Response:
-        await db(self.service.sessions.close, request[TOKEN])
+        await db(self.sessions.close, request[TOKEN])
         await self.actions.audit(request[WHO], "console sign-out", "-", "done")
         response = see_other("/console/login")
         response.del_cookie(COOKIE, path="/console", httponly=True, samesite="Strict",
@@ -335,24 +343,24 @@ class Console:
 
     @page()
     async def overview(self, request: web.Request) -> web.Response:
-        seen = await db(self.overview_data, self.service.clock())
+        seen = await db(self.overview_data, self.clock())
         return self.render("overview.html", request, **seen)
 
     def overview_data(self, now: int) -> dict[str, Any]:
         """Counted in SQL: states, versions (nodes grouped by their births' software and
         models), alerts firing, rollouts by state; the latest events and firing alerts."""
-        registry = self.service.registry
+        registry = self.registry
         counts = registry.counts(now)
-        firing = self.service.alerting.firing()
+        firing = self.alerting.firing()
         return {
             "counts": counts, "total": sum(counts.values()), "software": registry.software(),
             "models": registry.serving(),
             "firing": firing, "firing_total": sum(int(r["n"]) for r in firing),
-            "latest_alerts": [alert(r) for r in self.service.alerting.latest()],
+            "latest_alerts": [alert(r) for r in self.alerting.latest()],
             "events": registry.events(None, 10),
-            "rollout_states": self.service.rollouts.states(),
-            "running": self.service.rollouts.running(),
-            "deployment_count": self.service.deployments.count(),
+            "rollout_states": self.rollouts.states(),
+            "running": self.rollouts.running(),
+            "deployment_count": self.deployments.count(),
         }  # fmt: skip
 
     # ---- nodes -------------------------------------------------------------------------------
@@ -369,10 +377,10 @@ class Console:
             raise Refused(400, f"selector: k=v,k2=v2 ({exc})") from None
         contains, after = text_param(request, "contains"), text_param(request, "after")
         limit = size_param(request)
-        now = self.service.clock()
-        found, more = await db(self.service.registry.nodes, now, state, selector,
+        now = self.clock()
+        found, more = await db(self.registry.nodes, now, state, selector,
                                         contains, after, limit)  # fmt: skip
-        counts = await db(self.service.registry.counts, now)
+        counts = await db(self.registry.counts, now)
         return self.render("nodes.html", request, nodes=found, more=more, counts=counts,
                            state=state or "", selector=chosen, contains=contains, after=after,
                            limit=limit)  # fmt: skip
@@ -380,22 +388,22 @@ class Console:
     @page()
     async def node(self, request: web.Request) -> web.Response:
         name = request.match_info["node"]
-        seen = await db(self.node_data, name, self.service.clock())
+        seen = await db(self.node_data, name, self.clock())
         if seen is None:
-            raise Refused(404, f"no node {name[:80]!r} in fleet {self.service.fleet}")
+            raise Refused(404, f"no node {name[:80]!r} in fleet {self.fleet}")
         return self.render("node.html", request, **seen)
 
     def node_data(self, name: str, now: int) -> dict[str, Any] | None:
-        row = self.service.registry.node(name, now)
+        row = self.registry.node(name, now)
         if row is None:
             return None
         return {
             "row": row, "beat": row["heartbeat"] or {},
-            "history": self.service.registry.history(name, 20),
-            "commands": self.service.commands.of_node(name, 20),
-            "events": self.service.registry.events(name, 50),
-            "alerts": [alert(a) for a in self.service.alerting.latest(name, 50)],
-            "in_rollouts": self.service.rollouts.of_node(name),
+            "history": self.registry.history(name, 20),
+            "commands": self.commands.of_node(name, 20),
+            "events": self.registry.events(name, 50),
+            "alerts": [alert(a) for a in self.alerting.latest(name, 50)],
+            "in_rollouts": self.rollouts.of_node(name),
         }  # fmt: skip
 
     @page(role="operator")
@@ -414,24 +422,24 @@ class Console:
     # ---- deployments and rollouts ------------------------------------------------------------
 
     @page()
-    async def deployments(self, request: web.Request) -> web.Response:
-        found = await db(self.service.deployments.all)
+    async def deployment_list(self, request: web.Request) -> web.Response:
+        found = await db(self.deployments.all)
         return self.render("deployments.html", request, deployments=[d.as_dict() for d in found])
 
     @page()
     async def deployment(self, request: web.Request) -> web.Response:
         ident = request.match_info["id"]
-        found = await db(self.service.deployments.get, ident)
+        found = await db(self.deployments.get, ident)
         if found is None:
             raise Refused(404, f"no deployment {ident[:80]!r}")
-        progress = await db(self.service.deployments.progress, found)
-        rollouts = await db(self.service.rollouts.all)
+        progress = await db(self.deployments.progress, found)
+        rollouts = await db(self.rollouts.all)
         return self.render("deployment.html", request, d=found.as_dict(), progress=progress,
                            rollouts=[r for r in rollouts if r.deployment == ident])  # fmt: skip
 
     @page()
-    async def rollouts(self, request: web.Request) -> web.Response:
-        found = await db(self.service.rollouts.all)
+    async def rollout_list(self, request: web.Request) -> web.Response:
+        found = await db(self.rollouts.all)
         found.sort(key=lambda r: (r.state not in LIVE, -r.created_ts))
         return self.render("rollouts.html", request, rollouts=found)
 
@@ -450,7 +458,7 @@ class Console:
     def rollout_data(self, ident: str) -> dict[str, Any] | None:
         """The rollout, its nodes by stage and state, and its gates' figures: the canary's
         and the other nodes' since the soak began, as the runner judges them."""
-        rollouts = self.service.rollouts
+        rollouts = self.rollouts
         found = rollouts.get(ident)
         if found is None:
             return None
@@ -487,7 +495,7 @@ class Console:
         if before and (not before.isdigit() or int(before) >= MAX_INT):
             raise Refused(400, "before: an entry's id")
         contains, limit = text_param(request, "contains"), size_param(request)
-        rows = await db(self.service.audit.before, int(before or MAX_INT), contains, limit)
+        rows = await db(self.audit.before, int(before or MAX_INT), contains, limit)
         more = rows[-1]["id"] if len(rows) == limit else None
         return self.render("audit.html", request, entries=rows, more=more, contains=contains,
                            before=before, limit=limit)  # fmt: skip

@@ -14,11 +14,20 @@ from pathlib import Path
 
 from aiohttp import web
 
+from cloudsync.fleet import api
 from cloudsync.fleet import config as config_module
 from cloudsync.fleet.actions import Actions
-from cloudsync.fleet.api import CONSOLE, Api
 from cloudsync.fleet.config import ApiConfig
 from cloudsync.fleet.console import Console
+from cloudsync.fleet.routes.abtests import ABTestRoutes
+from cloudsync.fleet.routes.audit import AuditRoutes
+from cloudsync.fleet.routes.base import Calls, RouteModule, manifest_anchors
+from cloudsync.fleet.routes.commands import CommandRoutes
+from cloudsync.fleet.routes.deployments import DeploymentRoutes
+from cloudsync.fleet.routes.enrolment import EnrolmentRoutes
+from cloudsync.fleet.routes.nodes import NodeRoutes
+from cloudsync.fleet.routes.public import PublicRoutes
+from cloudsync.fleet.routes.rollouts import RolloutRoutes
 from cloudsync.fleet.service import Service
 from cloudsync.fleet.store import StoreError
 from edged.common import connections
@@ -33,11 +42,33 @@ class CannotStart(Exception):
 
 
 def application(service: Service) -> web.Application:
-    """The service's HTTP side: the JSON API, and the console under /console, both acting
-    through the same ``Actions``."""
-    actions = Actions(service)
-    app = Api(service, actions).app()
-    Console(service, actions).mount(app, CONSOLE)
+    """The service's HTTP side, composed: each route module of the JSON API is given only the
+    repositories and the publishing calls it uses, and the console under /console acts
+    through the same ``Actions`` (no import between the two adapters)."""
+    cfg, clock, fleet = service.config, service.clock, service.fleet
+    actions = Actions(cfg.api.tokens, service.audit, service.registry, service.rollouts,
+                      service.reconcile_soon, service.wake.set)  # fmt: skip
+    calls = Calls(actions, cfg.api.idle_timeout_s, cfg.api.max_body_kb)
+    anchors = manifest_anchors(cfg.service.trust_dir)
+    modules: list[RouteModule] = [
+        PublicRoutes(service.store.ping, service.client.is_connected,
+                     lambda: service.holds_lease, service.replica, service.metrics.registry),
+        NodeRoutes(service.registry, service.series, fleet, clock, actions, calls),
+        CommandRoutes(service.commands, service.send_command, fleet, clock, calls),
+        DeploymentRoutes(service.deployments, anchors, clock, service.reconcile_soon, calls),
+        RolloutRoutes(service.rollouts, anchors, clock, service.wake.set, actions, calls),
+        ABTestRoutes(service.abtests, service.wake.set, calls),
+        EnrolmentRoutes(service.enrolments, clock, service.answer, service.write_broker_files,
+                        service.kick, calls),
+        AuditRoutes(service.audit),
+    ]  # fmt: skip
+    app = api.app([r for module in modules for r in module.routes()], actions,
+                  cfg.api.max_body_kb)  # fmt: skip
+    Console(
+        actions, registry=service.registry, alerting=service.alerting, rollouts=service.rollouts,
+        deployments=service.deployments, commands=service.commands, sessions=service.sessions,
+        audit=service.audit, fleet=fleet, clock=clock, secure=cfg.api.tls_cert is not None,
+    ).mount(app, api.CONSOLE)  # fmt: skip
     return app
 
 

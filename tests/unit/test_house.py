@@ -71,6 +71,12 @@ CLOUDSYNC_MAY_IMPORT = [
 TYPE_CHECKING_ALLOWED = {
     ("edged.top_live", "edged.top"): "top (and rich) loaded only when `edgectl top` runs",
 }
+# the fleet service's adapters: handed what they use by its composition root (fleet.daemon)
+FLEET_ADAPTERS = [
+    "cloudsync.fleet.api", "cloudsync.fleet.routes", "cloudsync.fleet.console",
+    "cloudsync.fleet.actions",
+]  # fmt: skip
+FLEET_CONSOLE = "cloudsync.fleet.console"
 # the fleet service's modules that may hold SQL: the store and the repositories
 FLEET_SQL = {
     "store", "registry", "deployments", "rollouts", "abtests", "enrolment", "audit", "commands",
@@ -176,8 +182,8 @@ def violations(root: Path) -> list[str]:
                 why = "import it, or hand over only what is used (or list it here, with why)"
                 found.append(f"{where} under TYPE_CHECKING: {why}")
     fleet = root / "cloudsync" / "fleet"
-    for path in sorted(fleet.glob("*.py")):
-        if path.stem not in FLEET_SQL:
+    for path in sorted(fleet.rglob("*.py")):
+        if path.relative_to(fleet).with_suffix("").as_posix() not in FLEET_SQL:
             for number, text in enumerate(path.read_text().splitlines(), 1):
                 if SQL.search(text):
                     found.append(f"{path.relative_to(root)}:{number}: SQL outside the fleet"
@@ -255,6 +261,19 @@ def rule(source: str, target: str) -> str:
         return "the protocol imports nothing else of cloudsync"
     if source.startswith("cloudsync.fleet") and target.startswith("cloudsync.agent"):
         return "the fleet side never imports the device agent"
+    if under(source, FLEET_ADAPTERS) and target in ("cloudsync.fleet.service",
+                                                    "cloudsync.fleet.daemon"):  # fmt: skip
+        return "a fleet adapter is handed what it uses (fleet.daemon composes): not the service"
+    if under(source, [FLEET_CONSOLE]) and under(
+        target, ["cloudsync.fleet.api", "cloudsync.fleet.routes"]
+    ):
+        return "the console and the JSON API are two adapters over fleet.actions, apart"
+    if (
+        under(source, ["cloudsync.fleet.routes"])
+        and under(target, ["cloudsync.fleet.routes", "cloudsync.fleet.api", FLEET_CONSOLE])
+        and target != "cloudsync.fleet.routes.base"
+    ):
+        return "a route module is one resource's: of the adapters it uses the shared base only"
     if target == "cloudsync" or source == "cloudsync":
         return ""
     if source.startswith("cloudsync.agent") and target.startswith("cloudsync.fleet"):
@@ -299,6 +318,9 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
         "cloudsync/fleet/rollout.py": "from cloudsync.agent import outbox\n",
         "edged/top.py": "from edged.router import Router\n",
         "edged/common/stats.py": "from edged.config import Config\n",
+        "cloudsync/fleet/routes/nodes.py": "from cloudsync.fleet.service import Service\n",
+        "cloudsync/fleet/routes/audit.py": "from cloudsync.fleet.routes.rollouts import summary\n",
+        "cloudsync/fleet/routes/enrolment.py": 'X = "DELETE FROM barred"\n',
     }
     for name, line in broken.items():
         path = tmp_path / name
@@ -312,6 +334,9 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
     assert "cloudsync.agent.outbox: the fleet side never imports the device agent" in text
     assert "edged.top imports edged.router: a client-side tool imports only" in text
     assert "edged.common.stats imports edged.config: the shared leaf package" in text
+    assert "routes.nodes imports cloudsync.fleet.service: a fleet adapter is handed" in text
+    assert "routes.audit imports cloudsync.fleet.routes.rollouts: a route module is one" in text
+    assert "cloudsync/fleet/routes/enrolment.py:" in text and "SQL outside the fleet" in text
 
 
 def test_cycles_hidden_imports_and_stray_sql_put_back_on_purpose_are_named(tmp_path: Path) -> None:
@@ -324,7 +349,7 @@ def test_cycles_hidden_imports_and_stray_sql_put_back_on_purpose_are_named(tmp_p
         "cloudsync/agent/metrics.py":
             "if TYPE_CHECKING:\n    from cloudsync.agent.session import Agent\n",
         "edged/tasks/kinds.py": "def parse():\n    from edged.tasks.graph import parse_graph\n",
-        "cloudsync/fleet/console.py": "from cloudsync.fleet.api import Api\n",
+        "cloudsync/fleet/console.py": "from cloudsync.fleet.api import app\n",
         "cloudsync/fleet/api.py":
             'def console():\n    from cloudsync.fleet.console import Console\n\nX = "SELECT 1"\n',
         "edged/knowledge/__init__.py": "from edged.knowledge.store import KnowledgeStore\n",
@@ -341,9 +366,13 @@ def test_cycles_hidden_imports_and_stray_sql_put_back_on_purpose_are_named(tmp_p
     text = "\n".join(found)
     assert "cloudsync.agent.metrics imports cloudsync.agent.session under TYPE_CHECKING" in text
     assert "cloudsync/fleet/api.py:" in text and "SQL outside the fleet service's" in text
+    apart = [f for f in found if "two adapters over fleet.actions, apart" in f]
+    assert [f.split(": ")[1] for f in apart] == [
+        "cloudsync.fleet.console imports cloudsync.fleet.api"
+    ], text
     tools = [f for f in found if "whose package edged.knowledge loads edged.knowledge.store" in f]
     assert tools and all("a client-side tool imports only" in f for f in tools), text
-    assert len(found) == 2 + len(tools), text
+    assert len(found) == 3 + len(tools), text
 
 
 def test_the_map_of_long_modules_is_the_codes() -> None:

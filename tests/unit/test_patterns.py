@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from cloudsync.fleet import abtests, api, observe, registry, rollouts
+from cloudsync.fleet import abtests, observe, registry, rollouts
+from cloudsync.fleet.routes import enrolment
 from cloudsync.protocol import labels, manifest, topics, trust
 from edged import egress
 from edged.common import names
@@ -32,7 +33,7 @@ VALID = [
     (manifest.DEB_VERSION, "1:0.2.0~rc1"),
     (labels.LABEL, "berlin"),
     (observe.LABEL_NAME, "instance"),
-    (api.SERIAL, "1a2b"),
+    (enrolment.SERIAL, "1a2b"),
     (rollouts.WINDOW, "01:00-02:00"),
     (registry.HASH, "d" * 64),
     (abtests.CLOUD_NAME, "intent-classifier-b"),

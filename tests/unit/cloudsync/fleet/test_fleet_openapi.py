@@ -1,7 +1,8 @@
 """docs/fleet-api.json (the fleet service's OpenAPI 3.1 document) against the API as the code
 builds it: a real Service over a real SQLite file (never started: nothing connects to a broker)
-and ``Api(service, actions).app()``. The routes, their roles, who may call them and the limits the
-document states are read from the code; a few calls over loopback HTTP (aiohttp's TestServer)
+and the app ``cloudsync.fleet.daemon.application`` composes. The routes, their roles, who may
+call them and the limits the document states are read from the code; a few calls over loopback
+HTTP (aiohttp's TestServer)
 check what the guard and the handlers answer, and that ``GET /v1/openapi.json`` serves the
 document's own bytes."""
 
@@ -18,9 +19,10 @@ from typing import Any
 import pytest
 from aiohttp import test_utils, web
 
-from cloudsync.fleet.actions import ROLES, Actions
-from cloudsync.fleet.api import OPENAPI, PUBLIC, Api
+from cloudsync.fleet.actions import ROLES
+from cloudsync.fleet.api import OPENAPI, PUBLIC
 from cloudsync.fleet.config import FleetServiceConfig
+from cloudsync.fleet.daemon import application
 from cloudsync.fleet.deployments import MAX_MODELS, MAX_PRIORITY
 from cloudsync.fleet.registry import MAX_PAGE
 from cloudsync.fleet.service import Service
@@ -84,7 +86,7 @@ def service(tmp_path: Path) -> Iterator[Service]:
 
 @pytest.fixture
 def app(service: Service) -> web.Application:
-    return Api(service, Actions(service)).app()
+    return application(service)
 
 
 def routes(app: web.Application) -> dict[tuple[str, str], str]:
