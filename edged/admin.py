@@ -37,6 +37,7 @@ from typing import Any
 
 from edged.cloud import CloudEndpoint
 from edged.common.atomic import write_atomic
+from edged.common.digits import whole
 from edged.common.errors import (
     ConfigError,
     Conflict,
@@ -453,9 +454,10 @@ class Admin:
         numbers = {}
         for key in ("after", "limit", "uid", "since_ms", "until_ms"):
             if key in query:
-                if not query[key].isdigit() or len(query[key]) > 16:
+                value = whole(query[key], 16)
+                if value is None:
                     raise InvalidRequest(f"'{key}' must be a whole number")
-                numbers[key] = int(query[key])
+                numbers[key] = value
         limit = numbers.get("limit", 100)
         if not 1 <= limit <= 1000:
             raise InvalidRequest("'limit' must be 1 to 1000")

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.common.digits import whole
 from edged.protocol.tensors import HEADER_LENGTH, encode_tensors, from_binary, from_json
 
 DEFAULT_SOCKET = "/run/edged/edged.sock"
@@ -425,7 +426,8 @@ def _raise_for_status(status: int, payload: bytes, headers: Mapping[str, str]) -
     except (ValueError, KeyError, TypeError):
         message = payload.decode("utf-8", "replace") or http.client.responses.get(status, "")
     retry = headers.get("Retry-After")
-    raise ClientError(status, message, float(retry) if retry and retry.isdigit() else None)
+    seconds = whole(retry, 9)
+    raise ClientError(status, message, None if seconds is None else float(seconds))
 
 
 def _query(params: Mapping[str, Any]) -> str:

@@ -44,6 +44,7 @@ from edged import wire
 from edged.background import Background
 from edged.breaker import ArmBreakers, CircuitBreaker, ScaleOut
 from edged.common.backoff import backoff_delay
+from edged.common.digits import whole
 from edged.common.errors import ConfigError
 from edged.config import CloudConfig
 from edged.egress import Ledger, digest
@@ -564,7 +565,7 @@ class CloudEndpoint(Background):
             )
         except InferenceServerException as exc:
             code = str(exc.status() or "")
-            status = GRPC_STATUS.get(code) or (int(code) if code.isdigit() else None)
+            status = GRPC_STATUS.get(code) or whole(code, 3)
             error = CloudError(
                 f"the cloud answered {code or 'an error'}: {exc.message()}",
                 status=status,

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edged.common.digits import whole
+
 log = logging.getLogger(__name__)
 ZERO = "0" * 64
 SEGMENT = re.compile(r"^egress-(\d{12})\.jsonl\Z")
@@ -123,9 +125,10 @@ def anchors_of(texts: list[str]) -> dict[int, str]:
     anchors = {}
     for text in texts:
         seq, _, value = text.partition(":")
-        if not seq.isdigit() or len(seq) > 18 or not SHA256.match(value):
+        number = whole(seq)
+        if number is None or not SHA256.match(value):
             raise ValueError(f"a checkpoint is SEQ:SHA256 (the fleet's), not {text[:80]!r}")
-        anchors[int(seq)] = value
+        anchors[number] = value
     return anchors
 
 

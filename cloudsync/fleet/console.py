@@ -47,6 +47,7 @@ from cloudsync.fleet.rollout import breached
 from cloudsync.fleet.rollouts import Rollout, Rollouts
 from cloudsync.fleet.sessions import SESSION_S, Sessions
 from cloudsync.protocol.labels import LabelError, check_labels
+from edged.common.digits import whole
 
 log = logging.getLogger("edgefleet.console")
 FILES = Path(__file__).with_name("console")  # package data: the templates and console.css
@@ -97,10 +98,10 @@ def text_param(request: web.Request, name: str, default: str = "") -> str:
 
 
 def size_param(request: web.Request, default: int = 50) -> int:
-    value = request.query.get("limit", str(default))
-    if not value.isdigit() or int(value) not in PAGE_SIZES:
+    value = whole(request.query.get("limit", str(default)), 3)
+    if value not in PAGE_SIZES:
         raise Refused(400, f"limit: one of {', '.join(map(str, PAGE_SIZES))}")
-    return int(value)
+    return value
 
 
 def parse_labels(text: str, what: str = "labels") -> dict[str, str]:
@@ -491,11 +492,12 @@ class Console:
 
     @page(role="operator", query=("before", "contains", "limit"))
     async def audit_log(self, request: web.Request) -> web.Response:
-        before = text_param(request, "before")
-        if before and (not before.isdigit() or int(before) >= MAX_INT):
+        text = text_param(request, "before")
+        before = whole(text) if text else MAX_INT
+        if before is None or before > MAX_INT or (text and before == MAX_INT):
             raise Refused(400, "before: an entry's id")
         contains, limit = text_param(request, "contains"), size_param(request)
-        rows = await db(self.audit.before, int(before or MAX_INT), contains, limit)
+        rows = await db(self.audit.before, before, contains, limit)
         more = rows[-1]["id"] if len(rows) == limit else None
         return self.render("audit.html", request, entries=rows, more=more, contains=contains,
                            before=before, limit=limit)  # fmt: skip

@@ -15,6 +15,7 @@ import numpy as np
 
 from edged import __version__
 from edged.common import logs
+from edged.common.digits import whole
 from edged.common.errors import InvalidRequest, NotFound, Unavailable
 from edged.common.events import EventLog
 from edged.device import LoadMonitor
@@ -57,7 +58,7 @@ EXTENSIONS = [
 
 def parse_served(served: str) -> int | None:
     """The local version that served (None when the cloud did)."""
-    return int(served) if served.isdigit() else None
+    return whole(served)
 
 
 def route_parameters(route: RouteContext, explain: bool, text: bool = True) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from edged.client import Client, ClientError
 from edged.common.cli import UsageError
+from edged.common.digits import whole
 from edged.egress import Checkpoint, anchors_of, verify
 
 
@@ -24,8 +25,9 @@ def when_ms(text: str | None) -> int | None:
     """ms since the epoch, or an ISO 8601 time (UTC unless it says otherwise)."""
     if text is None:
         return None
-    if text.isdigit():
-        return int(text)
+    number = whole(text)
+    if number is not None:
+        return number
     try:
         at = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -6,8 +6,9 @@ from aiohttp import web
 
 from cloudsync.fleet.actions import db
 from cloudsync.fleet.audit import AuditLog
-from cloudsync.fleet.registry import MAX_INT, MAX_PAGE
+from cloudsync.fleet.registry import MAX_INT
 from cloudsync.fleet.routes.base import Route, error, page_size
+from edged.common.digits import whole
 
 
 class AuditRoutes:
@@ -18,11 +19,11 @@ class AuditRoutes:
         return [Route("GET", "/v1/audit", self.entries, "operator", ("after", "limit"))]
 
     async def entries(self, request: web.Request) -> web.Response:
-        limit = page_size(request.query.get("limit", "100"))
-        after = request.query.get("after", "0")
-        if limit is None or not after.isdigit() or int(after) >= MAX_INT:
-            return error(400, f"after: an entry's id; limit: 1 to {MAX_PAGE}")
-        rows = await db(self.audit.after, int(after), limit)
+        after = whole(request.query.get("after", "0"))
+        if after is None or after >= MAX_INT:
+            return error(400, "after: an entry's id")
+        limit = page_size(request)
+        rows = await db(self.audit.after, after, limit)
         return web.json_response(
             {"entries": rows, "next": rows[-1]["id"] if len(rows) == limit else None}
         )

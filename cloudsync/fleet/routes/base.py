@@ -12,10 +12,11 @@ from typing import Any, NamedTuple, Protocol
 
 from aiohttp import web
 
-from cloudsync.fleet.actions import WHO, Actions
+from cloudsync.fleet.actions import WHO, Actions, Refused
 from cloudsync.fleet.config import Token
 from cloudsync.fleet.registry import MAX_PAGE
 from cloudsync.protocol.commands import load_anchors, load_scopes
+from edged.common.digits import whole
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -41,13 +42,12 @@ def error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def page_size(text: str) -> int | None:
-    """A page's ``limit``: 1 to MAX_PAGE, else None (400)."""
-    try:
-        value = int(text)
-    except ValueError:
-        return None
-    return value if 1 <= value <= MAX_PAGE else None
+def page_size(request: web.Request) -> int:
+    """A page's ``limit`` (default 100): 1 to MAX_PAGE, else a 400 (``Refused``)."""
+    value = whole(request.query.get("limit", "100"), 6)
+    if value is None or not 1 <= value <= MAX_PAGE:
+        raise Refused(400, f"limit: 1 to {MAX_PAGE}")
+    return value
 
 
 def manifest_anchors(trust: Path | None) -> dict[str, Any] | None:

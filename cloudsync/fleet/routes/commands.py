@@ -10,7 +10,6 @@ from aiohttp import web
 
 from cloudsync.fleet.actions import WHO, db
 from cloudsync.fleet.commands import Commands
-from cloudsync.fleet.registry import MAX_PAGE
 from cloudsync.fleet.routes.base import Calls, Route, error, page_size
 from cloudsync.protocol import envelope
 from cloudsync.protocol.topics import CMD_ID
@@ -58,9 +57,7 @@ class CommandRoutes:
         return error(404, "no such command") if found is None else web.json_response(found)
 
     async def node_commands(self, request: web.Request) -> web.Response:
-        limit = page_size(request.query.get("limit", "100"))
-        if limit is None:
-            return error(400, f"limit: 1 to {MAX_PAGE}")
+        limit = page_size(request)
         found = await db(self.commands.of_node, request.match_info["node"], limit)
         return web.json_response({"commands": found})
 

@@ -11,7 +11,6 @@ from aiohttp import web
 
 from cloudsync.fleet.actions import WHO, db
 from cloudsync.fleet.enrolment import MAX_TOKEN_S, Decision, Enrolments
-from cloudsync.fleet.registry import MAX_PAGE
 from cloudsync.fleet.routes.base import Calls, Route, error, page_size
 from cloudsync.protocol.enrol import EnrolError
 from cloudsync.protocol.topics import NAME, TopicError, check_name
@@ -41,9 +40,7 @@ class EnrolmentRoutes:
         state = request.query.get("state")
         if state not in (None, "pending", "issued", "refused"):
             return error(400, "state: pending, issued or refused")
-        limit = page_size(request.query.get("limit", "100"))
-        if limit is None:
-            return error(400, f"limit: 1 to {MAX_PAGE}")
+        limit = page_size(request)
         rows = await db(self.enrolments.list, state, limit)
         return web.json_response({"enrolments": rows})
 

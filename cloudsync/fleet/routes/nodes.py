@@ -9,9 +9,10 @@ from aiohttp import web
 
 from cloudsync.fleet.actions import WHO, Actions, db
 from cloudsync.fleet.exporter import MAX_SHARDS, NodeSeries
-from cloudsync.fleet.registry import MAX_PAGE, Registry
+from cloudsync.fleet.registry import Registry
 from cloudsync.fleet.routes.base import Calls, Route, error, page_size
 from cloudsync.protocol.labels import LabelError, check_labels
+from edged.common.digits import whole
 
 
 class NodeRoutes:
@@ -36,11 +37,11 @@ class NodeRoutes:
         """Every node's series (cloudsync.fleet.exporter), for Prometheus with the token of a
         viewer: ``authorization: {credentials: ...}`` and ``honor_labels: true``; with
         ``shard`` and ``shards``, the nodes of one shard (one scrape target each)."""
-        shard, shards = request.query.get("shard", "0"), request.query.get("shards", "1")
-        numbers = all(x.isdigit() and len(x) <= 3 for x in (shard, shards))
-        if not (numbers and int(shard) < int(shards) <= MAX_SHARDS):
+        shard = whole(request.query.get("shard", "0"), 3)
+        shards = whole(request.query.get("shards", "1"), 3)
+        if shard is None or shards is None or not shard < shards <= MAX_SHARDS:
             return error(400, f"shard: 0 to shards - 1; shards: 1 to {MAX_SHARDS}")
-        body = await db(self.series.render, int(shard), int(shards))
+        body = await db(self.series.render, shard, shards)
         return web.Response(body=body, content_type="text/plain", charset="utf-8",
                             headers={"Cache-Control": "no-store"})  # fmt: skip
 
@@ -49,9 +50,7 @@ class NodeRoutes:
         state = q.get("state")
         if state not in (None, "online", "offline", "stale", "unknown"):
             return error(400, "state: online, offline, stale or unknown")
-        limit = page_size(q.get("limit", "100"))
-        if limit is None:
-            return error(400, f"limit: 1 to {MAX_PAGE}")
+        limit = page_size(request)
         try:
             selector = check_labels(
                 dict(p.split("=", 1) for p in q.get("selector", "").split(",") if p), "selector"
@@ -77,9 +76,7 @@ class NodeRoutes:
         return web.json_response({"history": rows})
 
     async def egress_checkpoints(self, request: web.Request) -> web.Response:
-        limit = page_size(request.query.get("limit", "100"))
-        if limit is None:
-            return error(400, f"limit: 1 to {MAX_PAGE}")
+        limit = page_size(request)
         found = await db(self.registry.checkpoints, request.match_info["node"], limit)
         return web.json_response({"checkpoints": found})
 

@@ -225,14 +225,17 @@ def test_edgectl_and_the_admin_api_list_and_verify_the_ledger(
     with pytest.raises(ClientError) as refused:
         client.egress(bogus=1)
     assert refused.value.status == 400 and "'bogus' is no filter" in refused.value.message
+    # superscript two and Arabic-Indic one: str.isdigit takes both, int() refuses the first
+    # (was a 500) and reads the second as 1: neither is a whole number here
     for key, value in (("after", "x"), ("uid", "-1"), ("since_ms", "9" * 17), ("limit", 0),
-                       ("limit", 1001)):  # fmt: skip
+                       ("limit", 1001), ("limit", "\u00b2"), ("uid", "\u0661")):  # fmt: skip
         with pytest.raises(ClientError) as refused:
             client.egress(**{key: value})
         assert refused.value.status == 400 and f"'{key}'" in refused.value.message, key
-    with pytest.raises(ClientError) as refused:
-        client.verify_egress(["7:" + "g" * 64])
-    assert refused.value.status == 400 and "'checkpoint'" in refused.value.message
+    for anchor in ("7:" + "g" * 64, "\u00b2:" + "a" * 64):
+        with pytest.raises(ClientError) as refused:
+            client.verify_egress([anchor])
+        assert refused.value.status == 400 and "'checkpoint'" in refused.value.message
 
     def edgectl(*args: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "edged.edgectl", "--socket", str(daemon.socket), *args]

@@ -261,7 +261,9 @@ async def answers(app: web.Application) -> None:
         for state in doc["components"]["schemas"]["NodeState"]["enum"]:
             status, page = await call("GET", "/v1/nodes", f"/v1/nodes?state={state}", "viewer")
             assert status == 200 and page == {"nodes": [], "next": None, "counts": {}}
-        for query in ("state=zombie", "limit=abc", "selector=a", "selector=a=b%20c"):
+        # "²": str.isdigit takes it, int() does not (was a 500); 5,000 digits: int() refuses
+        for query in ("state=zombie", "limit=abc", "selector=a", "selector=a=b%20c",
+                      "limit=%C2%B2", "limit=" + "1" * 5000):  # fmt: skip
             assert (await call("GET", "/v1/nodes", f"/v1/nodes?{query}", "viewer"))[0] == 400
         assert await call("GET", "/v1/nodes/{node}", "/v1/nodes/n1", "viewer") == (
             404,
@@ -297,7 +299,14 @@ async def answers(app: web.Application) -> None:
         body = {"id": "r1", "manifest": {"signed": signed()}, "urls": {"m.onnx": "https://x/m"}}
         status, why = await call("POST", "/v1/rollouts", "/v1/rollouts", "operator", json=body)
         assert status == 409 and "deploy key" in why["error"]  # none configured here
-        assert (await call("GET", "/v1/audit", "/v1/audit?after=x", "operator"))[0] == 400
+        for query in ("after=x", "after=%C2%B2", "after=" + "9" * 5000, "limit=%C2%B2"):
+            assert (await call("GET", "/v1/audit", f"/v1/audit?{query}", "operator"))[0] == 400
+        metrics = "/v1/fleet/metrics"
+        for query in ("shard=%C2%B2", "shards=%C2%B2", "shard=1&shards=1", "shards=999"):
+            viewer = {"Authorization": f"Bearer {TOKENS['viewer']}"}
+            reply = await client.get(f"{metrics}?{query}", headers=viewer)
+            assert reply.status == 400, query
+            documented("GET", metrics, reply.status)
         status, log = await call("GET", "/v1/audit", "/v1/audit?limit=2", "operator")
         assert status == 200 and log["next"] == 2 and len(log["entries"]) == 2
         entry = doc["components"]["schemas"]["AuditEntry"]
