@@ -40,6 +40,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloudsync.fleet.commands import sent as command_sent
 from cloudsync.fleet.deployments import Invalid
 from cloudsync.fleet.rollouts import Conflict
 from cloudsync.fleet.store import Store, Tx, dumps
@@ -344,10 +345,8 @@ class ABTests:
             args = test.split() if row["want"] == "split" else test.final()
             target = f"{self.fleet}/{row['node']}"
             cmd_id, payload = commands.sign(key, kid, self.identity, target, "cloud-ab", args)
-            tx.execute("INSERT INTO commands (id, node, name, issuer, kid, actor, sent_ts) VALUES"
-                       " (?, ?, 'cloud-ab', ?, ?, ?, ?)",
-                       (cmd_id, row["node"], self.identity, kid, f"ab-test {test.id}",
-                        now))  # fmt: skip
+            command_sent(tx, cmd_id, row["node"], "cloud-ab", self.identity, kid,
+                         f"ab-test {test.id}", now)  # fmt: skip
             tx.execute("UPDATE ab_test_nodes SET state = 'sent', cmd = ?, sent_ts = ? WHERE"
                        " test = ? AND node = ?", (cmd_id, now, test.id, row["node"]))  # fmt: skip
             sends.append((row["node"], cmd_id, payload))

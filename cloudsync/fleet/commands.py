@@ -7,12 +7,33 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from cloudsync.fleet.store import Store
+from cloudsync.fleet.store import Store, Tx, dumps
 
 
 def shown(row: dict[str, Any]) -> dict[str, Any]:
     """A relayed command as the API and the console show it (its result an object)."""
     return {**row, "result": json.loads(row["result"]) if row["result"] else None}
+
+
+def sent(tx: Tx, ident: str, node: str, name: str, issuer: str, kid: str, actor: str,
+         ts: int) -> bool:  # fmt: skip
+    """A command kept as sent (in the caller's transaction); False: its id was sent already."""
+    made = tx.execute(
+        "INSERT INTO commands (id, node, name, issuer, kid, actor, sent_ts) VALUES"
+        " (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+        (ident, node, name, issuer, kid, actor, ts),
+    )
+    return bool(made.rowcount == 1)
+
+
+def answered(tx: Tx, ident: str, node: str, result: Any, ts: int) -> None:
+    """A node's result of a command sent to it (the first one counts), in the ingest's
+    transaction."""
+    tx.execute(
+        "UPDATE commands SET result = ?, result_ts = ? WHERE id = ? AND node = ?"
+        " AND result IS NULL",
+        (dumps(result), ts, ident, node),
+    )
 
 
 class Commands:
@@ -22,13 +43,8 @@ class Commands:
     def keep(self, command: dict[str, Any], node: str, actor: str) -> None:
         """A command about to be sent (KeyError: its id was sent already)."""
         with self.store.transaction() as tx:
-            made = tx.execute(
-                "INSERT INTO commands (id, node, name, issuer, kid, actor, sent_ts) VALUES"
-                " (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                (command["id"], node, command["name"], command["issuer"], command["kid"], actor,
-                 self.clock()),
-            )  # fmt: skip
-            if made.rowcount != 1:
+            if not sent(tx, command["id"], node, command["name"], command["issuer"],
+                        command["kid"], actor, self.clock()):  # fmt: skip
                 raise KeyError(f"command {command['id']} was sent already")
 
     def get(self, ident: str) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cloudsync.fleet.registry import digest_models, model_of
-from cloudsync.fleet.store import Store, dumps
+from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import manifest
 from cloudsync.protocol.labels import check_labels, selects
 from cloudsync.protocol.topics import NAME
@@ -153,6 +153,16 @@ def plan(
     given = [winners[name][1] for name in sorted(winners)]
     entries = sorted(kept + given, key=lambda e: model_of(e) or "")  # as rollouts compose them
     return entries, set(winners) | (managed & set(held))
+
+
+def with_entry_in(tx: Tx, ident: str, model: str, entry: dict[str, Any], now_ms: int) -> None:
+    """Deployment ``ident``'s entry for ``model`` replaced by ``entry`` (a rollout that is done
+    leaves its version there), in the caller's transaction; nothing if it is gone."""
+    rows = tx.rows("SELECT models FROM deployments WHERE id = ?", (ident,))
+    if rows:
+        models = [entry if model_of(e) == model else e for e in json.loads(rows[0]["models"])]
+        tx.execute("UPDATE deployments SET models = ?, updated_ts = ? WHERE id = ?",
+                   (dumps(models), now_ms, ident))  # fmt: skip
 
 
 @dataclass

@@ -363,3 +363,13 @@ def iso(ms: int) -> str:
     """Milliseconds since the epoch as RFC 3339, UTC (``2026-12-04T21:03:11.120Z``)."""
     at = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
     return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def prune(tx: Tx, now_ms: int, keep_ms: int) -> int:
+    """Events and resolved alerts older than ``keep_ms`` forgotten, and telemetry record ids
+    older than a day (a record the outbox sends again comes within hours): how many rows."""
+    done = tx.execute("DELETE FROM events WHERE arrived < ?", (now_ms - keep_ms,)).rowcount
+    done += tx.execute("DELETE FROM alerts WHERE state = 'resolved' AND ends_ms < ?",
+                       (now_ms - keep_ms,)).rowcount  # fmt: skip
+    return int(done + tx.execute("DELETE FROM records WHERE arrived < ?",
+                                 (now_ms - 86_400_000,)).rowcount)  # fmt: skip

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from cloudsync.fleet import commands, observe
 from cloudsync.fleet.enrolment import Decision, Enrolments
 from cloudsync.fleet.observe import Event, count_telemetry, keep_event, text
 from cloudsync.fleet.store import Store, Tx, dumps
@@ -140,6 +141,12 @@ def model_of(entry: Any) -> str | None:
         return None
 
 
+def forget_telemetry(tx: Tx, before_ms: int) -> int:
+    """The watched models' telemetry older than ``before_ms`` deleted (the rollouts say when
+    none of theirs judges it): how many rows."""
+    return int(tx.execute("DELETE FROM telemetry WHERE ts < ?", (before_ms,)).rowcount)
+
+
 class Registry:
     def __init__(self, store: Store, offline_after_s: float = 30.0,
                  enrolments: Enrolments | None = None,
@@ -228,11 +235,7 @@ class Registry:
             if watched:
                 self._telemetry(tx, msg, env, watched)
         elif msg.kind == "cmd-result":
-            tx.execute(
-                "UPDATE commands SET result = ?, result_ts = ? WHERE id = ? AND node = ?"
-                " AND result IS NULL",
-                (dumps(env.body), msg.arrived_ms, msg.cmd_id, msg.node),
-            )
+            commands.answered(tx, msg.cmd_id, msg.node, env.body, msg.arrived_ms)
 
     def _status(self, tx: Tx, msg: Message, env: envelope.Envelope, done: Ingested) -> None:
         body = env.body
@@ -478,15 +481,7 @@ class Registry:
             if checkpoints_keep_ms:
                 done = tx.execute("DELETE FROM egress_checkpoints WHERE ts < ?",
                                   (now_ms - checkpoints_keep_ms,)).rowcount  # fmt: skip
-            gone = tx.execute("DELETE FROM events WHERE arrived < ?", (now_ms - events_keep_ms,))
-            done += gone.rowcount
-            gone = tx.execute(
-                "DELETE FROM alerts WHERE state = 'resolved' AND ends_ms < ?",
-                (now_ms - events_keep_ms,),
-            )
-            done += gone.rowcount
-            gone = tx.execute("DELETE FROM records WHERE arrived < ?", (now_ms - 86_400_000,))
-            return done + gone.rowcount
+            return done + observe.prune(tx, now_ms, events_keep_ms)
 
     def counts(self, now_ms: int) -> dict[str, int]:
         """Nodes by state (online, stale, offline, unknown)."""

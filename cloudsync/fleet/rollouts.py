@@ -39,8 +39,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cloudsync.fleet.deployments import Deployments, Invalid, check_entry
-from cloudsync.fleet.registry import model_of
+from cloudsync.fleet.deployments import Deployments, Invalid, check_entry, with_entry_in
+from cloudsync.fleet.registry import forget_telemetry, model_of
 from cloudsync.fleet.rollout import Gates, breached, pick
 from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import commands
@@ -283,7 +283,7 @@ class Rollouts:
             if rollout.phase == "soak":
                 cutoff = min(cutoff, rollout.soak_since)
         with self.store.transaction() as tx:
-            return tx.execute("DELETE FROM telemetry WHERE ts < ?", (cutoff,)).rowcount
+            return forget_telemetry(tx, cutoff)
 
     def watched(self) -> set[str]:
         """The models whose telemetry running rollouts judge."""
@@ -609,12 +609,7 @@ class Rollouts:
     def _done(self, tx: Tx, rollout: Rollout, count: int, away: int) -> None:
         rollout.state = "done"
         if rollout.deployment is not None:
-            rows = tx.rows("SELECT models FROM deployments WHERE id = ?", (rollout.deployment,))
-            if rows:
-                models = [rollout.entry if model_of(e) == rollout.model else e
-                          for e in json.loads(rows[0]["models"])]  # fmt: skip
-                tx.execute("UPDATE deployments SET models = ?, updated_ts = ? WHERE id = ?",
-                           (dumps(models), self.clock(), rollout.deployment))  # fmt: skip
+            with_entry_in(tx, rollout.deployment, rollout.model, rollout.entry, self.clock())
         offline = (f"; {away} offline, left pending (a deployment gives it to them when they"
                    " are back)" if away else "")  # fmt: skip
         self.save(tx, rollout, f"done: version {rollout.version} on {count} nodes{offline}")

@@ -83,6 +83,7 @@ FLEET_SQL = {
     "sessions", "leases", "alerting", "observe", "exporter",
 }  # fmt: skip
 SQL = re.compile(r"\b(SELECT\s|INSERT\s+INTO\s|UPDATE\s+\w+\s+SET\s|DELETE\s+FROM\s)")
+WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+([a-z_]+)\b")
 
 
 class Import(NamedTuple):
@@ -337,6 +338,35 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
     assert "routes.nodes imports cloudsync.fleet.service: a fleet adapter is handed" in text
     assert "routes.audit imports cloudsync.fleet.routes.rollouts: a route module is one" in text
     assert "cloudsync/fleet/routes/enrolment.py:" in text and "SQL outside the fleet" in text
+
+
+def writers(root: Path) -> dict[str, set[str]]:
+    """Each table of the fleet service's database -> the modules whose SQL writes it."""
+    found: dict[str, set[str]] = {}
+    fleet = root / "cloudsync" / "fleet"
+    for path in sorted(fleet.rglob("*.py")):
+        for table in WRITE.findall(path.read_text()):
+            found.setdefault(table, set()).add(path.relative_to(fleet).with_suffix("").as_posix())
+    return found
+
+
+def test_each_fleet_table_is_written_by_one_repository() -> None:
+    """One owner per table (issue 45: the A/B tests inserted into ``commands`` and the registry
+    set their results; the registry pruned the events and alerts observe.py writes; rollouts
+    wrote the deployments' models): the others call the owner's functions, in their own
+    transaction when they need one."""
+    found = writers(ROOT)
+    assert {"commands", "deployments", "events", "alerts", "telemetry"} <= set(found)
+    shared = {table: sorted(modules) for table, modules in found.items() if len(modules) > 1}
+    assert not shared, shared
+
+
+def test_a_second_writer_put_back_on_purpose_is_named(tmp_path: Path) -> None:
+    copy_tree(tmp_path)
+    path = tmp_path / "cloudsync" / "fleet" / "abtests.py"
+    path.write_text(path.read_text() + '\nX = "UPDATE commands SET result = NULL"\n')
+    found = writers(tmp_path)
+    assert found["commands"] == {"commands", "abtests"}
 
 
 def test_cycles_hidden_imports_and_stray_sql_put_back_on_purpose_are_named(tmp_path: Path) -> None:
