@@ -22,8 +22,8 @@ WHY = {
     "cloudsync/agent/session.py": "the MQTT session: connect and backoff, callbacks, commands "
     "checked, the birth, the renewed certificate's client, the threads' supervisor",
     "edged/config.py": "every key with its description: one schema",
-    "cloudsync/fleet/cli.py": "edgefleet's subcommands (issue 45: rollouts only through the "
-    "service)",
+    "cloudsync/fleet/cli.py": "edgefleet's subcommands and their arguments, one parser "
+    "(next: one module per subcommand group)",
     "cloudsync/fleet/rollouts.py": "one state machine",
     "edged/protocol/tensors.py": "the protocol's tensors, JSON and binary, pure",
     "edged/app.py": "the composition root (issue 45: nothing wired after construction)",

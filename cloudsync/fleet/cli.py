@@ -33,9 +33,10 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
                                                 [--priority N]; deploy list; deploy delete ID
     edgefleet --service URL cmd NODE drain ...  signed here with your key, relayed and kept by
                                                 the service (it holds no such key)
-    edgefleet --service URL rollout create ID --manifest F ...   run by the service (it goes on
-                                                when this returns); rollout status, pause,
-                                                resume, promote, abort ID
+    edgefleet --service URL rollout create ID --manifest F ...   a canary rollout, run by the
+                                                service (it goes on when this returns; only
+                                                there: docs/PROTOCOL.md); rollout status,
+                                                pause, resume, promote, abort ID
     edgefleet --service URL checkpoints NODE   its egress ledgers' heads (SEQ:SHA256 lines)
     edgefleet --service URL ab start ID --model M --b-cloud-name B [--selector k=v]
                                                 an A/B test of a cloud model over the nodes,
@@ -54,7 +55,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from cloudsync.fleet import abtests, daemon, rollout
+from cloudsync.fleet import abtests, daemon, gates
 from cloudsync.fleet.client import (
     ServiceError,
     cmd_ab,
@@ -81,7 +81,6 @@ from cloudsync.fleet.common import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     Failure,
-    desired_urls,
 )
 from cloudsync.fleet.registry import serving
 from cloudsync.protocol import envelope, manifest, trust
@@ -283,64 +282,17 @@ def cmd_manifest(args: argparse.Namespace) -> tuple[Any, str]:
     return doc, text
 
 
+NO_SERVICE_ROLLOUT = (
+    "rollout: the fleet service runs rollouts (--service URL): they go on when this shell is"
+    " gone, survive the service's restarts, and are judged and rolled back with its deploy key;"
+    " one box without a service runs `edgefleet serve` on SQLite (docs/OPERATIONS.md)"
+)
+
+
 def cmd_rollout(args: argparse.Namespace) -> tuple[Any, str]:
-    if args.service:
-        return service_rollout(args)
-    if args.action in ("create", "abort") and not (args.sign_key and args.kid):
-        raise Failure(f"rollout {args.action} signs rollbacks: --sign-key and --kid", EXIT_USAGE)
-    if args.action == "create" and not args.manifest:
-        raise Failure("rollout create needs --manifest (edgefleet manifest makes one)", EXIT_USAGE)
-    client = connect(args)
-    try:
-        if args.action == "create":
-            return rollout_create(args, client)
-        view = rollout.FleetView(args.fleet, "")
-        client.subscribe(rollout.record_topic(args.fleet, args.id))
-        got = client.wait_messages(1, args.timeout)
-        if not got or not got[0][1]:
-            raise Failure(f"no rollout '{args.id}' in fleet {args.fleet}", EXIT_FAILED)
-        view.take(*got[0])
-        record = rollout.Rollout.from_json(got[0][1])
-        if args.action == "promote":
-            payload = json.dumps({"action": "promote"}).encode()
-            client.publish(rollout.control_topic(args.fleet, args.id), payload)
-        elif args.action == "abort" and record.state == "running":
-            controller = rollout.Controller(client, args.cert_name, load_key(args.sign_key),
-                                            args.kid)  # fmt: skip
-            controller.view = view
-            record = controller.abort(record, args.why or "aborted by the operator")
-    finally:
-        client.close()
-    return asdict(record), _rollout_text(record)
-
-
-def rollout_create(args: argparse.Namespace, client: SyncClient) -> tuple[Any, str]:
-    doc = json.loads(Path(args.manifest).read_text())
-    signed = doc.get("signed") if isinstance(doc, dict) else None
-    if isinstance(signed, dict) and signed.get("remove"):
-        raise Failure("a removal is deployed (deploy create), not rolled out", EXIT_USAGE)
-    controller = rollout.Controller(client, args.cert_name, load_key(args.sign_key), args.kid)
-    stages = [float(s) / 100 for s in args.stages.split(",")]
-    gates = rollout.Gates(args.max_failure, args.max_p95_increase, args.max_fallback,
-                          args.min_requests, args.max_confidence_drop)  # fmt: skip
-    record = controller.create(
-        args.id, args.fleet, doc, desired_urls(args, doc), stages, args.soak, gates
-    )
-    record = controller.run(record, args.activation_timeout)
-    if record.state != "done":
-        print(_rollout_text(record))
-        raise Failure(f"rollout {record.id} {record.state}: {record.why}", EXIT_FAILED)
-    return asdict(record), _rollout_text(record)
-
-
-def _rollout_text(record: rollout.Rollout) -> str:
-    why = f": {record.why}" if record.why else ""
-    head = (
-        f"rollout {record.id}: {record.model} version {record.version}, {record.state}{why};"
-        f" stage {min(record.stage + 1, len(record.stages))} of {len(record.stages)};"
-        f" {len(record.touched)} of {len(record.nodes)} nodes"
-    )
-    return "\n".join([head, *record.log])
+    if not args.service:
+        raise Failure(NO_SERVICE_ROLLOUT, EXIT_USAGE)
+    return service_rollout(args)
 
 
 def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
@@ -584,15 +536,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     roll = sub.add_parser(
         "rollout",
-        help="canary rollouts: create (and run), status, promote, abort",
-        description=rollout.__doc__,
+        help="canary rollouts, run by the fleet service (--service): create, status, pause,"
+        " resume, promote, abort",
+        description="A canary rollout, run by the fleet service (--service URL): stages of the"
+        " nodes, a soak per stage judged by the gates, a signed rollback on an abort (docs/"
+        "PROTOCOL.md, Canary rollouts).\n\n" + (gates.__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    roll.add_argument(
-        "action",
-        choices=["create", "status", "promote", "abort", "pause", "resume"],
-        help="pause, resume: --service only",
-    )
+    roll.add_argument("action", choices=["create", "status", "promote", "abort", "pause", "resume"])
     roll.add_argument("id", help="the rollout's id (a name)")
     roll.add_argument("--manifest", help="create: the signed manifest (edgefleet manifest)")
     roll.add_argument("--url", action="append", default=[], help="create: PATH=signed URL")
@@ -612,17 +563,13 @@ def build_parser() -> argparse.ArgumentParser:
                       " confidence below the other nodes' (classifiers)")  # fmt: skip
     roll.add_argument("--min-requests", type=int, default=20, help="gate: calls before judging")
     roll.add_argument("--activation-timeout", type=float, default=300.0, help="seconds")
-    roll.add_argument("--sign-key", help="create, abort: the fleet key (signs rollbacks)")
-    roll.add_argument("--kid", default="", help="its name on the nodes")
-    roll.add_argument("--why", default="", help="abort: the reason recorded")
-    roll.add_argument("--deployment", help="create, --service: the deployment whose model this"
-                      " rollout changes")  # fmt: skip
-    roll.add_argument("--selector", action="append", default=[], help="create, --service: only"
-                      " nodes with this label (k=v, repeat)")  # fmt: skip
-    roll.add_argument("--max-unavailable", type=int, default=0, help="create, --service: nodes"
-                      " installing at once (0: a tenth)")  # fmt: skip
-    roll.add_argument("--window", help="create, --service: HH:MM-HH:MM (UTC) when nodes may"
-                      " get it")  # fmt: skip
+    roll.add_argument("--deployment", help="create: the deployment whose model this rollout"
+                      " changes")  # fmt: skip
+    roll.add_argument("--selector", action="append", default=[], help="create: only nodes with"
+                      " this label (k=v, repeat)")  # fmt: skip
+    roll.add_argument("--max-unavailable", type=int, default=0, help="create: nodes installing"
+                      " at once (0: a tenth)")  # fmt: skip
+    roll.add_argument("--window", help="create: HH:MM-HH:MM (UTC) when nodes may get it")
     roll.set_defaults(fn=cmd_rollout)
     return parser
 

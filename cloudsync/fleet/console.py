@@ -42,8 +42,8 @@ from cloudsync.fleet.audit import AuditLog
 from cloudsync.fleet.commands import Commands
 from cloudsync.fleet.config import Token
 from cloudsync.fleet.deployments import Deployments
+from cloudsync.fleet.gates import breached
 from cloudsync.fleet.registry import MAX_INT, Registry
-from cloudsync.fleet.rollout import breached
 from cloudsync.fleet.rollouts import Rollout, Rollouts
 from cloudsync.fleet.sessions import SESSION_S, Sessions
 from cloudsync.protocol.labels import LabelError, check_labels

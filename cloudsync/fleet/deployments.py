@@ -9,7 +9,7 @@ deployments do). A node that joins, comes back, or gains a label gets what now s
 that loses a label loses that deployment's models from its desired state (it keeps running what
 it has: the desired state says what to install, never what to remove) and gets what a lower
 deployment gives, if any. Entries of models no deployment ever gave the node (set by
-``edgefleet rollout`` or by hand) are left as they are.
+a rollout without a deployment, or by hand) are left as they are.
 
 The desired state is published retained, so a node that is offline gets it when it comes back,
 from the broker, even if the service is down then. It is published only when it changes (its

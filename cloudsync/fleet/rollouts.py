@@ -14,7 +14,7 @@ and its manifest's targets pick; each node's stage is fixed then (``pick``: the 
   installs twice) and never computes the "before" from what it published itself;
 - **soak**: once every node of the stage reports the version active, the canary's telemetry
   since then is compared with the nodes' that do not have it, by the gates of
-  ``cloudsync.fleet.rollout`` (failure rate, p95, fallbacks, confidence), until ``soak_s``
+  ``cloudsync.fleet.gates`` (failure rate, p95, fallbacks, confidence), until ``soak_s``
   pass (or an operator promotes); then the next stage;
 - **abort** (a gate, a node whose install failed or rolled back, one not active within
   ``activation_timeout_s``, or an operator): every node that was sent the version gets its
@@ -40,8 +40,8 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloudsync.fleet.deployments import Deployments, Invalid, check_entry, with_entry_in
+from cloudsync.fleet.gates import Gates, breached, pick
 from cloudsync.fleet.registry import forget_telemetry, model_of
-from cloudsync.fleet.rollout import Gates, breached, pick
 from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import commands
 from cloudsync.protocol.labels import check_labels, selects

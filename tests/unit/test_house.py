@@ -316,7 +316,7 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
         "edged/dataplane/plane.py": "from edged.tasks.run import TaskRunner\n",
         "cloudsync/protocol/topics.py": "from cloudsync.agent.session import Agent\n",
         "edged/common/errors.py": "import cloudsync.protocol.envelope\n",
-        "cloudsync/fleet/rollout.py": "from cloudsync.agent import outbox\n",
+        "cloudsync/fleet/gates.py": "from cloudsync.agent import outbox\n",
         "edged/top.py": "from edged.router import Router\n",
         "edged/common/stats.py": "from edged.config import Config\n",
         "cloudsync/fleet/routes/nodes.py": "from cloudsync.fleet.service import Service\n",

@@ -1,7 +1,9 @@
 """A canary rollout over 20 real nodes (each an edged and a cloudsync agent, all real
-processes) on a real Mosquitto, with nginx as the CDN: the first stage touches 2 nodes, a
-version that fails in service is stopped by the fleet's gates and every canary node goes back,
-a good version reaches all 20. Driven by the real `edgefleet rollout` command."""
+processes) on a real Mosquitto, with nginx as the CDN and the real fleet service running it:
+the first stage touches 2 nodes, a version that fails in service is stopped by the gates on
+the nodes' own telemetry and every canary node goes back (the service's deploy key signs the
+rollbacks), a good version reaches all 20 once an operator promotes it, and one an operator
+aborts goes back everywhere. Driven by the real ``edgefleet --service URL rollout`` command."""
 
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from edged.client import Client
 from tests import asunit
 from tests.conftest import Daemon, skip_or_fail, wait_for
+from tests.fleetservice import FleetService
 from tests.integration.edged.test_model_install import answer, smoke
 from tests.modelfiles import add_model, scale_model
-from tests.mosquitto import Broker, cloudsync_config, edgefleet, edgefleet_command, make_pki
+from tests.mosquitto import Broker, cloudsync_config, edgefleet, make_pki
 from tests.nginx import SECRET, Cdn
 
 MODEL = "scale"
@@ -58,15 +61,21 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
 ) -> None:
     broker = Broker(tmp_path / "mosquitto", pki).start()
     cdn = Cdn(tmp_path / "cdn", pki).start()
-    key = Ed25519PrivateKey.generate()
-    keyfile = tmp_path / "fleet-1.key"
-    keyfile.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ))  # fmt: skip
-    public = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    keyfile, deploy_keyfile = tmp_path / "fleet-1.key", tmp_path / "deploy-1.key"
+    trust = tmp_path / "trust"  # the nodes' and the service's: the fleet key, the deploy key
+    trust.mkdir()
+    for name, path in (("fleet-1", keyfile), ("deploy-1", deploy_keyfile)):
+        key = Ed25519PrivateKey.generate()
+        path.write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ))  # fmt: skip
+        (trust / f"{name}.pub").write_bytes(key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ))  # fmt: skip
+    (trust / "deploy-1.commands").write_text("rollback\n")  # a scoped key: rollbacks only
+    keys = f'deploy_key = "{deploy_keyfile}"\ntrust_dir = "{trust}"'
+    service = FleetService(tmp_path / "service", broker, more=keys).start()
     secret = tmp_path / "cdn.secret"
     secret.write_text(SECRET)
     edgeds: dict[str, Daemon] = {}
@@ -80,7 +89,8 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
         work = tmp_path / node / "agent"
         work.mkdir(parents=True)
         (work / "trust").mkdir()
-        (work / "trust" / "fleet-1.pub").write_bytes(public)
+        for name in ("fleet-1.pub", "deploy-1.pub", "deploy-1.commands"):
+            (work / "trust" / name).write_bytes((trust / name).read_bytes())
         config = work / "cloudsync.toml"
         config.write_text(cloudsync_config(
             broker, work, "f1", node, edgeds[node].socket,
@@ -125,28 +135,31 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
         assert made.returncode == 0, made.stderr
         return out
 
-    def create(name: str, version: int, soak: float) -> list[str]:
-        return [
+    def create(name: str, version: int, soak: float) -> dict[str, Any]:
+        return service.edgefleet(
             "rollout", "create", name, "--manifest", str(tmp_path / "versions" /
             str(version) / "manifest.json"), "--cdn", cdn.base, "--cdn-prefix",
             f"/models/{MODEL}/{version}", "--secure-link-secret-file", str(secret),
             "--stages", "10,100", "--soak", str(soak), "--min-requests", "10",
+            "--activation-timeout", "120",
             # the shared two-core test machine runs 40 processes: latency is not the gate here
-            "--max-p95-increase", "10", "--sign-key", str(keyfile), "--kid", "fleet-1",
-        ]  # fmt: skip
+            "--max-p95-increase", "10",
+        )  # fmt: skip
 
-    def in_background(name: str, version: int) -> subprocess.Popen[str]:
-        """A rollout with a long soak, its controller running beside the test."""
-        command = edgefleet_command(broker, *create(name, version, 600))
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        agents.append(proc)  # stopped by PID at the end, whatever happens
+    def status(name: str) -> dict[str, Any]:
+        _, record = service.call("GET", f"/v1/rollouts/{name}?nodes=1", role="viewer")
+        return record
 
-        def soaking() -> bool:
-            shown = edgefleet(broker, "--json", "rollout", "status", name)
-            return shown.returncode == 0 and "soaking" in str(json.loads(shown.stdout)["log"])
+    def ended(name: str, timeout: float) -> dict[str, Any]:
+        record = service.wait_for(
+            lambda: (r := status(name))["state"] in ("done", "aborted") and r, timeout, 1
+        )
+        assert record, f"rollout {name} still {status(name)['state']}: {status(name)['log']}"
+        print("\n".join(record["log"]))  # the rollout's log, shown with -s or on a failure
+        return record
 
-        wait_for(soaking, 60, f"rollout {name} soaking")
-        return proc
+    def soaking(name: str) -> None:
+        wait_for(lambda: status(name)["phase"] == "soak", 120, f"rollout {name} soaking")
 
     sender = threading.Thread(target=traffic)
     sender.start()
@@ -158,42 +171,43 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
             return sum(r["state"] == "online" for r in rows) == len(NODES)
 
         wait_for(online, 60, "20 nodes online")
+        wait_for(lambda: service.call("GET", "/v1/nodes?state=online")[1]["counts"].get("online")
+                 == len(NODES), 60, "20 nodes online at the service")  # fmt: skip
         manifest(2, 2.0, single_row=True)  # passes its smoke test, fails on two rows
-        bad = edgefleet(broker, *create("r-bad", 2, 8), timeout=300)
-        print(bad.stdout, bad.stderr)  # the rollout's log, shown with -s or on a failure
-        assert bad.returncode == 1 and "aborted: failure rate" in bad.stderr, bad.stderr
-        status = json.loads(edgefleet(broker, "--json", "rollout", "status", "r-bad").stdout)
-        canary = status["touched"]
-        assert len(canary) == 2 and status["state"] == "aborted", status
+        assert create("r-bad", 2, 60)["state"] == "running"
+        record = ended("r-bad", 300)
+        assert record["state"] == "aborted" and record["why"].startswith("failure rate"), record
+        canary = [n["node"] for n in record["node_states"] if n["state"] != "pending"]
+        assert len(canary) == 2 and record["stage_sizes"] == [2, 20], record
         for node in NODES:
             client = edgeds[node].client
-            wait_for(lambda c=client: answer(c) == ("1", 1.0), 20, f"{node} on version 1")
+            wait_for(lambda c=client: answer(c) == ("1", 1.0), 30, f"{node} on version 1")
             if node not in canary:
                 assert client.model_versions(MODEL)["on_disk"] == [1], node
 
         manifest(3, 3.0)
-        running = in_background("r-good", 3)  # an operator promotes it: no 600 s soak
-        assert edgefleet(broker, "rollout", "promote", "r-good").returncode == 0
-        out, err = running.communicate(timeout=120)
-        print(out, err)
-        assert running.returncode == 0, err
-        assert "stage 1 (10%): 2 more nodes" in out and "promoted by the operator" in out
-        assert "done: version 3 on 20 nodes" in out
+        create("r-good", 3, 600)  # an operator promotes it: no 600 s soak
+        soaking("r-good")
+        assert service.edgefleet("rollout", "promote", "r-good")["state"] == "running"
+        record = ended("r-good", 300)
+        assert record["state"] == "done", record
+        assert any("promote by operator-user" in line for line in record["log"]), record["log"]
+        assert any(f"done: version 3 on {len(NODES)} nodes" in line for line in record["log"])
         for node in NODES:
-            assert answer(edgeds[node].client) == ("3", 3.0), node
+            wait_for(lambda c=edgeds[node].client: answer(c) == ("3", 3.0), 30, f"{node} on 3")
 
         manifest(4, 4.0)
-        running = in_background("r-stop", 4)  # an operator aborts it from another shell
-        stopped = edgefleet(broker, "rollout", "abort", "r-stop", "--why", "wrong build",
-                            "--sign-key", str(keyfile), "--kid", "fleet-1")  # fmt: skip
-        assert stopped.returncode == 0 and "aborted: wrong build" in stopped.stdout
-        running.communicate(timeout=60)
-        assert running.returncode == 1
+        create("r-stop", 4, 600)  # an operator aborts it
+        soaking("r-stop")
+        assert service.edgefleet("rollout", "abort", "r-stop")["state"] in ("aborting", "aborted")
+        record = ended("r-stop", 120)
+        assert record["state"] == "aborted" and record["why"] == "aborted by operator-user", record
         for node in NODES:
             client = edgeds[node].client
-            wait_for(lambda c=client: answer(c) == ("3", 3.0), 20, f"{node} back on version 3")
+            wait_for(lambda c=client: answer(c) == ("3", 3.0), 30, f"{node} back on version 3")
     finally:
         stop.set()
         sender.join()
+        service.kill()
         cdn.stop()
         broker.kill()

@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloudsync.fleet.deployments import Deployments, Invalid
 from cloudsync.fleet.deployments import check as check_deployment
+from cloudsync.fleet.gates import Gates, pick
 from cloudsync.fleet.registry import Message, Registry, model_of
-from cloudsync.fleet.rollout import Gates, pick
 from cloudsync.fleet.rollouts import (
     Conflict,
     Rollout,

@@ -1,4 +1,5 @@
-"""Canary rollouts: which nodes a stage takes, and the gates on live figures."""
+"""Canary rollouts (cloudsync.fleet.gates): which nodes a stage takes, and the gates on live
+figures."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from cloudsync.fleet.cli import main
-from cloudsync.fleet.rollout import FleetView, Gates, Rollout, breached, pick
-from cloudsync.protocol import envelope
+from cloudsync.fleet.cli import NO_SERVICE_ROLLOUT, main
+from cloudsync.fleet.gates import Gates, breached, pick
 
 NODES = [f"n{i}" for i in range(1, 21)]
 
@@ -65,35 +65,9 @@ def test_a_gate_holds_at_its_bound_and_judges_from_the_least_number_of_calls() -
     )
 
 
-def test_the_view_reads_steps_and_telemetry_of_one_model() -> None:
-    view = FleetView("f1", "scale")
-
-    def message(node: str, leaf: str, body: dict, ts: int) -> None:
-        env = envelope.Envelope(node, 1, body, ts=ts)
-        view.take(f"edge/v1/f1/{node}/{leaf}", env.encode())
-
-    message("n1", "status", {"state": "online", "hardware": {"machine": "aarch64"}}, 1)
-    message("n1", "events", {"delivery": {"model": "scale", "version": 2, "step": "active"}}, 2)
-    message("n1", "events", {"delivery": {"model": "other", "version": 2, "step": "failed"}}, 3)
-    row = {"model": "scale", "version": "2", "requests": 10, "p95_ms": 4.0,
-           "outcomes": {"success": 8, "invalid": 1, "error": 1}, "confidence_mean": 0.8,
-           "confidence_n": 8}  # fmt: skip
-    message("n1", "telemetry", {"metrics": {"models": [row], "routes": {"scale": {
-        "local": 9, "fallback": 1}}}}, 100)  # fmt: skip
-    node = view.nodes["n1"]
-    assert node.online and node.machine == "aarch64" and node.steps == {2: "active"}
-    got = view.figures(["n1"], since=50, version=2)
-    assert got == {"requests": 10, "failure_rate": 0.2, "p95_ms": 4.0, "fallback_rate": 0.1,
-                   "confidence": 0.8}  # fmt: skip
-    assert view.figures(["n1"], since=200, version=2)["requests"] == 0
-    record = Rollout("r1", "f1", "scale", 2, {}, {}, [0.1, 1.0], 60.0, Gates(), ["n1"])
-    assert Rollout.from_json(record.as_json()) == record
-
-
-def test_edgefleet_says_what_a_rollout_needs_before_it_connects(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main(["rollout", "create", "r1"]) == 2
-    assert "--sign-key and --kid" in capsys.readouterr().err
-    assert main(["rollout", "create", "r1", "--sign-key", "k.key", "--kid", "fleet-1"]) == 2
-    assert "needs --manifest" in capsys.readouterr().err
+def test_edgefleet_runs_no_rollout_without_the_service(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shell's rollout engine is gone (issue 45: two engines one letter apart): without
+    --service each action is a usage error that says where rollouts run, before connecting."""
+    for action in ("create", "status", "promote", "abort"):
+        assert main(["rollout", action, "r1", "--manifest", "m.json"]) == 2
+        assert NO_SERVICE_ROLLOUT in capsys.readouterr().err
