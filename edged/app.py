@@ -23,6 +23,7 @@ from edged.cloud import CloudEndpoint, CloudError, read_token
 from edged.common import connections, logs
 from edged.common.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
 from edged.common.events import EventLog
+from edged.common.live import Live
 from edged.config import Config
 from edged.dataplane.plane import DataPlane
 from edged.device import LoadMonitor
@@ -91,6 +92,13 @@ def bind_unix(path: Path, mode: int) -> socket.socket:
         os.umask(old)
     sock.listen(1024)
     return sock
+
+
+# what a reload changes while serving (Daemon.apply); every other key of these sections needs a
+# restart (the socket, its mode, the limits a listener was built with, the repository)
+RELOADED_SERVER = ("allowed_uids", "allowed_gids", "admin_uids", "admin_gids", "admin_group",
+                   "drain_timeout_s")  # fmt: skip
+RELOADED_MODELS = ("load", "max_image_pixels", "idle_unload_s", "min_free_mb")
 
 
 class Daemon:
@@ -196,8 +204,10 @@ class Daemon:
         )
         # what the REST adapter serves beside the data plane (/v1/kb, /v1/tasks)
         self.services = Services(self.plane.check_ready, self.knowledge, self.task_runner(config))
-        # who may call and who is admin, on both sockets; SIGHUP changes the settings in place
-        self.access = Access(config.server)
+        # the settings a reload may change while serving, swapped whole (Daemon.apply)
+        self.server_settings, self.model_settings = Live(config.server), Live(config.models)
+        # who may call and who is admin, on both sockets
+        self.access = Access(self.server_settings)
         self.grpc: GrpcServer | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
@@ -262,7 +272,7 @@ class Daemon:
         """The runtime that serves one model version, by its platform or backend."""
         if model.is_pipeline:
             return create_pipeline(
-                model, version_dir, self.router, self.executor, self.config.models
+                model, version_dir, self.router, self.executor, self.model_settings
             )
         if wants_tensorrt(model):
             return TensorRtRuntime(model, version_dir, self.config.onnxruntime, self.executor)
@@ -299,14 +309,20 @@ class Daemon:
         logs.setup_logging(fresh.log.level, fresh.log.format, socket.gethostname(), "edged")
         self.config.log = fresh.log
         self.config.onnxruntime = fresh.onnxruntime  # for the models loaded from now on
-        # Changed in place: the server's middleware and the pipelines hold these objects. The
-        # access lists apply to both sockets at once (REST and gRPC read the same settings).
-        access = ("allowed_uids", "allowed_gids", "admin_uids", "admin_gids", "admin_group")
-        for key in (*access, "drain_timeout_s"):
-            setattr(self.config.server, key, getattr(fresh.server, key))
+        # New snapshots swapped in whole: the running ones with the keys that change while
+        # serving taken from the file (the others need a restart). The access lists apply to
+        # both sockets at once (REST and gRPC read the same settings).
+        server = self.config.server.model_copy(
+            update={k: getattr(fresh.server, k) for k in RELOADED_SERVER}
+        )
+        self.config.server = server
+        self.server_settings.swap(server)
         self.access.refresh()
-        for key in ("load", "max_image_pixels", "idle_unload_s", "min_free_mb"):
-            setattr(self.config.models, key, getattr(fresh.models, key))
+        models = self.config.models.model_copy(
+            update={k: getattr(fresh.models, k) for k in RELOADED_MODELS}
+        )
+        self.config.models = models
+        self.model_settings.swap(models)
         self.manager.idle_unload_s = fresh.models.idle_unload_s
         self.manager.min_free_mb = fresh.models.min_free_mb
         self.config.scheduler = fresh.scheduler
@@ -419,7 +435,7 @@ class Daemon:
             loop.add_signal_handler(signal.SIGUSR2, time.sleep, hang)
             log.warning("test hooks on: SIGUSR2 hangs the event loop for %.1f s", hang)
         runner = web.AppRunner(
-            create_app(self.plane, self.config.server, self.admin, self.access, self.services),
+            create_app(self.plane, self.server_settings, self.admin, self.access, self.services),
             handle_signals=False,
             access_log=None,
             # A client that hangs up cancels its request instead of leaving the work running.

@@ -26,7 +26,8 @@ WHY = {
     "(next: one module per subcommand group)",
     "cloudsync/fleet/rollouts.py": "one state machine",
     "edged/protocol/tensors.py": "the protocol's tensors, JSON and binary, pure",
-    "edged/app.py": "the composition root (issue 45: nothing wired after construction)",
+    "edged/app.py": "the composition root: builds, starts, reloads (swapped snapshots) and "
+    "stops the daemon",
     "cloudsync/agent/delivery.py": "models and packages, one desired state",
     "edged/router.py": "where a call runs and what happens when a tier fails",
     "cloudsync/agent/local_api.py": "the admission rules are its contract",

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from edged.common.errors import EdgedError, InvalidRequest, ModelLoadError, PayloadTooLarge
+from edged.common.live import Live
 from edged.config import ModelsConfig
 from edged.models.config import ModelConfig
 from edged.request import RESPONSES, Sequence
@@ -40,7 +41,7 @@ class Pipeline:
         version_dir: Path,
         steps: Steps,
         executor: Executor,
-        settings: ModelsConfig,
+        settings: Live[ModelsConfig],  # as a reload leaves them
     ) -> None:
         self.config = config
         self.version_dir = version_dir

@@ -6,6 +6,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from edged.common.errors import ModelLoadError
+from edged.common.live import Live
 from edged.config import ModelsConfig
 from edged.models.config import ModelConfig
 from edged.pipelines.audio import LiveVoiceActivity, VoiceActivity
@@ -32,7 +33,7 @@ def create_pipeline(
     version_dir: Path,
     steps: Steps,
     executor: Executor,
-    settings: ModelsConfig,
+    settings: Live[ModelsConfig],
 ) -> Pipeline:
     """The pipeline a model's config asks for."""
     kind = config.parameters.get("pipeline", "")

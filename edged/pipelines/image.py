@@ -63,7 +63,7 @@ class TextRecognition(Pipeline):
         min_score = parameter(parameters, "min_score", MIN_TEXT_SCORE, 0.0, 1.0)
         unclip = parameter(parameters, "unclip_ratio", UNCLIP_RATIO, 1.0, 4.0)
         data = single_blob("image", inputs["image"])
-        image = await self.offload(ocr_ops.decode_image, data, self.settings.max_image_pixels)
+        image = await self.offload(ocr_ops.decode_image, data, self.settings.now().max_image_pixels)
         tensor, scale = await self.offload(ocr_ops.det_preprocess, image, side)
         prob = await self._graph("det_model", tensor)
         boxes, _ = await self.offload(

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edged.common.errors import Forbidden
+from edged.common.live import Live
 from edged.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,10 @@ def peer_of(sock: Any) -> Peer | None:
 
 
 class Access:
-    """The allowed and admin checks over the (live) server settings."""
+    """The allowed and admin checks over the server settings as they are now (a reload swaps
+    them: each check reads the snapshot of its time)."""
 
-    def __init__(self, settings: ServerConfig, every_s: float = 10.0) -> None:
+    def __init__(self, settings: Live[ServerConfig], every_s: float = 10.0) -> None:
         self.settings = settings
         self.own_uid = os.getuid()
         self.admin_gid: int | None = None
@@ -106,7 +108,7 @@ class Access:
 
     def refresh(self) -> None:
         """Look ``admin_group`` up again (at start and on SIGHUP)."""
-        name = self.settings.admin_group
+        name = self.settings.now().admin_group
         self.admin_gid = None
         if not name:
             return
@@ -116,7 +118,7 @@ class Access:
             log.info("server.admin_group: there is no group %s here; it makes no one admin", name)
 
     def is_allowed(self, peer: Peer | None) -> bool:
-        settings = self.settings
+        settings = self.settings.now()
         if not (settings.allowed_uids or settings.allowed_gids):
             return True
         return peer is not None and (
@@ -126,7 +128,7 @@ class Access:
     def is_admin(self, peer: Peer | None) -> bool:
         if peer is None:
             return False
-        settings = self.settings
+        settings = self.settings.now()
         if peer.uid in (0, self.own_uid) or peer.uid in settings.admin_uids:
             return True
         gids = set(settings.admin_gids)
@@ -158,7 +160,7 @@ class Access:
         who = ["uid 0"]
         if self.own_uid != 0:
             who.append(f"uid {self.own_uid} (edged's own)")
-        name = self.settings.admin_group
+        name = self.settings.now().admin_group
         if name:
             who.append(f"group {name}" + ("" if self.admin_gid is not None else " (absent here)"))
         return ", ".join(who) + " or server.admin_uids/admin_gids"

@@ -423,3 +423,18 @@ def test_the_map_names_a_long_module_without_a_reason(tmp_path: Path) -> None:
         "edged/top.py: no longer over 450 lines: drop it from tests/house_map.py",
     ]
     assert "| `edged/long.py` | 451 | ? |" in house_map.table(tmp_path)
+
+
+def test_a_reload_swaps_settings_and_changes_no_object_a_reader_holds() -> None:
+    """Issue 45: ``Daemon.apply`` set keys with ``setattr`` on the config objects that the REST
+    middleware, the access checks and the pipelines held. It builds new snapshots and swaps them
+    into their ``Live`` holders: no ``setattr`` and no assignment to an attribute of a section."""
+    tree = ast.parse((ROOT / "edged" / "app.py").read_text())
+    apply = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "apply")
+    calls = [n for n in ast.walk(apply) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id == "setattr"]  # fmt: skip
+    deep = [ast.unparse(t) for n in ast.walk(apply) if isinstance(n, ast.Assign)
+            for t in n.targets if isinstance(t, ast.Attribute)
+            and isinstance(t.value, ast.Attribute) and t.value.attr != "self"
+            and ast.unparse(t.value).count(".") >= 2]  # fmt: skip
+    assert not calls and not deep, (calls, deep)

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from edged.admin import Admin
 from edged.common import logs
 from edged.common.errors import InvalidRequest, RequestTimeout
+from edged.common.live import Live
 from edged.config import ServerConfig
 from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
@@ -52,7 +53,7 @@ class Inference:
     """The Open Inference Protocol (/v2): metadata, health, inference, a stateful model's
     stream, statistics, configs and the repository."""
 
-    def __init__(self, plane: DataPlane, settings: ServerConfig) -> None:
+    def __init__(self, plane: DataPlane, settings: Live[ServerConfig]) -> None:
         self.plane, self.settings = plane, settings
 
     async def server_metadata(self, request: web.Request) -> web.Response:
@@ -81,7 +82,7 @@ class Inference:
         return ok(self.plane.model_config(info["model"], info.get("version")).as_json())
 
     async def infer(self, request: web.Request) -> web.Response:
-        info, plane, settings = request.match_info, self.plane, self.settings
+        info, plane, settings = request.match_info, self.plane, self.settings.now()
         header = request.headers.get(HEADER_LENGTH)
         if header is not None and not is_count(header):
             raise InvalidRequest(f"{HEADER_LENGTH} must be a number of bytes, got '{header}'")

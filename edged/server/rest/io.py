@@ -13,6 +13,7 @@ from aiohttp import web
 
 from edged.common import connections
 from edged.common.errors import EdgedError, InvalidRequest, PayloadTooLarge
+from edged.common.live import Live
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
 from edged.protocol.tensors import dump_json, parse_json
@@ -22,9 +23,14 @@ from edged.server.offload import offload
 log = logging.getLogger("edged.server.rest")  # the access log's name, as before the split
 
 PLANE: web.AppKey[DataPlane] = web.AppKey("plane", DataPlane)
-SETTINGS: web.AppKey[ServerConfig] = web.AppKey("settings", ServerConfig)
+SETTINGS: web.AppKey[Live[ServerConfig]] = web.AppKey("settings", Live)  # swapped on reload
 ACCESS: web.AppKey[Access] = web.AppKey("access", Access)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def settings_of(request: web.Request) -> ServerConfig:
+    """The server settings as they are now (a reload swaps them)."""
+    return request.app[SETTINGS].now()
 
 
 def ok(doc: Any) -> web.Response:
@@ -105,12 +111,12 @@ def check_json_size(size: int | None, settings: ServerConfig) -> None:
 
 async def read_body(request: web.Request) -> bytes:
     """The body, or 408 when it comes slower than server.read_timeout_s."""
-    return await connections.read_body(request, request.app[SETTINGS].read_timeout_s)
+    return await connections.read_body(request, settings_of(request).read_timeout_s)
 
 
 async def read_json(request: web.Request) -> Any:
     """The body as JSON, or InvalidRequest (413 past server.max_json_bytes)."""
-    settings = request.app[SETTINGS]
+    settings = settings_of(request)
     check_json_size(request.content_length, settings)
     body = await read_body(request)
     check_json_size(len(body), settings)

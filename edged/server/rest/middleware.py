@@ -14,7 +14,14 @@ from aiohttp import web
 from edged.common import heap, logs
 from edged.common.errors import EdgedError, PayloadTooLarge, retry_after
 from edged.request import CALLER
-from edged.server.rest.io import ACCESS, PLANE, SETTINGS, Handler, error_response, peer_credentials
+from edged.server.rest.io import (
+    ACCESS,
+    PLANE,
+    Handler,
+    error_response,
+    peer_credentials,
+    settings_of,
+)
 
 log = logging.getLogger("edged.server.rest")  # the access log's name, as before the split
 
@@ -54,7 +61,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     if (request.content_length or 0) >= heap.LARGE_BYTES and request.app[PLANE].inflight == 0:
         # the last large request of a burst has gone: the heap's free pages go back now
         await asyncio.get_running_loop().run_in_executor(None, heap.trim_heap)
-    wanted = request.app[SETTINGS].access_log
+    wanted = settings_of(request).access_log
     level = logging.INFO if wanted == "all" or (
         wanted == "errors" and response.status >= 400) else logging.DEBUG  # fmt: skip
     more = ""
@@ -83,7 +90,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Caller identity, body limit, in-flight count and error mapping."""
-    settings = request.app[SETTINGS]
+    settings = settings_of(request)
     plane = request.app[PLANE]
     caller = peer_credentials(request)
     CALLER.set(caller.uid if caller is not None else None)  # this request's task only

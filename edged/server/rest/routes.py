@@ -7,6 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from edged.admin import Admin
+from edged.common.live import Live
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
 from edged.server.access import Access
@@ -17,13 +18,14 @@ from edged.server.services import Services
 
 
 def create_app(
-    plane: DataPlane, settings: ServerConfig, admin: Admin | None = None,
+    plane: DataPlane, settings: Live[ServerConfig], admin: Admin | None = None,
     access: Access | None = None, services: Services | None = None,
 ) -> web.Application:  # fmt: skip
     """The aiohttp application with every route (/v1/admin with ``admin``, /v1/kb and /v1/tasks
-    with ``services``); ``access`` checks the callers (by default over ``settings``)."""
+    with ``services``); ``access`` checks the callers (by default over ``settings``, the server
+    settings as a reload leaves them)."""
     services = services if services is not None else Services(plane.check_ready)
-    app = web.Application(middlewares=[guard], client_max_size=settings.max_request_bytes)
+    app = web.Application(middlewares=[guard], client_max_size=settings.now().max_request_bytes)
     app[PLANE], app[SETTINGS] = plane, settings
     app[ACCESS] = access if access is not None else Access(settings)
     if admin is not None:

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from edged.common.errors import NotFound, Overloaded
+from edged.common.live import Live
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
 from edged.protocol.shm import Bound, Regions
@@ -71,7 +72,7 @@ Calls = Callable[[pb_grpc.GRPCInferenceServiceStub, list[Peer | None]], Awaitabl
 def serve(plane: FakePlane, settings: ServerConfig, body: Calls, path: Path) -> None:
     async def main() -> None:
         caller: list[Peer | None] = [SOMEONE]
-        service = Service(cast(DataPlane, plane), Access(settings), lambda peer: caller[0])
+        service = Service(cast(DataPlane, plane), Access(Live(settings)), lambda peer: caller[0])
         server = grpc.aio.server()
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
         server.add_insecure_port(f"unix:{path}")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from edged.common.errors import ConfigError, InvalidRequest, ModelLoadError
+from edged.common.live import Live
 from edged.models.config import read_config
 
 CONFIG = """
@@ -153,24 +154,24 @@ def test_only_a_pipeline_that_streams_can_be_decoupled(tmp_path: Path) -> None:
     vad = read_config(write(tmp_path, pipeline % "vad" + decoupled, "vad"))
     assert vad.decoupled
     with ThreadPoolExecutor(1) as pool:
-        made = create_pipeline(vad, tmp_path, None, pool, ModelsConfig())  # type: ignore[arg-type]
+        made = create_pipeline(vad, tmp_path, None, pool, Live(ModelsConfig()))  # type: ignore[arg-type]
         assert made.config is vad
         intent = read_config(write(tmp_path, pipeline % "intent" + decoupled, "intent"))
         with pytest.raises(ModelLoadError, match="'intent' answers each request once"):
-            create_pipeline(intent, tmp_path, None, pool, ModelsConfig())  # type: ignore[arg-type]
+            create_pipeline(intent, tmp_path, None, pool, Live(ModelsConfig()))  # type: ignore[arg-type]
         # stateful: sequence_batching needs a decoupled model, and a pipeline that keeps state
         sequences = "sequence_batching { max_sequence_idle_microseconds: 2500000 }"
         with pytest.raises(ConfigError, match="sequence_batching must be decoupled"):
             read_config(write(tmp_path, pipeline % "vad_live" + sequences, "live0"))
         live = read_config(write(tmp_path, pipeline % "vad_live" + decoupled + sequences, "live"))
         assert live.sequence_idle_s == 2.5 and vad.sequence_idle_s is None
-        create_pipeline(live, tmp_path, None, pool, ModelsConfig())  # type: ignore[arg-type]
+        create_pipeline(live, tmp_path, None, pool, Live(ModelsConfig()))  # type: ignore[arg-type]
         forgetful = read_config(write(tmp_path, pipeline % "vad_live" + decoupled, "live2"))
         with pytest.raises(ModelLoadError, match="'vad_live' is stateful"):
-            create_pipeline(forgetful, tmp_path, None, pool, ModelsConfig())  # type: ignore[arg-type]
+            create_pipeline(forgetful, tmp_path, None, pool, Live(ModelsConfig()))  # type: ignore[arg-type]
         stateless = read_config(write(tmp_path, pipeline % "vad" + decoupled + sequences, "v2"))
         with pytest.raises(ModelLoadError, match="keeps no state between requests"):
-            create_pipeline(stateless, tmp_path, None, pool, ModelsConfig())  # type: ignore[arg-type]
+            create_pipeline(stateless, tmp_path, None, pool, Live(ModelsConfig()))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

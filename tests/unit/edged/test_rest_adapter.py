@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from edged.common.errors import NotFound, Overloaded, Unavailable
+from edged.common.live import Live
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
 from edged.protocol.shm import Regions
@@ -91,7 +92,7 @@ def serve(plane: FakePlane, settings: ServerConfig, body: Call, unix: Path | Non
     """The app on a Unix socket at ``unix`` (else TCP on loopback), ``body`` run against it."""
 
     async def main() -> None:
-        app = create_app(cast(DataPlane, plane), settings)
+        app = create_app(cast(DataPlane, plane), Live(settings))
         runner = web.AppRunner(app)
         await runner.setup()
         if unix is not None:
@@ -130,7 +131,7 @@ def test_create_app_is_a_route_table_of_endpoint_methods() -> None:
     source = inspect.getsource(create_app)
     assert len(source.splitlines()) < 60
     assert "async def" not in source
-    app = create_app(cast(DataPlane, FakePlane()), ServerConfig())
+    app = create_app(cast(DataPlane, FakePlane()), Live(ServerConfig()))
     owners = set()
     for route in app.router.routes():
         handler = route.handler
