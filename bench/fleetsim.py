@@ -129,7 +129,7 @@ PRIORITIES = {"alert": 0, "event": 1, "telemetry": 2}  # outbox.PRIORITIES
 OUTBOX_COUNTERS = ("put", "duplicate", "acked", "dropped_budget", "dropped_ttl", "dead")
 BUDGET_BYTES = 256 << 20  # [outbox] budget_mb's default
 KEEP_VERSIONS = 3  # edged keeps three versions of a model on disk
-HISTORY = 10  # edged.admin.HISTORY: activations remembered per model
+HISTORY = 10  # edged.admin.versions.HISTORY: activations remembered per model
 RESULT = "result/"  # session.RESULT: an outbox kind, a command's result
 
 MAX_WAITING = 1000  # records a node keeps while offline (then the oldest telemetry goes)

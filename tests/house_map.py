@@ -31,8 +31,6 @@ WHY = {
     "cloudsync/agent/delivery.py": "models and packages, one desired state",
     "edged/router.py": "where a call runs and what happens when a tier fails",
     "cloudsync/agent/local_api.py": "the admission rules are its contract",
-    "edged/admin.py": "routing overrides, installs, A/B splits, egress and drain (issue 45: "
-    "split by concern)",
     "cloudsync/fleet/service.py": "the service's threads: MQTT, writer, runner, alerter",
     "cloudsync/fleet/registry.py": "the registry's ingest: every message kind in one transaction",
     "edged/egress.py": "the ledger: written, chained, verified",

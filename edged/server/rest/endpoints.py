@@ -369,52 +369,53 @@ class AdminEndpoints:
         ]  # fmt: skip
 
     async def routing(self, request: web.Request) -> Any:
-        return self.admin.routing()
+        return self.admin.routing.show()
 
     async def patch_routing(self, request: web.Request) -> Any:
-        return self.admin.patch_routing(await read_json(request))
+        return self.admin.routing.patch(await read_json(request))
 
     async def reset_routing(self, request: web.Request) -> Any:
-        return self.admin.reset_routing()
+        return self.admin.routing.reset()
 
     async def reload(self, request: web.Request) -> Any:
         return await self.admin.reload()
 
     async def drain(self, request: web.Request) -> Any:
-        return await self.admin.drain(await read_json(request) if request.can_read_body else None)
+        doc = await read_json(request) if request.can_read_body else None
+        return await self.admin.drain.drain(doc)
 
     async def resume(self, request: web.Request) -> Any:
-        return self.admin.resume()
+        return self.admin.drain.resume()
 
     async def versions(self, request: web.Request) -> Any:
-        return self.admin.versions(request.match_info["model"])
+        return self.admin.versions.show(request.match_info["model"])
 
     async def install(self, request: web.Request) -> Any:
         # finished even when the caller hangs up: a version half switched helps no one
         doc = await read_json(request)
-        return await asyncio.shield(self.admin.install(request.match_info["model"], doc))
+        return await asyncio.shield(self.admin.versions.install(request.match_info["model"], doc))
 
     async def remove(self, request: web.Request) -> Any:
-        return await asyncio.shield(self.admin.remove(request.match_info["model"]))
+        return await asyncio.shield(self.admin.versions.remove(request.match_info["model"]))
 
     async def activate(self, request: web.Request) -> Any:
         doc = await read_json(request) if request.can_read_body else None
-        return await self.admin.activate(request.match_info["model"], doc)
+        return await self.admin.versions.activate(request.match_info["model"], doc)
 
     async def rollback(self, request: web.Request) -> Any:
-        return await self.admin.activate(request.match_info["model"], None)
+        return await self.admin.versions.activate(request.match_info["model"], None)
 
     async def split(self, request: web.Request) -> Any:
-        return self.admin.set_split(request.match_info["model"], await read_json(request))
+        return self.admin.cloud_ab.set_split(request.match_info["model"], await read_json(request))
 
     async def scores(self, request: web.Request) -> Any:
-        return self.admin.score(request.match_info["model"], await read_json(request))
+        return self.admin.cloud_ab.score(request.match_info["model"], await read_json(request))
 
     async def egress(self, request: web.Request) -> Any:
-        return await self.admin.egress(request.query)
+        return await self.admin.egress.entries(request.query)
 
     async def verify_egress(self, request: web.Request) -> Any:
         unknown = set(request.query) - {"checkpoint"}
         if unknown:
             raise InvalidRequest(f"'{sorted(unknown)[0]}' is not a parameter here: checkpoint")
-        return await self.admin.verify_egress(request.query.getall("checkpoint", []))
+        return await self.admin.egress.verify(request.query.getall("checkpoint", []))
