@@ -38,8 +38,8 @@ from bench.peer import ensure_venv, start_peer  # noqa: E402
 from bench.routing import table  # noqa: E402
 from bench.serving import stop  # noqa: E402
 from edged.client import Client  # noqa: E402
+from edged.common.egress import Ledger, digest  # noqa: E402
 from edged.common.stats import percentile  # noqa: E402
-from edged.egress import Ledger, digest  # noqa: E402
 
 MODELS = ROOT / "models"
 MODEL = "intent-classifier"

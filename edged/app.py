@@ -21,6 +21,7 @@ from edged import systemd
 from edged.admin import ADMIN_FILE, Admin
 from edged.cloud import CloudEndpoint, CloudError, read_token
 from edged.common import connections, logs
+from edged.common.egress import Ledger
 from edged.common.errors import ConfigError, EdgedError, ModelLoadError, Unavailable
 from edged.common.events import EventLog
 from edged.common.live import Live
@@ -28,7 +29,6 @@ from edged.config import Config
 from edged.dataplane.plane import DataPlane
 from edged.device import LoadMonitor
 from edged.device.power import IdlePowerMode
-from edged.egress import Ledger
 from edged.knowledge.answer import ChatAnswer
 from edged.knowledge.service import AskSettings, KnowledgeService
 from edged.metrics import Metrics, StateCollector

@@ -43,14 +43,14 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from edged import wire
 from edged.background import Background
 from edged.breaker import ArmBreakers, CircuitBreaker, ScaleOut
+from edged.common.abtest import ABTest
 from edged.common.backoff import backoff_delay
 from edged.common.digits import whole
+from edged.common.egress import Ledger, digest
 from edged.common.errors import ConfigError
 from edged.config import CloudConfig
-from edged.egress import Ledger, digest
 from edged.link import LinkMonitor
 from edged.protocol.tensors import confidence
-from edged.routing.abtest import ABTest
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from prometheus_client.metrics_core import InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from edged.common.errors import EdgedError
-from edged.device.monitor import LoadSnapshot
-from edged.gauges import cloud_families, device_families, gauge, tier_families
+from edged.common.gauges import cloud_families, device_families, gauge, tier_families
+from edged.common.load import LoadSnapshot
 from edged.scheduler import Observer, Scheduler
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ WHY = {
     "cloudsync/agent/local_api.py": "the admission rules are its contract",
     "cloudsync/fleet/service.py": "the service's threads: MQTT, writer, runner, alerter",
     "cloudsync/fleet/registry.py": "the registry's ingest: every message kind in one transaction",
-    "edged/egress.py": "the ledger: written, chained, verified",
+    "edged/common/egress.py": "the ledger: written, chained, verified",
     "cloudsync/fleet/console.py": "the console's pages and its session checks",
     "edged/runtimes/process.py": "both ends of the worker pipe",
     "edged/server/grpc/servicer.py": "every GRPCInferenceService call, streams and decoupled "

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from cloudsync.protocol.labels import check_labels
 from cloudsync.protocol.topics import check_name
-from edged.config import EgressConfig, LogFormat, MetricsConfig, Section, load_file
+from edged.common.settings import EgressConfig, LogFormat, MetricsConfig, Section, load_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/cloudsync.toml")
 

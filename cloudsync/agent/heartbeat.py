@@ -11,7 +11,7 @@ from typing import Any
 from cloudsync.agent.outbox import Outbox
 from cloudsync.agent.state import AgentState
 from cloudsync.protocol.envelope import Envelope, printable
-from edged.egress import Ledger
+from edged.common.egress import Ledger
 
 
 class Heartbeat:

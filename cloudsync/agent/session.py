@@ -67,8 +67,8 @@ from cloudsync.protocol.topics import TopicError, Topics, check_name, client_id,
 from cloudsync.protocol.trust import TRUST_FILE, Trust, TrustError, TrustState, refuse_revoked
 from edged.client import Client
 from edged.common.backoff import backoff_delay
+from edged.common.egress import Ledger
 from edged.common.events import EventLog
-from edged.egress import Ledger
 
 log = logging.getLogger("cloudsync")
 ROLLBACKS = "rollbacks"  # the outbox's state key: when each model was last rolled back

@@ -1,5 +1,5 @@
 """The uplink: every message the agent sends to the broker, recorded in the uplink's egress
-ledger (``edged.egress``) before it is published. The device's own reports go out even when
+ledger (``edged.common.egress``) before it is published. The device's own reports go out even when
 the ledger cannot take the entry (a full disk: the alert that says so must reach the fleet):
 they are counted, and the first entry written after declares the gap (``unrecorded``: how many
 of each stream, their bytes, since when)."""
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import paho.mqtt.client as mqtt
 
 from cloudsync.protocol.envelope import now_ms
-from edged.egress import Ledger, digest
+from edged.common.egress import Ledger, digest
 
 log = logging.getLogger("cloudsync")
 

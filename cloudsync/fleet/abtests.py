@@ -13,7 +13,7 @@ online ones the selector picks then. Each runner turn (``ABTests.turn``):
   (``edged_cloud_ab_calls_total{model, cloud_model, good}``), but decides nothing itself;
 - **count**: the nodes' counts arrive in telemetry (``cloudsync.fleet.observe``); the test's arms
   are their sums over its nodes since the test started (arm b: calls of ``b_cloud_name``; arm
-  a: every other version of the model), and ``edged.routing.abtest.verdict`` applies the rule
+  a: every other version of the model), and ``edged.common.abtest.verdict`` applies the rule
   (the same Beta test and stopping rule as a node's own test): b wins, a wins, or after
   ``max_calls`` in all, no difference (a stays);
 - **promote**: once decided (or stopped by an operator), every node is sent the final split:
@@ -47,8 +47,8 @@ from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import commands
 from cloudsync.protocol.labels import check_labels, selects
 from cloudsync.protocol.topics import NAME
+from edged.common.abtest import Arm, verdict
 from edged.common.names import MODEL_NAME
-from edged.routing.abtest import Arm, verdict
 
 log = logging.getLogger("edgefleet.abtests")
 RESEND_AFTER_MS = 30_000

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from cloudsync.protocol.topics import check_name
-from edged.config import LogFormat, Section, load_file
+from edged.common.settings import LogFormat, Section, load_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/edgefleet/edgefleet.toml")
 MIN_CERT_S = 30.0

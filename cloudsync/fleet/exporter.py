@@ -3,8 +3,8 @@
 monitored through the service as if Prometheus scraped each one.
 
 The names, labels and units are those of edged's and cloudsync's own ``/metrics`` (made by the
-same functions: ``edged.gauges``, ``cloudsync.protocol.series``), with ``instance`` the node's
-name and ``fleet`` the fleet, so docs/monitoring's dashboard and rules work on both paths
+same functions: ``edged.common.gauges``, ``cloudsync.protocol.series``), with ``instance`` the
+node's name and ``fleet`` the fleet, so docs/monitoring's dashboard and rules work on both paths
 (Prometheus keeps these labels with ``honor_labels: true``):
 
 - from the node's **last heartbeat**: the load (``edged_local_load_ratio``,
@@ -46,8 +46,8 @@ from cloudsync.fleet.observe import bucket_of, label_name
 from cloudsync.fleet.store import Store
 from cloudsync.protocol import envelope
 from cloudsync.protocol.series import alerts_family, outbox_families, session_families
-from edged.device.monitor import LoadSnapshot
-from edged.gauges import cloud_families, device_families
+from edged.common.gauges import cloud_families, device_families
+from edged.common.load import LoadSnapshot
 
 log = logging.getLogger("edgefleet.exporter")
 HISTOGRAM = "edged_inference_request_duration_seconds"

@@ -38,8 +38,8 @@ from edged.admin.egress_log import EgressLog
 from edged.admin.kept import ADMIN_FILE, Kept
 from edged.admin.routing import RoutingOverrides
 from edged.admin.versions import Versions
+from edged.common.egress import Ledger
 from edged.config import RoutingConfig
-from edged.egress import Ledger
 from edged.models import install
 from edged.models.repository import ModelManager
 from edged.router import Router

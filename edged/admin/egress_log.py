@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from edged.common.digits import whole
+from edged.common.egress import Ledger, anchors_of, verify
 from edged.common.errors import InvalidRequest, NotFound
-from edged.egress import Ledger, anchors_of, verify
 
 EGRESS_QUERY = frozenset({"after", "limit", "request_id", "model", "uid", "kind", "since_ms",
                           "until_ms"})  # fmt: skip

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 from edged.admin.kept import Kept
 from edged.common.errors import ConfigError, InvalidRequest
-from edged.config import RoutingConfig, validate
+from edged.common.settings import validate
+from edged.config import RoutingConfig
 
 log = logging.getLogger("edged.admin")
 

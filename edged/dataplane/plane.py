@@ -16,10 +16,10 @@ import numpy as np
 from edged import __version__
 from edged.common import logs
 from edged.common.digits import whole
+from edged.common.egress import Ledger
 from edged.common.errors import InvalidRequest, NotFound, Unavailable
 from edged.common.events import EventLog
 from edged.device import LoadMonitor
-from edged.egress import Ledger
 from edged.models.config import ModelConfig
 from edged.models.repository import ModelManager, State
 from edged.protocol.shm import Bound, Regions

@@ -18,7 +18,7 @@ from typing import Any
 from edged.client import Client, ClientError
 from edged.common.cli import UsageError
 from edged.common.digits import whole
-from edged.egress import Checkpoint, anchors_of, verify
+from edged.common.egress import Checkpoint, anchors_of, verify
 
 
 def when_ms(text: str | None) -> int | None:

@@ -18,8 +18,8 @@ from typing import Any
 
 import aiohttp
 
+from edged.common.egress import Ledger, digest
 from edged.common.errors import Unavailable
-from edged.egress import Ledger, digest
 from edged.request import RouteContext, current_route
 
 SYSTEM = (

@@ -13,7 +13,7 @@ import pytest
 from edged.breaker import ArmBreakers, BreakerState, CircuitBreaker
 from edged.client import Client, ClientError
 from edged.cloud import arm_fault
-from edged.routing.abtest import ABTest
+from edged.common.abtest import ABTest
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import CLOUD_MODEL_B as MODEL_B
 from tests.conftest import Cloud, Daemon

@@ -23,7 +23,7 @@ from cloudsync.protocol.commands import sign
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import parse
 from edged.client import ClientError
-from edged.egress import Ledger, verify
+from edged.common.egress import Ledger, verify
 from tests.cloudsync_agent import NODE, Agent, last_status, operator
 from tests.conftest import wait_for
 from tests.hostile.conftest import fill

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.egress import Ledger, digest, segments, verify
+from edged.common.egress import Ledger, digest, segments, verify
 from tests.conftest import Cloud, Daemon
 from tests.hashproxy import HashProxy
 from tests.integration.edged.test_egress import start
@@ -80,7 +80,7 @@ def test_a_ledger_whose_file_changed_under_it_goes_on_in_a_new_segment(
     else:
         rows = segment.read_bytes().splitlines(keepends=True)
         os.truncate(segment, sum(len(r) for r in rows[:8]))
-    with caplog.at_level(logging.ERROR, logger="edged.egress"):
+    with caplog.at_level(logging.ERROR, logger="edged.common.egress"):
         for i in range(3):
             ledger.record("cloud-infer", request_id=f"after-{i}", bytes=1)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

@@ -12,7 +12,7 @@ import pytest
 
 from edged.client import ClientError
 from edged.common.atomic import write_atomic
-from edged.egress import verify
+from edged.common.egress import verify
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, wait_for
 from tests.hostile.conftest import fill

@@ -11,8 +11,7 @@ import pytest
 from cloudsync.fleet import abtests, observe, registry, rollouts
 from cloudsync.fleet.routes import enrolment
 from cloudsync.protocol import labels, manifest, topics, trust
-from edged import egress
-from edged.common import names
+from edged.common import egress, names
 from edged.knowledge import store
 from edged.pipelines import speech
 

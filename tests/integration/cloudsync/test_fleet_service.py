@@ -26,7 +26,7 @@ from cloudsync.fleet.cli import main as edgefleet_main
 from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
-from edged.egress import Ledger, verify
+from edged.common.egress import Ledger, verify
 from tests.fleetservice import TOKENS, FleetService
 from tests.integration.cloudsync.test_fleet_nodes import births
 from tests.mosquitto import OPERATOR, Broker

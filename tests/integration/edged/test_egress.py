@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from edged.client import ClientError
-from edged.egress import Ledger, verify
+from edged.common.egress import Ledger, verify
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, copy_model, linked_repository, wait_for
 from tests.hashproxy import GrpcHashProxy, HashProxy

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from bench.peer import free_port
 from edged.client import Client, ClientError
-from edged.egress import Ledger
+from edged.common.egress import Ledger
 from tests.conftest import ANSWER_MODEL, Cloud, Daemon, LoopThread, answer_model_config, wait_for
 
 FAQ = [

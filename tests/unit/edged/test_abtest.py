@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edged.routing.abtest import MAX_PENDING, ABTest, Arm, p_b_better
+from edged.common.abtest import MAX_PENDING, ABTest, Arm, p_b_better
 
 
 @pytest.mark.parametrize(

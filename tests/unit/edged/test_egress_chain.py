@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edged.egress import ZERO, Ledger, anchors_of, canonical, digest, segments, verify
+from edged.common.egress import ZERO, Ledger, anchors_of, canonical, digest, segments, verify
 
 
 def filled(directory: Path, count: int, **knobs: int) -> Ledger:

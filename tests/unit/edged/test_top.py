@@ -11,8 +11,8 @@ from rich.console import Console, RenderableType
 
 from edged.cloud import CloudEndpoint
 from edged.common.errors import DeadlineExceeded, InvalidRequest
+from edged.common.load import LoadSnapshot
 from edged.config import CloudConfig
-from edged.device.monitor import LoadSnapshot
 from edged.metrics import Metrics
 from edged.top import Scrape, render_frame, render_unreachable
 

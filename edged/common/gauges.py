@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
 
-from edged.device.monitor import LoadSnapshot
+from edged.common.load import LoadSnapshot
 
 
 def gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily:

@@ -1,0 +1,101 @@
+"""What both daemons' configs are made of (edged's and cloudsync's, and the fleet service's):
+the strict section base, the sections they share (metrics, the egress ledger, the log format),
+and reading a TOML file into a section with each bad key named."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from edged.common.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # JetPack 6 ships Python 3.10
+    import tomli as tomllib
+
+LogFormat = Literal["auto", "journal", "json", "text"]
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, values are checked on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MetricsConfig(Section):
+    """Prometheus metrics: always at GET /metrics on the socket; optionally on TCP."""
+
+    port: int = Field(0, ge=0, le=65535, description="TCP port for /metrics (0: none)")
+    address: str = Field("127.0.0.1", description="address of that port (loopback by default)")
+
+
+class EgressConfig(Section):
+    """The egress ledger (edged/egress.py): what left the device, recorded before it left."""
+
+    enabled: bool = Field(
+        True,
+        description="record every call that sends data off the device; turning it off (only"
+        " here) is itself recorded in the ledger",
+    )
+    directory: Path | None = Field(
+        None, description="where the ledger's segments are (default: state_dir/egress)"
+    )
+    segment_mb: float = Field(16.0, gt=0, le=1024, description="a new segment past this size")
+    max_mb: float = Field(
+        256.0, gt=0, description="the oldest segments go past this size in all (recorded)"
+    )
+    fsync_s: float = Field(
+        1.0, gt=0, le=60, description="entries are fsynced this often (a power cut loses that)"
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> EgressConfig:
+        if self.max_mb < 2 * self.segment_mb:
+            raise ValueError("max_mb must be at least twice segment_mb")
+        return self
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"])
+        message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+        lines.append(f"{source}: {key}: {message}")
+    return "\n".join(lines)
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def validate(cls: type[S], data: dict[str, Any], source: str = "config") -> S:
+    """Validate a config mapping as ``cls``; ConfigError names each bad key."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file as a mapping; ConfigError says why it cannot be read."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def load_file(cls: type[S], path: Path | None, default_path: Path) -> S:
+    """The config file as ``cls``: an explicit ``path`` must exist; else ``default_path`` is
+    read when present; else the embedded defaults."""
+    if path is None:
+        if not default_path.is_file():
+            return cls()
+        path = default_path
+    return validate(cls, read_toml(path), str(path))
