@@ -125,6 +125,16 @@ format = "text"
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
+    def counter(self, sample: str) -> float:
+        """One sample of the service's own /metrics (``name{labels}`` as Prometheus writes it),
+        0 when it has none yet."""
+        text = self.call("GET", "/metrics", role=None)[1]
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name == sample:
+                return float(value)
+        return 0.0
+
     def wait_for(self, what: Any, timeout: float = 30.0, step: float = 0.2) -> Any:
         """Polls ``what()`` until it returns something true; its last answer."""
         deadline = time.monotonic() + timeout

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,8 @@ from tests.conftest import wait_for
 from tests.fleetservice import FleetService
 from tests.mosquitto import Broker
 from tests.prometheus import Alertmanager, Pages
+
+SENT = 'edgefleet_alertmanager_pushes_total{outcome="sent"}'  # the service's sends
 
 NO_SUBSCRIBER = "the broker has no subscriber for the records"
 
@@ -114,7 +115,8 @@ def test_what_a_device_sent_while_the_broker_was_down_is_stored_once(
         wait_for(lambda: agent.status()["outbox"]["depth"] == {"alert": 0, "event": 0,
                                                                 "telemetry": 0}, 30,
                  "the outbox delivered")  # fmt: skip
-        time.sleep(3)  # three more sends of the service
+        sent = service.counter(SENT)  # three more sends of the service
+        wait_for(lambda: service.counter(SENT) >= sent + 3, 30, "three more sends")
         [alert] = named(manager.alerts())  # once
         assert alert["labels"]["instance"] == "n1" and alert["status"]["state"] == "active"
         lines = [json.loads(line) for line in ecs.read_text().splitlines()]

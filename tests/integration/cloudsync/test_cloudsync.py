@@ -390,7 +390,13 @@ def test_fleet_commands_operate_edged_and_its_metrics_arrive_as_telemetry(
             ask(edged.client, 100 + i, route="local")
         agent.start()
         wait_for(lambda: _served(consumer, MODEL) == 30, 15, "telemetry counting 30 calls")
-        time.sleep(2.5)  # more intervals: nothing counted twice
+        # the outbox delivered, then a heartbeat published after it arrived: a record sent
+        # again across the kill would be here by now; nothing is counted twice
+        wait_for(lambda: agent.status()["outbox"]["depth"].get("telemetry", 0) == 0, 15,
+                 "the telemetry delivered")  # fmt: skip
+        beats = len(bodies(list(consumer.received), "heartbeat"))
+        wait_for(lambda: len(bodies(list(consumer.received), "heartbeat")) > beats, 15,
+                 "a heartbeat after it")  # fmt: skip
         assert _served(consumer, MODEL) == 30
         (row, *_) = [
             r for e in bodies(list(consumer.received), "telemetry")

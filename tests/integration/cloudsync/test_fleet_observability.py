@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "docs" / "monitoring" / "edged-alerts.rules.yml"
 NODE = "sim-00001"
 
+SENT = 'edgefleet_alertmanager_pushes_total{outcome="sent"}'  # the service's sends
+
 
 @pytest.fixture
 def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
@@ -210,7 +212,8 @@ def test_device_alerts_reach_alertmanager_once_and_resolve(
         # broker is away: the alert comes after both sessions are back, however long that is
         wait_for(lambda: named(manager.alerts(), "EdgedUnreachable"), 90,
                  "EdgedUnreachable in Alertmanager after the reconnect")  # fmt: skip
-        time.sleep(3)  # three more sends of the service: still one alert
+        sent = service.counter(SENT)  # three more sends of the service: still one alert
+        wait_for(lambda: service.counter(SENT) >= sent + 3, 30, "three more sends")
         [unreachable] = named(manager.alerts(), "EdgedUnreachable")
         assert unreachable["labels"] == {"alertname": "EdgedUnreachable",
                                          "severity": "critical", "instance": "n1",
