@@ -27,10 +27,9 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edged.config import OnnxRuntimeConfig  # noqa: E402
 from edged.models.config import read_config  # noqa: E402
 from edged.runtimes import gpu  # noqa: E402
-from edged.runtimes.tensorrt import TensorRtRuntime  # noqa: E402
+from edged.runtimes.tensorrt import TensorRtRuntime, TensorRtSettings  # noqa: E402
 
 # The native runtime's optimization profiles for this benchmark's shapes (batch 1 to 32)
 PROFILES = {
@@ -145,7 +144,7 @@ async def timed(runtime: TensorRtRuntime, inputs: dict[str, np.ndarray], runs: i
 def native(model: str, cache: Path, reference: dict[int, np.ndarray], runs: int) -> None:
     """The native TensorRT runtime (FP16), built once, then loaded from its engine cache."""
     config = configured(model)
-    settings = OnnxRuntimeConfig(tensorrt_cache_dir=cache / "native", precision="fp16")
+    settings = TensorRtSettings(cache / "native", "fp16")
     with ThreadPoolExecutor(1) as executor:
         loads, runtime = [], None
         try:

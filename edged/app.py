@@ -42,7 +42,7 @@ from edged.router import Router
 from edged.runtimes.base import Runtime
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.runtimes.process import ProcessRuntime, wants_process
-from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
+from edged.runtimes.tensorrt import TensorRtRuntime, TensorRtSettings, wants_tensorrt
 from edged.server.access import Access
 from edged.server.grpc.relay import GrpcServer
 from edged.server.grpc.relay import start_server as start_grpc
@@ -274,13 +274,12 @@ class Daemon:
             return create_pipeline(
                 model, version_dir, self.router, self.executor, self.model_settings
             )
+        section = self.config.onnxruntime
         if wants_tensorrt(model):
-            return TensorRtRuntime(model, version_dir, self.config.onnxruntime, self.executor)
+            return TensorRtRuntime(model, version_dir, TensorRtSettings.of(section), self.executor)
         if model.platform == "onnxruntime_onnx":
-            settings = self.config.onnxruntime
-            isolated = wants_process(settings)
-            return (ProcessRuntime if isolated else OnnxRuntime)(
-                model, version_dir, settings, self.executor
+            return (ProcessRuntime if wants_process(section) else OnnxRuntime)(
+                model, version_dir, section, self.executor
             )
         raise ModelLoadError(f"model '{model.name}': platform '{model.platform}' is not supported")
 

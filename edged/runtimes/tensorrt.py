@@ -23,8 +23,9 @@ import logging
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -55,6 +56,19 @@ def _import() -> tuple[Any, Any]:
     return trt, cuda
 
 
+@dataclass(frozen=True)
+class TensorRtSettings:
+    """What the native runtime takes of the ``[onnxruntime]`` section (its engines are built
+    as the TensorRT provider's are): where engines are cached and their precision."""
+
+    cache_dir: Path
+    precision: Literal["fp16", "fp32", "int8"] = "fp16"
+
+    @classmethod
+    def of(cls, section: OnnxRuntimeConfig) -> TensorRtSettings:
+        return cls(section.tensorrt_cache_dir, section.precision)
+
+
 class TensorRtRuntime:
     """One version of a model as a TensorRT engine, one execution context per call at a time."""
 
@@ -62,7 +76,7 @@ class TensorRtRuntime:
         self,
         config: ModelConfig,
         version_dir: Path,
-        settings: OnnxRuntimeConfig,
+        settings: TensorRtSettings,
         executor: Executor,
     ) -> None:
         self.config = config
@@ -115,7 +129,7 @@ class TensorRtRuntime:
             self.cached = True
             return self.path.read_bytes()
         cache = gpu.engine_cache_dir(
-            self.settings.tensorrt_cache_dir,
+            self.settings.cache_dir,
             self.config.name,
             self.version_dir.name,
             self.path,

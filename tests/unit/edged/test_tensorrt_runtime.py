@@ -18,7 +18,7 @@ from edged.config import OnnxRuntimeConfig
 from edged.models.config import read_config
 from edged.models.repository import ModelManager, State
 from edged.runtimes.gpu import profile_shapes
-from edged.runtimes.tensorrt import TensorRtRuntime, wants_tensorrt
+from edged.runtimes.tensorrt import TensorRtRuntime, TensorRtSettings, wants_tensorrt
 from tests.modelfiles import add_model
 
 HAVE_TRT = all(importlib.util.find_spec(m) for m in ("tensorrt", "pycuda"))
@@ -88,7 +88,7 @@ def test_without_tensorrt_such_a_model_is_unavailable_with_the_reason(tmp_path: 
         from edged.runtimes.onnxruntime import OnnxRuntime
 
         if wants_tensorrt(config):
-            return TensorRtRuntime(config, version_dir, settings, executor)
+            return TensorRtRuntime(config, version_dir, TensorRtSettings.of(settings), executor)
         return OnnxRuntime(config, version_dir, settings, executor)
 
     async def scenario() -> None:
@@ -111,7 +111,7 @@ def test_on_a_gpu_an_onnx_model_is_built_once_then_loaded_from_the_cache(tmp_pat
         )
     add_model(tmp_path, "double", {1: 2.0})
     config = read_config(tmp_path / "double")
-    settings = OnnxRuntimeConfig(tensorrt_cache_dir=tmp_path / "trt", precision="fp32")
+    settings = TensorRtSettings(tmp_path / "trt", "fp32")
     executor = ThreadPoolExecutor(1)
 
     async def scenario() -> None:
