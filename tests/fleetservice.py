@@ -1,5 +1,10 @@
 """The real fleet service (``edgefleet serve``) for the tests: a config against a test broker,
-the process started, killed and restarted by PID, and calls to its API with a token per role."""
+the process started, killed and restarted by PID, and calls to its API with a token per role.
+
+It runs as its unit runs it (systemd/edgefleet.service): a user of its own, ``edgefleet-test``
+(never root), under the unit's umask (0077) and descriptor limit (tests/asunit.py); its work
+directory is that user's. A file the service writes elsewhere (the broker's CRL and ACL) is
+given to it with ``writes``."""
 
 from __future__ import annotations
 
@@ -16,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.peer import free_port
+from tests import asunit
 from tests.mosquitto import OPERATOR, Broker, Stoppable, wait_listening
 
 TOKENS = {role: f"{role}-token-0123456789abcdef" for role in ("viewer", "operator", "admin")}
+USER = "edgefleet-test"  # systemd/edgefleet.service's User=edgefleet
+UMASK = 0o077  # its UMask=
 
 
 def tokens_toml() -> str:
@@ -42,6 +50,7 @@ class FleetService(Stoppable):
     mqtt: str = ""  # more lines of [mqtt]
     sections: str = ""  # more sections ([alerts], [events]...)
     port: int = 0
+    as_unit: bool = True  # False: as root, for a test about root
     proc: subprocess.Popen[bytes] | None = None
     starts: list[float] = field(default_factory=list)
 
@@ -75,7 +84,29 @@ format = "text"
 {self.sections}
 """)
         self.log = self.workdir / "edgefleet.log"
+        self.log.touch()
         self.stop_timeout_s = 20.0
+        self.account = asunit.account(USER) if self.as_unit else None
+        if self.account is not None:
+            self.account.own(self.workdir)
+            asunit.reachable(pki)  # its certificate and key (0644 here, as the tests make them)
+
+    def writes(self, *paths: Path) -> None:
+        """The service (its user) may write ``paths`` (files it writes atomically: their
+        directories too), as the package gives edgefleet the broker's CRL and ACL."""
+        for path in paths:
+            self.reads(path.parent)
+            if path.exists():
+                self.reads(path)
+
+    def reads(self, *paths: Path) -> None:
+        """``paths`` become the service user's (a secret it reads: the deploy key, 0600), as
+        the package makes /etc/edgefleet root:edgefleet."""
+        if self.account is None:
+            return
+        for path in paths:
+            asunit.reachable(path)
+            os.chown(path, self.account.uid, self.account.gid)
 
     @property
     def url(self) -> str:
@@ -84,8 +115,9 @@ format = "text"
     def start(self, timeout: float = 20.0) -> FleetService:
         command = [sys.executable, "-m", "cloudsync.fleet.cli", "serve", "--config",
                    str(self.config)]  # fmt: skip
+        unit = {**self.account.popen(), "umask": UMASK} if self.account is not None else {}
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **unit)
         self.starts.append(time.monotonic())
         try:
             wait_listening(self.proc, self.port, "edgefleet serve", self.logs, timeout)

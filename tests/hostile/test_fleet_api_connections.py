@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import asunit
 from tests.fleetservice import FleetService
 from tests.halfsent import held_after
 from tests.mosquitto import Broker
@@ -45,7 +46,9 @@ def service(tmp_path: Path, broker: Broker) -> Iterator[FleetService]:
         "[api]\n", f"[api]\nmax_connections = {CAP}\nidle_timeout_s = {IDLE_S}\n"))  # fmt: skip
     service.start()
     assert service.proc is not None
-    resource.prlimit(service.proc.pid, resource.RLIMIT_NOFILE, (1024, 1024))
+    if service.account is None:  # as root: the default soft limit set here
+        resource.prlimit(service.proc.pid, resource.RLIMIT_NOFILE, (1024, 1024))
+    assert asunit.open_files_limit(service.proc.pid) == 1024
     yield service
     service.kill()
 

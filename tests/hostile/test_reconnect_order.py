@@ -64,7 +64,7 @@ def test_what_a_device_sent_while_the_broker_was_down_is_stored_once(
 ) -> None:
     pages = Pages()
     manager = Alertmanager(tmp_path / "am", pages.url).start()
-    ecs = tmp_path / "events.json"
+    ecs = tmp_path / "service" / "events.json"  # in the service's own directory
     # the default session_expiry_s = 0: the service keeps no session on the broker
     service = FleetService(
         tmp_path / "service", broker,

@@ -331,7 +331,10 @@ def scene(
     service = FleetService(
         tmp_path / "service", broker, fleet="plant-7", sections=enrolment,
         more=f'deploy_key = "{work / "deploy-1.key"}"\ntrust_dir = "{work}"',
-    ).start()  # fmt: skip
+    )  # fmt: skip
+    service.writes(crl)
+    service.reads(work / "deploy-1.key")  # the package's root:edgefleet 0640
+    service.start()
     scene = Scene(tmp_path, work, edged, cloud, pki, broker, cdn, service, env)
     try:
         yield scene

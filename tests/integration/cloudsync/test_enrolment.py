@@ -53,7 +53,9 @@ def service(tmp_path: Path, broker: Broker, pki: Path) -> Iterator[FleetService]
     enrolment = (f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
                  f'cert_days = 30\ncrl_file = "{tmp_path / "fleet.crl"}"\n'
                  f'acl_base = "{base}"\nacl_file = "{broker.workdir / "acl"}"\n')  # fmt: skip
-    service = FleetService(tmp_path / "service", broker, sections=enrolment).start()
+    service = FleetService(tmp_path / "service", broker, sections=enrolment)
+    service.writes(tmp_path / "fleet.crl", broker.workdir / "acl")
+    service.start()
     yield service
     service.kill()
 

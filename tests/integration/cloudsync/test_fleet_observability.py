@@ -182,7 +182,7 @@ def test_device_alerts_reach_alertmanager_once_and_resolve(
 ) -> None:
     pages = Pages()
     manager = Alertmanager(tmp_path / "am", pages.url).start()
-    ecs = tmp_path / "events.json"
+    ecs = tmp_path / "service" / "events.json"  # in the service's own directory
     service = FleetService(
         tmp_path / "service", broker, mqtt="session_expiry_s = 3600",  # a broker restart
         sections=f'[alerts]\nalertmanagers = ["{manager.url}"]\nresend_s = 1\n'

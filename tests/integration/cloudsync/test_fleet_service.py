@@ -27,6 +27,7 @@ from cloudsync.protocol.envelope import Envelope
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
 from edged.common.egress import Ledger, verify
+from tests import asunit
 from tests.fleetservice import TOKENS, FleetService
 from tests.integration.cloudsync.test_fleet_nodes import births
 from tests.mosquitto import OPERATOR, Broker
@@ -107,8 +108,18 @@ def test_a_node_from_birth_to_will_with_its_heartbeats(
     service: FleetService, broker: Broker, pki: Path, tmp_path: Path
 ) -> None:
     """A real cloudsync agent's birth (labels from its config), heartbeats, a command relayed
-    by the service, and its will."""
+    by the service, and its will; the service runs as its unit does (its own user, its
+    umask, the default descriptor limit)."""
     from tests.mosquitto import cloudsync_config
+
+    if service.account is not None:  # root runs the suite (make test): the unit's way
+        assert service.proc is not None
+        status = asunit.proc_status(service.proc.pid)
+        assert status["Uid"].split()[:2] == [str(service.account.uid)] * 2, status["Uid"]
+        assert status["Umask"] == "0077" and asunit.open_files_limit(service.proc.pid) == 1024
+        database = service.workdir / "state" / "fleet.db"
+        assert database.stat().st_uid == service.account.uid
+        assert oct(database.stat().st_mode & 0o777) == "0o600", oct(database.stat().st_mode)
 
     work = tmp_path / "n1"
     (work / "trust").mkdir(parents=True)
