@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,16 @@ format = "text"
             self.kill()
             raise
         return self
+
+    def start_or(self, *undo: Callable[[], object]) -> FleetService:
+        """Started; when it cannot start, ``undo`` (what the test started before it, stopped)
+        and the error raised."""
+        try:
+            return self.start()
+        except BaseException:
+            for stop in undo:
+                stop()
+            raise
 
     def call(self, method: str, path: str, body: Any = None, role: str | None = "admin",
              raw: bytes | None = None) -> tuple[int, Any]:  # fmt: skip

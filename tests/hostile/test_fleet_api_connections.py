@@ -45,12 +45,14 @@ def service(tmp_path: Path, broker: Broker) -> Iterator[FleetService]:
     service.config.write_text(service.config.read_text().replace(
         "[api]\n", f"[api]\nmax_connections = {CAP}\nidle_timeout_s = {IDLE_S}\n"))  # fmt: skip
     service.start()
-    assert service.proc is not None
-    if service.account is None:  # as root: the default soft limit set here
-        resource.prlimit(service.proc.pid, resource.RLIMIT_NOFILE, (1024, 1024))
-    assert asunit.open_files_limit(service.proc.pid) == 1024
-    yield service
-    service.kill()
+    try:
+        assert service.proc is not None
+        if service.account is None:  # as root: the default soft limit set here
+            resource.prlimit(service.proc.pid, resource.RLIMIT_NOFILE, (1024, 1024))
+        assert asunit.open_files_limit(service.proc.pid) == 1024
+        yield service
+    finally:
+        service.kill()
 
 
 def health(service: FleetService) -> tuple[int, float]:

@@ -70,7 +70,8 @@ def test_what_a_device_sent_while_the_broker_was_down_is_stored_once(
         tmp_path / "service", broker,
         sections=f'[alerts]\nalertmanagers = ["{manager.url}"]\nresend_s = 1\n'
                  f'[events]\necs_file = "{ecs}"\n',
-    ).start()  # fmt: skip
+    )  # fmt: skip
+    service.start_or(manager.stop, pages.close)
     agent = Agent(tmp_path / "agent", broker)
     # no edged on its socket: EdgedUnreachable fires 2 s after cloudsync starts, offline
     agent.config.write_text(agent.config.read_text() + "\n[alerts]\nfor_s = 2\n")

@@ -187,7 +187,8 @@ def test_device_alerts_reach_alertmanager_once_and_resolve(
         tmp_path / "service", broker, mqtt="session_expiry_s = 3600",  # a broker restart
         sections=f'[alerts]\nalertmanagers = ["{manager.url}"]\nresend_s = 1\n'
                  f'[events]\necs_file = "{ecs}"\n',
-    ).start()  # fmt: skip
+    )  # fmt: skip
+    service.start_or(manager.stop, pages.close)
     edged = make_daemon()
     agent = Agent(tmp_path / "agent", broker)
     agent.config.write_text(
