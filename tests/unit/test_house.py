@@ -436,3 +436,14 @@ def test_a_reload_swaps_settings_and_changes_no_object_a_reader_holds() -> None:
             and isinstance(t.value, ast.Attribute) and t.value.attr != "self"
             and ast.unparse(t.value).count(".") >= 2]  # fmt: skip
     assert not calls and not deep, (calls, deep)
+
+
+def test_test_modules_outside_packages_have_names_of_their_own() -> None:
+    """pytest imports a test file of a directory without ``__init__.py`` by its basename: two
+    such files of one name stop the whole run at collection (``import file mismatch``: a unit
+    test_admin.py beside the integration one did, in CI)."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        if not (path.parent / "__init__.py").exists():
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
