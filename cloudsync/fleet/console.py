@@ -494,13 +494,13 @@ class Console:
     async def audit_log(self, request: web.Request) -> web.Response:
         text = text_param(request, "before")
         before = whole(text) if text else MAX_INT
-        if before is None or before > MAX_INT or (text and before == MAX_INT):
+        if before is None or (text and before >= MAX_INT):
             raise Refused(400, "before: an entry's id")
         contains, limit = text_param(request, "contains"), size_param(request)
         rows = await db(self.audit.before, before, contains, limit)
         more = rows[-1]["id"] if len(rows) == limit else None
         return self.render("audit.html", request, entries=rows, more=more, contains=contains,
-                           before=before, limit=limit)  # fmt: skip
+                           before=text, limit=limit)  # fmt: skip
 
 
 def see_other(location: str) -> web.Response:
