@@ -22,7 +22,6 @@ by token.
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from tests.fleetservice import FleetService
 from tests.integration.cloudsync.test_enrolment import Device, broker, online, service
 from tests.mosquitto import OPERATOR, Broker
 
+DROPPED = "edgefleet_revoked_messages_total"  # revoked nodes' messages, dropped
 __all__ = ["broker", "service"]  # the fixtures: a broker with the service's CRL, its service
 
 
@@ -48,13 +48,6 @@ def answer(client: SyncClient, topic: str, request: str, payload: bytes) -> dict
     wait_for(lambda: any(t == topic for t, _ in client.received), 20, f"an answer on {topic}")
     body = decode(next(p for t, p in client.received if t == topic)).body
     return dict(body)
-
-
-def dropped(service: FleetService) -> float:
-    """The service's count of revoked nodes' messages dropped."""
-    text = service.call("GET", "/metrics", role=None)[1]
-    found = re.search(r"^edgefleet_revoked_messages_total (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def heartbeats(service: FleetService, node: str) -> int:
@@ -85,8 +78,8 @@ def test_a_revoked_node_is_out_connected_or_not(
         # What it still publishes (it reconnects: the broker has not reloaded) is dropped:
         # three of its messages counted as dropped, and none of its heartbeats counted since.
         before = heartbeats(service, "n3")
-        first = dropped(service)
-        wait_for(lambda: dropped(service) >= first + 3, 20, "n3's messages dropped")
+        first = service.counter(DROPPED)
+        wait_for(lambda: service.counter(DROPPED) >= first + 3, 20, "n3's messages dropped")
         assert heartbeats(service, "n3") == before
         # Connected still, it asks for its next certificate: refused, saying why.
         why = "node 'n3' is revoked: an operator reinstates the name first"
