@@ -27,7 +27,7 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edged.models.config import read_config  # noqa: E402
+from edged.models.model_config import read_config  # noqa: E402
 from edged.runtimes import gpu  # noqa: E402
 from edged.runtimes.tensorrt import TensorRtRuntime, TensorRtSettings  # noqa: E402
 

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from bench.serving import rss_mib, tensor_inputs  # noqa: E402
 from edged.client import Client, UnixHTTPConnection  # noqa: E402
 from edged.common.stats import percentile  # noqa: E402
-from edged.protocol.tensors import HEADER_LENGTH, encode_tensors  # noqa: E402
+from edged.oip.tensors import HEADER_LENGTH, encode_tensors  # noqa: E402
 
 MODELS = ROOT / "models"
 Tensors = dict[str, np.ndarray]

@@ -33,12 +33,12 @@ from edged.knowledge.answer import ChatAnswer
 from edged.knowledge.service import AskSettings, KnowledgeService
 from edged.metrics import Metrics, StateCollector
 from edged.models import install
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 from edged.models.repository import ModelManager
+from edged.oip.tensors import text_tensor
 from edged.pipelines.factory import create_pipeline
-from edged.protocol.tensors import text_tensor
 from edged.request import CONTEXT, RouteContext, current_route, set_route
-from edged.router import Router
+from edged.routing.router import Router
 from edged.runtimes.base import Runtime
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.runtimes.process import ProcessRuntime, wants_process
@@ -122,7 +122,7 @@ class Daemon:
                 runtimes=self._runtimes,
             )
         )
-        self.load = LoadMonitor(interval=config.load.interval_s)
+        self.load = LoadMonitor(interval=config.device.interval_s)
         self.power = (
             IdlePowerMode(config.models.idle_power_mode, config.state_dir / "power-mode")
             if config.models.idle_power_mode is not None

@@ -16,6 +16,7 @@ from edged import __version__
 from edged import config as config_module
 from edged.common import heap, logs
 from edged.common.errors import ConfigError, EdgedError
+from edged.common.settings import renamed
 
 DESCRIPTION = """\
 edged serves inference on this device over a Unix socket (Open Inference Protocol REST).
@@ -65,6 +66,14 @@ def effective_config(args: argparse.Namespace) -> config_module.Config:
     return config
 
 
+def reread(args: argparse.Namespace) -> config_module.Config:
+    """The config again (SIGHUP), an old name in it logged as when edged started."""
+    config = effective_config(args)
+    for note in renamed(config):
+        logging.getLogger("edged").warning("config: %s", note)
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``edged`` console script."""
     heap.fix_thresholds()  # before the daemon's imports allocate (edged/common/heap.py)
@@ -76,15 +85,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.command == "validate-config":
         print(json.dumps(config.model_dump(mode="json"), indent=2))
+        for note in renamed(config):
+            print(f"edged: config: {note}", file=sys.stderr)
         print("edged: configuration is valid", file=sys.stderr)
         return 0
     logs.setup_logging(config.log.level, config.log.format, socket.gethostname(), "edged")
+    for note in renamed(config):
+        logging.getLogger("edged").warning("config: %s", note)
     from edged.app import Daemon  # heavy imports (onnxruntime) only when serving
 
     faulthandler.enable()  # a hang killed by the watchdog leaves its stacks in the journal
 
     try:
-        return asyncio.run(Daemon(config, functools.partial(effective_config, args)).run())
+        return asyncio.run(Daemon(config, functools.partial(reread, args)).run())
     except EdgedError as exc:
         logging.getLogger("edged").error("%s", exc.message)
         return 1

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from edged.common.digits import whole
-from edged.protocol.tensors import HEADER_LENGTH, encode_tensors, from_binary, from_json
+from edged.oip.tensors import HEADER_LENGTH, encode_tensors, from_binary, from_json
 
 DEFAULT_SOCKET = "/run/edged/edged.sock"
 

@@ -50,7 +50,7 @@ from edged.common.egress import Ledger, digest
 from edged.common.errors import ConfigError
 from edged.config import CloudConfig
 from edged.link import LinkMonitor
-from edged.protocol.tensors import confidence
+from edged.oip.tensors import confidence
 
 log = logging.getLogger(__name__)
 

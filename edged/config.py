@@ -7,7 +7,7 @@ exists) < command-line flags (``--socket``, ``--state-dir``, ``--models``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -217,7 +217,7 @@ class SchedulerConfig(Section):
     )
 
 
-class LoadConfig(Section):
+class DeviceConfig(Section):
     """The device load monitor (CPU, memory, GPU, temperature, power)."""
 
     interval_s: float = Field(1.0, gt=0, description="seconds between samples")
@@ -596,6 +596,9 @@ class LogConfig(Section):
 class Config(Section):
     """The whole configuration file."""
 
+    # [load] was the device load monitor's section, beside [models] load (the models to load)
+    RENAMED: ClassVar[dict[str, str]] = {"load": "device"}
+
     state_dir: Path = Field(
         Path("/var/lib/edged"),
         description="state directory (created at start)",
@@ -605,7 +608,7 @@ class Config(Section):
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    load: LoadConfig = Field(default_factory=LoadConfig)
+    device: DeviceConfig = Field(default_factory=DeviceConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     cloud: CloudConfig = Field(default_factory=CloudConfig)
     knowledge: KnowledgeConfig = Field(default_factory=KnowledgeConfig)

@@ -44,7 +44,7 @@ from edged.common.errors import (
     Unavailable,
 )
 from edged.common.stats import ewma
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 from edged.request import RequestQos, current_qos, own_call
 from edged.runtimes.base import Tensors
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from edged.client import Client, ClientError
-from edged.common.cli import UsageError
+from edged.common.terminal import UsageError
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

@@ -25,11 +25,11 @@ WHY = {
     "cloudsync/fleet/cli.py": "edgefleet's subcommands and their arguments, one parser "
     "(next: one module per subcommand group)",
     "cloudsync/fleet/rollouts.py": "one state machine",
-    "edged/protocol/tensors.py": "the protocol's tensors, JSON and binary, pure",
+    "edged/oip/tensors.py": "the protocol's tensors, JSON and binary, pure",
     "edged/app.py": "the composition root: builds, starts, reloads (swapped snapshots) and "
     "stops the daemon",
     "cloudsync/agent/delivery.py": "models and packages, one desired state",
-    "edged/router.py": "where a call runs and what happens when a tier fails",
+    "edged/routing/router.py": "where a call runs and what happens when a tier fails",
     "cloudsync/agent/local_api.py": "the admission rules are its contract",
     "cloudsync/fleet/service.py": "the service's threads: MQTT, writer, runner, alerter",
     "cloudsync/fleet/registry.py": "the registry's ingest: every message kind in one transaction",

@@ -31,11 +31,11 @@ from bench.lab.traces import Trace
 from edged.breaker import CircuitBreaker
 from edged.common.stats import percentile
 from edged.link import LinkMonitor
-from edged.router import local_reserve
 from edged.routing.conditions import parse
 from edged.routing.decide import Decision, Path, Policy, Route, RouteRequest, decide
 from edged.routing.estimates import Estimates
 from edged.routing.learned import Learner
+from edged.routing.router import local_reserve
 
 logging.getLogger("edged.link").setLevel(logging.ERROR)  # thousands of simulated ups and downs
 PROBE_INTERVAL = 0.2

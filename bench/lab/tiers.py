@@ -34,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.lab.sim import SimLink  # noqa: E402
 from bench.lab.traces import STEP, TASKS, Trace, arrivals, bursts, local_ms, random_walk  # noqa: E402
-from edged.router import local_reserve  # noqa: E402
 from edged.routing import tiers  # noqa: E402
 from edged.routing.decide import Path as RoutePath  # noqa: E402
 from edged.routing.decide import Policy, RouteRequest, decide  # noqa: E402
 from edged.routing.estimates import Estimates  # noqa: E402
+from edged.routing.router import local_reserve  # noqa: E402
 
 COST = {"on-demand": 1.0, "spot": 0.3}
 LOW_PRIORITY_SHARE = 0.5

@@ -88,7 +88,7 @@ from cloudsync.protocol.commands import COMMANDS, sign
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import LEAVES, TopicError, Topics, barrier, fleet_filter, parse
-from edged.common.cli import UsageError, key_values, reader_may_go
+from edged.common.terminal import UsageError, key_values, reader_may_go
 
 OFFLINE_AFTER = 3  # heartbeat intervals without one: offline
 

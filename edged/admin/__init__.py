@@ -42,7 +42,7 @@ from edged.common.egress import Ledger
 from edged.config import RoutingConfig
 from edged.models import install
 from edged.models.repository import ModelManager
-from edged.router import Router
+from edged.routing.router import Router
 
 __all__ = ["ADMIN_FILE", "Admin"]
 

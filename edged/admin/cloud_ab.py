@@ -12,7 +12,7 @@ from edged.admin.kept import Kept
 from edged.cloud import CloudEndpoint
 from edged.common.errors import Conflict, EdgedError, InvalidRequest, NotFound
 from edged.models.repository import ModelManager
-from edged.router import Router
+from edged.routing.router import Router
 
 log = logging.getLogger("edged.admin")
 

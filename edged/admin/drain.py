@@ -13,7 +13,7 @@ from typing import Any
 from edged.admin.kept import Kept
 from edged.common.errors import InvalidRequest
 from edged.models.repository import ModelManager, ModelVersion
-from edged.router import Router
+from edged.routing.router import Router
 
 log = logging.getLogger("edged.admin")
 

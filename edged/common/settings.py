@@ -6,9 +6,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from edged.common.errors import ConfigError
 
@@ -21,9 +30,44 @@ LogFormat = Literal["auto", "journal", "json", "text"]
 
 
 class Section(BaseModel):
-    """A config section: unknown keys are errors, values are checked on assignment too."""
+    """A config section: unknown keys are errors, values are checked on assignment too. A key
+    of ``RENAMED`` (old name -> new name) is read as its new name for a release, and noted
+    (``renamed``); both names at once are an error."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    RENAMED: ClassVar[dict[str, str]] = {}
+    _renamed: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _old_names(cls, data: Any, handler: ModelWrapValidatorHandler[Section]) -> Section:
+        notes = []
+        if cls.RENAMED and isinstance(data, dict):
+            data = dict(data)
+            for old, new in cls.RENAMED.items():
+                if old not in data:
+                    continue
+                if new in data:
+                    raise PydanticCustomError(
+                        "renamed", "{old} and {new}: {old} is the old name of {new}; keep {new}",
+                        {"old": old, "new": new},
+                    )  # fmt: skip
+                data[new] = data.pop(old)
+                notes.append((old, new))
+        section = handler(data)
+        if notes:
+            section._renamed = [f"{old} is now {new}: rename it (the old name is read in this"
+                                " release only)" for old, new in notes]  # fmt: skip
+        return section
+
+
+def renamed(section: BaseModel, where: str = "") -> list[str]:
+    """What a config file said by an old name (``Section.RENAMED``), in every section."""
+    notes = [where + note for note in getattr(section, "_renamed", None) or []]
+    for name, value in section:
+        if isinstance(value, BaseModel):
+            notes += renamed(value, f"{where}{name}.")
+    return notes
 
 
 class MetricsConfig(Section):
@@ -64,7 +108,7 @@ def _describe(error: ValidationError, source: str) -> str:
     for item in error.errors():
         key = ".".join(str(p) for p in item["loc"])
         message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
-        lines.append(f"{source}: {key}: {message}")
+        lines.append(f"{source}: {key}: {message}" if key else f"{source}: {message}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from edged.common.errors import InvalidRequest
 from edged.dataplane.plane import DataPlane
-from edged.protocol.tensors import bytes_tensor, text_tensor
+from edged.oip.tensors import bytes_tensor, text_tensor
 
 EMBED_MODEL = "text-embedding"
 EMBED_MODELS = (EMBED_MODEL, "text-embedding-int8")

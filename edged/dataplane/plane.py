@@ -20,10 +20,10 @@ from edged.common.egress import Ledger
 from edged.common.errors import InvalidRequest, NotFound, Unavailable
 from edged.common.events import EventLog
 from edged.device import LoadMonitor
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 from edged.models.repository import ModelManager, State
-from edged.protocol.shm import Bound, Regions
-from edged.protocol.tensors import InferRequest, InferResponse, classify, is_count
+from edged.oip.shm import Bound, Regions
+from edged.oip.tensors import InferRequest, InferResponse, classify, is_count
 from edged.request import (
     RESPONSES,
     ROUTE_PARAMETERS,
@@ -35,7 +35,7 @@ from edged.request import (
     qos_from_parameters,
     route_context,
 )
-from edged.router import Router
+from edged.routing.router import Router
 
 # Taken out of a request's parameters before its model sees them: the QoS, the routing facts
 # and Triton's stream flag (whether a decoupled request's end is sent as an empty response).
@@ -117,7 +117,7 @@ class DataPlane:
         self.idle.set()
         self.started = time.monotonic()
         manager.metrics.inflight.set_function(lambda: self.inflight)
-        # Triton's system shared memory (edged.protocol.shm)
+        # Triton's system shared memory (edged.oip.shm)
         self.shm = Regions(shm_regions, shm_regions_per_uid)
         self.ledger = ledger
 

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from edged.client import Client, ClientError
-from edged.common.cli import UsageError, key_values
+from edged.common.terminal import UsageError, key_values
 
 
 def cmd_routing(client: Client, args: argparse.Namespace) -> tuple[Any, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.client import ClientError
-from edged.common.cli import UsageError
+from edged.common.terminal import UsageError
 
 # what each means is in edgectl --help (the docstring of edged/edgectl/parser.py)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NOT_READY = range(6)

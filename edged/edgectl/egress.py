@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from edged.client import Client, ClientError
-from edged.common.cli import UsageError
 from edged.common.digits import whole
 from edged.common.egress import Checkpoint, anchors_of, verify
+from edged.common.terminal import UsageError
 
 
 def when_ms(text: str | None) -> int | None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from edged.client import Client, ClientError
-from edged.common.cli import UsageError
+from edged.common.terminal import UsageError
 from edged.edgectl.base import read_input, request_params
 
 

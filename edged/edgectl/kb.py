@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from edged.client import Client
-from edged.common.cli import UsageError
+from edged.common.terminal import UsageError
 from edged.edgectl.base import format_table, read_input
 from edged.knowledge.text import split_for_requests
 

@@ -12,7 +12,7 @@ import json
 import sys
 
 from edged.client import Client, ClientError, default_socket
-from edged.common.cli import UsageError, reader_may_go
+from edged.common.terminal import UsageError, reader_may_go
 from edged.edgectl import egress
 from edged.edgectl.admin import cmd_drain, cmd_reload, cmd_resume, cmd_routing
 from edged.edgectl.base import EXIT_NOT_READY, EXIT_OK, EXIT_USAGE, exit_code

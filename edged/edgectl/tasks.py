@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from edged.client import Client, ClientError
-from edged.common.cli import UsageError
+from edged.common.terminal import UsageError
 from edged.edgectl.base import format_table, read_input, request_params
 
 

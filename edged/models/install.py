@@ -35,7 +35,7 @@ from edged.common.errors import ConfigError, InvalidRequest
 from edged.common.names import is_model_name
 from edged.models.files import check_files, damage, record
 from edged.models.repository import VERSION, ModelManager
-from edged.protocol.tensors import decode_request
+from edged.oip.tensors import decode_request
 from edged.request import own_calls
 
 SMOKE_ATOL = 1e-4

@@ -31,7 +31,7 @@ from edged.common.names import DAMAGED
 from edged.metrics import Metrics
 from edged.models import files
 from edged.models.calls import Calls
-from edged.models.config import ModelConfig, read_config
+from edged.models.model_config import ModelConfig, read_config
 from edged.runtimes.base import Runtime, Tensors
 from edged.scheduler import Scheduler, Settings
 

@@ -19,7 +19,7 @@ import numpy as np
 from edged.common.errors import EdgedError, InvalidRequest, ModelLoadError, PayloadTooLarge
 from edged.common.live import Live
 from edged.config import ModelsConfig
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 from edged.request import RESPONSES, Sequence
 from edged.runtimes.base import Steps, Tensors
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from edged.common.errors import ModelLoadError
 from edged.common.live import Live
 from edged.config import ModelsConfig
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 from edged.pipelines.audio import LiveVoiceActivity, VoiceActivity
 from edged.pipelines.base import Pipeline
 from edged.pipelines.image import TextRecognition

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from edged.common.errors import InvalidRequest, ModelLoadError, PayloadTooLarge, Unavailable
+from edged.oip.tensors import bytes_tensor
 from edged.pipelines import vad_ops
 from edged.pipelines.base import LiveAudio, Pipeline, single_blob, texts_of
-from edged.protocol.tensors import bytes_tensor
 from edged.request import Sequence
 from edged.runtimes.base import Tensors
 

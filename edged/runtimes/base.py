@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 
 Tensors = dict[str, np.ndarray]
 

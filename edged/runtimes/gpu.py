@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from edged.common.errors import ModelLoadError
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

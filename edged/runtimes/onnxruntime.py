@@ -17,8 +17,8 @@ from edged.common.errors import EdgedError, InvalidRequest, ModelLoadError, Unav
 from edged.common.heap import trim_heap
 from edged.common.stats import ewma
 from edged.config import OnnxRuntimeConfig
-from edged.models.config import ModelConfig, oip_datatype
-from edged.protocol.tensors import DATATYPES
+from edged.models.model_config import ModelConfig, oip_datatype
+from edged.oip.tensors import DATATYPES
 from edged.runtimes import gpu
 from edged.runtimes.base import Tensors
 

@@ -43,7 +43,7 @@ from edged.common.errors import (
     Unavailable,
 )
 from edged.config import OnnxRuntimeConfig
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 from edged.runtimes.base import Tensors
 from edged.runtimes.gpu import GPU_PROVIDERS, usable_providers
 from edged.runtimes.onnxruntime import OnnxRuntime, choose_providers

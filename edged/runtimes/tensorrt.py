@@ -31,7 +31,7 @@ import numpy as np
 
 from edged.common.errors import InvalidRequest, ModelLoadError, Unavailable
 from edged.config import OnnxRuntimeConfig
-from edged.models.config import PLAN_PLATFORM, ModelConfig
+from edged.models.model_config import PLAN_PLATFORM, ModelConfig
 from edged.runtimes import gpu
 from edged.runtimes.base import Tensors
 

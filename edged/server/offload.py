@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from edged.protocol.shm import Bound
-from edged.protocol.tensors import InferResponse, RequestedOutput, place
+from edged.oip.shm import Bound
+from edged.oip.tensors import InferResponse, RequestedOutput, place
 
 # Bodies past this are decoded in a thread: a 38 MiB JSON held the event loop for 4.6 s
 OFFLOAD_BYTES = 64 * 1024

@@ -20,7 +20,7 @@ from edged.config import TasksConfig
 from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
 from edged.knowledge.service import KnowledgeService
-from edged.router import Router
+from edged.routing.router import Router
 from edged.tasks.graph import parse_graph
 from edged.tasks.kinds import KINDS, Answer, Context
 from edged.tasks.nodes import Graph, Node

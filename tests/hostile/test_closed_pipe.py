@@ -1,5 +1,5 @@
 """Issue 44, point 13: ``edgectl`` and ``edgefleet`` piped into ``head`` ended in a
-BrokenPipeError traceback. Their entry points (``edged.common.cli.reader_may_go``) now end
+BrokenPipeError traceback. Their entry points (``edged.common.terminal.reader_may_go``) now end
 quietly with 141, as a shell reports a tool whose reader went. A real pipe into the real
 ``head``; the command writes far more than the pipe holds."""
 

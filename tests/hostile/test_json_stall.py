@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from edged.config import ServerConfig
-from edged.protocol.tensors import parse_json
+from edged.oip.tensors import parse_json
 from tests.conftest import Daemon
 
 LIMIT = ServerConfig().max_json_bytes

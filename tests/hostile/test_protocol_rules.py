@@ -20,8 +20,7 @@ from edged.cloud import read_token
 from edged.common.errors import ConfigError, InvalidRequest, PayloadTooLarge
 from edged.config import CloudConfig, KnowledgeConfig
 from edged.models.install import check_files
-from edged.pipelines.vad_ops import decode_wav, to_model_rate
-from edged.protocol.tensors import (
+from edged.oip.tensors import (
     MAX_BYTES_ELEMENTS,
     InferResponse,
     decode_request,
@@ -29,6 +28,7 @@ from edged.protocol.tensors import (
     is_count,
     parse_json,
 )
+from edged.pipelines.vad_ops import decode_wav, to_model_rate
 
 
 def body(datatype: str, shape: list[int], data: Any) -> bytes:

@@ -20,6 +20,8 @@ broken anywhere fails here, naming the module, the line and the rule:
 - ``TYPE_CHECKING`` imports of our modules only where listed below, with the reason: a part
   handed a whole object it imports only for its type is a hub in disguise.
 - The fleet service's SQL only in its repositories (and the store).
+- One word per idea: ``cli`` and ``config`` modules only in a program's package, no two
+  packages of one name.
 """
 
 from __future__ import annotations
@@ -27,11 +29,17 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 from tests import house_map
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +48,7 @@ EDGED_LAYERS = [
         "leaves",
         [
             "edged", "edged.common",
-            "edged.protocol", "edged.models.config", "edged.routing", "edged.background",
+            "edged.oip", "edged.models.model_config", "edged.routing", "edged.background",
             "edged.breaker", "edged.request",
             "edged.wire",
         ],
@@ -52,8 +60,8 @@ EDGED_LAYERS = [
     ),
     (
         "core",
-        ["edged.scheduler", "edged.metrics", "edged.models", "edged.privacy", "edged.router",
-         "edged.pipelines", "edged.admin"],
+        ["edged.scheduler", "edged.metrics", "edged.models", "edged.privacy",
+         "edged.routing.router", "edged.pipelines", "edged.admin"],
     ),
     ("data plane", ["edged.dataplane"]),
     ("task graphs", ["edged.tasks"]),
@@ -315,7 +323,7 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
         "cloudsync/protocol/topics.py": "from cloudsync.agent.session import Agent\n",
         "edged/common/errors.py": "import cloudsync.protocol.envelope\n",
         "cloudsync/fleet/gates.py": "from cloudsync.agent import outbox\n",
-        "edged/top.py": "from edged.router import Router\n",
+        "edged/top.py": "from edged.routing.router import Router\n",
         "edged/common/stats.py": "from edged.config import Config\n",
         "cloudsync/fleet/routes/nodes.py": "from cloudsync.fleet.service import Service\n",
         "cloudsync/fleet/routes/audit.py": "from cloudsync.fleet.routes.rollouts import summary\n",
@@ -331,7 +339,7 @@ def test_a_rule_broken_on_purpose_is_named(tmp_path: Path) -> None:
     assert "imports cloudsync.agent.session: the protocol imports nothing else" in text
     assert "edged.common.errors imports cloudsync.protocol.envelope: edged never imports" in text
     assert "cloudsync.agent.outbox: the fleet side never imports the device agent" in text
-    assert "edged.top imports edged.router: a client-side tool imports only" in text
+    assert "edged.top imports edged.routing.router: a client-side tool imports only" in text
     assert "edged.common.stats imports edged.config: the shared leaf package" in text
     assert "routes.nodes imports cloudsync.fleet.service: a fleet adapter is handed" in text
     assert "routes.audit imports cloudsync.fleet.routes.rollouts: a route module is one" in text
@@ -447,3 +455,30 @@ def test_test_modules_outside_packages_have_names_of_their_own() -> None:
         if not (path.parent / "__init__.py").exists():
             seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def console_scripts() -> dict[str, str]:
+    """pyproject's ``[project.scripts]``: program -> ``module:function``."""
+    scripts: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "scripts"
+    ]
+    return scripts
+
+
+def test_one_word_per_idea_in_the_names_of_modules() -> None:
+    """A module called ``cli`` or ``config`` is a program's (its command line, its config
+    file), in the package of a console script (issue 45: a model's config.pbtxt, the tools'
+    shared helpers and the daemons' configs made four ``config.py`` and four ``cli.py``); no
+    two packages share a name (there were two ``protocol/``)."""
+    entries = [target.split(":")[0] for target in console_scripts().values()]
+    assert {"edged.cli", "cloudsync.agent.cli", "cloudsync.fleet.cli"} <= set(entries), entries
+    homes = {entry.rpartition(".")[0] for entry in entries}
+    strays, packages = [], {}
+    for path in [*(ROOT / "edged").rglob("*.py"), *(ROOT / "cloudsync").rglob("*.py")]:
+        module = module_of(path, ROOT)
+        if path.stem in ("cli", "config") and module.rpartition(".")[0] not in homes:
+            strays.append(module)
+        if path.name == "__init__.py":
+            packages.setdefault(path.parent.name, []).append(module)
+    assert not strays, f"cli or config outside a program's package: {strays}"
+    assert not {name: found for name, found in packages.items() if len(found) > 1}

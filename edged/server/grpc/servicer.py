@@ -21,8 +21,8 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from edged.common.errors import EdgedError, Forbidden, InvalidRequest, NotFound, retry_after
 from edged.dataplane.plane import EMPTY_FINAL, DataPlane
-from edged.protocol.shm import Bound, use_of
-from edged.protocol.tensors import (
+from edged.oip.shm import Bound, use_of
+from edged.oip.tensors import (
     DATATYPES,
     InferRequest,
     InferResponse,

@@ -20,7 +20,7 @@ from edged.config import ServerConfig
 from edged.dataplane import default_models
 from edged.dataplane.plane import DataPlane
 from edged.metrics import Metrics
-from edged.protocol.tensors import (
+from edged.oip.tensors import (
     HEADER_LENGTH,
     InferRequest,
     InferResponse,

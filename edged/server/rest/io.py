@@ -16,7 +16,7 @@ from edged.common.errors import EdgedError, InvalidRequest, PayloadTooLarge
 from edged.common.live import Live
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
-from edged.protocol.tensors import dump_json, parse_json
+from edged.oip.tensors import dump_json, parse_json
 from edged.server.access import Access, Peer, peer_of
 from edged.server.offload import offload
 

@@ -128,7 +128,7 @@ def prepare(service: FleetService) -> None:
     assert status == 202, sent
     now = int(time.time() * 1000)
     records = [("sim-00042", "xss", "alert", {"from": "edged", "id": 1, "ts": now,
-                "level": "error", "source": "edged.router", "message": XSS})]  # fmt: skip
+                "level": "error", "source": "edged.routing.router", "message": XSS})]  # fmt: skip
     for i in range(0, NODES, 50):
         for k in range(5):
             level = "warning" if k % 2 else "info"

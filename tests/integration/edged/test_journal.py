@@ -151,7 +151,7 @@ import logging
 from edged.common import logs
 
 print(logs.setup_logging("info", "journal", "node-7", "edged"))
-log = logging.getLogger("edged.router")
+log = logging.getLogger("edged.routing.router")
 log.info("before any request")
 with logs.bind(request_id="req-9", model="intent-classifier", route="cloud", reason="rule 'big'"):
     log.warning("routed")
@@ -170,7 +170,7 @@ def test_records_reach_journald_with_model_route_request_id_and_node(journald: J
     explicit, failed = found["explicit"], found["failed"]
     # what systemd-python's JournalHandler gives
     assert before["_TRANSPORT"] == "journal" and before["PRIORITY"] == "6"
-    assert before["LOGGER"] == "edged.router" and before["CODE_FILE"] == "<string>"
+    assert before["LOGGER"] == "edged.routing.router" and before["CODE_FILE"] == "<string>"
     assert before["CODE_FUNC"] == "<module>" and before["THREAD_NAME"] == "MainThread"
     # ours: the node always, the request's fields while one is bound
     assert before["NODE"] == "node-7"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from edged import config
 from edged.cli import main as edged_main
 from edged.common.errors import ConfigError
+from edged.common.settings import renamed
 
 
 def test_defaults_need_no_file() -> None:
@@ -106,3 +108,29 @@ def test_cloud_tiers_that_cannot_work_are_named() -> None:
     ]:
         with pytest.raises(ConfigError, match=f"cloud.*{words}"):
             config.parse({"cloud": section})
+
+
+def test_an_old_section_name_is_read_and_noted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """[load] (the device load monitor, beside [models] load) is [device] now: a file that
+    still says [load] keeps its setting for a release, with a note; both names are refused."""
+    cfg = config.parse({"load": {"interval_s": 2.5}})
+    assert cfg.device.interval_s == 2.5
+    assert renamed(cfg) == ["load is now device: rename it (the old name is read in this"
+                            " release only)"]  # fmt: skip
+    assert renamed(config.parse({"device": {"interval_s": 2.5}})) == []
+    cfg.state_dir = tmp_path  # an assignment validates again: the note stays, the value too
+    assert cfg.device.interval_s == 2.5 and len(renamed(cfg)) == 1
+    with pytest.raises(ConfigError, match=r"^config: load and device: load is the old name of"
+                                          r" device; keep device$"):  # fmt: skip
+        config.parse({"load": {}, "device": {}})
+    with pytest.raises(ConfigError, match=r"^config: device.interval_s: .*greater than 0"):
+        config.parse({"load": {"interval_s": 0}})
+    old = tmp_path / "old.toml"
+    old.write_text("[load]\ninterval_s = 3\n")
+    assert edged_main(["--config", str(old), "validate-config"]) == 0
+    out, err = capsys.readouterr()
+    dumped = json.loads(out)
+    assert dumped["device"] == {"interval_s": 3.0} and "load" not in dumped
+    assert "edged: config: load is now device: rename it" in err

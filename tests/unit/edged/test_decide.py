@@ -229,7 +229,7 @@ def test_a_bad_cloud_url_is_a_config_error() -> None:
 
 
 def test_the_local_reserve_of_a_cloud_call() -> None:
-    from edged.router import local_reserve
+    from edged.routing.router import local_reserve
 
     def cloud(local: float | None, deadline: float, fallback: bool = True) -> Decision:
         return Decision("cloud", "r", "local" if fallback else None, None, local, 0.01, deadline)

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from edged.config import OnnxRuntimeConfig
-from edged.models.config import read_config
+from edged.models.model_config import read_config
 from edged.runtimes import gpu
 from edged.runtimes.onnxruntime import OnnxRuntime, choose_providers
 from tests.modelfiles import add_model

@@ -22,8 +22,8 @@ from edged.common.errors import NotFound, Overloaded
 from edged.common.live import Live
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
-from edged.protocol.shm import Bound, Regions
-from edged.protocol.tensors import InferRequest, InferResponse
+from edged.oip.shm import Bound, Regions
+from edged.oip.tensors import InferRequest, InferResponse
 from edged.server.access import Access, Peer
 from edged.server.grpc.servicer import Service
 

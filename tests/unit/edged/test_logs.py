@@ -23,11 +23,11 @@ from edged.common import logs
 from edged.config import ModelsConfig, OnnxRuntimeConfig, RoutingConfig
 from edged.dataplane.plane import DataPlane
 from edged.metrics import Metrics
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 from edged.models.repository import ModelManager
+from edged.oip.tensors import InferRequest
 from edged.pipelines.base import Pipeline
-from edged.protocol.tensors import InferRequest
-from edged.router import Router
+from edged.routing.router import Router
 from edged.runtimes.base import Runtime, Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
 from tests.modelfiles import add_model

@@ -9,7 +9,7 @@ import pytest
 
 from edged.common.errors import ConfigError, InvalidRequest, ModelLoadError
 from edged.common.live import Live
-from edged.models.config import read_config
+from edged.models.model_config import read_config
 
 CONFIG = """
 name: "m"

@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 
 from edged.common.errors import EdgedError, InvalidRequest, ModelLoadError, Unavailable
 from edged.config import OnnxRuntimeConfig
-from edged.models.config import read_config
+from edged.models.model_config import read_config
 from edged.runtimes.base import Runtime, Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
 from edged.runtimes.process import ProcessRuntime, rss_bytes, wants_process
@@ -301,7 +301,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
 from edged.config import OnnxRuntimeConfig
-from edged.models.config import read_config
+from edged.models.model_config import read_config
 from edged.runtimes.process import ProcessRuntime
 
 channel = os.fdopen(os.dup(1), "w")

@@ -13,9 +13,9 @@ import pytest
 
 from edged.common.errors import NotFound, Unavailable
 from edged.config import OnnxRuntimeConfig, RoutingConfig
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 from edged.models.repository import ModelManager, State
-from edged.router import Router
+from edged.routing.router import Router
 from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime
 from tests.modelfiles import add_model

@@ -23,8 +23,8 @@ from edged.common.errors import NotFound, Overloaded, Unavailable
 from edged.common.live import Live
 from edged.config import ServerConfig
 from edged.dataplane.plane import DataPlane
-from edged.protocol.shm import Regions
-from edged.protocol.tensors import InferRequest, InferResponse
+from edged.oip.shm import Regions
+from edged.oip.tensors import InferRequest, InferResponse
 from edged.request import CALLER
 from edged.server.rest import routes
 from edged.server.rest.routes import create_app

@@ -22,7 +22,7 @@ from edged.common.errors import (
     Unavailable,
 )
 from edged.config import OnnxRuntimeConfig
-from edged.models.config import read_config
+from edged.models.model_config import read_config
 from edged.request import CONTEXT, RequestContext, RequestQos, qos_from_parameters
 from edged.runtimes.base import Tensors
 from edged.runtimes.onnxruntime import OnnxRuntime

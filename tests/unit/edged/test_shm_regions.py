@@ -1,4 +1,4 @@
-"""System shared memory's rules without a daemon (edged.protocol.shm): who may read a file by
+"""System shared memory's rules without a daemon (edged.oip.shm): who may read a file by
 its mode, what an input's parameters may say, regions by (uid, name), bounds checked against
 the region and the file before anything is read. Files in a temporary directory stand in for
 /dev/shm (the same kind of file: regular, on a tmpfs or not)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from edged.common.errors import InvalidRequest
-from edged.protocol.shm import Regions, Use, may, use_of
+from edged.oip.shm import Regions, Use, may, use_of
 from edged.server.access import Peer
 
 ALICE = Peer(pid=os.getpid(), uid=1000, gid=1000, groups=frozenset({44}))

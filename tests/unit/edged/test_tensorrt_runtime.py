@@ -15,7 +15,7 @@ import pytest
 
 from edged.common.errors import ModelLoadError
 from edged.config import OnnxRuntimeConfig
-from edged.models.config import read_config
+from edged.models.model_config import read_config
 from edged.models.repository import ModelManager, State
 from edged.runtimes.gpu import profile_shapes
 from edged.runtimes.tensorrt import TensorRtRuntime, TensorRtSettings, wants_tensorrt

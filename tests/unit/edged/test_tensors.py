@@ -15,8 +15,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from edged.common.errors import InvalidRequest
-from edged.protocol.shm import Bound, Use
-from edged.protocol.tensors import (
+from edged.oip.shm import Bound, Use
+from edged.oip.tensors import (
     DATATYPES,
     InferResponse,
     RequestedOutput,

@@ -14,7 +14,7 @@ import pytest
 
 from edged.common.errors import ModelLoadError
 from edged.config import ModelsConfig
-from edged.models.config import read_config
+from edged.models.model_config import read_config
 from edged.pipelines.speech import Transcribe, VoiceAssistant, WakeWord, parse_phrases
 from tests.conftest import MODELS, require_models
 

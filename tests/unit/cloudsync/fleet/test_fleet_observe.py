@@ -203,8 +203,9 @@ def test_alerts_are_kept_by_identity_and_sent_as_prometheus_sends_them(
 def test_events_are_ecs_lines_once(registry: Registry, tmp_path: Path) -> None:
     path = tmp_path / "events.json"
     log = EventLog(str(path), "f1")
-    event = {"from": "edged", "id": 7, "ts": NOW, "level": "error", "source": "edged.router",
-             "message": "cloud call failed", "request_id": "req-42", "model": "m"}  # fmt: skip
+    event = {"from": "edged", "id": 7, "ts": NOW, "level": "error",
+             "source": "edged.routing.router", "message": "cloud call failed",
+             "request_id": "req-42", "model": "m"}  # fmt: skip
     once = msg("events", "n1", event, ident="edged-e-7", priority="alert")
     step = msg("events", "n1", {"delivery": {"model": "m", "version": 3, "step": "active"}},
                ident="d1")  # fmt: skip
@@ -221,7 +222,7 @@ def test_events_are_ecs_lines_once(registry: Registry, tmp_path: Path) -> None:
     assert first["http"] == {"request": {"id": "req-42"}}
     assert first["edged"] == {"model": "m"}
     assert first["event"]["id"] == "edged-e-7" and first["event"]["kind"] == "alert"
-    assert first["log"]["logger"] == "edged.router"
+    assert first["log"]["logger"] == "edged.routing.router"
     assert second["message"] == "m v3: active" and second["event"]["action"] == "delivery active"
 
 

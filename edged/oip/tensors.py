@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from edged.common.errors import InvalidRequest
-from edged.protocol.shm import Bound, Use, use_of
+from edged.oip.shm import Bound, Use, use_of
 
 # OIP datatype name -> numpy dtype. BYTES tensors are numpy object arrays of ``bytes``.
 DATATYPES: dict[str, np.dtype[Any]] = {

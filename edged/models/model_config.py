@@ -15,7 +15,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from edged.common.errors import ConfigError, InvalidRequest, ModelLoadError
-from edged.protocol.tensors import DATATYPES
+from edged.oip.tensors import DATATYPES
 
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -319,7 +319,7 @@ def check_routing_parameters(path: Path, config: ModelConfig) -> None:
         raise ConfigError(
             f"{path}: parameter confidence_output names {output!r}, not an output of the model"
         )
-    # what the router scores (edged.router: _escalate): this output, else the first
+    # what the router scores (edged.routing.router: _escalate): this output, else the first
     scored = config.confidence_output or next((o.name for o in config.outputs), None)
     spec = next((o for o in config.outputs if o.name == scored), None)
     if threshold is not None and spec is not None and spec.datatype in ("BYTES", "BOOL"):

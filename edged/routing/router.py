@@ -37,10 +37,10 @@ from edged.common.errors import EdgedError, NotFound, Unavailable
 from edged.config import RoutingConfig
 from edged.device import LoadMonitor
 from edged.metrics import Metrics
-from edged.models.config import ModelConfig
+from edged.models.model_config import ModelConfig
 from edged.models.repository import ModelManager
+from edged.oip.tensors import confidence, payload_bytes
 from edged.privacy import Privacy
-from edged.protocol.tensors import confidence, payload_bytes
 from edged.request import RouteContext, current_qos, current_route, set_route
 from edged.routing import tiers
 from edged.routing.decide import Decision, Path, RouteRequest, decide
