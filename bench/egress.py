@@ -60,11 +60,20 @@ def bench_entries(count: int, workdir: Path) -> None:
                 hashing.append(time.perf_counter_ns() - t)
                 t = time.perf_counter_ns()
                 ledger.record(
-                    "cloud-infer", request_id=f"req-{i}", uid=1000, model=MODEL,
-                    cloud_model=MODEL, endpoint="https://cloud.example/api/v1", tier="cloud",
-                    protocol="rest", route="cloud", reason="rule cloud-first: action cloud",
-                    labels={"embedding": "public"}, bytes=size, sha256=sha,
-                )  # fmt: skip
+                    "cloud-infer",
+                    request_id=f"req-{i}",
+                    uid=1000,
+                    model=MODEL,
+                    cloud_model=MODEL,
+                    endpoint="https://cloud.example/api/v1",
+                    tier="cloud",
+                    protocol="rest",
+                    route="cloud",
+                    reason="rule cloud-first: action cloud",
+                    labels={"embedding": "public"},
+                    bytes=size,
+                    sha256=sha,
+                )
                 recording.append(time.perf_counter_ns() - t)
                 line = b"x" * (ledger.size // max(1, i + 2)) + b"\n"
                 t = time.perf_counter_ns()
@@ -72,9 +81,15 @@ def bench_entries(count: int, workdir: Path) -> None:
                 raw.append(time.perf_counter_ns() - t)
         per_entry = (ledger.size - start_size) / count
         ledger.close()
-        rows.append([f"{size >> 10} KiB", statistics.median(hashing) / 1000,
-                     statistics.median(recording) / 1000, statistics.median(raw) / 1000,
-                     per_entry])  # fmt: skip
+        rows.append(
+            [
+                f"{size >> 10} KiB",
+                statistics.median(hashing) / 1000,
+                statistics.median(recording) / 1000,
+                statistics.median(raw) / 1000,
+                per_entry,
+            ]
+        )
     print(f"\n## one entry: medians of {count} calls, microseconds\n")
     print(table(rows, ["payload", "SHA-256 µs", "record µs", "bare write µs", "ledger bytes"]))
 
@@ -94,15 +109,18 @@ def wait_ready(client: Client) -> None:
 
 def drive(client: Client, rate: float, seconds: float, first: int) -> list[float]:
     """Open loop: call i is sent at i / rate s; its latency from when it was sent."""
-    feeds = [{"embedding": np.random.default_rng(first + i).standard_normal((1, 384))
-              .astype(np.float32)} for i in range(64)]  # fmt: skip
+    feeds = [
+        {"embedding": np.random.default_rng(first + i).standard_normal((1, 384)).astype(np.float32)}
+        for i in range(64)
+    ]
     latencies: list[float] = []
     lock = threading.Lock()
 
     def one(i: int) -> None:
         t = time.perf_counter()
-        _, answer = client.infer_answer(MODEL, feeds[i % 64], request_id=f"b-{first + i}",
-                                        parameters={"route": "cloud"})  # fmt: skip
+        _, answer = client.infer_answer(
+            MODEL, feeds[i % 64], request_id=f"b-{first + i}", parameters={"route": "cloud"}
+        )
         if answer["route"] != "cloud":
             raise SystemExit(f"ran {answer['route']}: {answer['reason']}")
         with lock:
@@ -123,8 +141,9 @@ def drive(client: Client, rate: float, seconds: float, first: int) -> list[float
 
 
 def bench_calls(rate: float, seconds: float, rounds: int, workdir: Path) -> None:
-    peer = start_peer(ensure_venv(), MODELS / MODEL / "1" / "model.onnx", MODEL,
-                      workdir / "mlserver")  # fmt: skip
+    peer = start_peer(
+        ensure_venv(), MODELS / MODEL / "1" / "model.onnx", MODEL, workdir / "mlserver"
+    )
     procs: dict[str, subprocess.Popen[bytes]] = {}
     clients: dict[str, Client] = {}
     try:
@@ -132,14 +151,28 @@ def bench_calls(rate: float, seconds: float, rounds: int, workdir: Path) -> None
             work = workdir / name.replace(" ", "-")
             work.mkdir()
             config = work / "edged.toml"
-            config.write_text(f'[models]\nload = ["{MODEL}"]\n[cloud]\nurl = "{peer.http_url}"\n'
-                              f"[egress]\nenabled = {enabled}\n")  # fmt: skip
+            config.write_text(
+                f'[models]\nload = ["{MODEL}"]\n[cloud]\nurl = "{peer.http_url}"\n'
+                f"[egress]\nenabled = {enabled}\n"
+            )
             socket = work / "edged.sock"
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "edged", "--config", str(config), "--socket", str(socket),
-                 "--models", str(MODELS), "--state-dir", str(work / "state"),
-                 "--log-level", "warning"],
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "edged",
+                    "--config",
+                    str(config),
+                    "--socket",
+                    str(socket),
+                    "--models",
+                    str(MODELS),
+                    "--state-dir",
+                    str(work / "state"),
+                    "--log-level",
+                    "warning",
+                ],
+            )
             clients[name] = Client(str(socket))
         for client in clients.values():
             wait_ready(client)
@@ -158,16 +191,29 @@ def bench_calls(rate: float, seconds: float, rounds: int, workdir: Path) -> None
         base = statistics.median(latency["no ledger"])
         for name, values in latency.items():
             s = sorted(values)
-            rows.append([name, len(s), statistics.median(s), percentile(s, 0.95),
-                         percentile(s, 0.99), statistics.median(s) / base])  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    len(s),
+                    statistics.median(s),
+                    percentile(s, 0.95),
+                    percentile(s, 0.99),
+                    statistics.median(s) / base,
+                ]
+            )
         entries = Ledger(workdir / "ledger" / "state" / "egress").entries(
-            limit=10**6, match=lambda e: e["kind"] == "cloud-infer")  # fmt: skip
-        print(f"\n## cloud calls: intent-classifier on MLServer (loopback), open loop at {rate:g}"
-              f" calls/s, {rounds} rounds of {seconds:g} s each, alternating; {os.cpu_count()}"
-              " CPUs shared by both daemons, the cloud and this client\n")  # fmt: skip
+            limit=10**6, match=lambda e: e["kind"] == "cloud-infer"
+        )
+        print(
+            f"\n## cloud calls: intent-classifier on MLServer (loopback), open loop at {rate:g}"
+            f" calls/s, {rounds} rounds of {seconds:g} s each, alternating; {os.cpu_count()}"
+            " CPUs shared by both daemons, the cloud and this client\n"
+        )
         print(table(rows, ["edged", "calls", "p50 ms", "p95 ms", "p99 ms", "p50 / no ledger"]))
-        print(f"\nper round, p50 with the ledger / without: median {statistics.median(ratios):.3f},"
-              f" from {min(ratios):.3f} to {max(ratios):.3f} ({rounds} rounds)")  # fmt: skip
+        print(
+            f"\nper round, p50 with the ledger / without: median {statistics.median(ratios):.3f},"
+            f" from {min(ratios):.3f} to {max(ratios):.3f} ({rounds} rounds)"
+        )
         size = sum(p.stat().st_size for p in (workdir / "ledger" / "state" / "egress").iterdir())
         print(f"\nthe ledger recorded {len(entries)} cloud calls; its size: {size} bytes")
     finally:

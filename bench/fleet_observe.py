@@ -87,12 +87,23 @@ def render_floor(text: str, runs: int) -> float:
 
 
 def measure(args: argparse.Namespace, work: Path, pki: Path, n: int) -> dict[str, Any]:
-    bench = argparse.Namespace(heartbeat_s=10.0, telemetry_s=args.telemetry_s, seed=0,
-                               install_delay_s=1.0, reconcile_s=30.0, lease_s=15.0)  # fmt: skip
+    bench = argparse.Namespace(
+        heartbeat_s=10.0,
+        telemetry_s=args.telemetry_s,
+        seed=0,
+        install_delay_s=1.0,
+        reconcile_s=30.0,
+        lease_s=15.0,
+    )
     with fleet(bench, work / f"n{n}", pki, n) as f:
         service = f.service
-        prom = Prometheus(work / f"prom{n}", f"127.0.0.1:{service.port}", TOKENS["viewer"],
-                          interval_s=args.scrape_s, shards=args.shards).start()  # fmt: skip
+        prom = Prometheus(
+            work / f"prom{n}",
+            f"127.0.0.1:{service.port}",
+            TOKENS["viewer"],
+            interval_s=args.scrape_s,
+            shards=args.shards,
+        ).start()
         try:
             time.sleep(args.warm_s)
             auth = {"Authorization": f"Bearer {TOKENS['viewer']}"}
@@ -115,8 +126,9 @@ def measure(args: argparse.Namespace, work: Path, pki: Path, n: int) -> dict[str
             after_m, cpu1, t1 = metrics(service), proc_cpu_s(pid), time.monotonic()
             batch = "edgefleet_ingest_batch_seconds_sum"
             busy = (after_m.get(batch, 0) - before_m.get(batch, 0)) / (t1 - t0)
-            scrapes = prom.query('scrape_duration_seconds{job="edgefleet"}'
-                                 f"[{int(args.runs * args.scrape_s)}s]")  # fmt: skip
+            scrapes = prom.query(
+                f'scrape_duration_seconds{{job="edgefleet"}}[{int(args.runs * args.scrape_s)}s]'
+            )
             durations = [float(v) for target in scrapes for _, v in target["values"]]
             scraped = prom.query('sum(scrape_samples_scraped{job="edgefleet"})')
             pages = {}
@@ -168,25 +180,49 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {n} nodes: {results[-1]}", file=sys.stderr, flush=True)
     print(f"machine: {machine()}")
     print(f"command: {' '.join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])}")
-    print(f"telemetry every {args.telemetry_s:g} s, Prometheus scrapes every {args.scrape_s:g} s"
-          f" ({args.shards} shard(s): a scrape's time is the slowest shard's); medians of"
-          f" {args.runs}")  # fmt: skip
+    print(
+        f"telemetry every {args.telemetry_s:g} s, Prometheus scrapes every {args.scrape_s:g} s"
+        f" ({args.shards} shard(s): a scrape's time is the slowest shard's); medians of"
+        f" {args.runs}"
+    )
     rows = []
     for r in results:
-        rows.append([
-            f"{r['nodes']:,}", f"{r['samples']:,}", f"{r['bytes'] / 1e6:.1f} MB",
-            f"{r['scrape_s'] * 1000:.0f} ms", f"{r['floor_s'] * 1000:.0f} ms",
-            f"{r['scrape_s'] / r['floor_s']:.1f}x",
-            "-" if r["prom_scrape_s"] is None else f"{r['prom_scrape_s'] * 1000:.0f} ms",
-            f"{r['service_cpu_pct']:.1f} %", f"{r['writer_busy_pct']:.1f} %",
-        ])  # fmt: skip
-    print(table(["nodes", "samples", "exposition", "GET /v1/fleet/metrics",
-                 "render floor", "ratio", "Prometheus' scrape", "service CPU",
-                 "writer busy"], rows))  # fmt: skip
+        rows.append(
+            [
+                f"{r['nodes']:,}",
+                f"{r['samples']:,}",
+                f"{r['bytes'] / 1e6:.1f} MB",
+                f"{r['scrape_s'] * 1000:.0f} ms",
+                f"{r['floor_s'] * 1000:.0f} ms",
+                f"{r['scrape_s'] / r['floor_s']:.1f}x",
+                "-" if r["prom_scrape_s"] is None else f"{r['prom_scrape_s'] * 1000:.0f} ms",
+                f"{r['service_cpu_pct']:.1f} %",
+                f"{r['writer_busy_pct']:.1f} %",
+            ]
+        )
+    print(
+        table(
+            [
+                "nodes",
+                "samples",
+                "exposition",
+                "GET /v1/fleet/metrics",
+                "render floor",
+                "ratio",
+                "Prometheus' scrape",
+                "service CPU",
+                "writer busy",
+            ],
+            rows,
+        )
+    )
     print()
-    print(table(["console page (warm, server time)", *[f"{r['nodes']:,} nodes" for r in results]],
-                [[path, *[f"{r['pages_ms'][path]:.1f} ms" for r in results]]
-                 for path in PAGES]))  # fmt: skip
+    print(
+        table(
+            ["console page (warm, server time)", *[f"{r['nodes']:,} nodes" for r in results]],
+            [[path, *[f"{r['pages_ms'][path]:.1f} ms" for r in results]] for path in PAGES],
+        )
+    )
     return 0
 
 

@@ -162,8 +162,11 @@ def machine_cpu_s() -> dict[str, float]:
     process is charged for) and steal (the hypervisor's)."""
     v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     # user nice system idle iowait irq softirq steal
-    return {"busy": (sum(v) - v[3] - v[4]) / TICK, "irq": (v[5] + v[6]) / TICK,
-            "steal": v[7] / TICK}  # fmt: skip
+    return {
+        "busy": (sum(v) - v[3] - v[4]) / TICK,
+        "irq": (v[5] + v[6]) / TICK,
+        "steal": v[7] / TICK,
+    }
 
 
 def every_process() -> dict[int, tuple[str, float]]:
@@ -303,13 +306,20 @@ def keys(directory: Path) -> str:
     """The deploy key and the fleet's trust directory: the lines of [service] naming them."""
     directory.mkdir(parents=True, exist_ok=True)
     key = directory / "deploy-1.key"
-    key.write_bytes(Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))  # fmt: skip
+    key.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     trust = directory / "trust"
     trust.mkdir(exist_ok=True)
-    (trust / "fleet-1.pub").write_bytes(FLEET_KEY.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    (trust / "fleet-1.pub").write_bytes(
+        FLEET_KEY.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     return f'deploy_key = "{key}"\ntrust_dir = "{trust}"'
 
 
@@ -390,9 +400,15 @@ def stop_service(service: FleetService) -> None:
 
 @contextlib.contextmanager
 def fleet(
-    args: argparse.Namespace, work: Path, pki: Path, n: int, *, pg: Postgres | None = None,
-    more: str = "", heartbeat_s: float | None = None,
-) -> Iterator[Fleet]:  # fmt: skip
+    args: argparse.Namespace,
+    work: Path,
+    pki: Path,
+    n: int,
+    *,
+    pg: Postgres | None = None,
+    more: str = "",
+    heartbeat_s: float | None = None,
+) -> Iterator[Fleet]:
     """A broker, the service and ``n`` simulated nodes, every node counted online; all of it
     stopped when the block ends."""
     broker: Broker | None = None
@@ -405,16 +421,21 @@ def fleet(
         broker.start()
         name = "fleet_" + "".join(c if c.isalnum() else "_" for c in work.name)
         database = pg.create_database(name) if pg is not None else ""
-        service = FleetService(work / "service", broker, fleet=FLEET, database=database,
-                               more=more)  # fmt: skip
+        service = FleetService(work / "service", broker, fleet=FLEET, database=database, more=more)
         tune(service, args.reconcile_s, args.lease_s)
         command(f"{sys.executable} -m cloudsync.fleet.cli serve --config {service.config}")
         service.start(timeout=60)
         config = SimConfig(
-            nodes=n, fleet=FLEET, port=broker.port, pki=pki, heartbeat_s=heartbeat_s,
-            telemetry_s=args.telemetry_s, install_delay_s=args.install_delay_s,
-            models={MODEL: 1}, seed=args.seed,
-        )  # fmt: skip
+            nodes=n,
+            fleet=FLEET,
+            port=broker.port,
+            pki=pki,
+            heartbeat_s=heartbeat_s,
+            telemetry_s=args.telemetry_s,
+            install_delay_s=args.install_delay_s,
+            models={MODEL: 1},
+            seed=args.seed,
+        )
         sim = Simulator(config)
         made = Fleet(n, broker, service, sim, pg)
         made.empty_db = made.db_bytes()[0] if pg is not None else 0
@@ -435,8 +456,10 @@ def fleet(
                 raise RuntimeError(f"the service counts {made.online()} of {n} nodes online")
             time.sleep(0.5)
         made.seen_s = time.monotonic() - started
-        note(f"{n} nodes connected in {connect_s:.1f} s, all online at the service after"
-             f" {made.seen_s:.1f} s")  # fmt: skip
+        note(
+            f"{n} nodes connected in {connect_s:.1f} s, all online at the service after"
+            f" {made.seen_s:.1f} s"
+        )
         yield made
     finally:
         if sim is not None:
@@ -585,9 +608,14 @@ def measure_ingest(args: argparse.Namespace, f: Fleet, database: str) -> dict[st
 
 
 def run_ingest(
-    args: argparse.Namespace, work: Path, pki: Path, sizes: list[int], pg: Postgres | None,
-    results: dict[str, Any], heartbeat_s: float | None = None,
-) -> None:  # fmt: skip
+    args: argparse.Namespace,
+    work: Path,
+    pki: Path,
+    sizes: list[int],
+    pg: Postgres | None,
+    results: dict[str, Any],
+    heartbeat_s: float | None = None,
+) -> None:
     database = "postgresql" if pg is not None else "sqlite"
     heartbeat_s = heartbeat_s or args.heartbeat_s
     for n in sizes:
@@ -628,8 +656,10 @@ def run_rollout(args: argparse.Namespace, work: Path, pki: Path, results: dict[s
         for run in range(args.rollout_runs):
             ident, version = f"bench-{run + 1}", 2 + run
             body = {"id": ident, **entry(version), "stages": [0.1, 1.0], "soak_s": args.soak_s}
-            command(f"POST {f.service.url}/v1/rollouts (id {ident}, version {version}, stages"
-                    f" [0.1, 1.0], soak_s {args.soak_s:g}, max_unavailable default)")  # fmt: skip
+            command(
+                f"POST {f.service.url}/v1/rollouts (id {ident}, version {version}, stages"
+                f" [0.1, 1.0], soak_s {args.soak_s:g}, max_unavailable default)"
+            )
             wall0, t0 = time.time(), time.monotonic()
             status, made = f.service.call("POST", "/v1/rollouts", body, role="operator")
             if status != 201:
@@ -654,23 +684,32 @@ def run_rollout(args: argparse.Namespace, work: Path, pki: Path, results: dict[s
             for i in installs:
                 per_node[i["node"]] = per_node.get(i["node"], 0) + 1
             firsts = sorted(i["ts"] for i in installs)
-            results["rollout"].append({
-                "n": n, "id": ident, "state": record["state"], "answered_s": answered,
-                "seen": seen, "log": [(stamp_s(line, wall0), line) for line in record["log"]],
-                "stage_sizes": record["stage_sizes"], "max_unavailable":
-                record["max_unavailable"], "nodes": record["nodes"],
-                "installed": len(per_node), "twice": sum(1 for c in per_node.values() if c > 1),
-                "install_span_s": (firsts[-1] - firsts[0]) / 1000 if len(firsts) > 1 else 0.0,
-                "total_s": max(seen.values()),
-            })  # fmt: skip
+            results["rollout"].append(
+                {
+                    "n": n,
+                    "id": ident,
+                    "state": record["state"],
+                    "answered_s": answered,
+                    "seen": seen,
+                    "log": [(stamp_s(line, wall0), line) for line in record["log"]],
+                    "stage_sizes": record["stage_sizes"],
+                    "max_unavailable": record["max_unavailable"],
+                    "nodes": record["nodes"],
+                    "installed": len(per_node),
+                    "twice": sum(1 for c in per_node.values() if c > 1),
+                    "install_span_s": (firsts[-1] - firsts[0]) / 1000 if len(firsts) > 1 else 0.0,
+                    "total_s": max(seen.values()),
+                }
+            )
             note(f"rollout {ident}: {record['state']} after {max(seen.values()):.1f} s")
 
 
 # ---- 3. resume after SIGKILL ----------------------------------------------------------------
 
 
-def signature(state: str, stage: int, phase: str, log: list[str],
-              counts: dict[str, int]) -> tuple[Any, ...]:  # fmt: skip
+def signature(
+    state: str, stage: int, phase: str, log: list[str], counts: dict[str, int]
+) -> tuple[Any, ...]:
     return state, stage, phase, log[-1] if log else "", tuple(sorted(counts.items()))
 
 
@@ -678,18 +717,24 @@ def db_signature(path: Path, ident: str) -> tuple[Any, ...]:
     """The rollout as the database holds it (the service is dead: nothing changes it)."""
     conn = sqlite3.connect(path, timeout=10)
     try:
-        doc = json.loads(conn.execute("SELECT doc FROM rollouts WHERE id = ?", (ident,))
-                         .fetchone()[0])  # fmt: skip
-        counts = dict(conn.execute("SELECT state, COUNT(*) FROM rollout_nodes WHERE rollout = ?"
-                                   " GROUP BY state", (ident,)).fetchall())  # fmt: skip
+        doc = json.loads(
+            conn.execute("SELECT doc FROM rollouts WHERE id = ?", (ident,)).fetchone()[0]
+        )
+        counts = dict(
+            conn.execute(
+                "SELECT state, COUNT(*) FROM rollout_nodes WHERE rollout = ? GROUP BY state",
+                (ident,),
+            ).fetchall()
+        )
     finally:
         conn.close()
     return signature(doc["state"], doc["stage"], doc["phase"], doc["log"], counts)
 
 
 def api_signature(record: dict[str, Any]) -> tuple[Any, ...]:
-    return signature(record["state"], record["stage"], record["phase"], record["log"],
-                     record["nodes"])  # fmt: skip
+    return signature(
+        record["state"], record["stage"], record["phase"], record["log"], record["nodes"]
+    )
 
 
 def moved(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
@@ -718,8 +763,9 @@ def listening_after(port: int, since: float, stop: threading.Event, out: list[fl
             time.sleep(0.02)
 
 
-def wait_record(f: Fleet, ident: str, ok: Callable[[dict[str, Any]], bool],
-                timeout: float) -> dict[str, Any]:  # fmt: skip
+def wait_record(
+    f: Fleet, ident: str, ok: Callable[[dict[str, Any]], bool], timeout: float
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         status, record = f.service.call("GET", f"/v1/rollouts/{ident}", role="viewer")
@@ -775,11 +821,17 @@ def run_resume(args: argparse.Namespace, work: Path, pki: Path, results: dict[st
             what = moved(before, api_signature(record))
             done = wait_record(f, ident, lambda r: r["state"] in DONE, 300)
             row = {
-                "run": run + 1, "n": n, "at": dict(before[4]), "listening_s":
-                heard[0] if heard else math.nan, "healthy_s": healthy, "progress_s": progress,
-                "what": what, "done_after_s": time.monotonic() - t_kill, "state": done["state"],
+                "run": run + 1,
+                "n": n,
+                "at": dict(before[4]),
+                "listening_s": heard[0] if heard else math.nan,
+                "healthy_s": healthy,
+                "progress_s": progress,
+                "what": what,
+                "done_after_s": time.monotonic() - t_kill,
+                "state": done["state"],
                 "nodes": done["nodes"],
-            }  # fmt: skip
+            }
             results["resume"].append(row)
             note(f"resume {run + 1}: healthy {healthy:.2f} s, progress {progress:.2f} s ({what})")
 
@@ -789,8 +841,15 @@ def run_resume(args: argparse.Namespace, work: Path, pki: Path, results: dict[st
 
 def list_nodes(args: argparse.Namespace, f: Fleet) -> list[dict[str, Any]]:
     direct = edgefleet_command(f.broker, "--json", "nodes", "--wait", "0", fleet=FLEET)
-    service = [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service",
-               f.service.url, "nodes"]  # fmt: skip
+    service = [
+        sys.executable,
+        "-m",
+        "cloudsync.fleet.cli",
+        "--json",
+        "--service",
+        f.service.url,
+        "nodes",
+    ]
     env = {**os.environ, "EDGEFLEET_TOKEN": TOKENS["viewer"]}
     rows = []
     for mode, cmd in (("direct MQTT", direct), ("service", service)):
@@ -798,22 +857,38 @@ def list_nodes(args: argparse.Namespace, f: Fleet) -> list[dict[str, Any]]:
         for run in range(args.list_runs):
             started = time.monotonic()
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env,
-                                      cwd=ROOT)  # fmt: skip
+                done = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT
+                )
             except subprocess.TimeoutExpired:
-                rows.append({"mode": mode, "run": run + 1, "wall_s": math.nan, "rows": 0,
-                             "rc": "timeout", "partial": False})  # fmt: skip
+                rows.append(
+                    {
+                        "mode": mode,
+                        "run": run + 1,
+                        "wall_s": math.nan,
+                        "rows": 0,
+                        "rc": "timeout",
+                        "partial": False,
+                    }
+                )
                 continue
             wall = time.monotonic() - started
             try:
                 listed = len(json.loads(done.stdout)) if done.stdout.strip() else 0
             except ValueError:
                 listed = 0
-            rows.append({"mode": mode, "run": run + 1, "wall_s": wall, "rows": listed,
-                         "rc": done.returncode, "partial": "partial list" in done.stderr,
-                         "stderr": done.stderr.strip()[-200:]})  # fmt: skip
-            note(f"nodes ({mode}) run {run + 1}: {wall:.2f} s, {listed} rows, rc"
-                 f" {done.returncode}")  # fmt: skip
+            rows.append(
+                {
+                    "mode": mode,
+                    "run": run + 1,
+                    "wall_s": wall,
+                    "rows": listed,
+                    "rc": done.returncode,
+                    "partial": "partial list" in done.stderr,
+                    "stderr": done.stderr.strip()[-200:],
+                }
+            )
+            note(f"nodes ({mode}) run {run + 1}: {wall:.2f} s, {listed} rows, rc {done.returncode}")
     return rows
 
 
@@ -846,18 +921,26 @@ def median(values: list[float]) -> float:
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine())  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.machine(),
+    )
     mem = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
     try:
-        version = subprocess.run(["mosquitto", "-h"], capture_output=True, text=True,
-                                 timeout=5).stdout.splitlines()[0]  # fmt: skip
+        version = subprocess.run(
+            ["mosquitto", "-h"], capture_output=True, text=True, timeout=5
+        ).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.TimeoutExpired):
         version = "mosquitto"
-    return (f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB; Python {platform.python_version()},"
-            f" SQLite {sqlite3.sqlite_version}, {version}; load average at the start"
-            f" {os.getloadavg()[0]:.2f}")  # fmt: skip
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB; Python {platform.python_version()},"
+        f" SQLite {sqlite3.sqlite_version}, {version}; load average at the start"
+        f" {os.getloadavg()[0]:.2f}"
+    )
 
 
 def ingest_key(r: dict[str, Any]) -> list[str]:
@@ -865,78 +948,141 @@ def ingest_key(r: dict[str, Any]) -> list[str]:
 
 
 def report(args: argparse.Namespace, results: dict[str, Any], wall: float) -> str:
-    out = [f"# edgefleet serve: benchmark ({time.strftime('%Y-%m-%d %H:%M')})", "",
-           f"Machine: {machine()}.", "",
-           f"Run: `{' '.join([sys.executable, *sys.argv])}` ({wall / 60:.1f} min in all).", "",
-           "Commands started (each stopped by its PID at the end):", ""]  # fmt: skip
+    out = [
+        f"# edgefleet serve: benchmark ({time.strftime('%Y-%m-%d %H:%M')})",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        f"Run: `{' '.join([sys.executable, *sys.argv])}` ({wall / 60:.1f} min in all).",
+        "",
+        "Commands started (each stopped by its PID at the end):",
+        "",
+    ]
     out += [f"    $ {c}" for c in COMMANDS]
     out.append("")
     ingest = results["ingest"]
     if ingest:
-        out += [f"## Ingest capacity of one replica (heartbeat {args.heartbeat_s:g} s, telemetry"
-                f" {args.telemetry_s:g} s; warm-up {args.warmup_s:g} s, window"
-                f" {args.window_s:g} s)", ""]  # fmt: skip
-        head = ["database", "nodes", "heartbeat s", "all connected s", "heartbeats/s sent",
-                "heartbeats/s written", "lag mean s", "lag p50 s", "lag p99 s",
-                f"slices with p99 > {LAG_OK_S:g} s", "DB-read age p50 / p99 s",
-                "writer queue max", "writer busy %", "service CPU % (whole window)",
-                "CPU % per 1k nodes", "CPU % per 1k msgs/s", "service RSS MB",
-                "DB bytes/node: file + WAL (file)", "of it WAL MB"]  # fmt: skip
+        out += [
+            f"## Ingest capacity of one replica (heartbeat {args.heartbeat_s:g} s, telemetry"
+            f" {args.telemetry_s:g} s; warm-up {args.warmup_s:g} s, window"
+            f" {args.window_s:g} s)",
+            "",
+        ]
+        head = [
+            "database",
+            "nodes",
+            "heartbeat s",
+            "all connected s",
+            "heartbeats/s sent",
+            "heartbeats/s written",
+            "lag mean s",
+            "lag p50 s",
+            "lag p99 s",
+            f"slices with p99 > {LAG_OK_S:g} s",
+            "DB-read age p50 / p99 s",
+            "writer queue max",
+            "writer busy %",
+            "service CPU % (whole window)",
+            "CPU % per 1k nodes",
+            "CPU % per 1k msgs/s",
+            "service RSS MB",
+            "DB bytes/node: file + WAL (file)",
+            "of it WAL MB",
+        ]
         rows = []
         for r in ingest:
             cpu = r["med_cpu"]["service"]
-            rows.append([
-                *ingest_key(r), r["connect_s"], r["sent_hb_s"], r["hb_s"], r["lag_mean"],
-                r["lag_p50"], r["lag_p99"], f"{r['slices_over']} of {r['slices']}",
-                f"{r['probe_p50']:.2f} / {r['probe_p99']:.2f}", f"{r['queue_max']:,.0f}",
-                r["med_writer_busy"], f"{cpu:.1f} ({r['cpu']['service']:.1f})",
-                cpu / (r["n"] / 1000), cpu / (r["msgs_s"] / 1000), r["rss_mb"],
-                f"{r['db_bytes'] / r['n']:,.0f} ({(r['db_bytes'] - r['wal_bytes']) / r['n']:,.0f})",
-                r["wal_bytes"] / 2**20,
-            ])  # fmt: skip
+            rows.append(
+                [
+                    *ingest_key(r),
+                    r["connect_s"],
+                    r["sent_hb_s"],
+                    r["hb_s"],
+                    r["lag_mean"],
+                    r["lag_p50"],
+                    r["lag_p99"],
+                    f"{r['slices_over']} of {r['slices']}",
+                    f"{r['probe_p50']:.2f} / {r['probe_p99']:.2f}",
+                    f"{r['queue_max']:,.0f}",
+                    r["med_writer_busy"],
+                    f"{cpu:.1f} ({r['cpu']['service']:.1f})",
+                    cpu / (r["n"] / 1000),
+                    cpu / (r["msgs_s"] / 1000),
+                    r["rss_mb"],
+                    f"{r['db_bytes'] / r['n']:,.0f}"
+                    f" ({(r['db_bytes'] - r['wal_bytes']) / r['n']:,.0f})",
+                    r["wal_bytes"] / 2**20,
+                ]
+            )
         out.append(table(head, rows))
-        out += ["", f"The same windows: who used the 2 CPUs (% of one CPU, the median of the"
-                f" window's {args.slice_s:g} s slices; the machine's 200 % is both CPUs busy;"
-                " 'others': processes not started here, the median and the busiest slice)",
-                ""]  # fmt: skip
+        out += [
+            "",
+            f"The same windows: who used the 2 CPUs (% of one CPU, the median of the"
+            f" window's {args.slice_s:g} s slices; the machine's 200 % is both CPUs busy;"
+            " 'others': processes not started here, the median and the busiest slice)",
+            "",
+        ]
         order = ["service", "simulator", "mosquitto", "postgres", "this script"]
         roles = sorted({role for r in ingest for role in r["cpu"]}, key=order.index)
-        head = ["database", "nodes", "heartbeat s", *[f"{role} %" for role in roles],
-                "machine busy % of 200", "others % (max)", "whole window: irq+softirq %, steal %,"
-                " other processes %", "simulator RSS MB"]  # fmt: skip
+        head = [
+            "database",
+            "nodes",
+            "heartbeat s",
+            *[f"{role} %" for role in roles],
+            "machine busy % of 200",
+            "others % (max)",
+            "whole window: irq+softirq %, steal %, other processes %",
+            "simulator RSS MB",
+        ]
         rows = [
-            [*ingest_key(r), *[r["med_cpu"].get(role, math.nan) for role in roles],
-             r["med_machine"], f"{r['med_others']:.1f} ({r['max_others']:.1f})",
-             f"{r['irq']:.1f}, {r['steal']:.1f}, "
-             + (", ".join(f"{n} {c:.1f}" for n, c in r["strangers"]) or "-"),
-             r["sim_rss_mb"]]
+            [
+                *ingest_key(r),
+                *[r["med_cpu"].get(role, math.nan) for role in roles],
+                r["med_machine"],
+                f"{r['med_others']:.1f} ({r['max_others']:.1f})",
+                f"{r['irq']:.1f}, {r['steal']:.1f}, "
+                + (", ".join(f"{n} {c:.1f}" for n, c in r["strangers"]) or "-"),
+                r["sim_rss_mb"],
+            ]
             for r in ingest
-        ]  # fmt: skip
+        ]
         out.append(table(head, rows))
-        plain = [r for r in ingest if r["database"] == "sqlite"
-                 and r["heartbeat_s"] == args.heartbeat_s]  # fmt: skip
+        plain = [
+            r for r in ingest if r["database"] == "sqlite" and r["heartbeat_s"] == args.heartbeat_s
+        ]
         fine = [r["n"] for r in plain if r["lag_ok"]]
         rates = [r["hb_s"] for r in ingest if r["lag_ok"] and r["database"] == "sqlite"]
-        out += ["", f"Lag p50/p99 are the upper bounds of the histogram's buckets (0.05, 0.1,"
-                " 0.25, 0.5, 1, 2, 5, 10, 30, 60 s) over the whole window (and per slice); the"
-                " mean is exact. Rates are over the whole window; CPU and the writer's busy"
-                " share are the median of the slices (the whole window's in brackets). The"
-                " histogram stamps a heartbeat when the service's MQTT thread receives it, not"
-                " when its batch is written; 'DB-read age' is the age this script sees a"
-                f" heartbeat first in the database ({PROBE_S:g} s polls: an upper bound)."
-                " Database bytes per node: SQLite's file and its WAL as they are after the"
-                " window (steady state, no VACUUM; the WAL keeps its high-water size between"
-                " checkpoints), PostgreSQL's pg_database_size less the empty database's (its"
-                " catalog), divided by the nodes."]  # fmt: skip
+        out += [
+            "",
+            f"Lag p50/p99 are the upper bounds of the histogram's buckets (0.05, 0.1,"
+            " 0.25, 0.5, 1, 2, 5, 10, 30, 60 s) over the whole window (and per slice); the"
+            " mean is exact. Rates are over the whole window; CPU and the writer's busy"
+            " share are the median of the slices (the whole window's in brackets). The"
+            " histogram stamps a heartbeat when the service's MQTT thread receives it, not"
+            " when its batch is written; 'DB-read age' is the age this script sees a"
+            f" heartbeat first in the database ({PROBE_S:g} s polls: an upper bound)."
+            " Database bytes per node: SQLite's file and its WAL as they are after the"
+            " window (steady state, no VACUUM; the WAL keeps its high-water size between"
+            " checkpoints), PostgreSQL's pg_database_size less the empty database's (its"
+            " catalog), divided by the nodes.",
+        ]
         if plain:
-            out += ["", f"Largest N (SQLite, heartbeat {args.heartbeat_s:g} s) with lag p99 ≤"
-                    f" {LAG_OK_S:g} s: {max(fine):,}" if fine else "Largest N (SQLite) with"
-                    f" lag p99 ≤ {LAG_OK_S:g} s: none of {[r['n'] for r in plain]}"]  # fmt: skip
+            out += [
+                "",
+                f"Largest N (SQLite, heartbeat {args.heartbeat_s:g} s) with lag p99 ≤"
+                f" {LAG_OK_S:g} s: {max(fine):,}"
+                if fine
+                else "Largest N (SQLite) with"
+                f" lag p99 ≤ {LAG_OK_S:g} s: none of {[r['n'] for r in plain]}",
+            ]
         if rates:
-            out += ["", f"Most heartbeats written per second (SQLite) with lag p99 ≤"
-                    f" {LAG_OK_S:g} s: {max(rates):,.0f} (a fleet of"
-                    f" {max(rates) * args.heartbeat_s:,.0f} nodes at one heartbeat per"
-                    f" {args.heartbeat_s:g} s)"]  # fmt: skip
+            out += [
+                "",
+                f"Most heartbeats written per second (SQLite) with lag p99 ≤"
+                f" {LAG_OK_S:g} s: {max(rates):,.0f} (a fleet of"
+                f" {max(rates) * args.heartbeat_s:,.0f} nodes at one heartbeat per"
+                f" {args.heartbeat_s:g} s)",
+            ]
     for r in results["rollout"]:
         title = (
             f"## A rollout over {r['n']:,} nodes (stages [0.1, 1.0] = {r['stage_sizes']} nodes,"
@@ -947,8 +1093,7 @@ def report(args: argparse.Namespace, results: dict[str, Any], wall: float) -> st
         rows = [["POST answered (rollout created)", r["answered_s"], ""]]
         rows += [[k, v, ""] for k, v in r["seen"].items()]
         rows += [["log", t, line] for t, line in r["log"]]
-        out.append(table(["step", "s after POST", "rollout log (its stamps: whole seconds)"],
-                         rows))  # fmt: skip
+        out.append(table(["step", "s after POST", "rollout log (its stamps: whole seconds)"], rows))
         out += [
             "",
             f"Steps polled every 0.25 s ('running stage 1 deliver': first seen). Nodes"
@@ -957,18 +1102,52 @@ def report(args: argparse.Namespace, results: dict[str, Any], wall: float) -> st
         ]
     resume = results["resume"]
     if resume:
-        out += ["", f"## Resume after SIGKILL ({resume[0]['n']:,} nodes, stages [0.1, 1.0], soak"
-                " 2 s; killed while the second stage is delivered)", ""]  # fmt: skip
-        rows = [[r["run"], ", ".join(f"{k} {v}" for k, v in sorted(r["at"].items())),
-                 r["listening_s"], r["healthy_s"], r["progress_s"], r["what"],
-                 r["done_after_s"], r["state"]] for r in resume]  # fmt: skip
-        rows.append(["**median**", "", median([r["listening_s"] for r in resume]),
-                     median([r["healthy_s"] for r in resume]),
-                     median([r["progress_s"] for r in resume]), "",
-                     median([r["done_after_s"] for r in resume]), ""])  # fmt: skip
-        out.append(table(["run", "nodes at the kill", "API listening s", "healthy s (process +"
-                          " database + broker)", "next progress s", "what moved first",
-                          "rollout done s", "end"], rows))  # fmt: skip
+        out += [
+            "",
+            f"## Resume after SIGKILL ({resume[0]['n']:,} nodes, stages [0.1, 1.0], soak"
+            " 2 s; killed while the second stage is delivered)",
+            "",
+        ]
+        rows = [
+            [
+                r["run"],
+                ", ".join(f"{k} {v}" for k, v in sorted(r["at"].items())),
+                r["listening_s"],
+                r["healthy_s"],
+                r["progress_s"],
+                r["what"],
+                r["done_after_s"],
+                r["state"],
+            ]
+            for r in resume
+        ]
+        rows.append(
+            [
+                "**median**",
+                "",
+                median([r["listening_s"] for r in resume]),
+                median([r["healthy_s"] for r in resume]),
+                median([r["progress_s"] for r in resume]),
+                "",
+                median([r["done_after_s"] for r in resume]),
+                "",
+            ]
+        )
+        out.append(
+            table(
+                [
+                    "run",
+                    "nodes at the kill",
+                    "API listening s",
+                    "healthy s (process + database + broker)",
+                    "next progress s",
+                    "what moved first",
+                    "rollout done s",
+                    "end",
+                ],
+                rows,
+            )
+        )
         out += [
             "",
             "All times from the SIGKILL. Healthy: FleetService.start() returned"
@@ -979,8 +1158,17 @@ def report(args: argparse.Namespace, results: dict[str, Any], wall: float) -> st
     nodes = results["nodes"]
     if nodes:
         out += ["", f"## `edgefleet nodes` for {args.list_nodes:,} simulated nodes", ""]
-        rows = [[r["mode"], r["run"], r["wall_s"], f"{r['rows']:,}", r["rc"],
-                 "yes" if r["partial"] else "no"] for r in nodes]  # fmt: skip
+        rows = [
+            [
+                r["mode"],
+                r["run"],
+                r["wall_s"],
+                f"{r['rows']:,}",
+                r["rc"],
+                "yes" if r["partial"] else "no",
+            ]
+            for r in nodes
+        ]
         for mode in ("direct MQTT", "service"):
             mine = [r for r in nodes if r["mode"] == mode]
             rows.append(
@@ -1008,18 +1196,36 @@ def sizes(text: str) -> list[int]:
 
 def options(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--nodes", nargs="+", type=sizes, default=[[2000, 5000, 10000]],
-                   help="ingest: fleet sizes (space or comma separated)")  # fmt: skip
+    p.add_argument(
+        "--nodes",
+        nargs="+",
+        type=sizes,
+        default=[[2000, 5000, 10000]],
+        help="ingest: fleet sizes (space or comma separated)",
+    )
     p.add_argument("--window-s", type=float, default=60.0, help="ingest: the measured window")
-    p.add_argument("--slice-s", type=float, default=10.0,
-                   help="ingest: the window's slices (CPU figures: their median)")  # fmt: skip
-    p.add_argument("--warmup-s", type=float, default=20.0,
-                   help="ingest: after every node is online, before the window")  # fmt: skip
-    p.add_argument("--only", action="append", choices=[*PARTS, "postgres"],
-                   help="only this part (repeat for several; postgres: ingest on PostgreSQL,"
-                   " not run by default)")  # fmt: skip
-    p.add_argument("--postgres-nodes", nargs="+", type=sizes, default=[[10000]],
-                   help="postgres: fleet sizes")  # fmt: skip
+    p.add_argument(
+        "--slice-s",
+        type=float,
+        default=10.0,
+        help="ingest: the window's slices (CPU figures: their median)",
+    )
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=20.0,
+        help="ingest: after every node is online, before the window",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=[*PARTS, "postgres"],
+        help="only this part (repeat for several; postgres: ingest on PostgreSQL,"
+        " not run by default)",
+    )
+    p.add_argument(
+        "--postgres-nodes", nargs="+", type=sizes, default=[[10000]], help="postgres: fleet sizes"
+    )
     p.add_argument("--heartbeat-s", type=float, default=10.0)
     p.add_argument(
         "--stress",
@@ -1062,8 +1268,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-service-"))
     note(f"work directory {work}")
-    results: dict[str, Any] = {"ingest": [], "rollout": [], "resume": [], "nodes": [],
-                               "failed": []}  # fmt: skip
+    results: dict[str, Any] = {"ingest": [], "rollout": [], "resume": [], "nodes": [], "failed": []}
     pg: Postgres | None = None
     try:
         pki = make_pki(work / "pki", [])

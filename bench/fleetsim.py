@@ -123,8 +123,21 @@ CONNACK_S = 10.0  # session.CONNACK_S: a connection with no CONNACK by then is t
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1.0, 64.0  # [mqtt] reconnect_min_s, reconnect_max_s
 MAX_DESIRED = 256  # delivery.MAX_DESIRED: models in one desired state
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip  # edged.metrics.LATENCY_BUCKETS
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)  # edged.metrics.LATENCY_BUCKETS
 PRIORITIES = {"alert": 0, "event": 1, "telemetry": 2}  # outbox.PRIORITIES
 OUTBOX_COUNTERS = ("put", "duplicate", "acked", "dropped_budget", "dropped_ttl", "dead")
 BUDGET_BYTES = 256 << 20  # [outbox] budget_mb's default
@@ -138,8 +151,14 @@ TIMER_BATCH = 2000  # timers run per turn before the sockets are served again
 
 # node states
 OFF, QUEUED, CONNECTING, ONLINE, AWAY, BACKOFF, CLOSING = (
-    "off", "queued", "connecting", "online", "away", "backoff", "closing",
-)  # fmt: skip
+    "off",
+    "queued",
+    "connecting",
+    "online",
+    "away",
+    "backoff",
+    "closing",
+)
 # timer kinds
 HEARTBEAT, TELEMETRY, CONNECT, CONNACK, INSTALL, CHURN, MISC = range(7)
 
@@ -281,11 +300,36 @@ class ModelRun:
 
 class Node:
     __slots__ = (
-        "attempt", "busy", "client", "closing_mid", "connected_once", "counters", "current",
-        "delivery", "edged_epoch", "epoch", "gen", "index", "install_token", "installing",
-        "labels", "last_telemetry", "models", "name", "pending", "position", "seq", "splits",
-        "started", "state", "streams", "topics", "waiting", "will", "writing",
-    )  # fmt: skip
+        "attempt",
+        "busy",
+        "client",
+        "closing_mid",
+        "connected_once",
+        "counters",
+        "current",
+        "delivery",
+        "edged_epoch",
+        "epoch",
+        "gen",
+        "index",
+        "install_token",
+        "installing",
+        "labels",
+        "last_telemetry",
+        "models",
+        "name",
+        "pending",
+        "position",
+        "seq",
+        "splits",
+        "started",
+        "state",
+        "streams",
+        "topics",
+        "waiting",
+        "will",
+        "writing",
+    )
 
     def __init__(self, index: int, config: SimConfig, now: float) -> None:
         self.index = index
@@ -362,11 +406,26 @@ class Worker:
         self.by_name = {n.name: n for n in self.nodes}
         self.ever = 0
         self.stats = dict.fromkeys(
-            ("connects", "connect_errors", "refused", "connack_timeouts", "disconnects",
-             "births", "heartbeats", "telemetry", "events", "results", "installs",
-             "install_failures", "rollbacks", "churned", "desired", "errors"),
+            (
+                "connects",
+                "connect_errors",
+                "refused",
+                "connack_timeouts",
+                "disconnects",
+                "births",
+                "heartbeats",
+                "telemetry",
+                "events",
+                "results",
+                "installs",
+                "install_failures",
+                "rollbacks",
+                "churned",
+                "desired",
+                "errors",
+            ),
             0,
-        )  # fmt: skip
+        )
         self.context: ssl.SSLContext | None = None
         if config.tls:
             if config.pki is None:
@@ -803,8 +862,10 @@ class Worker:
                 p50 = config.latency_ms * self.rng.uniform(0.9, 1.1)
                 extra = config.bad_latency_ms if bad else 0.0
                 # each call's latency (log-normal around the median) into edged's buckets
-                took = [(p50 * self.rng.lognormvariate(0, 0.6) + extra) / 1000 for _ in
-                        range(min(calls, 1000))]  # fmt: skip
+                took = [
+                    (p50 * self.rng.lognormvariate(0, 0.6) + extra) / 1000
+                    for _ in range(min(calls, 1000))
+                ]
                 buckets = {le_text(le): sum(t <= le for t in took) for le in LATENCY_BUCKETS}
                 buckets["+Inf"] = calls
                 row: dict[str, Any] = {
@@ -894,9 +955,14 @@ class Worker:
             raise ManifestError("expired: a manifest replayed after its time (freeze)")
         kids = tuple(str(s.get("kid")) for s in doc["signatures"] if isinstance(s, dict))
         return Manifest(
-            found.model, found.version, found.files, found.expires, found.targets, found.smoke,
+            found.model,
+            found.version,
+            found.files,
+            found.expires,
+            found.targets,
+            found.smoke,
             kids,
-        )  # fmt: skip
+        )
 
     def apply(self, node: Node, entry: Any) -> None:
         """``cloudsync.agent.delivery.Delivery.apply`` against a simulated edged."""
@@ -1318,10 +1384,16 @@ class Simulator:
         for number in range(config.workers()):
             ours, theirs = socket.socketpair()
             proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--worker", str(number),
-                 str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    str(number),
+                    str(theirs.fileno()),
+                ],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
             theirs.close()
             conn = Connection(ours.detach())
             conn.send(config_doc(config))
@@ -1459,8 +1531,12 @@ def options(argv: list[str] | None = None) -> SimConfig:
     p.add_argument("--bad-latency-ms", type=float, default=d.bad_latency_ms)
     p.add_argument("--install-delay-s", type=float, default=d.install_delay_s)
     p.add_argument("--rps", type=float, default=d.rps, help="calls/s per model and node")
-    p.add_argument("--ab-good", default="", help="'v2=0.9,v3=0.8': the share of an A/B test's"
-                   " calls to each cloud version that are good (others 0.95)")  # fmt: skip
+    p.add_argument(
+        "--ab-good",
+        default="",
+        help="'v2=0.9,v3=0.8': the share of an A/B test's"
+        " calls to each cloud version that are good (others 0.95)",
+    )
     p.add_argument("--fail-rate", type=float, default=d.fail_rate)
     p.add_argument("--latency-ms", type=float, default=d.latency_ms)
     p.add_argument("--procs", type=int, default=0, help="worker processes (0: by --nodes)")
@@ -1475,17 +1551,39 @@ def options(argv: list[str] | None = None) -> SimConfig:
     if not a.no_tls and a.pki is None:
         p.error("--pki is needed for TLS (or --no-tls)")
     return SimConfig(
-        nodes=a.nodes, fleet=a.fleet, prefix=a.prefix, host=a.host, port=a.port, pki=a.pki,
-        cert_name=a.cert_name, tls=not a.no_tls, heartbeat_s=a.heartbeat_s,
-        telemetry_s=a.telemetry_s, labels=parse_labels(a.labels), models=parse_models(a.models),
-        machine=a.machine, offline_start=a.offline_start, churn=a.churn, away_s=a.away_s,
-        bad_version=a.bad_version, bad_fail_rate=a.bad_fail_rate,
-        bad_latency_ms=a.bad_latency_ms, install_delay_s=a.install_delay_s, rps=a.rps,
+        nodes=a.nodes,
+        fleet=a.fleet,
+        prefix=a.prefix,
+        host=a.host,
+        port=a.port,
+        pki=a.pki,
+        cert_name=a.cert_name,
+        tls=not a.no_tls,
+        heartbeat_s=a.heartbeat_s,
+        telemetry_s=a.telemetry_s,
+        labels=parse_labels(a.labels),
+        models=parse_models(a.models),
+        machine=a.machine,
+        offline_start=a.offline_start,
+        churn=a.churn,
+        away_s=a.away_s,
+        bad_version=a.bad_version,
+        bad_fail_rate=a.bad_fail_rate,
+        bad_latency_ms=a.bad_latency_ms,
+        install_delay_s=a.install_delay_s,
+        rps=a.rps,
         ab_good={k: float(v) for k, v in pairs(a.ab_good)},
-        fail_rate=a.fail_rate, latency_ms=a.latency_ms, procs=a.procs, duration=a.duration,
-        installs=a.installs, trust=a.trust, session_expiry_s=a.session_expiry_s,
-        max_connecting=a.max_connecting, seed=a.seed, report_s=a.report_s,
-    )  # fmt: skip
+        fail_rate=a.fail_rate,
+        latency_ms=a.latency_ms,
+        procs=a.procs,
+        duration=a.duration,
+        installs=a.installs,
+        trust=a.trust,
+        session_expiry_s=a.session_expiry_s,
+        max_connecting=a.max_connecting,
+        seed=a.seed,
+        report_s=a.report_s,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

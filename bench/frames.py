@@ -58,11 +58,12 @@ def frame_model(repository: Path) -> Path:
         helper.make_node("Reshape", ["scalar", "one"], ["peak"]),
     ]
     graph = helper.make_graph(
-        nodes, "frame",
+        nodes,
+        "frame",
         [helper.make_tensor_value_info("image", TensorProto.UINT8, SHAPE)],
         [helper.make_tensor_value_info("peak", TensorProto.FLOAT, [1])],
         [helper.make_tensor("one", TensorProto.INT64, [1], [1])],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = repository / "frame" / "1" / "model.onnx"
     path.parent.mkdir(parents=True)
@@ -96,9 +97,16 @@ def main() -> None:
             f'[models]\nrepository = "{work / "models"}"\n'
         )
         proc = subprocess.Popen(
-            [sys.executable, "-m", "edged", "--config", str(work / "edged.toml"),
-             "--log-level", "warning"],
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "edged",
+                "--config",
+                str(work / "edged.toml"),
+                "--log-level",
+                "warning",
+            ],
+        )
         try:
             client = Client(str(work / "edged.sock"))
             deadline = time.monotonic() + 120
@@ -110,8 +118,16 @@ def main() -> None:
                     pass
                 time.sleep(0.1)
             conn = UnixHTTPConnection(str(work / "edged.sock"), 60)
-            doc = {"inputs": [{"name": "image", "datatype": "UINT8", "shape": SHAPE,
-                               "data": frame.reshape(-1).tolist()}]}  # fmt: skip
+            doc = {
+                "inputs": [
+                    {
+                        "name": "image",
+                        "datatype": "UINT8",
+                        "shape": SHAPE,
+                        "data": frame.reshape(-1).tolist(),
+                    }
+                ]
+            }
             json_body = json.dumps(doc).encode()
 
             def post(path: str, body: bytes, headers: dict[str, str]) -> None:
@@ -121,9 +137,19 @@ def main() -> None:
                 assert response.status == 200, response.status
 
             json_runs = max(10, args.runs // 10)  # seconds each: fewer
-            rows.append(("REST JSON", timed(lambda: post(
-                "/v2/models/frame/infer", json_body, {"Content-Type": "application/json"}),
-                json_runs)))  # fmt: skip
+            rows.append(
+                (
+                    "REST JSON",
+                    timed(
+                        lambda: post(
+                            "/v2/models/frame/infer",
+                            json_body,
+                            {"Content-Type": "application/json"},
+                        ),
+                        json_runs,
+                    ),
+                )
+            )
             path, body, headers = rest_request("frame", {"image": frame})
             rows.append(("REST binary", timed(lambda: post(path, body, headers), args.runs)))
 
@@ -144,9 +170,19 @@ def main() -> None:
                     grpc.infer("frame", [by_region])
 
                 rows.append(("gRPC + shared memory", timed(shared, args.runs)))
-                by_rest = {"inputs": [{"name": "image", "datatype": "UINT8", "shape": SHAPE,
-                           "parameters": {"shared_memory_region": "frame",
-                                          "shared_memory_byte_size": frame.nbytes}}]}  # fmt: skip
+                by_rest = {
+                    "inputs": [
+                        {
+                            "name": "image",
+                            "datatype": "UINT8",
+                            "shape": SHAPE,
+                            "parameters": {
+                                "shared_memory_region": "frame",
+                                "shared_memory_byte_size": frame.nbytes,
+                            },
+                        }
+                    ]
+                }
                 rest_body = json.dumps(by_rest).encode()
 
                 def shared_rest() -> None:
@@ -162,8 +198,10 @@ def main() -> None:
             proc.wait(60)
 
     base = statistics.median(rows[0][1]) * 1000
-    print(f"onnxruntime {ort.__version__}; frame {'x'.join(map(str, SHAPE))} uint8"
-          f" ({frame.nbytes / 1e6:.1f} MB); {args.runs} calls a row (JSON: fewer)\n")  # fmt: skip
+    print(
+        f"onnxruntime {ort.__version__}; frame {'x'.join(map(str, SHAPE))} uint8"
+        f" ({frame.nbytes / 1e6:.1f} MB); {args.runs} calls a row (JSON: fewer)\n"
+    )
     print("| way in | p50 ms | p95 ms | overhead ms (p50 - in-process) |")
     print("| --- | --- | --- | --- |")
     for name, samples in rows:

@@ -90,10 +90,14 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, help="TensorRT engine cache (default: a temp dir)")
     args = parser.parse_args()
     available = ort.get_available_providers()
-    print(f"onnxruntime {ort.__version__}, providers in this build: {', '.join(available)};"
-          f" GPU: {gpu.this_gpu()}; TensorRT: {gpu.tensorrt_version()}")  # fmt: skip
-    print("| model | provider | load, 1st / 2nd (cache) | batch 1 | batch 8 | batch 32 |"
-          " max abs diff vs CPU |")  # fmt: skip
+    print(
+        f"onnxruntime {ort.__version__}, providers in this build: {', '.join(available)};"
+        f" GPU: {gpu.this_gpu()}; TensorRT: {gpu.tensorrt_version()}"
+    )
+    print(
+        "| model | provider | load, 1st / 2nd (cache) | batch 1 | batch 8 | batch 32 |"
+        " max abs diff vs CPU |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         cache = args.cache or Path(tmp)
@@ -127,8 +131,10 @@ def main() -> None:
                     else:
                         diffs.append(float(np.max(np.abs(out - reference[batch]))))
                 diff = f"{max(diffs):.2e}" if diffs else "(reference)"
-                print(f"| {model} | {label} | {loads[0]:.2f} s / {loads[1]:.2f} s |"
-                      f" {' | '.join(cells)} | {diff} |")  # fmt: skip
+                print(
+                    f"| {model} | {label} | {loads[0]:.2f} s / {loads[1]:.2f} s |"
+                    f" {' | '.join(cells)} | {diff} |"
+                )
             native(model, cache, reference, args.runs)
 
 
@@ -168,8 +174,10 @@ def native(model: str, cache: Path, reference: dict[int, np.ndarray], runs: int)
             diffs.append(float(np.max(np.abs(out - reference[batch]))))
         asyncio.run(runtime.unload())
         hit = "hit" if runtime.cached else "MISS"
-        print(f"| {model} | TensorRT native fp16 | {loads[0]:.2f} s / {loads[1]:.2f} s ({hit}) |"
-              f" {' | '.join(cells)} | {max(diffs):.2e} |")  # fmt: skip
+        print(
+            f"| {model} | TensorRT native fp16 | {loads[0]:.2f} s / {loads[1]:.2f} s ({hit}) |"
+            f" {' | '.join(cells)} | {max(diffs):.2e} |"
+        )
 
 
 if __name__ == "__main__":

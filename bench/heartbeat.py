@@ -74,25 +74,50 @@ def main() -> None:
     try:
         edged_sock = work / "edged.sock"
         (work / "edged.toml").write_text('[models]\nload = ["text-embedding"]\n')
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "edged", "--config", str(work / "edged.toml"), "--socket",
-             str(edged_sock), "--state-dir", str(work / "state"), "--models", str(ROOT / "models")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "edged",
+                    "--config",
+                    str(work / "edged.toml"),
+                    "--socket",
+                    str(edged_sock),
+                    "--state-dir",
+                    str(work / "state"),
+                    "--models",
+                    str(ROOT / "models"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         wait_for(lambda: edged_sock.exists() and Client(str(edged_sock)).ready(), 120, "edged")
         (work / "cloudsync.toml").write_text(
             'log_level = "warning"\n'
             + cloudsync_config(
-                broker, work, "bench", edged_socket=edged_sock,
+                broker,
+                work,
+                "bench",
+                edged_socket=edged_sock,
                 more=f"[heartbeat]\ninterval_s = {args.interval}",
             )
-        )  # fmt: skip
+        )
         consumer = SyncClient(broker.port, broker.pki, OPERATOR)
         assert consumer.connect()
         consumer.subscribe(NODE.heartbeat)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(work / "cloudsync.toml")]
-        ))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cloudsync.agent.cli",
+                    "--config",
+                    str(work / "cloudsync.toml"),
+                ]
+            )
+        )
         consumer.wait_messages(1, 30)
         half = args.seconds / 2
         idle = measure(consumer, half)

@@ -83,8 +83,9 @@ def json_infer(mib: float) -> Callable[[], bytes]:
     def make() -> bytes:
         count = int(mib * (1 << 20)) // 4
         doc = b'{"inputs":[{"name":"embedding","datatype":"FP32","shape":[%d],"data":' % count
-        return post("/v2/models/intent-classifier/infer", doc + b"[" + b"0.5," * (count - 1)
-                    + b"0.5]}]}")  # fmt: skip
+        return post(
+            "/v2/models/intent-classifier/infer", doc + b"[" + b"0.5," * (count - 1) + b"0.5]}]}"
+        )
 
     return make
 
@@ -246,13 +247,17 @@ def main() -> None:
             alive = daemon.proc is not None and daemon.proc.poll() is None
         finally:
             daemon.stop()
-    print("| hostile input (in a loop) | edged's answers | ready p50 ms | p99 ms | max ms |"
-          " RSS before MiB | peak MiB | after MiB |")  # fmt: skip
+    print(
+        "| hostile input (in a loop) | edged's answers | ready p50 ms | p99 ms | max ms |"
+        " RSS before MiB | peak MiB | after MiB |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         memory = f"{r['rss']:.0f} | {r['peak']:.0f} | {r['after']:.0f}"
-        print(f"| {r['input']} | {r['answers']} | {r['p50']:.1f} | {r['p99']:.1f} |"
-              f" {r['max']:.1f} | {memory} |")  # fmt: skip
+        print(
+            f"| {r['input']} | {r['answers']} | {r['p50']:.1f} | {r['p99']:.1f} |"
+            f" {r['max']:.1f} | {memory} |"
+        )
     print(f"\nedged still running after all rows: {alive}")
 
 

@@ -95,8 +95,10 @@ def main() -> None:
             rows.append((isolation, run(isolation, args.cycles, args.idle_s, Path(tmp))))
     cpus = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     print(f"{args.cycles} cycles each, medians; {cpus} CPUs")
-    print("| isolation | RSS loaded | RSS idle-unloaded | given back | wake call | warm call |"
-          " wake / warm |")  # fmt: skip
+    print(
+        "| isolation | RSS loaded | RSS idle-unloaded | given back | wake call | warm call |"
+        " wake / warm |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for isolation, r in rows:
         back = r["loaded_mib"] - r["idle_mib"]

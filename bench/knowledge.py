@@ -268,17 +268,25 @@ def bench_store(sizes: list[int], count: int, workdir: Path, hnsw: bool) -> None
         finally:
             hstore.close()
 
-    print(f"\n## KnowledgeStore (Milvus Lite) vs numpy brute force: dim {DIM}, k={K},"
-          f" {count} single-vector queries, random unit vectors; store opened in"
-          f" {opened:.2f} s\n")  # fmt: skip
-    print(table(latency, ["rows", "search", "p50 ms", "p99 ms", "p50 / numpy p50",
-                          "p50 / numpy 1-thread p50"]))  # fmt: skip
+    print(
+        f"\n## KnowledgeStore (Milvus Lite) vs numpy brute force: dim {DIM}, k={K},"
+        f" {count} single-vector queries, random unit vectors; store opened in"
+        f" {opened:.2f} s\n"
+    )
+    print(
+        table(
+            latency,
+            ["rows", "search", "p50 ms", "p99 ms", "p50 / numpy p50", "p50 / numpy 1-thread p50"],
+        )
+    )
     print(f"\n### recall@{K} against numpy's exact top {K} (same queries)\n")
     print(table(quality, ["rows", "index", f"recall@{K}"]))
     print(f"\n### upsert rate, store alone (batches of {BATCH:,}, each flushed)\n")
     print(table(writes, ["rows", "written", "seconds", "rows/s", "then busy s"]))
-    print("\n(then busy: the background compaction and index builds that follow, waited out"
-          " before measuring anything; the process idles at under 10% of a CPU)")  # fmt: skip
+    print(
+        "\n(then busy: the background compaction and index builds that follow, waited out"
+        " before measuring anything; the process idles at under 10% of a CPU)"
+    )
     print("\n### memory: this process's VmRSS (Milvus Lite runs in-process)\n")
     rows = [[what, rss, copy, rss - copy] for what, rss, copy in memory]
     print(table(rows, ["when", "RSS MiB", "numpy copy MiB", "RSS - numpy MiB"]))
@@ -363,10 +371,22 @@ def bench_daemon(ingest_bytes: int, workdir: Path) -> None:
     log = (workdir / "edged.log").open("wb")
     started = time.perf_counter()
     proc = subprocess.Popen(
-        [*edged_command(), "--config", str(config), "--socket", str(socket),
-         "--state-dir", str(workdir / "state"), "--models", str(MODELS), "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            *edged_command(),
+            "--config",
+            str(config),
+            "--socket",
+            str(socket),
+            "--state-dir",
+            str(workdir / "state"),
+            "--models",
+            str(MODELS),
+            "--log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     client = Client(str(socket))
     ended = ""
     try:
@@ -420,8 +440,9 @@ def bench_daemon(ingest_bytes: int, workdir: Path) -> None:
             holds = [squash(query) in squash(h["text"]) for h in hits]
             top1 += bool(holds and holds[0])
             top10 += any(holds)
-        memory.append([f"after {len(queries) * 2 + 10} more calls (searches, embeds)",
-                       rss_mib(proc.pid)])  # fmt: skip
+        memory.append(
+            [f"after {len(queries) * 2 + 10} more calls (searches, embeds)", rss_mib(proc.pid)]
+        )
         disk = du_mib(workdir / "state" / "knowledge.db")
     finally:
         ended = stop(proc)
@@ -429,23 +450,38 @@ def bench_daemon(ingest_bytes: int, workdir: Path) -> None:
     if proc.returncode not in (0, -signal.SIGTERM) or "killed" in ended:
         print((workdir / "edged.log").read_text()[-3000:])
 
-    print(f"\n## end to end through edged (text-embedding, FLAT, chunks of 500 characters with"
-          f" 80 of overlap): KJV, first {len(text.encode()):,} bytes, {len(parts)} ingest"
-          f" requests of at most {REQUEST_BYTES // 1000} KB; READY in {ready_s:.1f} s\n")  # fmt: skip  # noqa: E501
-    print(table(
-        [[len(text), chunks, ingest_s, chunks / ingest_s, len(text) / ingest_s, busy, disk]],
-        ["characters", "chunks", "seconds", "chunks/s", "characters/s", "then busy s",
-         "store on disk MiB"],
-    ))  # fmt: skip
+    print(
+        f"\n## end to end through edged (text-embedding, FLAT, chunks of 500 characters with"
+        f" 80 of overlap): KJV, first {len(text.encode()):,} bytes, {len(parts)} ingest"
+        f" requests of at most {REQUEST_BYTES // 1000} KB; READY in {ready_s:.1f} s\n"
+    )
+    print(
+        table(
+            [[len(text), chunks, ingest_s, chunks / ingest_s, len(text) / ingest_s, busy, disk]],
+            [
+                "characters",
+                "chunks",
+                "seconds",
+                "chunks/s",
+                "characters/s",
+                "then busy s",
+                "store on disk MiB",
+            ],
+        )
+    )
     s50, s99 = ms(search)
     e50, e99 = ms(embed)
-    print(f"\n### {len(queries)} queries (verses of the ingested text), sequential, through the"
-          f" socket; the top hit holds the verse {top1}/{len(queries)}, one of the top {K}"
-          f" {top10}/{len(queries)}\n")  # fmt: skip
-    print(table(
-        [[f"kb_search (k={K})", s50, s99, s50 / e50], ["embed (1 text)", e50, e99, 1.0]],
-        ["call", "p50 ms", "p99 ms", "p50 / embed p50"],
-    ))  # fmt: skip
+    print(
+        f"\n### {len(queries)} queries (verses of the ingested text), sequential, through the"
+        f" socket; the top hit holds the verse {top1}/{len(queries)}, one of the top {K}"
+        f" {top10}/{len(queries)}\n"
+    )
+    print(
+        table(
+            [[f"kb_search (k={K})", s50, s99, s50 / e50], ["embed (1 text)", e50, e99, 1.0]],
+            ["call", "p50 ms", "p99 ms", "p50 / embed p50"],
+        )
+    )
     print(f"\n### the daemon's VmRSS (PID {proc.pid}; {ended})\n")
     print(table(memory, ["when", "RSS MiB"]))
 

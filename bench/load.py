@@ -301,18 +301,34 @@ def start_peers(graphs: list[str], workdir: Path) -> dict[str, Any]:
             venv, onnx_file, graph, workdir / graph, session_config=spin_off
         )
         peers[graph + "+batching"] = peer_module.start_peer(
-            venv, onnx_file, graph, workdir / (graph + "-batching"),
-            max_batch_size=64, max_batch_time=0.002, session_config=spin_off,
-        )  # fmt: skip
+            venv,
+            onnx_file,
+            graph,
+            workdir / (graph + "-batching"),
+            max_batch_size=64,
+            max_batch_time=0.002,
+            session_config=spin_off,
+        )
     return peers
 
 
 def start_edged(workdir: Path, models: Path = MODELS) -> tuple[subprocess.Popen[bytes], Path]:
     socket = workdir / "edged.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edged", "--socket", str(socket), "--models", str(models),
-         "--state-dir", str(workdir / "state"), "--log-level", "warning"],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edged",
+            "--socket",
+            str(socket),
+            "--models",
+            str(models),
+            "--state-dir",
+            str(workdir / "state"),
+            "--log-level",
+            "warning",
+        ],
+    )
     client = Client(str(socket))
     while not (socket.exists() and _ready(client)):
         if proc.poll() is not None:
@@ -330,8 +346,17 @@ def _ready(client: Client) -> bool:
 
 def row(label: str, target: str, c: int | str, r: Result, base: Result | None) -> list[str]:
     ratio = f"{r.qps / base.qps:.2f}x" if base and base.qps else "-"
-    return [label, target, str(c), f"{r.qps:.0f}", f"{r.pct(0.5):.2f}", f"{r.pct(0.95):.2f}",
-            f"{r.pct(0.99):.2f}", str(r.errors), ratio]  # fmt: skip
+    return [
+        label,
+        target,
+        str(c),
+        f"{r.qps:.0f}",
+        f"{r.pct(0.5):.2f}",
+        f"{r.pct(0.95):.2f}",
+        f"{r.pct(0.99):.2f}",
+        str(r.errors),
+        ratio,
+    ]
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -351,8 +376,17 @@ def main() -> None:
 
     inputs = tensor_inputs()
     models = {"text-encoder": "text-embedding", "intent-classifier": "intent"}
-    header = ["model (graph)", "target", "conc.", "QPS", "p50 ms", "p95 ms", "p99 ms",
-              "errors", "QPS / ORT"]  # fmt: skip
+    header = [
+        "model (graph)",
+        "target",
+        "conc.",
+        "QPS",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "errors",
+        "QPS / ORT",
+    ]
     rows: list[list[str]] = []
     peer: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -430,8 +464,15 @@ def overload(socket: Path, pid: int, feeds: Tensors, args: argparse.Namespace) -
     def phase(label: str, r: Result, refusals: str) -> list[str]:
         refused = sum(n for s, n in r.statuses.items() if s in (429, 503))
         latency = f"{r.pct(0.5):.1f} / {r.pct(0.99):.1f}"
-        return [label, f"{r.qps:.0f}", str(r.statuses.get(200, 0)), str(refused),
-                str(r.errors - refused), latency, refusals]  # fmt: skip
+        return [
+            label,
+            f"{r.qps:.0f}",
+            str(r.statuses.get(200, 0)),
+            str(refused),
+            str(r.errors - refused),
+            latency,
+            refusals,
+        ]
 
     hot_label = f"2x saturation ({rate:.0f}/s) for {args.overload_seconds:.0f} s"
     to_refuse = f"{hot.pct(0.5, hot.refusals):.1f} / {hot.pct(0.99, hot.refusals):.1f}"
@@ -439,8 +480,15 @@ def overload(socket: Path, pid: int, feeds: Tensors, args: argparse.Namespace) -
         phase(hot_label, hot, to_refuse),
         phase(f"then 0.5x saturation ({saturation / 2:.0f}/s)", after, "-"),
     ]
-    header = ["phase", "answered QPS", "200", "429/503", "504 and other", "p50 / p99 ms (200)",
-              "p50 / p99 ms to refuse"]  # fmt: skip
+    header = [
+        "phase",
+        "answered QPS",
+        "200",
+        "429/503",
+        "504 and other",
+        "p50 / p99 ms (200)",
+        "p50 / p99 ms to refuse",
+    ]
     print(table(rows, header))
     print(f"edged RSS: {rss_before:.0f} MiB before, {max(peak):.0f} MiB peak during overload")
 
@@ -465,8 +513,9 @@ def light(socket: Path, args: argparse.Namespace) -> None:
     for name, (path, body) in tasks.items():
         json_headers = {"Content-Type": "application/json"}
         r = open_loop(socket, path, body, json_headers, 100, args.seconds * 2)
-        rows.append([name, f"{r.qps:.0f}", f"{r.pct(0.5):.1f}", f"{r.pct(0.99):.1f}",
-                     str(r.errors)])  # fmt: skip
+        rows.append(
+            [name, f"{r.qps:.0f}", f"{r.pct(0.5):.1f}", f"{r.pct(0.99):.1f}", str(r.errors)]
+        )
     print("\n## 100 QPS open loop through the task API (REST/UDS)")
     print(table(rows, ["model", "answered QPS", "p50 ms", "p99 ms", "errors"]))
 

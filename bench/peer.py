@@ -305,14 +305,18 @@ def start_peer(
     if answer_model is not None:
         answer_extra = {"journal": str(journal)} if journal else {}
         write_model(
-            workdir / answer_model, ANSWER_RUNTIME, "peer_answer_runtime.AnswerModel",
+            workdir / answer_model,
+            ANSWER_RUNTIME,
+            "peer_answer_runtime.AnswerModel",
             {"extra": answer_extra},
-        )  # fmt: skip
+        )
     if speech_model is not None:
         write_model(
-            workdir / speech_model, SPEECH_RUNTIME, "peer_speech_runtime.SpeechModel",
+            workdir / speech_model,
+            SPEECH_RUNTIME,
+            "peer_speech_runtime.SpeechModel",
             {"extra": {"journal": str(journal)} if journal else {}},
-        )  # fmt: skip
+        )
     http_port, grpc_port = free_port(), free_port()
     settings = {
         "host": "127.0.0.1",  # REST, gRPC and metrics servers all bind to this

@@ -166,11 +166,15 @@ def pin(pid: int, cpus: list[int]) -> None:
 def bench_hedging(requests: int, workdir: Path) -> None:
     venv = ensure_venv()
     peer = start_peer(
-        venv, MODELS / "text-encoder-int8" / "1" / "model.onnx", "text-encoder-int8",
+        venv,
+        MODELS / "text-encoder-int8" / "1" / "model.onnx",
+        "text-encoder-int8",
         workdir / "mlserver",
-        session_config={"session.intra_op.allow_spinning": "0",
-                        "session.inter_op.allow_spinning": "0"},
-    )  # fmt: skip
+        session_config={
+            "session.intra_op.allow_spinning": "0",
+            "session.inter_op.allow_spinning": "0",
+        },
+    )
     proxy = FaultProxy("127.0.0.1", int(peer.http_url.rsplit(":", 1)[1]))
     config = workdir / "edged.toml"
     config.write_text(
@@ -186,9 +190,22 @@ cloud_name = "text-encoder-int8"
     )
     socket = workdir / "edged.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edged", "--config", str(config), "--socket", str(socket),
-         "--models", str(MODELS), "--state-dir", str(workdir / "state"), "--log-level", "warning"],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edged",
+            "--config",
+            str(config),
+            "--socket",
+            str(socket),
+            "--models",
+            str(MODELS),
+            "--state-dir",
+            str(workdir / "state"),
+            "--log-level",
+            "warning",
+        ],
+    )
     client = Client(str(socket))
     try:
         deadline = time.monotonic() + 60
@@ -240,8 +257,10 @@ cloud_name = "text-encoder-int8"
             f" {split}\n"
         )
         print(table(rows, ["route", "p50 ms", "p95 ms", "p99 ms", "p99 / local p99"]))
-        print(f"\nhedged: the first answer came from local {winners['local']}x, cloud"
-              f" {winners['cloud']}x")  # fmt: skip
+        print(
+            f"\nhedged: the first answer came from local {winners['local']}x, cloud"
+            f" {winners['cloud']}x"
+        )
     finally:
         stop(proc)
         proxy.close()

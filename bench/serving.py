@@ -60,9 +60,20 @@ def start_daemon(workdir: Path) -> tuple[subprocess.Popen[bytes], Client, float]
     socket = workdir / "edged.sock"
     started = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edged", "--socket", str(socket), "--models", str(MODELS),
-         "--state-dir", str(workdir / "state"), "--log-level", "warning"],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edged",
+            "--socket",
+            str(socket),
+            "--models",
+            str(MODELS),
+            "--state-dir",
+            str(workdir / "state"),
+            "--log-level",
+            "warning",
+        ],
+    )
     client = Client(str(socket))
     while True:
         if proc.poll() is not None:
@@ -215,12 +226,23 @@ def main() -> None:
         sock = socket_pipelines[name]
         rows.append([name, "edged in-process", *base, *sock, sock[0] / base[0]])
 
-    print(f"\nstart to READY (all default models): median {statistics.median(starts):.2f} s"
-          f" of {len(starts)} ({', '.join(f'{s:.2f}' for s in starts)})")  # fmt: skip
-    print(f"RSS with all default models loaded: {rss_ready:.0f} MiB at READY,"
-          f" {rss_after:.0f} MiB after the benchmark\n")  # fmt: skip
-    header = ["model", "baseline", "base p50 ms", "base p99 ms", "socket p50 ms",
-              "socket p99 ms", "ratio p50"]  # fmt: skip
+    print(
+        f"\nstart to READY (all default models): median {statistics.median(starts):.2f} s"
+        f" of {len(starts)} ({', '.join(f'{s:.2f}' for s in starts)})"
+    )
+    print(
+        f"RSS with all default models loaded: {rss_ready:.0f} MiB at READY,"
+        f" {rss_after:.0f} MiB after the benchmark\n"
+    )
+    header = [
+        "model",
+        "baseline",
+        "base p50 ms",
+        "base p99 ms",
+        "socket p50 ms",
+        "socket p99 ms",
+        "ratio p50",
+    ]
     print("| " + " | ".join(header) + " |")
     print("|" + " --- |" * len(header))
     for row in rows:

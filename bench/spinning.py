@@ -38,10 +38,22 @@ def run(spin: bool, feeds: dict[str, np.ndarray], image: bytes) -> str:
     workdir = Path(tempfile.mkdtemp())
     (workdir / "edged.toml").write_text(f"[onnxruntime]\nallow_spinning = {str(spin).lower()}\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edged", "--config", str(workdir / "edged.toml"),
-         "--socket", str(workdir / "edged.sock"), "--models", str(MODELS),
-         "--state-dir", str(workdir / "state"), "--log-level", "warning"],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edged",
+            "--config",
+            str(workdir / "edged.toml"),
+            "--socket",
+            str(workdir / "edged.sock"),
+            "--models",
+            str(MODELS),
+            "--state-dir",
+            str(workdir / "state"),
+            "--log-level",
+            "warning",
+        ],
+    )
     try:
         client = Client(str(workdir / "edged.sock"))
         while not ((workdir / "edged.sock").exists() and client.ready()):

@@ -95,8 +95,9 @@ def relay(target: Path) -> Iterator[tuple[str, str]]:
     with socketlib.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = subprocess.Popen([socat, f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
-                             f"UNIX-CONNECT:{target}"])  # fmt: skip
+    proc = subprocess.Popen(
+        [socat, f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr", f"UNIX-CONNECT:{target}"]
+    )
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -200,8 +201,18 @@ def main() -> None:
     args = parser.parse_args()
     inputs = tensor_inputs()
     graphs = {"intent-classifier": "intent head", "text-encoder": "text encoder"}
-    header = ["model", "target", "client", "conc.", "QPS", "p50 ms", "p95 ms", "errors",
-              "server CPU µs/call", "QPS / MLServer gRPC"]  # fmt: skip
+    header = [
+        "model",
+        "target",
+        "client",
+        "conc.",
+        "QPS",
+        "p50 ms",
+        "p95 ms",
+        "errors",
+        "server CPU µs/call",
+        "QPS / MLServer gRPC",
+    ]
     rows: list[list[str]] = []
     peers: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -215,21 +226,35 @@ def main() -> None:
                 for graph, label in graphs.items():
                     feeds = inputs[graph]
                     targets: dict[str, tuple[str, Callable[[], Call], int]] = {
-                        "edged gRPC/UDS": ("tritonclient.grpc", grpc_client(
-                            f"unix://{sock.with_name('edged-grpc.sock')}", graph, feeds),
-                            proc.pid),
-                        "edged REST/UDS": ("tritonclient.http", http_client(
-                            address, graph, feeds, binary=True), proc.pid),
-                    }  # fmt: skip
+                        "edged gRPC/UDS": (
+                            "tritonclient.grpc",
+                            grpc_client(
+                                f"unix://{sock.with_name('edged-grpc.sock')}", graph, feeds
+                            ),
+                            proc.pid,
+                        ),
+                        "edged REST/UDS": (
+                            "tritonclient.http",
+                            http_client(address, graph, feeds, binary=True),
+                            proc.pid,
+                        ),
+                    }
                     for suffix, name in (("", "MLServer"), ("+batching", "MLServer batching")):
                         peer = peers.get(graph + suffix)
                         if peer is None:
                             continue
-                        targets[f"{name} gRPC/TCP"] = ("tritonclient.grpc", grpc_client(
-                            peer.grpc_url, graph, feeds), peer.proc.pid)  # fmt: skip
-                        targets[f"{name} REST/TCP"] = ("tritonclient.http", http_client(
-                            peer.http_url.removeprefix("http://"), graph, feeds, binary=False),
-                            peer.proc.pid)  # fmt: skip
+                        targets[f"{name} gRPC/TCP"] = (
+                            "tritonclient.grpc",
+                            grpc_client(peer.grpc_url, graph, feeds),
+                            peer.proc.pid,
+                        )
+                        targets[f"{name} REST/TCP"] = (
+                            "tritonclient.http",
+                            http_client(
+                                peer.http_url.removeprefix("http://"), graph, feeds, binary=False
+                            ),
+                            peer.proc.pid,
+                        )
                     for c in args.concurrency:
                         measured = {}
                         for target, (client, make, pid) in targets.items():
@@ -237,9 +262,20 @@ def main() -> None:
                         base = measured.get("MLServer gRPC/TCP")
                         for target, (client, r, cpu) in measured.items():
                             ratio = f"{r.qps / base[1].qps:.2f}x" if base and base[1].qps else "-"
-                            rows.append([label, target, client, str(c), f"{r.qps:,.0f}",
-                                         f"{r.pct(0.5):.2f}", f"{r.pct(0.95):.2f}",
-                                         str(r.errors), f"{cpu:.0f}", ratio])  # fmt: skip
+                            rows.append(
+                                [
+                                    label,
+                                    target,
+                                    client,
+                                    str(c),
+                                    f"{r.qps:,.0f}",
+                                    f"{r.pct(0.5):.2f}",
+                                    f"{r.pct(0.95):.2f}",
+                                    str(r.errors),
+                                    f"{cpu:.0f}",
+                                    ratio,
+                                ]
+                            )
                             print(" | ".join(rows[-1]), flush=True)
         finally:
             proc.terminate()
@@ -253,8 +289,11 @@ def main() -> None:
         feeds = inputs["intent-classifier"]
         for kind, client in (("grpc", "tritonclient.grpc"), ("rest", "http.client")):
             with bare_server(kind, work) as (path, pid):
-                make = (grpc_client(f"unix://{path}", "m", feeds) if kind == "grpc"
-                        else rest_client(str(path), "m", feeds))  # fmt: skip
+                make = (
+                    grpc_client(f"unix://{path}", "m", feeds)
+                    if kind == "grpc"
+                    else rest_client(str(path), "m", feeds)
+                )
                 for c in args.concurrency:
                     r, cpu = run(make, c, args.seconds, pid)
                     stack = "grpc.aio" if kind == "grpc" else "aiohttp"
@@ -270,8 +309,9 @@ def main() -> None:
                     )
                     print(" | ".join(floor_rows[-1]), flush=True)
         print()
-        print(table(floor_rows, ["server", "client", "conc.", "QPS", "p50 ms",
-                                 "server CPU µs/call"]))  # fmt: skip
+        print(
+            table(floor_rows, ["server", "client", "conc.", "QPS", "p50 ms", "server CPU µs/call"])
+        )
 
 
 if __name__ == "__main__":

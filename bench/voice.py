@@ -54,19 +54,55 @@ CHUNK = RATE // 20  # 50 ms, as a microphone loop reads
 VOICES = ["en-us", "en-us+f3", "en+m7", "en-us+m3", "en-gb-x-rp", "en-us+f4", "en+m2"]
 SPEEDS = [140, 175, 210]  # words per minute (espeak-ng's -s; 175 is its default)
 WAKE = "hey jetson"
-CARRIERS = ["Good morning, this is the kitchen speaker.", "The meeting starts at ten.",
-            "I left my keys on the table.", "Could you check the oven?"]  # fmt: skip
-NEAR = ["hey jackson", "hey jason", "hey johnson", "hey json", "jetson", "hey jet set",
-        "hey nelson", "hey Stetson", "get some", "hey Jeff son"]  # fmt: skip
-OTHER = ["turn on the lights", "what time is it", "play some music please", "stop the timer",
-         "how is the weather tomorrow", "call my brother", "set an alarm for seven",
-         "the train was late again this morning", "we need more milk and bread",
-         "please close the garage door"]  # fmt: skip
+CARRIERS = [
+    "Good morning, this is the kitchen speaker.",
+    "The meeting starts at ten.",
+    "I left my keys on the table.",
+    "Could you check the oven?",
+]
+NEAR = [
+    "hey jackson",
+    "hey jason",
+    "hey johnson",
+    "hey json",
+    "jetson",
+    "hey jet set",
+    "hey nelson",
+    "hey Stetson",
+    "get some",
+    "hey Jeff son",
+]
+OTHER = [
+    "turn on the lights",
+    "what time is it",
+    "play some music please",
+    "stop the timer",
+    "how is the weather tomorrow",
+    "call my brother",
+    "set an alarm for seven",
+    "the train was late again this morning",
+    "we need more milk and bread",
+    "please close the garage door",
+]
 # near misses said only in the recording of negatives (no wake phrase in it)
-MORE_NEAR = ["hey justin", "hey watson", "jets on", "a jet sun", "hey gibson", "hey jensen",
-             "hey jetty", "hey Jefferson", "hey Madison", "the jetsons", "hey Dennis",
-             "okay Jetta", "hey Epsom", "hey Jess", "send a message to jessica",
-             "the jet set is back in town"]  # fmt: skip
+MORE_NEAR = [
+    "hey justin",
+    "hey watson",
+    "jets on",
+    "a jet sun",
+    "hey gibson",
+    "hey jensen",
+    "hey jetty",
+    "hey Jefferson",
+    "hey Madison",
+    "the jetsons",
+    "hey Dennis",
+    "okay Jetta",
+    "hey Epsom",
+    "hey Jess",
+    "send a message to jessica",
+    "the jet set is back in town",
+]
 
 
 def speech(text: str, voice: str, speed: int) -> np.ndarray:
@@ -76,8 +112,11 @@ def speech(text: str, voice: str, speed: int) -> np.ndarray:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "s.wav"
-        subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(out), text],
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(out), text],
+            check=True,
+            capture_output=True,
+        )
         with wave.open(str(out)) as wav:
             rate = wav.getframerate()
             pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2").astype(np.float32)
@@ -114,8 +153,12 @@ def build(voices: list[str], snr_db: float | None, seed: int, negatives: bool = 
 
     for v, voice in enumerate(voices):
         for s, speed in enumerate(SPEEDS):
-            texts = [CARRIERS[rng.integers(len(CARRIERS))], WAKE,
-                     NEAR[rng.integers(len(NEAR))], OTHER[rng.integers(len(OTHER))]]  # fmt: skip
+            texts = [
+                CARRIERS[rng.integers(len(CARRIERS))],
+                WAKE,
+                NEAR[rng.integers(len(NEAR))],
+                OTHER[rng.integers(len(OTHER))],
+            ]
             if negatives:
                 near = [t for k, t in enumerate(NEAR + MORE_NEAR) if (k + v) % 3 == s]
                 texts = [x for t in near for x in (CARRIERS[rng.integers(len(CARRIERS))], t)]
@@ -160,9 +203,13 @@ def stream(socket: Path, audio: np.ndarray, pace: bool, model: str) -> list[tupl
             chunk = audio[offset : offset + CHUNK]
             pcm = grpcclient.InferInput("pcm", [len(chunk)], "INT16")
             pcm.set_data_from_numpy(chunk)
-            client.async_stream_infer(model, [pcm], sequence_id=1,
-                                      sequence_start=offset == 0,
-                                      sequence_end=offset + CHUNK >= len(audio))  # fmt: skip
+            client.async_stream_infer(
+                model,
+                [pcm],
+                sequence_id=1,
+                sequence_start=offset == 0,
+                sequence_end=offset + CHUNK >= len(audio),
+            )
     finally:
         client.stop_stream()
         client.close()
@@ -246,8 +293,9 @@ def commands(socket: Path, voices: list[str], count: int) -> tuple[list[str], st
     outside = [t for t in CARRIERS + OTHER if " ".join(t.lower().strip(".?").split()) not in labels]
 
     def run(text: str, voice: str) -> tuple[str, Any, float]:
-        x = np.concatenate([np.zeros(4000, np.float32), speech(text, voice, 175),
-                            np.zeros(4000, np.float32)])  # fmt: skip
+        x = np.concatenate(
+            [np.zeros(4000, np.float32), speech(text, voice, 175), np.zeros(4000, np.float32)]
+        )
         x = level(x)
         x += 0.001 * rng.standard_normal(len(x)).astype(np.float32)
         buffer = io.BytesIO()
@@ -277,8 +325,12 @@ def commands(socket: Path, voices: list[str], count: int) -> tuple[list[str], st
             rejected += heard == ""
             times.append(took)
     n, m = len(chosen) * len(voices), len(outside) * len(voices)
-    rows = [f"{count} phrases x {len(voices)} voices", f"{100 * exact / n:.1f}%",
-            f"{100 * right / n:.1f}%", f"{rejected}/{m} ({100 * rejected / m:.0f}%)"]  # fmt: skip
+    rows = [
+        f"{count} phrases x {len(voices)} voices",
+        f"{100 * exact / n:.1f}%",
+        f"{100 * right / n:.1f}%",
+        f"{rejected}/{m} ({100 * rejected / m:.0f}%)",
+    ]
     p50, p95 = np.percentile(times, [50, 95])
     what = "voice-command (a WAV of one utterance: vad, transcribe, intent)"
     return rows, f"{what}: p50 {p50:.0f} ms, p95 {p95:.0f} ms ({len(times)} calls)"
@@ -327,9 +379,13 @@ def assistant(
         right += result.as_numpy("intent")[0].decode() == labels[text]
         delays.append(1000 * (arrived - end))
     n = len(said)
-    row = [model, f"{count} commands x {len(voices)} voices", f"{wakes}/{n}",
-           f"{100 * exact / n:.1f}% ({exact} of {wakes} woken)",
-           f"{100 * right / n:.1f}% ({right} of {wakes} woken)"]  # fmt: skip
+    row = [
+        model,
+        f"{count} commands x {len(voices)} voices",
+        f"{wakes}/{n}",
+        f"{100 * exact / n:.1f}% ({exact} of {wakes} woken)",
+        f"{100 * right / n:.1f}% ({right} of {wakes} woken)",
+    ]
     p50, p95 = np.percentile(delays, [50, 95]) if delays else (float("nan"),) * 2
     how = "at the pace of real time" if pace else "as fast as it goes (not a latency)"
     line = f"{model}, end of command to its event, {how}:"
@@ -353,14 +409,28 @@ def main() -> None:
     parser.add_argument("--voices", type=int, default=5, help=f"of {len(VOICES)}")
     parser.add_argument("--latency-seconds", type=float, default=60.0)
     parser.add_argument("--commands", type=int, default=40, help="in-grammar phrases to say")
-    parser.add_argument("--assistant-paced", type=int, default=10,
-                        help="commands said to voice-assistant in real time")  # fmt: skip
-    parser.add_argument("--thresholds", nargs="+", default=["1e-30"],
-                        help="the phrase's threshold, one wake-word model each")  # fmt: skip
-    parser.add_argument("--endpoints", nargs="+", type=int, default=[],
-                        help="voice-assistant's endpoint_ms, one copy of it each")  # fmt: skip
-    parser.add_argument("--assistant-only", action="store_true",
-                        help="only the voice-assistant rows")  # fmt: skip
+    parser.add_argument(
+        "--assistant-paced",
+        type=int,
+        default=10,
+        help="commands said to voice-assistant in real time",
+    )
+    parser.add_argument(
+        "--thresholds",
+        nargs="+",
+        default=["1e-30"],
+        help="the phrase's threshold, one wake-word model each",
+    )
+    parser.add_argument(
+        "--endpoints",
+        nargs="+",
+        type=int,
+        default=[],
+        help="voice-assistant's endpoint_ms, one copy of it each",
+    )
+    parser.add_argument(
+        "--assistant-only", action="store_true", help="only the voice-assistant rows"
+    )
     args = parser.parse_args()
     voices = VOICES[: args.voices]
     rows: list[list[str]] = []
@@ -387,21 +457,45 @@ def main() -> None:
             proc.wait(60)
     if not args.assistant_only:
         print()
-        header = ["condition", "threshold", "detected", "rate", "false accepts",
-                  "negative audio", "false accepts / hour", "speed (x real time)"]  # fmt: skip
+        header = [
+            "condition",
+            "threshold",
+            "detected",
+            "rate",
+            "false accepts",
+            "negative audio",
+            "false accepts / hour",
+            "speed (x real time)",
+        ]
         print(table(rows, header))
         print()
-        print(table([command_row], ["commands said", "transcript exact", "intent right",
-                                    "other speech rejected"]))  # fmt: skip
+        print(
+            table(
+                [command_row],
+                ["commands said", "transcript exact", "intent right", "other speech rejected"],
+            )
+        )
         print(command_latency)
     print()
-    print(table(assistant_rows, ["model", "wake phrase, then command", "wake heard",
-                                 "transcript exact", "intent right"]))  # fmt: skip
+    print(
+        table(
+            assistant_rows,
+            [
+                "model",
+                "wake phrase, then command",
+                "wake heard",
+                "transcript exact",
+                "intent right",
+            ],
+        )
+    )
     print("\n".join(assistant_latencies))
     if delays:
         p50, p95 = np.percentile(delays, [50, 95])
-        print(f"\nend of phrase to event, at the pace of real time ({len(delays)} phrases):"
-              f" p50 {p50:.0f} ms, p95 {p95:.0f} ms")  # fmt: skip
+        print(
+            f"\nend of phrase to event, at the pace of real time ({len(delays)} phrases):"
+            f" p50 {p50:.0f} ms, p95 {p95:.0f} ms"
+        )
 
 
 def wake_rows(
@@ -424,9 +518,18 @@ def wake_rows(
             took = time.perf_counter() - t
             hits, false = score(found, starts, others)
             rate = f"{100 * hits / len(starts):.1f}%" if starts else "-"
-            rows.append([label, threshold, f"{hits}/{len(starts)}", rate, str(len(false)),
-                         f"{hours * 60:.1f} min", f"{len(false) / hours:.0f}",
-                         f"{len(audio) / RATE / took:.0f}x"])  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    threshold,
+                    f"{hits}/{len(starts)}",
+                    rate,
+                    str(len(false)),
+                    f"{hours * 60:.1f} min",
+                    f"{len(false) / hours:.0f}",
+                    f"{len(audio) / RATE / took:.0f}x",
+                ]
+            )
             print(" | ".join(rows[-1]), flush=True)
             if false:
                 print("  false accepts in:", sorted(false), flush=True)

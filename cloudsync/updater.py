@@ -134,8 +134,13 @@ class Updater:
         self.write(self.store / "floor.json", floor)
         self.tell(result)
         self.journal.unlink(missing_ok=True)
-        log.warning("update %s -> %s: %s%s", result["from"], result["to"], outcome,
-                    f" ({why})" if why else "")  # fmt: skip
+        log.warning(
+            "update %s -> %s: %s%s",
+            result["from"],
+            result["to"],
+            outcome,
+            f" ({why})" if why else "",
+        )
         return result
 
     def tell(self, result: dict[str, Any]) -> None:
@@ -167,8 +172,12 @@ class Updater:
 
     @staticmethod
     def control(deb: Path) -> tuple[str, str]:
-        done = subprocess.run(["dpkg-deb", "-f", str(deb), "Package", "Version"],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["dpkg-deb", "-f", str(deb), "Package", "Version"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         fields = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
         return fields.get("Package", ""), fields.get("Version", "")
 
@@ -177,8 +186,11 @@ class Updater:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         done = subprocess.run(
             ["dpkg", "--force-confold", "--force-downgrade", "-i", str(deb)],
-            capture_output=True, text=True, env=env, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"dpkg -i {deb.name}: {done.stderr.strip()[-500:]}")
 
@@ -202,8 +214,9 @@ class Updater:
     # ---- health -----------------------------------------------------------------------------
 
     def restart(self) -> None:
-        done = subprocess.run(list(self.settings.restart), capture_output=True, text=True,
-                              check=False, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            list(self.settings.restart), capture_output=True, text=True, check=False, timeout=120
+        )
         if done.returncode != 0:
             log.error("restart: %s", done.stderr.strip()[-300:])
 
@@ -316,8 +329,12 @@ class Updater:
             part.unlink()
             raise UpdateError(why)
         os.replace(part, copy)
-        journal = {"from": current, "to": found.deb_version, "version": found.version,
-                   "before": self.serving()}  # fmt: skip
+        journal = {
+            "from": current,
+            "to": found.deb_version,
+            "version": found.version,
+            "before": self.serving(),
+        }
         return self.phase(journal, "staged")
 
     def apply(self, manifest: Any, deb: Callable[[str, int], IO[bytes]]) -> dict[str, Any]:
@@ -357,8 +374,12 @@ class Updater:
         """A spool request refused before anything changed: said in the spool's result."""
         signed = manifest.get("signed") if isinstance(manifest, dict) else None
         version = signed.get("version") if isinstance(signed, dict) else None
-        result = {"version": version if isinstance(version, int) else None,
-                  "outcome": "refused", "why": why, "at": time.time()}  # fmt: skip
+        result = {
+            "version": version if isinstance(version, int) else None,
+            "outcome": "refused",
+            "why": why,
+            "at": time.time(),
+        }
         log.error("the request in the spool is refused: %s", why)
         self.tell(result)
         return result
@@ -404,8 +425,9 @@ class Updater:
         phase = journal.get("phase")
         if not phase:
             return None
-        log.warning("update %s -> %s was cut short at '%s'", journal.get("from"),
-                    journal.get("to"), phase)  # fmt: skip
+        log.warning(
+            "update %s -> %s was cut short at '%s'", journal.get("from"), journal.get("to"), phase
+        )
         if phase == "staged":
             return self.finish(journal, "abandoned", "cut short before it changed anything")
         if phase == "checking":
@@ -420,16 +442,24 @@ def build_parser() -> argparse.ArgumentParser:
         description="Install a signed edged package, check its health, and go back to the one"
         " before by itself if it is not healthy (also after a crash: recover).",
     )
-    parser.add_argument("action", choices=["apply", "apply-spool", "recover", "keep", "status"],
-                        help="apply: an update from files; apply-spool: the one cloudsync left"
-                        " in the spool (edged-updater.path starts it); recover: finish what a"
-                        " crash left (at boot); keep: the installed version's .deb as the way"
-                        " back; status")  # fmt: skip
+    parser.add_argument(
+        "action",
+        choices=["apply", "apply-spool", "recover", "keep", "status"],
+        help="apply: an update from files; apply-spool: the one cloudsync left"
+        " in the spool (edged-updater.path starts it); recover: finish what a"
+        " crash left (at boot); keep: the installed version's .deb as the way"
+        " back; status",
+    )
     parser.add_argument("files", nargs="*", help="apply: MANIFEST DEB; keep: DEB")
     parser.add_argument("--store", type=Path, default=Settings.store)
-    parser.add_argument("--config", type=Path, default=None, help="cloudsync's config, whose"
-                        " trust_dir, delivery threshold and trust file (beside the outbox) the"
-                        " updater uses (default /etc/edged/cloudsync.toml)")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="cloudsync's config, whose"
+        " trust_dir, delivery threshold and trust file (beside the outbox) the"
+        " updater uses (default /etc/edged/cloudsync.toml)",
+    )
     parser.add_argument(
         "--spool",
         type=Path,
@@ -438,10 +468,17 @@ def build_parser() -> argparse.ArgumentParser:
         " requests and finds results (default: its [delivery] spool_dir)",
     )
     parser.add_argument("--socket", type=Path, default=Settings.socket)
-    parser.add_argument("--restart", default=" ".join(Settings.restart),
-                        help="the command that restarts the services after dpkg")  # fmt: skip
-    parser.add_argument("--health-s", type=float, default=Settings.health_s,
-                        help="how long the new version has to come up healthy")  # fmt: skip
+    parser.add_argument(
+        "--restart",
+        default=" ".join(Settings.restart),
+        help="the command that restarts the services after dpkg",
+    )
+    parser.add_argument(
+        "--health-s",
+        type=float,
+        default=Settings.health_s,
+        help="how long the new version has to come up healthy",
+    )
     return parser
 
 
@@ -454,11 +491,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # an unreadable config: no update
         print(f"edged-updater: {exc.message}", file=sys.stderr)
         return 2
-    settings = Settings(args.store, fleet.commands.trust_dir,
-                        fleet.outbox.path.with_name(TRUST_FILE), fleet.delivery.threshold,
-                        args.socket, args.socket.with_name("cloudsync.sock"),
-                        tuple(args.restart.split()), args.health_s,
-                        args.spool or fleet.delivery.spool_dir)  # fmt: skip
+    settings = Settings(
+        args.store,
+        fleet.commands.trust_dir,
+        fleet.outbox.path.with_name(TRUST_FILE),
+        fleet.delivery.threshold,
+        args.socket,
+        args.socket.with_name("cloudsync.sock"),
+        tuple(args.restart.split()),
+        args.health_s,
+        args.spool or fleet.delivery.spool_dir,
+    )
     updater = Updater(settings)
     try:
         if args.action == "apply":
@@ -474,8 +517,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "recover":
             result = updater.recover() or {"outcome": "nothing under way"}
         else:
-            result = {"installed": updater.installed(), "journal": updater.read(updater.journal),
-                      "last": updater.read(updater.store / "result.json")}  # fmt: skip
+            result = {
+                "installed": updater.installed(),
+                "journal": updater.read(updater.journal),
+                "last": updater.read(updater.store / "result.json"),
+            }
     except (UpdateError, TrustError) as exc:
         print(f"edged-updater: {exc}", file=sys.stderr)
         return 2

@@ -96,8 +96,14 @@ def bind_unix(path: Path, mode: int) -> socket.socket:
 
 # what a reload changes while serving (Daemon.apply); every other key of these sections needs a
 # restart (the socket, its mode, the limits a listener was built with, the repository)
-RELOADED_SERVER = ("allowed_uids", "allowed_gids", "admin_uids", "admin_gids", "admin_group",
-                   "drain_timeout_s")  # fmt: skip
+RELOADED_SERVER = (
+    "allowed_uids",
+    "allowed_gids",
+    "admin_uids",
+    "admin_gids",
+    "admin_group",
+    "drain_timeout_s",
+)
 RELOADED_MODELS = ("load", "max_image_pixels", "idle_unload_s", "min_free_mb")
 
 
@@ -156,9 +162,15 @@ class Daemon:
         self.router = Router(
             self.manager, config.routing, self.cloud, self.load, self.metrics, clouds[1:]
         )
-        self.plane = DataPlane(self.manager, self.router, self.load, self.events,
-                               config.server.shm_regions, config.server.shm_regions_per_uid,
-                               self.ledger)  # fmt: skip
+        self.plane = DataPlane(
+            self.manager,
+            self.router,
+            self.load,
+            self.events,
+            config.server.shm_regions,
+            config.server.shm_regions_per_uid,
+            self.ledger,
+        )
         self.admin = Admin(
             config.state_dir / ADMIN_FILE,
             self.router,
@@ -337,9 +349,14 @@ class Daemon:
         answer = self.answerer if answer_model else None
         private_namespaces = config.knowledge.private_namespaces
         return TaskRunner(
-            self.plane, self.router, config.tasks, self.knowledge, answer, answer_model,
+            self.plane,
+            self.router,
+            config.tasks,
+            self.knowledge,
+            answer,
+            answer_model,
             private_namespaces,
-        )  # fmt: skip
+        )
 
     async def reload(self) -> str | None:
         """SIGHUP (and POST /v1/admin/reload): re-read the config and poll the repository; never

@@ -371,8 +371,10 @@ class Client:
         sock.settimeout(None)
 
         def upload() -> None:
-            head = (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
-                    "Content-Type: application/octet-stream\r\n\r\n")  # fmt: skip
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                "Content-Type: application/octet-stream\r\n\r\n"
+            )
             try:
                 sock.sendall(head.encode())
                 for chunk in audio:

@@ -537,9 +537,14 @@ class CloudEndpoint(Background):
                 sending = wire.SENDING.set(record)
                 try:
                     call = self.client.infer(
-                        name, request, outputs=wanted or None, request_id=request_id,
-                        timeout=limit_us, client_timeout=timeout, headers=self.headers,
-                    )  # fmt: skip
+                        name,
+                        request,
+                        outputs=wanted or None,
+                        request_id=request_id,
+                        timeout=limit_us,
+                        client_timeout=timeout,
+                        headers=self.headers,
+                    )
                     result = await asyncio.wait_for(call, timeout)
                 finally:
                     wire.SENDING.reset(sending)
@@ -629,11 +634,17 @@ class CloudEndpoint(Background):
             fields = {k: v for k, v in (egress or {}).items() if k != "seq"}
             try:
                 head = self.ledger.record(
-                    "cloud-infer", **fields, request_id=request_id, model=model,
-                    cloud_model=name, endpoint=self.url, tier=self.name,
-                    protocol="grpc" if self.grpc else "rest", bytes=len(data),
+                    "cloud-infer",
+                    **fields,
+                    request_id=request_id,
+                    model=model,
+                    cloud_model=name,
+                    endpoint=self.url,
+                    tier=self.name,
+                    protocol="grpc" if self.grpc else "rest",
+                    bytes=len(data),
                     sha256=digest(data),
-                )  # fmt: skip
+                )
             except (OSError, ValueError) as exc:
                 raise Unrecorded(
                     f"the egress ledger cannot record this call ({exc}): it is not sent"

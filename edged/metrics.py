@@ -33,8 +33,21 @@ T = TypeVar("T")
 disable_created_metrics()  # no *_created series: they double the series of every counter
 
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
@@ -335,9 +348,15 @@ class Metrics:
         compute_output stay 0) and the rows they ran (inference_count), per batch size too."""
         wanted = set(versions)
         figures: dict[tuple[str, str], dict[str, float]] = {v: {} for v in versions}
-        metrics: list[Any] = [self.requests, self.outcome_seconds, self.queue_seconds,
-                              self.compute_seconds, self.batch_size, self.executions,
-                              self.last_call]  # fmt: skip
+        metrics: list[Any] = [
+            self.requests,
+            self.outcome_seconds,
+            self.queue_seconds,
+            self.compute_seconds,
+            self.batch_size,
+            self.executions,
+            self.last_call,
+        ]
         for metric in metrics:
             for family in metric.collect():
                 for sample in family.samples:

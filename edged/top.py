@@ -352,10 +352,16 @@ def _models_panel(
         expand=True,
     )
     columns: list[tuple[str, JustifyMethod]] = [
-        ("MODEL", "left"), ("VER", "right"), ("STATE", "left"), ("QUEUE", "right"),
-        ("REQ/S", "right"), ("REQS", "right"), ("ERR%", "right"), ("P50ms", "right"),
+        ("MODEL", "left"),
+        ("VER", "right"),
+        ("STATE", "left"),
+        ("QUEUE", "right"),
+        ("REQ/S", "right"),
+        ("REQS", "right"),
+        ("ERR%", "right"),
+        ("P50ms", "right"),
         ("P95ms", "right"),
-    ]  # fmt: skip
+    ]
     for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=True)
     table.add_column("REASON", overflow="ellipsis", no_wrap=True, ratio=1, style="dim")

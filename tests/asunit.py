@@ -74,10 +74,20 @@ def account(name: str = USER) -> Account | None:
         entry = pwd.getpwnam(name)
     except KeyError:
         subprocess.run(
-            ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir",
-             "/nonexistent", "--shell", "/usr/sbin/nologin", name],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ],
+            check=True,
+            capture_output=True,
+        )
         entry = pwd.getpwnam(name)
     return Account(name, entry.pw_uid, entry.pw_gid)
 

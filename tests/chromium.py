@@ -61,15 +61,27 @@ class Chromium:
         active = self.profile / "DevToolsActivePort"
         active.unlink(missing_ok=True)
         command = [
-            str(CHROMIUM), "--headless=new", "--no-sandbox", "--remote-debugging-port=0",
-            f"--user-data-dir={self.profile}", "--no-first-run", "--no-default-browser-check",
-            "--disable-gpu", "--disable-dev-shm-usage", "--disable-extensions",
-            "--disable-background-networking", "--disable-component-update", "--mute-audio",
-            "--hide-scrollbars", "--force-device-scale-factor=1", "about:blank",
-        ]  # fmt: skip
+            str(CHROMIUM),
+            "--headless=new",
+            "--no-sandbox",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={self.profile}",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--mute-audio",
+            "--hide-scrollbars",
+            "--force-device-scale-factor=1",
+            "about:blank",
+        ]
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while True:  # Chromium writes its port (and browser target) once it listens
             if self.proc.poll() is not None:
@@ -115,8 +127,13 @@ class Chromium:
             try:
                 await tab.call("Page.enable")
                 await tab.call("Network.enable")
-                await tab.call("Emulation.setDeviceMetricsOverride", width=width,
-                               height=height, deviceScaleFactor=1, mobile=False)  # fmt: skip
+                await tab.call(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=width,
+                    height=height,
+                    deviceScaleFactor=1,
+                    mobile=False,
+                )
                 yield tab
             finally:
                 reader.cancel()
@@ -205,16 +222,19 @@ class Tab:
         return found if found is None else str(found)
 
     async def texts(self, selector: str) -> list[str]:
-        return list(await self.eval(
-            f"[...document.querySelectorAll({json.dumps(selector)})].map(e => e.innerText)"
-        ))  # fmt: skip
+        return list(
+            await self.eval(
+                f"[...document.querySelectorAll({json.dumps(selector)})].map(e => e.innerText)"
+            )
+        )
 
     async def exists(self, selector: str) -> bool:
         return bool(await self.eval(f"!!document.querySelector({json.dumps(selector)})"))
 
     async def fill(self, selector: str, value: str) -> None:
-        await self.eval(f"document.querySelector({json.dumps(selector)}).value = "
-                        f"{json.dumps(value)}")  # fmt: skip
+        await self.eval(
+            f"document.querySelector({json.dumps(selector)}).value = {json.dumps(value)}"
+        )
 
     async def click(self, selector: str) -> dict[str, Any]:
         """Clicks ``selector`` (a submit button, a link) and waits for the page it loads."""
@@ -224,8 +244,9 @@ class Tab:
         return await self.document()
 
     async def set_cookie(self, name: str, value: str, url: str) -> None:
-        await self.call("Network.setCookie", name=name, value=value, url=url, httpOnly=True,
-                        sameSite="Strict")  # fmt: skip
+        await self.call(
+            "Network.setCookie", name=name, value=value, url=url, httpOnly=True, sameSite="Strict"
+        )
 
     async def clear_cookies(self) -> None:
         await self.call("Network.clearBrowserCookies")

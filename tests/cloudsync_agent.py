@@ -48,10 +48,13 @@ class Agent:
         self.config.write_text(
             'log_level = "debug"\n'
             + cloudsync_config(
-                self.broker, self.workdir, "f1",
-                more="[heartbeat]\ninterval_s = 1", mqtt="keepalive_s = 5\nreconnect_max_s = 2",
+                self.broker,
+                self.workdir,
+                "f1",
+                more="[heartbeat]\ninterval_s = 1",
+                mqtt="keepalive_s = 5\nreconnect_max_s = 2",
             )
-        )  # fmt: skip
+        )
 
     def trust(self) -> Ed25519PrivateKey:
         """A fleet key whose public half this node trusts (kid "fleet-1")."""

@@ -107,13 +107,19 @@ class Daemon:
 
     def command(self) -> list[str]:
         return [
-            self.python, "-m", "edged",
-            "--config", str(self.config),
-            "--socket", str(self.socket),
-            "--state-dir", str(self.workdir / "state"),
-            "--models", str(self.models),
+            self.python,
+            "-m",
+            "edged",
+            "--config",
+            str(self.config),
+            "--socket",
+            str(self.socket),
+            "--state-dir",
+            str(self.workdir / "state"),
+            "--models",
+            str(self.models),
             *self.flags,
-        ]  # fmt: skip
+        ]
 
     def start(self, env: dict[str, str] | None = None, wait: bool = True) -> Daemon:
         unit: dict[str, Any] = {}
@@ -266,8 +272,12 @@ class Cloud:
         """The server fails one call in ``n`` (0: none) with ``status``, each after ``delay_s``;
         ``flatten``: its answers are uniform (unsure); ``models``: only calls of these
         (default: all)."""
-        faults: dict[str, Any] = {"fail_every": n, "status": status, "delay_s": delay_s,
-                                  "flatten": flatten}  # fmt: skip
+        faults: dict[str, Any] = {
+            "fail_every": n,
+            "status": status,
+            "delay_s": delay_s,
+            "flatten": flatten,
+        }
         if models is not None:
             faults["models"] = models
         self.faults.write_text(json.dumps(faults))
@@ -304,8 +314,10 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
 
 def answer_model_config(cloud: Cloud) -> str:
     """edged's config lines for the tests' cloud as its cloud tier and its answer model."""
-    return (f'[cloud]\nurl = "http://{cloud.proxy.address}"\n[[cloud.models]]\n'
-            f'name = "{ANSWER_MODEL}"\n[knowledge]\nanswer_model = "{ANSWER_MODEL}"\n')  # fmt: skip
+    return (
+        f'[cloud]\nurl = "http://{cloud.proxy.address}"\n[[cloud.models]]\n'
+        f'name = "{ANSWER_MODEL}"\n[knowledge]\nanswer_model = "{ANSWER_MODEL}"\n'
+    )
 
 
 @pytest.fixture

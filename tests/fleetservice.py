@@ -114,8 +114,14 @@ format = "text"
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> FleetService:
-        command = [sys.executable, "-m", "cloudsync.fleet.cli", "serve", "--config",
-                   str(self.config)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "cloudsync.fleet.cli",
+            "serve",
+            "--config",
+            str(self.config),
+        ]
         unit = {**self.account.popen(), "umask": UMASK} if self.account is not None else {}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **unit)
@@ -142,8 +148,14 @@ format = "text"
                 stop()
             raise
 
-    def call(self, method: str, path: str, body: Any = None, role: str | None = "admin",
-             raw: bytes | None = None) -> tuple[int, Any]:  # fmt: skip
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        role: str | None = "admin",
+        raw: bytes | None = None,
+    ) -> tuple[int, Any]:
         """(status, JSON answer) of one call as ``role`` (None: no token)."""
         headers = {"Content-Type": "application/json"}
         if role is not None:
@@ -162,9 +174,11 @@ format = "text"
         """The real ``edgefleet --service`` command with ``role``'s token: its JSON answer."""
         done = subprocess.run(
             [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service", self.url, *args],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
             env={**os.environ, "EDGEFLEET_TOKEN": TOKENS[role]},
-        )  # fmt: skip
+        )
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 

@@ -72,8 +72,9 @@ class HashProxy(Recording):
                 row["id"] = None
         self.note(row, body)
         headers = {k: v for k, v in request.headers.items() if k in KEPT_HEADERS}
-        async with self.session.request(request.method, self.upstream.rstrip("/") + request.path_qs,
-                                        data=body, headers=headers) as reply:  # fmt: skip
+        async with self.session.request(
+            request.method, self.upstream.rstrip("/") + request.path_qs, data=body, headers=headers
+        ) as reply:
             data = await reply.read()
             out = {k: v for k, v in reply.headers.items() if k in KEPT_HEADERS}
             return web.Response(status=reply.status, body=data, headers=out)
@@ -98,8 +99,9 @@ class GrpcHashProxy(Recording):
 
                 async def unary(request: bytes, context: Any) -> bytes:
                     proxy.note({"method": method}, request)
-                    metadata = [(k, v) for k, v in context.invocation_metadata()
-                                if not k.startswith(":")]  # fmt: skip
+                    metadata = [
+                        (k, v) for k, v in context.invocation_metadata() if not k.startswith(":")
+                    ]
                     call = proxy.channel.unary_unary(method)  # raw bytes both ways
                     return await call(request, metadata=metadata)
 

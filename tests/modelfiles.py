@@ -28,8 +28,9 @@ def scale_model(path: Path, factor: float, pad_bytes: int = 0, single_row: bool 
         weights.append(helper.make_tensor("one_row", TensorProto.INT64, [2], [1, 2]))
     if pad_bytes:
         rows = np.random.default_rng(int(factor * 1000)).integers(0, 255, pad_bytes, np.uint8)
-        weights.append(helper.make_tensor("pad", TensorProto.UINT8, [pad_bytes], rows.tobytes(),
-                                          raw=True))  # fmt: skip
+        weights.append(
+            helper.make_tensor("pad", TensorProto.UINT8, [pad_bytes], rows.tobytes(), raw=True)
+        )
     graph = helper.make_graph(
         nodes,
         "scale",

@@ -131,9 +131,11 @@ def edgefleet(
 ) -> subprocess.CompletedProcess[str]:
     """The real ``edgefleet`` command against ``broker`` as the operator."""
     return subprocess.run(
-        edgefleet_command(broker, *args, fleet=fleet), capture_output=True, text=True,
+        edgefleet_command(broker, *args, fleet=fleet),
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 def edgefleet_command(broker: Broker, *args: str, fleet: str = "f1") -> list[str]:

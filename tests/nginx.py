@@ -93,10 +93,17 @@ class Cdn:
         # as root the workers would be nobody, who cannot read pytest's directories (0700)
         user = "user root;" if os.geteuid() == 0 else ""
         models = MODELS.format(root=self.root, secret=SECRET, rate=self.rate)
-        self.config.write_text(CONFIG.format(
-            user=user, work=self.workdir, port=self.port, pki=self.pki, models=models,
-            tls12_port=self.tls12_port, http_port=self.http_port,
-        ))  # fmt: skip
+        self.config.write_text(
+            CONFIG.format(
+                user=user,
+                work=self.workdir,
+                port=self.port,
+                pki=self.pki,
+                models=models,
+                tls12_port=self.tls12_port,
+                http_port=self.http_port,
+            )
+        )
 
     @property
     def base(self) -> str:
@@ -123,8 +130,9 @@ class Cdn:
         log = (self.workdir / "nginx.out").open("ab")
         self.proc = subprocess.Popen(
             [NGINX, "-c", str(self.config), "-p", str(self.workdir), "-e", "stderr"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             wait_listening(self.proc, self.port, "nginx", self.logs, timeout)
         except RuntimeError:

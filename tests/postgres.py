@@ -61,17 +61,42 @@ class Postgres:
                     if parent.stat().st_mode & 0o001 == 0:
                         parent.chmod(parent.stat().st_mode | 0o001)
             subprocess.run(
-                [str(bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres",
-                 "--auth=trust", "-E", "UTF8", "--no-sync"],
-                check=True, capture_output=True, preexec_fn=self._as_server,
-            )  # fmt: skip
+                [
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                ],
+                check=True,
+                capture_output=True,
+                preexec_fn=self._as_server,
+            )
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [str(bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
-                 "-k", str(self.workdir), "-c", "listen_addresses=127.0.0.1",
-                 "-c", "fsync=off", "-c", "max_connections=200"],
-                stdout=log, stderr=subprocess.STDOUT, preexec_fn=self._as_server,
-            )  # fmt: skip
+                [
+                    str(bin_dir / "postgres"),
+                    "-D",
+                    str(self.data),
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.workdir),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "max_connections=200",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=self._as_server,
+            )
         wait_listening(self.proc, self.port, "postgres", self.logs, timeout)
         deadline = time.monotonic() + timeout
         while self.psql("SELECT 1").returncode != 0:  # listening before it takes queries
@@ -82,10 +107,22 @@ class Postgres:
 
     def psql(self, sql: str, database: str = "postgres") -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", database,
-             "-Atc", sql],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+                "-Atc",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+        )
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"

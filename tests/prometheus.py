@@ -68,26 +68,37 @@ class Prometheus(Stoppable):
         config = {
             "global": {"scrape_interval": interval, "evaluation_interval": interval},
             "rule_files": [str(r) for r in self.rules],
-            "scrape_configs": [{
-                "job_name": "edgefleet",
-                "metrics_path": "/v1/fleet/metrics",
-                "honor_labels": True,
-                "authorization": {"credentials": self.token},
-                "static_configs": [
-                    {"targets": [self.target],
-                     "labels": {"__param_shard": str(i), "__param_shards": str(self.shards)}}
-                    for i in range(self.shards)
-                ],
-            }],
-        }  # fmt: skip
+            "scrape_configs": [
+                {
+                    "job_name": "edgefleet",
+                    "metrics_path": "/v1/fleet/metrics",
+                    "honor_labels": True,
+                    "authorization": {"credentials": self.token},
+                    "static_configs": [
+                        {
+                            "targets": [self.target],
+                            "labels": {"__param_shard": str(i), "__param_shards": str(self.shards)},
+                        }
+                        for i in range(self.shards)
+                    ],
+                }
+            ],
+        }
         self.config = self.workdir / "prometheus.yml"
         self.config.write_text(json.dumps(config))  # YAML takes JSON
 
     def start(self, timeout: float = 30.0) -> Prometheus:
         need(PROMETHEUS, "prometheus")
-        launch(self, [PROMETHEUS, f"--config.file={self.config}",
-                      f"--storage.tsdb.path={self.workdir / 'data'}",
-                      f"--web.listen-address=127.0.0.1:{self.port}"], timeout)  # fmt: skip
+        launch(
+            self,
+            [
+                PROMETHEUS,
+                f"--config.file={self.config}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            timeout,
+        )
         return self
 
     @property
@@ -128,8 +139,9 @@ class Pages:
 
     def alerts(self, status: str | None = None) -> list[dict[str, Any]]:
         """Every alert of every notification (with ``status``: firing or resolved)."""
-        return [a for n in self.received for a in n["alerts"]
-                if status is None or a["status"] == status]  # fmt: skip
+        return [
+            a for n in self.received for a in n["alerts"] if status is None or a["status"] == status
+        ]
 
     def close(self) -> None:
         self.server.shutdown()
@@ -151,20 +163,33 @@ class Alertmanager(Stoppable):
         self.port = self.port or free_port()
         self.log = self.workdir / "alertmanager.log"
         config = {
-            "route": {"receiver": "hook", "group_by": ["alertname", "instance"],
-                      "group_wait": "0s", "group_interval": "1s", "repeat_interval": "1h"},
-            "receivers": [{"name": "hook", "webhook_configs": [
-                {"url": self.webhook, "send_resolved": True}]}],
-        }  # fmt: skip
+            "route": {
+                "receiver": "hook",
+                "group_by": ["alertname", "instance"],
+                "group_wait": "0s",
+                "group_interval": "1s",
+                "repeat_interval": "1h",
+            },
+            "receivers": [
+                {"name": "hook", "webhook_configs": [{"url": self.webhook, "send_resolved": True}]}
+            ],
+        }
         self.config = self.workdir / "alertmanager.yml"
         self.config.write_text(json.dumps(config))
 
     def start(self, timeout: float = 30.0) -> Alertmanager:
         need(ALERTMANAGER, "prometheus-alertmanager")
-        launch(self, [ALERTMANAGER, f"--config.file={self.config}",
-                      f"--storage.path={self.workdir / 'data'}",
-                      f"--web.listen-address=127.0.0.1:{self.port}",
-                      "--cluster.listen-address="], timeout)  # fmt: skip
+        launch(
+            self,
+            [
+                ALERTMANAGER,
+                f"--config.file={self.config}",
+                f"--storage.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+            ],
+            timeout,
+        )
         return self
 
     @property

@@ -75,10 +75,13 @@ def spot_trace(seed: int = 6, duration_s: float = 300.0, rate: float = 10.0) -> 
             took = rtt + service * rng.lognormal(0, 0.2) + payload / bandwidth * 1000
             row[f"{tier}_ms"] = None if env[f"{tier}_outage"][i] else round(float(took), 3)
         requests.append(row)
-    plain = {k: [bool(v) if isinstance(v, (bool, np.bool_)) else round(float(v), 3) for v in vals]
-             for k, vals in env.items()}  # fmt: skip
-    return Trace("spot", "two cloud tiers, spot interrupted", seed, duration_s, None, plain,
-                 requests)  # fmt: skip
+    plain = {
+        k: [bool(v) if isinstance(v, (bool, np.bool_)) else round(float(v), 3) for v in vals]
+        for k, vals in env.items()
+    }
+    return Trace(
+        "spot", "two cloud tiers, spot interrupted", seed, duration_s, None, plain, requests
+    )
 
 
 @dataclass
@@ -130,8 +133,9 @@ class TierReplay:
         """One request: decided and run as the router does; its latency (ms)."""
         load = self.trace.at(row["t"])["load"]
         deadline = row["deadline_ms"]
-        request = RouteRequest(row["task"], row["task"], row["private"], deadline / 1000,
-                               row["payload"])  # fmt: skip
+        request = RouteRequest(
+            row["task"], row["task"], row["private"], deadline / 1000, row["payload"]
+        )
         found = self.estimates.forecast(row["task"], "local", load, row["payload"])
         predicted, deviation = found or (None, None)
         local = RoutePath(True, "", predicted, 0.0, deviation)
@@ -224,8 +228,14 @@ def table(trace: Trace) -> list[Tally]:
 
 def main() -> None:
     trace = spot_trace()
-    header = ["policy (tiers configured)", "SLO %", "on-demand calls", "spot calls",
-              "cost / 1,000 requests", "privacy violations"]  # fmt: skip
+    header = [
+        "policy (tiers configured)",
+        "SLO %",
+        "on-demand calls",
+        "spot calls",
+        "cost / 1,000 requests",
+        "privacy violations",
+    ]
     print("| " + " | ".join(header) + " |")
     print("|" + " --- |" * len(header))
     results = table(trace)
@@ -234,8 +244,10 @@ def main() -> None:
     both, alone = results[3], results[1]
     saved = 1 - both.cost / alone.cost
     lost = 100 * (alone.ok - both.ok) / alone.requests
-    print(f"\nspot + on-demand against on-demand only: cost {saved:.0%} lower, SLO {lost:+.2f}"
-          " points lost")  # fmt: skip
+    print(
+        f"\nspot + on-demand against on-demand only: cost {saved:.0%} lower, SLO {lost:+.2f}"
+        " points lost"
+    )
 
 
 if __name__ == "__main__":

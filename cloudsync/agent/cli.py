@@ -79,16 +79,22 @@ def main(argv: list[str] | None = None) -> int:
             config.local.max_connections,
         )
     except OSError as exc:
-        print(f"cloudsync: cannot serve the local API on {config.local.socket}: {exc}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"cloudsync: cannot serve the local API on {config.local.socket}: {exc}",
+            file=sys.stderr,
+        )
         return 1
     local.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     logging.getLogger("cloudsync").info(
         "node %s of fleet %s; local API on %s; broker %s:%s",
-        agent.node, config.node.fleet, config.local.socket, config.mqtt.host, config.mqtt.port,
-    )  # fmt: skip
+        agent.node,
+        config.node.fleet,
+        config.local.socket,
+        config.mqtt.host,
+        config.mqtt.port,
+    )
     try:
         agent.run()
     finally:

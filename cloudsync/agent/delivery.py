@@ -235,8 +235,9 @@ class Delivery:
             return True
         why_not = manifest.for_node(self.fleet, self.node, platform.machine())
         if why_not:
-            log.info("delivery: %s %d is not for this node: %s", manifest.key,
-                     manifest.version, why_not)  # fmt: skip
+            log.info(
+                "delivery: %s %d is not for this node: %s", manifest.key, manifest.version, why_not
+            )
             return True
         try:
             state = self.state(manifest.key)
@@ -254,8 +255,7 @@ class Delivery:
             versions = self.edged(self.quick).model_versions(manifest.model)
         except ClientError as exc:
             if exc.status != 404:
-                log.warning("delivery: edged cannot say %s's versions yet: %s", manifest.model,
-                            exc)  # fmt: skip
+                log.warning("delivery: edged cannot say %s's versions yet: %s", manifest.model, exc)
                 return min(EDGED_RETRY_S, self.config.retry_s)
             versions = {}  # edged serves and has no such model: a new one, or one removed
         # the floor: what was accepted here, and what edged has (the state file may be new)
@@ -330,14 +330,20 @@ class Delivery:
                 return UPDATER_POLL_S
             request.unlink(missing_ok=True)
             why = f"edged-updater did not answer in {waited:.0f} s (is edged-updater.path enabled?)"
-            self.report("failed", None, {"failed": handed, "handed": 0}, model=manifest.key,
-                        version=handed, stage="update", why=why)  # fmt: skip
+            self.report(
+                "failed",
+                None,
+                {"failed": handed, "handed": 0},
+                model=manifest.key,
+                version=handed,
+                stage="update",
+                why=why,
+            )
             state = self.state(manifest.key)
         installed = spool.installed(manifest.model)
         if installed == manifest.deb_version:  # (installed by other means)
             if stored < manifest.version:
-                self.report("active", manifest, {"floor": manifest.version},
-                            deb_version=installed)  # fmt: skip
+                self.report("active", manifest, {"floor": manifest.version}, deb_version=installed)
             return True
         if state.get("failed") == manifest.version:
             return True  # reported when it failed; a new release is needed
@@ -354,8 +360,14 @@ class Delivery:
             self.report("refused", manifest, why=str(exc))
             return True
         if stored < manifest.version:
-            self.report("accepted", manifest, {"floor": manifest.version}, bytes=manifest.size,
-                        signed_by=manifest.kids, deb_version=manifest.deb_version)  # fmt: skip
+            self.report(
+                "accepted",
+                manifest,
+                {"floor": manifest.version},
+                bytes=manifest.size,
+                signed_by=manifest.kids,
+                deb_version=manifest.deb_version,
+            )
         name = manifest.files[0].path
         for old in self.config.spool_dir.iterdir():  # an older release's package
             if old.name.endswith((".deb", ".deb.part")) and old.name not in (name, name + ".part"):
@@ -397,11 +409,21 @@ class Delivery:
         elif version is not None and outcome != "abandoned":
             change["failed"] = version
         step = spool.STEPS.get(outcome, "failed")
-        fields = {"stage": "update", "outcome": outcome, "why": str(result.get("why", "")),
-                  "deb_version": str(result.get("to", ""))}  # fmt: skip
+        fields = {
+            "stage": "update",
+            "outcome": outcome,
+            "why": str(result.get("why", "")),
+            "deb_version": str(result.get("to", "")),
+        }
         if version != manifest.version:  # an update not asked for here (`edged-updater apply`)
-            self.report(step, None, change if version else None, model=manifest.key,
-                        version=version, **fields)  # fmt: skip
+            self.report(
+                step,
+                None,
+                change if version else None,
+                model=manifest.key,
+                version=version,
+                **fields,
+            )
             return None
         self.report(step, manifest, change, **fields)
         if outcome == "committed":
@@ -434,8 +456,9 @@ class Delivery:
     def rolled_back(self, model: str, version: int, by: str) -> None:
         """An operator's rollback: this version is not installed again from the same state."""
         try:
-            self.report("rolled-back", None, {"failed": version}, model=model, version=version,
-                        why=by)  # fmt: skip
+            self.report(
+                "rolled-back", None, {"failed": version}, model=model, version=version, why=by
+            )
         except StateError as exc:  # the rollback happened: said, without the state
             log.error("delivery: %s", exc)
             self.report("rolled-back", None, None, model=model, version=version, why=by)
@@ -479,9 +502,13 @@ class Delivery:
             for attempt in range(self.config.attempts):
                 try:
                     got = fetch(
-                        urls[file.path], staged / file.path, file, self.context,
-                        self.config.timeout_s, self.config.allow_http_loopback,
-                    )  # fmt: skip
+                        urls[file.path],
+                        staged / file.path,
+                        file,
+                        self.context,
+                        self.config.timeout_s,
+                        self.config.allow_http_loopback,
+                    )
                 except DeliveryError as exc:
                     if attempt + 1 == self.config.attempts or not exc.retry:
                         raise

@@ -89,8 +89,11 @@ class DeliveryState:
                     doc[key[len(STATE) :]] = state
         if doc:
             write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-            log.info("delivery: the state of %d model(s) moved from the outbox to %s",
-                     len(doc), self.path)  # fmt: skip
+            log.info(
+                "delivery: the state of %d model(s) moved from the outbox to %s",
+                len(doc),
+                self.path,
+            )
         return doc
 
 

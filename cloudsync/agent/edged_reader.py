@@ -37,9 +37,16 @@ class EdgedReader:
     """The edged thread of one agent (``run``); what it learns goes to ``state.edged``, the
     outbox and the alerts."""
 
-    def __init__(self, state: AgentState, config: Config, outbox: Outbox, alerts: Evaluator,
-                 delivery: Delivery, stopping: Event,
-                 edged_client: Callable[[], Client]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        state: AgentState,
+        config: Config,
+        outbox: Outbox,
+        alerts: Evaluator,
+        delivery: Delivery,
+        stopping: Event,
+        edged_client: Callable[[], Client],
+    ) -> None:
         self.state, self.config, self.outbox, self.alerts = state, config, outbox, alerts
         self.delivery, self.stopping, self.edged_client = delivery, stopping, edged_client
         self.next_telemetry = 0.0
@@ -122,8 +129,14 @@ class EdgedReader:
                 return
             items = [event_item(epoch, e) for e in reply["events"]]
             if reply["missed"]:
-                items.insert(0, Item("events", {"alert": "edged events missed",
-                                                "missed": reply["missed"]}, "alert"))  # fmt: skip
+                items.insert(
+                    0,
+                    Item(
+                        "events",
+                        {"alert": "edged events missed", "missed": reply["missed"]},
+                        "alert",
+                    ),
+                )
             cursor = reply["events"][-1]["id"]
             self.outbox.put_many(items, state={EDGED_CURSOR: f"{epoch}:{cursor}"})
             if any(e.get("reason") == DAMAGED for e in reply["events"]):

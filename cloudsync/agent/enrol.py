@@ -65,8 +65,9 @@ def enrol(config: Config, node: str, stopping: threading.Event) -> bool:
     trusted = x509.load_pem_x509_certificate(mq.ca_file.read_bytes())
     fleet = config.node.fleet
     answers: queue.Queue[bytes] = queue.Queue()
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"enrol-{rid}",
-                         protocol=mqtt.MQTTv5)  # fmt: skip
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id=f"enrol-{rid}", protocol=mqtt.MQTTv5
+    )
     client.tls_set_context(tls_context(mq.ca_file, claim.claim_cert, claim.claim_key))
     client.reconnect_delay_set(1, 30)
 
@@ -112,8 +113,12 @@ def enrol(config: Config, node: str, stopping: threading.Event) -> bool:
                 raise EnrolError(f"the fleet refused the request: {answer.error}")
             if answer.state == "pending":
                 if not said_pending:
-                    log.warning("request %s for %s waits for an operator: edgefleet enrol"
-                                " approve %s", rid, node, rid)  # fmt: skip
+                    log.warning(
+                        "request %s for %s waits for an operator: edgefleet enrol approve %s",
+                        rid,
+                        node,
+                        rid,
+                    )
                     said_pending = True
                 continue
             _keep(mq.cert_file, mq.key_file, answer)
@@ -133,8 +138,9 @@ def _key(path: Path) -> ec.EllipticCurvePrivateKey:
             raise EnrolError(f"{path}: not an EC private key")
         return key
     key = new_key()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())  # fmt: skip
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     write_atomic(path, pem, 0o600)
     return key
 
@@ -199,8 +205,10 @@ class Renewal:
         """The request's payload (a new key the first time)."""
         if self.key is None:
             self.key = new_key()
-            log.info("the certificate is %.0f%% through its life: asking for the next one",
-                     100 * self.config.enrol.renew_after)  # fmt: skip
+            log.info(
+                "the certificate is %.0f%% through its life: asking for the next one",
+                100 * self.config.enrol.renew_after,
+            )
         self.asked_at = now
         return envelope.Envelope(self.node, 1, {"csr": make_csr(self.key, self.node)}).encode()
 
@@ -221,9 +229,11 @@ class Renewal:
                 self.refused = answer.error
             self.key, self.due_at = None, time.time() + 3600.0
             return False
-        pem = self.key.private_bytes(serialization.Encoding.PEM,
-                                     serialization.PrivateFormat.PKCS8,
-                                     serialization.NoEncryption())  # fmt: skip
+        pem = self.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
         # a power cut anywhere leaves a pair that goes together (settle() at the next start)
         nxt = Path(f"{mq.cert_file}.next")
         write_atomic(nxt, answer.cert, 0o644)

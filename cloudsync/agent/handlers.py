@@ -24,9 +24,15 @@ MAX_DRAIN_WAIT_S = 600.0  # the command worker waits no longer for a drain
 class Handlers:
     """The commands of one agent."""
 
-    def __init__(self, node: str, config: Config, edged_client: Callable[..., Client],
-                 status: Callable[[], dict[str, Any]], delivery: Delivery,
-                 events: EventLog) -> None:  # fmt: skip
+    def __init__(
+        self,
+        node: str,
+        config: Config,
+        edged_client: Callable[..., Client],
+        status: Callable[[], dict[str, Any]],
+        delivery: Delivery,
+        events: EventLog,
+    ) -> None:
         self.node, self.config, self.edged_client, self.status = node, config, edged_client, status
         self.delivery, self.events = delivery, events
 
@@ -67,8 +73,10 @@ class Handlers:
         further)."""
         model, wrong = _text(args, "model"), args.get("from")
         if model.startswith("package:"):  # (a rollout's abort sends it to every node)
-            why = ("a package goes back by itself (edged-updater) when it is not healthy here;"
-                   " one that is stays until a newer release is delivered")  # fmt: skip
+            why = (
+                "a package goes back by itself (edged-updater) when it is not healthy here;"
+                " one that is stays until a newer release is delivered"
+            )
             return {"rolled_back": False, "why": why}
         active = edged.model_versions(model).get("active")
         if wrong is not None and active != wrong:

@@ -15,8 +15,14 @@ from edged.common.egress import Ledger
 
 
 class Heartbeat:
-    def __init__(self, state: AgentState, outbox: Outbox, ledger: Ledger, interval_s: float,
-                 envelope: Callable[[dict[str, Any]], Envelope]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        state: AgentState,
+        outbox: Outbox,
+        ledger: Ledger,
+        interval_s: float,
+        envelope: Callable[[dict[str, Any]], Envelope],
+    ) -> None:
         self.state, self.outbox, self.ledger = state, outbox, ledger
         self.interval_s, self.envelope = interval_s, envelope
         self.next_at = 0.0  # time.monotonic() of the next one

@@ -75,9 +75,11 @@ class AgentMetrics:
             registry=r,
         )
         self.rollbacks = Counter(
-            "cloudsync_model_rollbacks", "Model versions rolled back on this node", ["model"],
+            "cloudsync_model_rollbacks",
+            "Model versions rolled back on this node",
+            ["model"],
             registry=r,
-        )  # fmt: skip
+        )
 
     def render(self) -> bytes:
         """The text exposition format."""

@@ -34,8 +34,9 @@ Publish = Callable[[str, bytes, str, str], mqtt.MQTTMessageInfo]
 
 
 class OutboxPump:
-    def __init__(self, outbox: Outbox, topics: Topics, node: str, max_inflight: int,
-                 publish: Publish) -> None:  # fmt: skip
+    def __init__(
+        self, outbox: Outbox, topics: Topics, node: str, max_inflight: int, publish: Publish
+    ) -> None:
         self.outbox, self.topics, self.node = outbox, topics, node
         self.max_inflight, self.publish = max_inflight, publish
         self.inflight: dict[int, int] = {}  # MQTT message id -> outbox seq
@@ -63,15 +64,19 @@ class OutboxPump:
             self.refused[seq] = str(rc)
         elif rc.value == NO_SUBSCRIBERS:
             if not self.unheard_since:  # once a spell
-                log.warning("the broker has no subscriber for the records (the fleet service"
-                            " is away): they stay in the outbox, sent again every %.0f s",
-                            UNHEARD_S)  # fmt: skip
+                log.warning(
+                    "the broker has no subscriber for the records (the fleet service"
+                    " is away): they stay in the outbox, sent again every %.0f s",
+                    UNHEARD_S,
+                )
                 self.unheard_since = time.monotonic()
             self.unheard[seq] = time.monotonic() + UNHEARD_S
         else:
             if self.unheard_since:
-                log.info("the fleet has the records again, after %.0f s without a subscriber",
-                         time.monotonic() - self.unheard_since)  # fmt: skip
+                log.info(
+                    "the fleet has the records again, after %.0f s without a subscriber",
+                    time.monotonic() - self.unheard_since,
+                )
                 self.unheard_since = 0.0
             self.acked.append(seq)
 
@@ -108,8 +113,11 @@ class OutboxPump:
         for mid in late if connected else []:
             # no PUBACK in all that time: sent again from the outbox (the same id); paho's own
             # resend after a reconnect normally answers long before
-            log.warning("record %d: no PUBACK in %.0f s; it will be sent again",
-                        self.inflight.pop(mid), ACK_TIMEOUT_S)  # fmt: skip
+            log.warning(
+                "record %d: no PUBACK in %.0f s; it will be sent again",
+                self.inflight.pop(mid),
+                ACK_TIMEOUT_S,
+            )
             del self.sent_at[mid]
         room = self.max_inflight - len(self.inflight)
         waiting = len(self.acked) + len(self.refused)  # the broker has them, the disk not yet
@@ -117,8 +125,13 @@ class OutboxPump:
             return  # (bounded: what is held is excluded from each peek)
         for seq in [s for s, when in self.unheard.items() if when <= now]:
             del self.unheard[seq]
-        held = {*self.inflight.values(), *self.acked, *self.refused, *self.unsendable,
-                *self.unheard}  # fmt: skip
+        held = {
+            *self.inflight.values(),
+            *self.acked,
+            *self.refused,
+            *self.unsendable,
+            *self.unheard,
+        }
         for record in self.outbox.peek(room, exclude=held):
             topic = self.topic_of(record.kind)
             try:

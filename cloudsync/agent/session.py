@@ -100,14 +100,19 @@ class Agent:
             int(egress.max_mb * (1 << 20)),
             egress.fsync_s,
         )
-        settings = {"segment_mb": egress.segment_mb, "max_mb": egress.max_mb,
-                    "fsync_s": egress.fsync_s}  # fmt: skip
+        settings = {
+            "segment_mb": egress.segment_mb,
+            "max_mb": egress.max_mb,
+            "fsync_s": egress.fsync_s,
+        }
         self.ledger.start(egress.enabled, settings, "cloudsync")
         self.next_sync = 0.0
-        self.uplink = Uplink(self.ledger, f"{config.mqtt.host}:{config.mqtt.port}",
-                             lambda: self.client)  # fmt: skip
-        self.pump = OutboxPump(self.outbox, self.topics, self.node, config.outbox.max_inflight,
-                               self.uplink.publish)  # fmt: skip
+        self.uplink = Uplink(
+            self.ledger, f"{config.mqtt.host}:{config.mqtt.port}", lambda: self.client
+        )
+        self.pump = OutboxPump(
+            self.outbox, self.topics, self.node, config.outbox.max_inflight, self.uplink.publish
+        )
         self.rng = rng or random.Random()
         self.state = AgentState(
             offline_since=time.monotonic(),
@@ -148,19 +153,29 @@ class Agent:
             self._rolled_back,
         )
         if self.trust.error:  # (connected is False: keep() only writes the outbox here)
-            self.keep([Item("events", {"alert": "trust refused", "why": self.trust.error},
-                            "alert")])  # fmt: skip
+            self.keep(
+                [Item("events", {"alert": "trust refused", "why": self.trust.error}, "alert")]
+            )
         self.events = EventLog()  # cloudsync's own log, for the ``logs`` command
         log.addHandler(self.events)
         self.alerts = Evaluator(config.alerts)
         self.alerts.restore(self.outbox.get_state(ALERTS), time.monotonic(), now_ms())
         self.metrics = AgentMetrics(self.state, self.outbox, self.alerts)
-        self.heartbeat = Heartbeat(self.state, self.outbox, self.ledger,
-                                   config.heartbeat.interval_s, self._envelope)  # fmt: skip
-        self.edged_reader = EdgedReader(self.state, config, self.outbox, self.alerts, self.delivery,
-                                   self.stopping, self.edged_client)  # fmt: skip
-        self.handlers = Handlers(self.node, config, self.edged_client, self.status,
-                                 self.delivery, self.events)  # fmt: skip
+        self.heartbeat = Heartbeat(
+            self.state, self.outbox, self.ledger, config.heartbeat.interval_s, self._envelope
+        )
+        self.edged_reader = EdgedReader(
+            self.state,
+            config,
+            self.outbox,
+            self.alerts,
+            self.delivery,
+            self.stopping,
+            self.edged_client,
+        )
+        self.handlers = Handlers(
+            self.node, config, self.edged_client, self.status, self.delivery, self.events
+        )
         self.renewal = Renewal(config, self.node)
         self.swap = False  # a renewed certificate: a new client at the next turn
         self.client = self._client()
@@ -231,11 +246,16 @@ class Agent:
         self.attempt = 0
         log.info(
             "connected to %s:%s (session %s)",
-            self.config.mqtt.host, self.config.mqtt.port,
+            self.config.mqtt.host,
+            self.config.mqtt.port,
             "resumed" if flags.session_present else "new",
-        )  # fmt: skip
-        topics = (self.topics.commands, self.topics.desired_models, self.topics.desired_trust,
-                  self.topics.renew_answer)  # fmt: skip
+        )
+        topics = (
+            self.topics.commands,
+            self.topics.desired_models,
+            self.topics.desired_trust,
+            self.topics.renew_answer,
+        )
         client.subscribe([(topic, 1) for topic in topics])
         try:
             birth = self._envelope({"state": "online", **self.capabilities()}).encode()
@@ -294,8 +314,13 @@ class Agent:
         except Refused as exc:
             self.refuse(topic.cmd_id, printable(str(exc)))  # it may quote the sender's text
             return
-        log.info("command %s (%s) from %s (key %s)", command.id, command.name,
-                 command.issuer, command.kid)  # fmt: skip
+        log.info(
+            "command %s (%s) from %s (key %s)",
+            command.id,
+            command.name,
+            command.issuer,
+            command.kid,
+        )
         self.orders.put(command)
 
     def take_trust(self, payload: bytes) -> None:
@@ -314,11 +339,19 @@ class Agent:
         if trust is None:
             return  # the one in force (retained, sent again at each connection)
         self.verifier.anchors, self.verifier.scopes = dict(trust.anchors), dict(trust.scopes)
-        log.warning("trust version %d in force: keys %s, threshold %d, %d revoked certificates",
-                    trust.version, sorted(trust.anchors), trust.threshold,
-                    len(trust.revoked))  # fmt: skip
-        event = {"version": trust.version, "keys": sorted(trust.anchors),
-                 "threshold": trust.threshold, "revoked": len(trust.revoked)}  # fmt: skip
+        log.warning(
+            "trust version %d in force: keys %s, threshold %d, %d revoked certificates",
+            trust.version,
+            sorted(trust.anchors),
+            trust.threshold,
+            len(trust.revoked),
+        )
+        event = {
+            "version": trust.version,
+            "keys": sorted(trust.anchors),
+            "threshold": trust.threshold,
+            "revoked": len(trust.revoked),
+        }
         self.keep([Item("events", {"trust": event}, "event")])
 
     def refuse(self, cmd_id: str | None, why: str) -> None:
@@ -343,8 +376,12 @@ class Agent:
             self.outbox.put_many(items)
             return
         except OutboxError as exc:
-            log.error("%s: %d record(s) %s", exc, len(items),
-                      "published without it" if self.state.connected else "lost")  # fmt: skip
+            log.error(
+                "%s: %d record(s) %s",
+                exc,
+                len(items),
+                "published without it" if self.state.connected else "lost",
+            )
         for item in items if self.state.connected else []:
             payload = self._envelope(item.body).encode()
             self.uplink.publish(self.pump.topic_of(item.kind), payload, item.kind)

@@ -24,29 +24,40 @@ class Uplink:
         self.unrecorded: dict[str, list[int]] = {}
         self.unrecorded_since = 0
 
-    def publish(self, topic: str, payload: bytes, kind: str, record: str = "",
-                retain: bool = False) -> mqtt.MQTTMessageInfo:  # fmt: skip
+    def publish(
+        self, topic: str, payload: bytes, kind: str, record: str = "", retain: bool = False
+    ) -> mqtt.MQTTMessageInfo:
         """Publish at QoS 1 on the session's client, the message recorded first."""
         if self.ledger.enabled:
             try:
                 if self.unrecorded:
                     self.ledger.record(
-                        "unrecorded", since_ms=self.unrecorded_since, until_ms=now_ms(),
-                        streams={k: {"messages": n, "bytes": b}
-                                 for k, (n, b) in self.unrecorded.items()},
+                        "unrecorded",
+                        since_ms=self.unrecorded_since,
+                        until_ms=now_ms(),
+                        streams={
+                            k: {"messages": n, "bytes": b} for k, (n, b) in self.unrecorded.items()
+                        },
                         why="the ledger could not write (its last error in cloudsync's log)",
-                    )  # fmt: skip
+                    )
                     self.unrecorded = {}
                 self.ledger.record(
-                    "mqtt", stream=kind, topic=topic, record=record, bytes=len(payload),
-                    sha256=digest(payload), broker=self.broker,
-                )  # fmt: skip
+                    "mqtt",
+                    stream=kind,
+                    topic=topic,
+                    record=record,
+                    bytes=len(payload),
+                    sha256=digest(payload),
+                    broker=self.broker,
+                )
             except (OSError, ValueError) as exc:
                 if not self.unrecorded:
                     self.unrecorded_since = now_ms()
-                    log.error("the egress ledger cannot record what cloudsync sends (%s): it"
-                              " goes on, counted, and the gap is recorded once it can",
-                              exc)  # fmt: skip
+                    log.error(
+                        "the egress ledger cannot record what cloudsync sends (%s): it"
+                        " goes on, counted, and the gap is recorded once it can",
+                        exc,
+                    )
                 counted = self.unrecorded.setdefault(kind.split("/")[0], [0, 0])
                 counted[0] += 1
                 counted[1] += len(payload)

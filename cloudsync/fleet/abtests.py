@@ -93,8 +93,11 @@ class FleetAB:
 
     def split(self) -> dict[str, Any]:
         """The split the nodes count under while it runs."""
-        rule = {"latency_ms": self.latency_ms, "min_confidence": self.min_confidence,
-                "min_score": self.min_score}  # fmt: skip
+        rule = {
+            "latency_ms": self.latency_ms,
+            "min_confidence": self.min_confidence,
+            "min_score": self.min_score,
+        }
         split = {"model": self.model, "b_cloud_name": self.b_cloud_name, "b_share": self.b_share}
         return {**split, "decided_by": "fleet", **{k: v for k, v in rule.items() if v is not None}}
 
@@ -103,17 +106,30 @@ def check(doc: Any) -> FleetAB:
     """A test from an API body (Invalid names the first bad field)."""
     if not isinstance(doc, dict):
         raise Invalid("body: an object {id, model, b_cloud_name, ...}")
-    unknown = set(doc) - {"id", "model", "b_cloud_name", "b_share", "selector", "min_calls",
-                          "confidence", "max_calls", "latency_ms", "min_confidence",
-                          "min_score"}  # fmt: skip
+    unknown = set(doc) - {
+        "id",
+        "model",
+        "b_cloud_name",
+        "b_share",
+        "selector",
+        "min_calls",
+        "confidence",
+        "max_calls",
+        "latency_ms",
+        "min_confidence",
+        "min_score",
+    }
     if unknown:
         raise Invalid(f"{sorted(unknown)[0]}: not a field of an A/B test")
     for key, pattern, what in (
         ("id", NAME, "1 to 64 letters, digits, _ or -, not first _"),
         ("model", MODEL_NAME, "a model's name (1 to 64 letters, digits, _, . or -)"),
-        ("b_cloud_name", CLOUD_NAME, "the cloud model of arm b (1 to 128 letters, digits, _, ."
-                                     " or -)"),
-    ):  # fmt: skip
+        (
+            "b_cloud_name",
+            CLOUD_NAME,
+            "the cloud model of arm b (1 to 128 letters, digits, _, . or -)",
+        ),
+    ):
         if not isinstance(doc.get(key), str) or not pattern.match(doc[key]):
             raise Invalid(f"{key}: {what}")
     if doc["b_cloud_name"] == doc["model"]:
@@ -124,10 +140,12 @@ def check(doc: Any) -> FleetAB:
     except ValueError as exc:
         raise Invalid(str(exc)) from None
     ranges: dict[str, tuple[float, float, bool]] = {  # low, high, low allowed
-        "b_share": (0.0, 1.0, False), "confidence": (0.5, 1.0, False),
-        "latency_ms": (0.0, 3_600_000.0, True), "min_confidence": (0.0, 1.0, True),
+        "b_share": (0.0, 1.0, False),
+        "confidence": (0.5, 1.0, False),
+        "latency_ms": (0.0, 3_600_000.0, True),
+        "min_confidence": (0.0, 1.0, True),
         "min_score": (0.0, 1.0, True),
-    }  # fmt: skip
+    }
     for key, (low, high, closed) in ranges.items():
         value = doc.get(key)
         if value is None:
@@ -172,8 +190,10 @@ class ABTests:
     # ---- records ---------------------------------------------------------------------------
 
     def all(self) -> list[FleetAB]:
-        return [FleetAB(**json.loads(r["doc"]))
-                for r in self.store.query("SELECT doc FROM ab_tests ORDER BY id")]  # fmt: skip
+        return [
+            FleetAB(**json.loads(r["doc"]))
+            for r in self.store.query("SELECT doc FROM ab_tests ORDER BY id")
+        ]
 
     def get(self, ident: str) -> FleetAB | None:
         return _one(self.store.query("SELECT doc FROM ab_tests WHERE id = ?", (ident,)))
@@ -181,8 +201,9 @@ class ABTests:
     def nodes(self, ident: str) -> list[dict[str, Any]]:
         return self.store.query(
             "SELECT n.node, n.want, n.state, n.cmd, n.sent_ts, c.result FROM ab_test_nodes n"
-            " LEFT JOIN commands c ON c.id = n.cmd WHERE n.test = ? ORDER BY n.node", (ident,)
-        )  # fmt: skip
+            " LEFT JOIN commands c ON c.id = n.cmd WHERE n.test = ? ORDER BY n.node",
+            (ident,),
+        )
 
     def _save(self, tx: Tx, test: FleetAB, note: str = "") -> None:
         test.updated_ts = self.clock()
@@ -190,8 +211,10 @@ class ABTests:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(test.updated_ts / 1000))
             test.log = [*test.log[-199:], f"{stamp} {note}"]
             log.info("A/B test %s: %s", test.id, note)
-        tx.execute("UPDATE ab_tests SET state = ?, doc = ? WHERE id = ?",
-                   (test.state, dumps(test.as_dict()), test.id))  # fmt: skip
+        tx.execute(
+            "UPDATE ab_tests SET state = ?, doc = ? WHERE id = ?",
+            (test.state, dumps(test.as_dict()), test.id),
+        )
 
     def _load(self, tx: Tx, ident: str) -> FleetAB | None:
         return _one(tx.rows("SELECT doc FROM ab_tests WHERE id = ?", (ident,)))
@@ -202,21 +225,26 @@ class ABTests:
         """The test with its nodes, saved (the next turn sends them the split); Conflict if it
         cannot start."""
         if self.deploy_key is None:
-            raise Conflict("the service has no deploy key ([service] deploy_key) to sign the"
-                           " nodes' cloud-ab commands")  # fmt: skip
+            raise Conflict(
+                "the service has no deploy key ([service] deploy_key) to sign the"
+                " nodes' cloud-ab commands"
+            )
         now = self.clock()
         test.created_by, test.created_ts, test.log = actor, now, []
         with self.store.transaction() as tx:
             self.store.advisory_lock(tx, "abtests")
             taken = {
-                row["node"] for row in tx.rows(
+                row["node"]
+                for row in tx.rows(
                     "SELECT n.node, t.doc FROM ab_test_nodes n JOIN ab_tests t ON t.id = n.test"
-                    " WHERE t.state IN ('running', 'promoting')")
+                    " WHERE t.state IN ('running', 'promoting')"
+                )
                 if json.loads(row["doc"])["model"] == test.model
-            }  # fmt: skip
+            }
             targets = []
-            for row in tx.rows("SELECT node, node_labels, labels, state, last_seen FROM nodes"
-                               " ORDER BY node"):  # fmt: skip
+            for row in tx.rows(
+                "SELECT node, node_labels, labels, state, last_seen FROM nodes ORDER BY node"
+            ):
                 labels = {**json.loads(row["node_labels"]), **json.loads(row["labels"])}
                 fresh = row["state"] == "online" and row["last_seen"] >= now - self.offline_after_ms
                 if fresh and selects(test.selector, labels):
@@ -225,17 +253,26 @@ class ABTests:
                     targets.append(row["node"])
             if not targets:
                 raise Conflict("no online node is picked by the selector")
-            made = tx.execute("INSERT INTO ab_tests (id, state, doc) VALUES (?, 'running', '{}')"
-                              " ON CONFLICT (id) DO NOTHING", (test.id,))  # fmt: skip
+            made = tx.execute(
+                "INSERT INTO ab_tests (id, state, doc) VALUES (?, 'running', '{}')"
+                " ON CONFLICT (id) DO NOTHING",
+                (test.id,),
+            )
             if made.rowcount != 1:
                 raise Conflict(f"A/B test {test.id} exists")
-            tx.executemany("INSERT INTO ab_test_nodes (test, node, want, state, sent_ts) VALUES"
-                           " (?, ?, 'split', 'pending', 0)",
-                           [(test.id, node) for node in targets])  # fmt: skip
+            tx.executemany(
+                "INSERT INTO ab_test_nodes (test, node, want, state, sent_ts) VALUES"
+                " (?, ?, 'split', 'pending', 0)",
+                [(test.id, node) for node in targets],
+            )
             test.baseline = self._counted(tx, test)
             test.arms = {arm: {"calls": 0, "good": 0} for arm in ("a", "b")}
-            self._save(tx, test, f"started by {actor} on {len(targets)} nodes: {test.b_share:.0%}"
-                       f" of {test.model}'s cloud calls to {test.b_cloud_name}")  # fmt: skip
+            self._save(
+                tx,
+                test,
+                f"started by {actor} on {len(targets)} nodes: {test.b_share:.0%}"
+                f" of {test.model}'s cloud calls to {test.b_cloud_name}",
+            )
         return test
 
     def stop(self, ident: str, actor: str) -> FleetAB:
@@ -255,8 +292,9 @@ class ABTests:
 
     def turn(self) -> None:
         """Each active test: count, decide, and send what nodes lack."""
-        for row in self.store.query("SELECT id FROM ab_tests WHERE state IN ('running',"
-                                    " 'promoting') ORDER BY id"):  # fmt: skip
+        for row in self.store.query(
+            "SELECT id FROM ab_tests WHERE state IN ('running', 'promoting') ORDER BY id"
+        ):
             self.advance(row["id"])
 
     def advance(self, ident: str) -> None:
@@ -275,42 +313,67 @@ class ABTests:
 
     def _count(self, tx: Tx, test: FleetAB) -> None:
         now = self._counted(tx, test)
-        arms = {arm: {k: now[arm][k] - test.baseline.get(arm, {}).get(k, 0) for k in now[arm]}
-                for arm in now}  # fmt: skip
+        arms = {
+            arm: {k: now[arm][k] - test.baseline.get(arm, {}).get(k, 0) for k in now[arm]}
+            for arm in now
+        }
         if arms == test.arms:
             return
         test.arms = arms
         a, b = (Arm(arms[x]["calls"], arms[x]["good"]) for x in ("a", "b"))
         decided, p_b = verdict(a, b, test.min_calls, test.confidence, test.max_calls)
         test.p_b_better = None if p_b is None else round(p_b, 4)
-        evidence = (f"good calls: a {a.good} of {a.calls}, b {b.good} of {b.calls};"
-                    f" P(b better) = {p_b if p_b is not None else 0.5:.4f}")  # fmt: skip
+        evidence = (
+            f"good calls: a {a.good} of {a.calls}, b {b.good} of {b.calls};"
+            f" P(b better) = {p_b if p_b is not None else 0.5:.4f}"
+        )
         if decided == "b":
-            self._decide(tx, test, decided, f"arm b ({test.b_cloud_name}) is better, it gets every"
-                         f" call ({evidence})")  # fmt: skip
+            self._decide(
+                tx,
+                test,
+                decided,
+                f"arm b ({test.b_cloud_name}) is better, it gets every call ({evidence})",
+            )
         elif decided == "a":
-            self._decide(tx, test, decided, f"arm a is better, arm b ({test.b_cloud_name}) gets"
-                         f" no more calls ({evidence})")  # fmt: skip
+            self._decide(
+                tx,
+                test,
+                decided,
+                f"arm a is better, arm b ({test.b_cloud_name}) gets no more calls ({evidence})",
+            )
         elif decided == "none":
-            self._decide(tx, test, decided, f"no difference after {test.max_calls} calls: arm a"
-                         f" stays ({evidence})")  # fmt: skip
+            self._decide(
+                tx,
+                test,
+                decided,
+                f"no difference after {test.max_calls} calls: arm a stays ({evidence})",
+            )
         else:
             self._save(tx, test)
 
     def _decide(self, tx: Tx, test: FleetAB, decided: str, why: str) -> None:
         test.state, test.decided, test.why, test.decided_ts = (
-            "promoting", decided, why, self.clock())  # fmt: skip
-        tx.execute("UPDATE ab_test_nodes SET want = 'final', state = 'pending', cmd = NULL,"
-                   " sent_ts = 0 WHERE test = ?", (test.id,))  # fmt: skip
+            "promoting",
+            decided,
+            why,
+            self.clock(),
+        )
+        tx.execute(
+            "UPDATE ab_test_nodes SET want = 'final', state = 'pending', cmd = NULL,"
+            " sent_ts = 0 WHERE test = ?",
+            (test.id,),
+        )
         self._save(tx, test, f"decided: {why}")
 
     def _counted(self, tx: Tx, test: FleetAB) -> dict[str, dict[str, int]]:
         """The test's nodes' counts of the model's A/B calls, per arm, as the counters hold
         them now."""
         arms = {arm: {"calls": 0, "good": 0} for arm in ("a", "b")}
-        rows = tx.rows("SELECT labels, value FROM counters WHERE name = ? AND node IN"
-                       " (SELECT node FROM ab_test_nodes WHERE test = ?)",
-                       (COUNTER, test.id))  # fmt: skip
+        rows = tx.rows(
+            "SELECT labels, value FROM counters WHERE name = ? AND node IN"
+            " (SELECT node FROM ab_test_nodes WHERE test = ?)",
+            (COUNTER, test.id),
+        )
         for row in rows:
             labels = json.loads(row["labels"])
             if labels.get("model") != test.model:
@@ -330,12 +393,15 @@ class ABTests:
             "SELECT n.node, n.want, n.cmd, n.sent_ts, c.result, s.state AS online, s.last_seen"
             " FROM ab_test_nodes n LEFT JOIN commands c ON c.id = n.cmd"
             " LEFT JOIN nodes s ON s.node = n.node WHERE n.test = ? AND n.state IN"
-            " ('pending', 'sent')", (test.id,),
-        ):  # fmt: skip
+            " ('pending', 'sent')",
+            (test.id,),
+        ):
             if row["result"] is not None:
                 ok = bool(json.loads(row["result"]).get("ok"))
-                tx.execute("UPDATE ab_test_nodes SET state = ? WHERE test = ? AND node = ?",
-                           ("done" if ok else "failed", test.id, row["node"]))  # fmt: skip
+                tx.execute(
+                    "UPDATE ab_test_nodes SET state = ? WHERE test = ? AND node = ?",
+                    ("done" if ok else "failed", test.id, row["node"]),
+                )
                 continue
             online = row["online"] == "online" and (row["last_seen"] or 0) >= fresh_after
             if not online or (row["cmd"] and row["sent_ts"] > now - RESEND_AFTER_MS):
@@ -345,17 +411,26 @@ class ABTests:
             args = test.split() if row["want"] == "split" else test.final()
             target = f"{self.fleet}/{row['node']}"
             cmd_id, payload = commands.sign(key, kid, self.identity, target, "cloud-ab", args)
-            command_sent(tx, cmd_id, row["node"], "cloud-ab", self.identity, kid,
-                         f"ab-test {test.id}", now)  # fmt: skip
-            tx.execute("UPDATE ab_test_nodes SET state = 'sent', cmd = ?, sent_ts = ? WHERE"
-                       " test = ? AND node = ?", (cmd_id, now, test.id, row["node"]))  # fmt: skip
+            command_sent(
+                tx, cmd_id, row["node"], "cloud-ab", self.identity, kid, f"ab-test {test.id}", now
+            )
+            tx.execute(
+                "UPDATE ab_test_nodes SET state = 'sent', cmd = ?, sent_ts = ? WHERE"
+                " test = ? AND node = ?",
+                (cmd_id, now, test.id, row["node"]),
+            )
             sends.append((row["node"], cmd_id, payload))
         if test.state == "promoting":
-            left = tx.rows("SELECT COUNT(*) AS n FROM ab_test_nodes WHERE test = ? AND state IN"
-                           " ('pending', 'sent')", (test.id,))[0]["n"]  # fmt: skip
+            left = tx.rows(
+                "SELECT COUNT(*) AS n FROM ab_test_nodes WHERE test = ? AND state IN"
+                " ('pending', 'sent')",
+                (test.id,),
+            )[0]["n"]
             if not left:
-                failed = tx.rows("SELECT COUNT(*) AS n FROM ab_test_nodes WHERE test = ? AND"
-                                 " state = 'failed'", (test.id,))[0]["n"]  # fmt: skip
+                failed = tx.rows(
+                    "SELECT COUNT(*) AS n FROM ab_test_nodes WHERE test = ? AND state = 'failed'",
+                    (test.id,),
+                )[0]["n"]
                 test.state = "done"
                 self._save(tx, test, f"done: every node has the final split ({failed} failed)")
         return sends

@@ -46,9 +46,15 @@ class Actions:
     """Over the ``[api] tokens``, the audit log, the registry (labels) and the rollouts; with
     the runner's ``reconcile`` (some nodes at its next turn) and ``wake`` (a turn now)."""
 
-    def __init__(self, tokens: Iterable[Token], audit: AuditLog, registry: Registry,
-                 rollouts: Rollouts, reconcile: Callable[[set[str]], None],
-                 wake: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokens: Iterable[Token],
+        audit: AuditLog,
+        registry: Registry,
+        rollouts: Rollouts,
+        reconcile: Callable[[set[str]], None],
+        wake: Callable[[], None],
+    ) -> None:
         self.tokens: dict[str, Token] = {t.sha256: t for t in tokens}
         self.audit_log, self.registry, self.rollouts = audit, registry, rollouts
         self.reconcile, self.wake = reconcile, wake
@@ -67,12 +73,14 @@ class Actions:
         """The ``[api] tokens`` entry of ``name`` (a console session's holder), or None."""
         return next((who for who in self.tokens.values() if who.name == name), None)
 
-    async def audit(self, who: Token, action: str, target: str, outcome: str,
-                    detail: Any = None) -> None:  # fmt: skip
+    async def audit(
+        self, who: Token, action: str, target: str, outcome: str, detail: Any = None
+    ) -> None:
         await db(self.audit_log.add, who, action, target, outcome, detail)
 
-    async def refuse(self, who: Token, action: str, target: str, status: int,
-                     message: str) -> Refused:  # fmt: skip
+    async def refuse(
+        self, who: Token, action: str, target: str, status: int, message: str
+    ) -> Refused:
         """The refusal, audited (the caller raises it)."""
         await self.audit(who, action, target, f"refused: {message}")
         return Refused(status, message)
@@ -95,13 +103,19 @@ class Actions:
     async def act_on_rollout(self, who: Token, ident: str, action: str) -> Rollout:
         """A rollout paused, resumed, promoted or aborted, audited."""
         if action not in ROLLOUT_ACTIONS:
-            raise await self.refuse(who, f"{action[:32]} rollout", ident, 404,
-                                    "an action: pause, resume, promote or abort")  # fmt: skip
+            raise await self.refuse(
+                who,
+                f"{action[:32]} rollout",
+                ident,
+                404,
+                "an action: pause, resume, promote or abort",
+            )
         try:
             done: Rollout = await db(self.rollouts.act, ident, action, who.name)
         except KeyError:
-            raise await self.refuse(who, f"{action} rollout", ident, 404,
-                                    "no such rollout") from None  # fmt: skip
+            raise await self.refuse(
+                who, f"{action} rollout", ident, 404, "no such rollout"
+            ) from None
         except Conflict as exc:
             raise await self.refuse(who, f"{action} rollout", ident, 409, str(exc)) from None
         await self.audit(who, f"{action} rollout", ident, "done")

@@ -37,9 +37,16 @@ TIMEOUT_S = 5.0
 
 
 class Alerting:
-    def __init__(self, store: Store, fleet: str, alertmanagers: list[str], resend_s: float,
-                 clock: Callable[[], int], console_url: str = "",
-                 context: ssl.SSLContext | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        fleet: str,
+        alertmanagers: list[str],
+        resend_s: float,
+        clock: Callable[[], int],
+        console_url: str = "",
+        context: ssl.SSLContext | None = None,
+    ) -> None:
         self.store, self.fleet, self.clock = store, fleet, clock
         self.urls = [u.rstrip("/") + "/api/v2/alerts" for u in alertmanagers]
         self.resend_ms = int(resend_s * 1000)
@@ -51,15 +58,18 @@ class Alerting:
         """The alerts firing, counted by name and severity, the most common first."""
         return self.store.query(
             "SELECT alertname, severity, COUNT(*) AS n FROM alerts WHERE state = 'firing'"
-            " GROUP BY alertname, severity ORDER BY n DESC, alertname LIMIT ?", (limit,),
-        )  # fmt: skip
+            " GROUP BY alertname, severity ORDER BY n DESC, alertname LIMIT ?",
+            (limit,),
+        )
 
     def latest(self, node: str | None = None, limit: int = 10) -> list[dict[str, Any]]:
         """Of all nodes: the alerts firing, the latest to start first; of one node: its alerts,
         firing and resolved."""
         if node is None:
-            return self.store.query("SELECT * FROM alerts WHERE state = 'firing'"
-                                    " ORDER BY starts_ms DESC LIMIT ?", (limit,))  # fmt: skip
+            return self.store.query(
+                "SELECT * FROM alerts WHERE state = 'firing' ORDER BY starts_ms DESC LIMIT ?",
+                (limit,),
+            )
         return self.store.query(
             "SELECT * FROM alerts WHERE node = ? ORDER BY state, starts_ms DESC LIMIT ?",
             (node, limit),

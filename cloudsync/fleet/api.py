@@ -64,9 +64,12 @@ class Guard:
             return error(400, f"query: no parameter {sorted(unknown)[0]!r} here")
         if ROLES[who.role] < ROLES[need]:
             if request.method != "GET":
-                await self.actions.audit(who, f"{request.method} {request.path}",
-                                         request.match_info.get("id", request.path),
-                                         f"denied: {need}")  # fmt: skip
+                await self.actions.audit(
+                    who,
+                    f"{request.method} {request.path}",
+                    request.match_info.get("id", request.path),
+                    f"denied: {need}",
+                )
             return error(403, f"role {who.role} may not do this: {need} needed")
         try:
             return await handler(request)
@@ -81,8 +84,9 @@ class Guard:
 
 def app(routes: Iterable[Route], actions: Actions, max_body_kb: int) -> web.Application:
     """The API's app: ``routes`` (the route modules' tables) behind the guard."""
-    application = web.Application(middlewares=[Guard(actions).guard],
-                                  client_max_size=max_body_kb * 1024)  # fmt: skip
+    application = web.Application(
+        middlewares=[Guard(actions).guard], client_max_size=max_body_kb * 1024
+    )
     application.on_response_prepare.append(no_sniff)
     for route in routes:
         application.router.add_route(route.method, route.path, _with_role(route))

@@ -18,8 +18,7 @@ class AuditLog:
     def __init__(self, store: Store, clock: Callable[[], int]) -> None:
         self.store, self.clock = store, clock
 
-    def add(self, who: Token, action: str, target: str, outcome: str,
-            detail: Any = None) -> None:  # fmt: skip
+    def add(self, who: Token, action: str, target: str, outcome: str, detail: Any = None) -> None:
         text = dumps(detail if detail is not None else {})
         if len(text) > MAX_DETAIL:
             text = dumps({"truncated": text[:MAX_DETAIL]})
@@ -46,9 +45,13 @@ class AuditLog:
         where, params = "id < ?", list[Any]([before])
         if contains:
             like = "%" + re.sub(r"([\\%_])", r"\\\1", contains) + "%"
-            where += " AND (" + " OR ".join(
-                f"{c} LIKE ? ESCAPE '\\'" for c in ("actor", "action", "target", "outcome")
-            ) + ")"  # fmt: skip
+            where += (
+                " AND ("
+                + " OR ".join(
+                    f"{c} LIKE ? ESCAPE '\\'" for c in ("actor", "action", "target", "outcome")
+                )
+                + ")"
+            )
             params += [like] * 4
         return self.store.query(
             f"SELECT * FROM audit WHERE {where} ORDER BY id DESC LIMIT ?", (*params, limit)

@@ -130,9 +130,11 @@ def cmd_keygen(args: argparse.Namespace) -> str:
         return f"{private} (secret: signs commands)\n{public} (install on nodes: /etc/edged/trust/)"
     scope = directory / f"{args.kid}.commands"
     scope.write_text("".join(f"{name}\n" for name in args.commands))
-    return (f"{private} (secret: signs only {', '.join(args.commands)})\n{public} and {scope}"
-            " (install both on nodes: /etc/edged/trust/; without the scope file the key signs"
-            " every command and manifests)")  # fmt: skip
+    return (
+        f"{private} (secret: signs only {', '.join(args.commands)})\n{public} and {scope}"
+        " (install both on nodes: /etc/edged/trust/; without the scope file the key signs"
+        " every command and manifests)"
+    )
 
 
 def collect(args: argparse.Namespace) -> tuple[list[tuple[str, bytes]], bool]:
@@ -174,15 +176,17 @@ def nodes_table(messages: list[tuple[str, bytes]], now_ms: int) -> list[dict[str
         except (TopicError, EnvelopeError):
             continue
         row = nodes.setdefault(where.node, {"node": where.node, "state": "unknown"})
-        parts = seen.setdefault(where.node, {"born": [], "beat": None, "born_ts": None,
-                                             "beat_ts": None})  # fmt: skip
+        parts = seen.setdefault(
+            where.node, {"born": [], "beat": None, "born_ts": None, "beat_ts": None}
+        )
         if where.kind == "status":
             row["state"] = env.body.get("state", "unknown")
             row["software"] = env.body.get("software", {})
             models = env.body.get("models")
             models = models if isinstance(models, list) else []
-            parts["born"] = [m for m in models
-                             if isinstance(m, dict) and isinstance(m.get("name"), str)]  # fmt: skip
+            parts["born"] = [
+                m for m in models if isinstance(m, dict) and isinstance(m.get("name"), str)
+            ]
             parts["born_ts"] = env.ts
         elif where.kind == "heartbeat":
             row["heartbeat_ms"] = parts["beat_ts"] = env.ts
@@ -264,9 +268,15 @@ def cmd_manifest(args: argparse.Namespace) -> tuple[Any, str]:
         raise Failure("manifest: --file for each file of a version, or --remove", EXIT_USAGE)
     try:
         signed = manifest.make(
-            args.model, args.version, files, args.lifetime, targets, smoke, args.remove,
+            args.model,
+            args.version,
+            files,
+            args.lifetime,
+            targets,
+            smoke,
+            args.remove,
             args.deb_version,
-        )  # fmt: skip
+        )
     except manifest.ManifestError as exc:
         raise Failure(f"manifest: {exc}", EXIT_USAGE) from None
     keys = {}
@@ -305,9 +315,14 @@ def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
         return service_cmd(args, key, cmd_args)
     topics = Topics(args.fleet, args.node)
     cmd_id, payload = sign(
-        key, args.kid, args.cert_name, f"{args.fleet}/{args.node}", args.name, cmd_args,
+        key,
+        args.kid,
+        args.cert_name,
+        f"{args.fleet}/{args.node}",
+        args.name,
+        cmd_args,
         args.lifetime,
-    )  # fmt: skip
+    )
     client = connect(args)
     try:
         client.subscribe(topics.cmd_result(cmd_id))
@@ -341,10 +356,10 @@ def cmd_trust(args: argparse.Namespace) -> tuple[Any, str]:
         client = connect(args)
         try:
             for node in args.node:
-                if client.publish(Topics(args.fleet, node).desired_trust, payload,
-                                  retain=True).is_failure:  # fmt: skip
-                    raise Failure(f"the broker refused the document for {node} (ACL?)",
-                                  EXIT_FAILED)  # fmt: skip
+                if client.publish(
+                    Topics(args.fleet, node).desired_trust, payload, retain=True
+                ).is_failure:
+                    raise Failure(f"the broker refused the document for {node} (ACL?)", EXIT_FAILED)
         finally:
             client.close()
         return {"published": args.node}, f"{args.file}: retained for {', '.join(args.node)}"
@@ -369,8 +384,10 @@ def cmd_trust(args: argparse.Namespace) -> tuple[Any, str]:
     text = json.dumps(doc, indent=1)
     if args.out:
         Path(args.out).write_text(text)
-        return doc, (f"{args.out}: trust version {args.version}, keys {sorted(keys)},"
-                     f" threshold {args.threshold}, {len(revoked)} revoked")  # fmt: skip
+        return doc, (
+            f"{args.out}: trust version {args.version}, keys {sorted(keys)},"
+            f" threshold {args.threshold}, {len(revoked)} revoked"
+        )
     return doc, text
 
 
@@ -392,20 +409,32 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = sub.add_parser("keygen", help="a fleet signing key pair")
     keygen.add_argument("--kid", required=True, help="the key's name (nodes trust {kid}.pub)")
     keygen.add_argument("--dir", default=".", help="where to write it")
-    keygen.add_argument("--commands", action="append", default=[], help="scope the key to this"
-                        " command (repeat): {kid}.commands beside the .pub; the fleet service's"
-                        " deploy key: --commands rollback --commands cloud-ab")  # fmt: skip
+    keygen.add_argument(
+        "--commands",
+        action="append",
+        default=[],
+        help="scope the key to this"
+        " command (repeat): {kid}.commands beside the .pub; the fleet service's"
+        " deploy key: --commands rollback --commands cloud-ab",
+    )
     keygen.set_defaults(fn=lambda args: (None, cmd_keygen(args)))
     nodes = sub.add_parser("nodes", help="the fleet's nodes, online or offline")
     nodes.add_argument(
-        "--wait", type=float, default=2.0,
+        "--wait",
+        type=float,
+        default=2.0,
         help="seconds to listen for heartbeats once every retained status has come",
-    )  # fmt: skip
+    )
     nodes.add_argument("--interval", type=float, default=10.0, help="the heartbeat interval")
-    nodes.add_argument("--state", choices=["online", "offline", "stale"],
-                       help="with --service: only these")  # fmt: skip
-    nodes.add_argument("--selector", action="append", default=[],
-                       help="with --service: only nodes with this label (k=v, repeat)")  # fmt: skip
+    nodes.add_argument(
+        "--state", choices=["online", "offline", "stale"], help="with --service: only these"
+    )
+    nodes.add_argument(
+        "--selector",
+        action="append",
+        default=[],
+        help="with --service: only nodes with this label (k=v, repeat)",
+    )
     nodes.set_defaults(fn=cmd_nodes)
     serve = sub.add_parser("serve", help="run the fleet service")
     serve.add_argument("--config", type=Path, help="TOML (default /etc/edgefleet/edgefleet.toml)")
@@ -428,8 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--cdn-prefix", default="/models", help="create: the files' URI prefix")
     deploy.add_argument("--secure-link-secret-file", help="create: the CDN's secret")
     deploy.add_argument("--url-lifetime", type=float, default=30 * 24 * 3600.0, help="seconds")
-    deploy.add_argument("--selector", action="append", default=[], help="create: k=v (repeat;"
-                        " none: every node)")  # fmt: skip
+    deploy.add_argument(
+        "--selector", action="append", default=[], help="create: k=v (repeat; none: every node)"
+    )
     deploy.add_argument("--priority", type=int, default=0, help="create: the higher wins")
     deploy.set_defaults(fn=cmd_deploy)
     ab = sub.add_parser(
@@ -443,17 +473,32 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--model", help="start: the model whose cloud calls are split")
     ab.add_argument("--b-cloud-name", help="start: arm b, a version on the cloud server")
     ab.add_argument("--share", type=float, default=0.5, help="start: b's share of the calls")
-    ab.add_argument("--selector", action="append", default=[], help="start: k=v (repeat; none:"
-                    " every online node)")  # fmt: skip
+    ab.add_argument(
+        "--selector",
+        action="append",
+        default=[],
+        help="start: k=v (repeat; none: every online node)",
+    )
     ab.add_argument("--min-calls", type=int, default=200, help="start: of each arm, in all")
     ab.add_argument("--confidence", type=float, default=0.95, help="start: P(better) that decides")
     ab.add_argument("--max-calls", type=int, default=20000, help="start: then a stays")
-    ab.add_argument("--latency-ms", type=float, help="start: a slower call is not good (default:"
-                    " each node's [cloud] ab_latency_ms)")  # fmt: skip
-    ab.add_argument("--min-confidence", type=float, help="start: a less sure answer is not good"
-                    " (default: each node's [cloud] ab_min_confidence)")  # fmt: skip
-    ab.add_argument("--min-score", type=float, help="start: an operator's score below this is"
-                    " not good (default: each node's [cloud] ab_min_score)")  # fmt: skip
+    ab.add_argument(
+        "--latency-ms",
+        type=float,
+        help="start: a slower call is not good (default: each node's [cloud] ab_latency_ms)",
+    )
+    ab.add_argument(
+        "--min-confidence",
+        type=float,
+        help="start: a less sure answer is not good"
+        " (default: each node's [cloud] ab_min_confidence)",
+    )
+    ab.add_argument(
+        "--min-score",
+        type=float,
+        help="start: an operator's score below this is"
+        " not good (default: each node's [cloud] ab_min_score)",
+    )
     ab.set_defaults(fn=cmd_ab)
     anchors = sub.add_parser(
         "checkpoints",
@@ -463,15 +508,23 @@ def build_parser() -> argparse.ArgumentParser:
         " fails on a ledger rewritten since.",
     )
     anchors.add_argument("node")
-    anchors.add_argument("--ledger", choices=["edged", "uplink"], default="edged",
-                         help="edged's (cloud calls) or cloudsync's (its messages)")  # fmt: skip
+    anchors.add_argument(
+        "--ledger",
+        choices=["edged", "uplink"],
+        default="edged",
+        help="edged's (cloud calls) or cloudsync's (its messages)",
+    )
     anchors.add_argument("--limit", type=int, default=100, help="the newest this many")
     anchors.set_defaults(fn=cmd_checkpoints)
     enrol = sub.add_parser("enrol", help="new devices' certificates (service)")
-    enrol.add_argument("action", choices=["token", "list", "approve", "refuse", "revoke",
-                                          "reinstate"])  # fmt: skip
-    enrol.add_argument("target", nargs="?", help="token, revoke, reinstate: the node's name;"
-                       " approve, refuse: the request's id")  # fmt: skip
+    enrol.add_argument(
+        "action", choices=["token", "list", "approve", "refuse", "revoke", "reinstate"]
+    )
+    enrol.add_argument(
+        "target",
+        nargs="?",
+        help="token, revoke, reinstate: the node's name; approve, refuse: the request's id",
+    )
     enrol.add_argument("--serial", help="revoke: this certificate (hex) instead of a node's")
     enrol.add_argument("--ttl", type=float, default=86400.0, help="token: seconds it is good for")
     enrol.add_argument("--state", choices=["pending", "issued", "refused"], help="list: only")
@@ -500,10 +553,18 @@ def build_parser() -> argparse.ArgumentParser:
     made.add_argument("--version", type=int, required=True, help="above every earlier one")
     made.add_argument("--file", action="append", default=[], help="a file of the version")
     made.add_argument("--remove", action="store_true", help="remove the model (no --file)")
-    made.add_argument("--deb-version", default="", help="a package manifest: --model edged,"
-                      " --file its .deb, this its Debian version (for edged-updater)")  # fmt: skip
-    made.add_argument("--sign", action="append", required=True, help="KID=KEYFILE (repeat"
-                      " for a threshold of keys)")  # fmt: skip
+    made.add_argument(
+        "--deb-version",
+        default="",
+        help="a package manifest: --model edged,"
+        " --file its .deb, this its Debian version (for edged-updater)",
+    )
+    made.add_argument(
+        "--sign",
+        action="append",
+        required=True,
+        help="KID=KEYFILE (repeat for a threshold of keys)",
+    )
     made.add_argument("--lifetime", type=float, default=7 * 24 * 3600.0, help="seconds valid")
     made.add_argument("--target-fleet", help="only this fleet's nodes")
     made.add_argument("--hardware", action="append", help="only these machines (aarch64...)")
@@ -522,14 +583,23 @@ def build_parser() -> argparse.ArgumentParser:
     held.add_argument("action", choices=["make", "publish"])
     held.add_argument("file", nargs="?", help="publish: the document")
     held.add_argument("--version", type=int, help="make: above the one in force on the nodes")
-    held.add_argument("--key", action="append", default=[], help="make: KID=PUBFILE, or"
-                      " KID=PUBFILE:cmd,cmd for a key that signs only those commands")  # fmt: skip
+    held.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        help="make: KID=PUBFILE, or KID=PUBFILE:cmd,cmd for a key that signs only those commands",
+    )
     held.add_argument("--threshold", type=int, default=1, help="make: signatures needed")
-    held.add_argument("--revoke", action="append", default=[], help="make: a PEM certificate"
-                      " of an endpoint (broker, download server) nodes must refuse")  # fmt: skip
+    held.add_argument(
+        "--revoke",
+        action="append",
+        default=[],
+        help="make: a PEM certificate of an endpoint (broker, download server) nodes must refuse",
+    )
     held.add_argument("--sign", action="append", default=[], help="make: KID=KEYFILE (repeat)")
-    held.add_argument("--lifetime", type=float, default=30 * 24 * 3600.0,
-                      help="make: seconds it may be taken")  # fmt: skip
+    held.add_argument(
+        "--lifetime", type=float, default=30 * 24 * 3600.0, help="make: seconds it may be taken"
+    )
     held.add_argument("--out", help="make: write it here instead of printing it")
     held.add_argument("--node", action="append", default=[], help="publish: to this node")
     held.set_defaults(fn=cmd_trust)
@@ -553,22 +623,41 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--url-lifetime", type=float, default=24 * 3600.0, help="seconds")
     roll.add_argument("--stages", default="10,100", help="create: percent of nodes per stage")
     roll.add_argument("--soak", type=float, default=600.0, help="create: seconds per stage")
-    roll.add_argument("--max-failure", type=float, default=0.05, help="gate: failure rate over"
-                      " the other nodes'")  # fmt: skip
-    roll.add_argument("--max-p95-increase", type=float, default=1.0, help="gate: p95 latency"
-                      " growth (1.0: twice the other nodes')")  # fmt: skip
-    roll.add_argument("--max-fallback", type=float, default=0.1, help="gate: fallback rate"
-                      " over the other nodes'")  # fmt: skip
-    roll.add_argument("--max-confidence-drop", type=float, default=0.1, help="gate: mean"
-                      " confidence below the other nodes' (classifiers)")  # fmt: skip
+    roll.add_argument(
+        "--max-failure", type=float, default=0.05, help="gate: failure rate over the other nodes'"
+    )
+    roll.add_argument(
+        "--max-p95-increase",
+        type=float,
+        default=1.0,
+        help="gate: p95 latency growth (1.0: twice the other nodes')",
+    )
+    roll.add_argument(
+        "--max-fallback", type=float, default=0.1, help="gate: fallback rate over the other nodes'"
+    )
+    roll.add_argument(
+        "--max-confidence-drop",
+        type=float,
+        default=0.1,
+        help="gate: mean confidence below the other nodes' (classifiers)",
+    )
     roll.add_argument("--min-requests", type=int, default=20, help="gate: calls before judging")
     roll.add_argument("--activation-timeout", type=float, default=300.0, help="seconds")
-    roll.add_argument("--deployment", help="create: the deployment whose model this rollout"
-                      " changes")  # fmt: skip
-    roll.add_argument("--selector", action="append", default=[], help="create: only nodes with"
-                      " this label (k=v, repeat)")  # fmt: skip
-    roll.add_argument("--max-unavailable", type=int, default=0, help="create: nodes installing"
-                      " at once (0: a tenth)")  # fmt: skip
+    roll.add_argument(
+        "--deployment", help="create: the deployment whose model this rollout changes"
+    )
+    roll.add_argument(
+        "--selector",
+        action="append",
+        default=[],
+        help="create: only nodes with this label (k=v, repeat)",
+    )
+    roll.add_argument(
+        "--max-unavailable",
+        type=int,
+        default=0,
+        help="create: nodes installing at once (0: a tenth)",
+    )
     roll.add_argument("--window", help="create: HH:MM-HH:MM (UTC) when nodes may get it")
     roll.set_defaults(fn=cmd_rollout)
     return parser

@@ -36,8 +36,9 @@ class ServiceError(Exception):
 
 
 class ServiceClient:
-    def __init__(self, url: str, token: str, ca_file: str | None = None,
-                 timeout: float = 10.0) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, token: str, ca_file: str | None = None, timeout: float = 10.0
+    ) -> None:
         self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
         self.context = None
         if self.url.startswith("https://"):
@@ -45,8 +46,9 @@ class ServiceClient:
             self.context.minimum_version = ssl.TLSVersion.TLSv1_3
 
     @classmethod
-    def from_args(cls, url: str, token_file: str | None, ca_file: str | None,
-                  timeout: float) -> ServiceClient:  # fmt: skip
+    def from_args(
+        cls, url: str, token_file: str | None, ca_file: str | None, timeout: float
+    ) -> ServiceClient:
         """The token from ``token_file``, else $EDGEFLEET_TOKEN."""
         token = Path(token_file).read_text().strip() if token_file else os.environ.get(TOKEN_ENV)
         if not token:
@@ -64,8 +66,9 @@ class ServiceClient:
             headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout,
-                                        context=self.context) as reply:  # fmt: skip
+            with urllib.request.urlopen(
+                request, timeout=self.timeout, context=self.context
+            ) as reply:
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:
             try:
@@ -102,8 +105,7 @@ def service(args: argparse.Namespace) -> ServiceClient:
     if not args.service:
         raise Failure(f"{args.command} needs the fleet service: --service URL", EXIT_USAGE)
     try:
-        return ServiceClient.from_args(args.service, args.token_file, args.service_ca,
-                                       args.timeout)  # fmt: skip
+        return ServiceClient.from_args(args.service, args.token_file, args.service_ca, args.timeout)
     except ServiceError as exc:  # no token
         raise Failure(str(exc), EXIT_USAGE) from None
 
@@ -157,38 +159,52 @@ def cmd_ab(args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "list":
         found = client.call("GET", "/v1/ab-tests")["ab_tests"]
         lines = [f"{'ID':20} {'MODEL':24} {'ARM B':24} {'STATE':10} DECIDED"]
-        lines += [f"{t['id']:20} {t['model']:24} {t['b_cloud_name']:24} {t['state']:10}"
-                  f" {t['decided'] or '-'}" for t in found]  # fmt: skip
+        lines += [
+            f"{t['id']:20} {t['model']:24} {t['b_cloud_name']:24} {t['state']:10}"
+            f" {t['decided'] or '-'}"
+            for t in found
+        ]
         return found, "\n".join(lines)
     if not args.id:
         raise Failure(f"ab {args.action}: the test's id", EXIT_USAGE)
     if args.action == "start":
         if not (args.model and args.b_cloud_name):
             raise Failure("ab start: --model and --b-cloud-name", EXIT_USAGE)
-        body = {"id": args.id, "model": args.model, "b_cloud_name": args.b_cloud_name,
-                "b_share": args.share, "selector": pairs(args.selector),
-                "min_calls": args.min_calls, "confidence": args.confidence,
-                "max_calls": args.max_calls, "latency_ms": args.latency_ms,
-                "min_confidence": args.min_confidence, "min_score": args.min_score}  # fmt: skip
+        body = {
+            "id": args.id,
+            "model": args.model,
+            "b_cloud_name": args.b_cloud_name,
+            "b_share": args.share,
+            "selector": pairs(args.selector),
+            "min_calls": args.min_calls,
+            "confidence": args.confidence,
+            "max_calls": args.max_calls,
+            "latency_ms": args.latency_ms,
+            "min_confidence": args.min_confidence,
+            "min_score": args.min_score,
+        }
         test = client.call("POST", "/v1/ab-tests", body)
     elif args.action == "stop":
         test = client.call("POST", f"/v1/ab-tests/{args.id}/stop")
     else:
         test = client.call("GET", f"/v1/ab-tests/{args.id}")
     a, b = test["arms"].get("a", {}), test["arms"].get("b", {})
-    head = (f"A/B test {test['id']}: {test['model']} against {test['b_cloud_name']}"
-            f" ({test['b_share']:.0%} of the calls), {test['state']}"
-            f"{', decided: ' + test['decided'] if test['decided'] else ''}; good calls: a"
-            f" {a.get('good', 0)} of {a.get('calls', 0)}, b {b.get('good', 0)} of"
-            f" {b.get('calls', 0)}")  # fmt: skip
+    head = (
+        f"A/B test {test['id']}: {test['model']} against {test['b_cloud_name']}"
+        f" ({test['b_share']:.0%} of the calls), {test['state']}"
+        f"{', decided: ' + test['decided'] if test['decided'] else ''}; good calls: a"
+        f" {a.get('good', 0)} of {a.get('calls', 0)}, b {b.get('good', 0)} of"
+        f" {b.get('calls', 0)}"
+    )
     return test, "\n".join([head, *test.get("log", [])])
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> tuple[Any, str]:
     """A node's egress ledger checkpoints, newest first: ``SEQ:SHA256`` a line (the form of
     ``edgectl egress verify --checkpoint``), those of ``--ledger`` only."""
-    found = service(args).call("GET", f"/v1/nodes/{args.node}/egress-checkpoints",
-                               limit=args.limit)["checkpoints"]  # fmt: skip
+    found = service(args).call(
+        "GET", f"/v1/nodes/{args.node}/egress-checkpoints", limit=args.limit
+    )["checkpoints"]
     kept = [c for c in found if c["ledger"] == args.ledger]
     return kept, "\n".join(f"{c['seq']}:{c['hash']}" for c in kept)
 
@@ -197,8 +213,10 @@ def unwritten(done: dict[str, Any]) -> str:
     """A revocation's or reinstatement's broker files the service could not write, said."""
     if not done.get("unwritten"):
         return ""
-    return (f"\nnot written: {', '.join(done['unwritten'])} ([enrolment]; the service says why"
-            " in its log and tries again at its next full pass)")  # fmt: skip
+    return (
+        f"\nnot written: {', '.join(done['unwritten'])} ([enrolment]; the service says why"
+        " in its log and tries again at its next full pass)"
+    )
 
 
 def cmd_enrol(args: argparse.Namespace) -> tuple[Any, str]:
@@ -207,15 +225,16 @@ def cmd_enrol(args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "token":
         if not args.target:
             raise Failure("enrol token: the node's name", EXIT_USAGE)
-        made = client.call("POST", "/v1/enrolment-tokens",
-                           {"node": args.target, "ttl_s": args.ttl})  # fmt: skip
+        made = client.call("POST", "/v1/enrolment-tokens", {"node": args.target, "ttl_s": args.ttl})
         return made, made["token"]
     if args.action == "list":
         found = client.call("GET", "/v1/enrolments", state=args.state)["enrolments"]
         lines = [f"{'REQUEST':32}  {'NODE':20} {'STATE':8} {'HOW':8} DECIDED BY"]
         for e in found:
-            lines.append(f"{e['rid']:32}  {e['node']:20} {e['state']:8} {e['how']:8}"
-                         f" {e['decided_by'] or '-'}")  # fmt: skip
+            lines.append(
+                f"{e['rid']:32}  {e['node']:20} {e['state']:8} {e['how']:8}"
+                f" {e['decided_by'] or '-'}"
+            )
         return found, "\n".join(lines)
     if args.action == "revoke":
         if bool(args.target) == bool(args.serial):
@@ -245,14 +264,21 @@ def service_rollout(args: argparse.Namespace) -> tuple[Any, str]:
             raise Failure("rollout create needs --manifest", EXIT_USAGE)
         doc = json.loads(Path(args.manifest).read_text())
         body: dict[str, Any] = {
-            "id": args.id, "manifest": doc, "urls": desired_urls(args, doc),
-            "stages": [float(s) / 100 for s in args.stages.split(",")], "soak_s": args.soak,
+            "id": args.id,
+            "manifest": doc,
+            "urls": desired_urls(args, doc),
+            "stages": [float(s) / 100 for s in args.stages.split(",")],
+            "soak_s": args.soak,
             "activation_timeout_s": args.activation_timeout,
             "max_unavailable": args.max_unavailable,
-            "gates": {"max_failure": args.max_failure, "max_p95_increase": args.max_p95_increase,
-                      "max_fallback": args.max_fallback, "min_requests": args.min_requests,
-                      "max_confidence_drop": args.max_confidence_drop},
-        }  # fmt: skip
+            "gates": {
+                "max_failure": args.max_failure,
+                "max_p95_increase": args.max_p95_increase,
+                "max_fallback": args.max_fallback,
+                "min_requests": args.min_requests,
+                "max_confidence_drop": args.max_confidence_drop,
+            },
+        }
         if args.deployment:
             body["deployment"] = args.deployment
         if args.selector:
@@ -279,8 +305,9 @@ def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) ->
     fleet = client.call("GET", f"/v1/nodes/{args.node}")["fleet"]  # the service's own
     if args.fleet not in ("default", fleet):  # (its default: not given)
         raise Failure(f"--fleet {args.fleet}: the service serves fleet {fleet}", EXIT_USAGE)
-    cmd_id, payload = sign(key, args.kid, args.cert_name, f"{fleet}/{args.node}",
-                           args.name, cmd_args, args.lifetime)  # fmt: skip
+    cmd_id, payload = sign(
+        key, args.kid, args.cert_name, f"{fleet}/{args.node}", args.name, cmd_args, args.lifetime
+    )
     client.call("POST", f"/v1/nodes/{args.node}/commands", {"command": json.loads(payload)})
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
@@ -291,5 +318,6 @@ def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) ->
                 raise Failure(f"{args.node}: {result.get('error')}", EXIT_FAILED)
             return result, json.dumps(result.get("result"), indent=2)
         time.sleep(0.2)
-    raise Failure(f"no result from {args.node} in {args.timeout} s (command {cmd_id})",
-                  EXIT_TIMEOUT)  # fmt: skip
+    raise Failure(
+        f"no result from {args.node} in {args.timeout} s (command {cmd_id})", EXIT_TIMEOUT
+    )

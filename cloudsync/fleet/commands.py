@@ -15,8 +15,9 @@ def shown(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "result": json.loads(row["result"]) if row["result"] else None}
 
 
-def sent(tx: Tx, ident: str, node: str, name: str, issuer: str, kid: str, actor: str,
-         ts: int) -> bool:  # fmt: skip
+def sent(
+    tx: Tx, ident: str, node: str, name: str, issuer: str, kid: str, actor: str, ts: int
+) -> bool:
     """A command kept as sent (in the caller's transaction); False: its id was sent already."""
     made = tx.execute(
         "INSERT INTO commands (id, node, name, issuer, kid, actor, sent_ts) VALUES"
@@ -43,8 +44,16 @@ class Commands:
     def keep(self, command: dict[str, Any], node: str, actor: str) -> None:
         """A command about to be sent (KeyError: its id was sent already)."""
         with self.store.transaction() as tx:
-            if not sent(tx, command["id"], node, command["name"], command["issuer"],
-                        command["kid"], actor, self.clock()):  # fmt: skip
+            if not sent(
+                tx,
+                command["id"],
+                node,
+                command["name"],
+                command["issuer"],
+                command["kid"],
+                actor,
+                self.clock(),
+            ):
                 raise KeyError(f"command {command['id']} was sent already")
 
     def get(self, ident: str) -> dict[str, Any] | None:

@@ -169,10 +169,21 @@ class Console:
     """The console's pages over the service's repositories and the actions it shares with the
     API (``Actions``)."""
 
-    def __init__(self, actions: Actions, *, registry: Registry, alerting: Alerting,
-                 rollouts: Rollouts, deployments: Deployments, commands: Commands,
-                 sessions: Sessions, audit: AuditLog, fleet: str, clock: Callable[[], int],
-                 secure: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        actions: Actions,
+        *,
+        registry: Registry,
+        alerting: Alerting,
+        rollouts: Rollouts,
+        deployments: Deployments,
+        commands: Commands,
+        sessions: Sessions,
+        audit: AuditLog,
+        fleet: str,
+        clock: Callable[[], int],
+        secure: bool,
+    ) -> None:
         self.actions, self.registry, self.alerting = actions, registry, alerting
         self.rollouts, self.deployments, self.commands = rollouts, deployments, commands
         self.sessions, self.audit, self.fleet, self.clock = sessions, audit, fleet, clock
@@ -184,8 +195,14 @@ class Console:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.filters.update(when=when, pairs=pairs, obj=obj, scaled=scaled, pct=pct,
-                                q=lambda s: quote(str(s), safe=""))  # fmt: skip
+        self.env.filters.update(
+            when=when,
+            pairs=pairs,
+            obj=obj,
+            scaled=scaled,
+            pct=pct,
+            q=lambda s: quote(str(s), safe=""),
+        )
         self.env.globals.update(url=url, ago=ago, STATES=STATES, PAGE_SIZES=PAGE_SIZES)
         self.css = (FILES / "console.css").read_bytes()
 
@@ -261,13 +278,15 @@ class Console:
             if not isinstance(sent, str) or not hmac.compare_digest(
                 sent.encode(errors="replace"), csrf_of(token).encode()
             ):
-                await self.actions.audit(who, f"POST {request.path}",
-                                  self.target(request), "refused: CSRF token")  # fmt: skip
+                await self.actions.audit(
+                    who, f"POST {request.path}", self.target(request), "refused: CSRF token"
+                )
                 raise Refused(403, "the form's CSRF token is missing or wrong: reload the page")
         if ROLES[who.role] < ROLES[need]:
             if request.method != "GET":  # audited as the API audits one
-                await self.actions.audit(who, f"{request.method} {request.path}",
-                                  self.target(request), f"denied: {need}")  # fmt: skip
+                await self.actions.audit(
+                    who, f"{request.method} {request.path}", self.target(request), f"denied: {need}"
+                )
             raise Refused(403, f"role {who.role} may not do this: {need} needed")
         unknown = set(request.query) - getattr(handler, "query", set(request.query))
         if unknown:
@@ -279,8 +298,9 @@ class Console:
         info = request.match_info
         return str(info.get("id") or info.get("node") or request.path)[:200]
 
-    def render(self, name: str, request: web.Request, status: int = 200,
-               **context: Any) -> web.Response:  # fmt: skip
+    def render(
+        self, name: str, request: web.Request, status: int = 200, **context: Any
+    ) -> web.Response:
         who = request.get(WHO)
         token = request.get(TOKEN)
         body = self.env.get_template(name).render(
@@ -299,13 +319,15 @@ class Console:
 
     @page(public=True)
     async def stylesheet(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.css, content_type="text/css",
-                            headers={"Cache-Control": "max-age=3600"})  # fmt: skip
+        return web.Response(
+            body=self.css, content_type="text/css", headers={"Cache-Control": "max-age=3600"}
+        )
 
     @page(public=True, query=("next",))
     async def login_form(self, request: web.Request) -> web.Response:
-        return self.render("login.html", request, next=local_path(text_param(request, "next")),
-                           message="")  # fmt: skip
+        return self.render(
+            "login.html", request, next=local_path(text_param(request, "next")), message=""
+        )
 
     @page(public=True)
     async def login(self, request: web.Request) -> web.Response:
@@ -322,8 +344,15 @@ class Console:
         await self.actions.audit(who, "console sign-in", "-", "done")
         session = await db(self.sessions.open, who.name)
         response = see_other(target)
-        response.set_cookie(COOKIE, session, path="/console", httponly=True, samesite="Strict",
-                            secure=self.secure, max_age=SESSION_S)  # fmt: skip
+        response.set_cookie(
+            COOKIE,
+            session,
+            path="/console",
+            httponly=True,
+            samesite="Strict",
+            secure=self.secure,
+            max_age=SESSION_S,
+        )
         return response
 
     def holder(self, session: str) -> Token | None:
@@ -336,8 +365,9 @@ class Console:
         await db(self.sessions.close, request[TOKEN])
         await self.actions.audit(request[WHO], "console sign-out", "-", "done")
         response = see_other("/console/login")
-        response.del_cookie(COOKIE, path="/console", httponly=True, samesite="Strict",
-                            secure=self.secure)  # fmt: skip
+        response.del_cookie(
+            COOKIE, path="/console", httponly=True, samesite="Strict", secure=self.secure
+        )
         return response
 
     # ---- the fleet at a glance ---------------------------------------------------------------
@@ -354,15 +384,18 @@ class Console:
         counts = registry.counts(now)
         firing = self.alerting.firing()
         return {
-            "counts": counts, "total": sum(counts.values()), "software": registry.software(),
+            "counts": counts,
+            "total": sum(counts.values()),
+            "software": registry.software(),
             "models": registry.serving(),
-            "firing": firing, "firing_total": sum(int(r["n"]) for r in firing),
+            "firing": firing,
+            "firing_total": sum(int(r["n"]) for r in firing),
             "latest_alerts": [alert(r) for r in self.alerting.latest()],
             "events": registry.events(None, 10),
             "rollout_states": self.rollouts.states(),
             "running": self.rollouts.running(),
             "deployment_count": self.deployments.count(),
-        }  # fmt: skip
+        }
 
     # ---- nodes -------------------------------------------------------------------------------
 
@@ -379,12 +412,20 @@ class Console:
         contains, after = text_param(request, "contains"), text_param(request, "after")
         limit = size_param(request)
         now = self.clock()
-        found, more = await db(self.registry.nodes, now, state, selector,
-                                        contains, after, limit)  # fmt: skip
+        found, more = await db(self.registry.nodes, now, state, selector, contains, after, limit)
         counts = await db(self.registry.counts, now)
-        return self.render("nodes.html", request, nodes=found, more=more, counts=counts,
-                           state=state or "", selector=chosen, contains=contains, after=after,
-                           limit=limit)  # fmt: skip
+        return self.render(
+            "nodes.html",
+            request,
+            nodes=found,
+            more=more,
+            counts=counts,
+            state=state or "",
+            selector=chosen,
+            contains=contains,
+            after=after,
+            limit=limit,
+        )
 
     @page()
     async def node(self, request: web.Request) -> web.Response:
@@ -399,13 +440,14 @@ class Console:
         if row is None:
             return None
         return {
-            "row": row, "beat": row["heartbeat"] or {},
+            "row": row,
+            "beat": row["heartbeat"] or {},
             "history": self.registry.history(name, 20),
             "commands": self.commands.of_node(name, 20),
             "events": self.registry.events(name, 50),
             "alerts": [alert(a) for a in self.alerting.latest(name, 50)],
             "in_rollouts": self.rollouts.of_node(name),
-        }  # fmt: skip
+        }
 
     @page(role="operator")
     async def set_labels(self, request: web.Request) -> web.StreamResponse:
@@ -415,8 +457,9 @@ class Console:
         try:
             labels = parse_labels(given if isinstance(given, str) else "")
         except LabelError as exc:
-            raise await self.actions.refuse(request[WHO], "set labels", node, 422,
-                                            str(exc)) from None  # fmt: skip
+            raise await self.actions.refuse(
+                request[WHO], "set labels", node, 422, str(exc)
+            ) from None
         await self.actions.set_labels(request[WHO], node, labels)
         return see_other(f"/console/nodes/{quote(node, safe='')}")
 
@@ -435,8 +478,13 @@ class Console:
             raise Refused(404, f"no deployment {ident[:80]!r}")
         progress = await db(self.deployments.progress, found)
         rollouts = await db(self.rollouts.all)
-        return self.render("deployment.html", request, d=found.as_dict(), progress=progress,
-                           rollouts=[r for r in rollouts if r.deployment == ident])  # fmt: skip
+        return self.render(
+            "deployment.html",
+            request,
+            d=found.as_dict(),
+            progress=progress,
+            rollouts=[r for r in rollouts if r.deployment == ident],
+        )
 
     @page()
     async def rollout_list(self, request: web.Request) -> web.Response:
@@ -451,10 +499,12 @@ class Console:
         if seen is None:
             raise Refused(404, f"no rollout {ident[:80]!r}")
         r: Rollout = seen["r"]
-        actions = [a for a, states in ACTIONS.items() if r.state in states
-                   and (a != "promote" or r.phase == "soak")]  # fmt: skip
-        return self.render("rollout.html", request, actions=actions, live=r.state in LIVE,
-                           **seen)  # fmt: skip
+        actions = [
+            a
+            for a, states in ACTIONS.items()
+            if r.state in states and (a != "promote" or r.phase == "soak")
+        ]
+        return self.render("rollout.html", request, actions=actions, live=r.state in LIVE, **seen)
 
     def rollout_data(self, ident: str) -> dict[str, Any] | None:
         """The rollout, its nodes by stage and state, and its gates' figures: the canary's
@@ -477,10 +527,17 @@ class Console:
             canary, baseline = rollouts.figures(found, True), rollouts.figures(found, False)
             why = breached(found.gates, canary, baseline)
         return {
-            "r": found, "states": states, "by_stage": by_stage, "sizes": sizes,
-            "node_rows": nodes[:100], "node_total": len(nodes), "canary": canary,
-            "baseline": baseline, "breach": why, "gates": found.gates,
-        }  # fmt: skip
+            "r": found,
+            "states": states,
+            "by_stage": by_stage,
+            "sizes": sizes,
+            "node_rows": nodes[:100],
+            "node_total": len(nodes),
+            "canary": canary,
+            "baseline": baseline,
+            "breach": why,
+            "gates": found.gates,
+        }
 
     @page(role="operator")
     async def act_on_rollout(self, request: web.Request) -> web.StreamResponse:
@@ -499,8 +556,15 @@ class Console:
         contains, limit = text_param(request, "contains"), size_param(request)
         rows = await db(self.audit.before, before, contains, limit)
         more = rows[-1]["id"] if len(rows) == limit else None
-        return self.render("audit.html", request, entries=rows, more=more, contains=contains,
-                           before=text, limit=limit)  # fmt: skip
+        return self.render(
+            "audit.html",
+            request,
+            entries=rows,
+            more=more,
+            contains=contains,
+            before=text,
+            limit=limit,
+        )
 
 
 def see_other(location: str) -> web.Response:

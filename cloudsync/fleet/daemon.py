@@ -46,29 +46,53 @@ def application(service: Service) -> web.Application:
     repositories and the publishing calls it uses, and the console under /console acts
     through the same ``Actions`` (no import between the two adapters)."""
     cfg, clock, fleet = service.config, service.clock, service.fleet
-    actions = Actions(cfg.api.tokens, service.audit, service.registry, service.rollouts,
-                      service.reconcile_soon, service.wake.set)  # fmt: skip
+    actions = Actions(
+        cfg.api.tokens,
+        service.audit,
+        service.registry,
+        service.rollouts,
+        service.reconcile_soon,
+        service.wake.set,
+    )
     calls = Calls(actions, cfg.api.idle_timeout_s, cfg.api.max_body_kb)
     anchors = manifest_anchors(cfg.service.trust_dir)
     modules: list[RouteModule] = [
-        PublicRoutes(service.store.ping, service.client.is_connected,
-                     lambda: service.holds_lease, service.replica, service.metrics.registry),
+        PublicRoutes(
+            service.store.ping,
+            service.client.is_connected,
+            lambda: service.holds_lease,
+            service.replica,
+            service.metrics.registry,
+        ),
         NodeRoutes(service.registry, service.series, fleet, clock, actions, calls),
         CommandRoutes(service.commands, service.send_command, fleet, clock, calls),
         DeploymentRoutes(service.deployments, anchors, clock, service.reconcile_soon, calls),
         RolloutRoutes(service.rollouts, anchors, clock, service.wake.set, actions, calls),
         ABTestRoutes(service.abtests, service.wake.set, calls),
-        EnrolmentRoutes(service.enrolments, clock, service.answer, service.write_broker_files,
-                        service.kick, calls),
+        EnrolmentRoutes(
+            service.enrolments,
+            clock,
+            service.answer,
+            service.write_broker_files,
+            service.kick,
+            calls,
+        ),
         AuditRoutes(service.audit),
-    ]  # fmt: skip
-    app = api.app([r for module in modules for r in module.routes()], actions,
-                  cfg.api.max_body_kb)  # fmt: skip
+    ]
+    app = api.app([r for module in modules for r in module.routes()], actions, cfg.api.max_body_kb)
     Console(
-        actions, registry=service.registry, alerting=service.alerting, rollouts=service.rollouts,
-        deployments=service.deployments, commands=service.commands, sessions=service.sessions,
-        audit=service.audit, fleet=fleet, clock=clock, secure=cfg.api.tls_cert is not None,
-    ).mount(app, api.CONSOLE)  # fmt: skip
+        actions,
+        registry=service.registry,
+        alerting=service.alerting,
+        rollouts=service.rollouts,
+        deployments=service.deployments,
+        commands=service.commands,
+        sessions=service.sessions,
+        audit=service.audit,
+        fleet=fleet,
+        clock=clock,
+        secure=cfg.api.tls_cert is not None,
+    ).mount(app, api.CONSOLE)
     return app
 
 
@@ -88,17 +112,24 @@ async def _serve(service: Service, app: web.Application) -> None:
     # above), and one that handles no request for idle_timeout_s is closed (issue 44: 1,100
     # half-sent request heads held every descriptor, /healthz did not answer).
     runner = web.AppRunner(
-        app, access_log=None, keepalive_timeout=cfg.idle_timeout_s,
+        app,
+        access_log=None,
+        keepalive_timeout=cfg.idle_timeout_s,
         logger=connections.QuietLog(logging.getLogger("aiohttp.server")),
-    )  # fmt: skip
+    )
     await runner.setup()
     try:
         family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
         sock = socket.create_server((cfg.host, cfg.port), family=family)
         site = connections.CappedSite(
-            runner, sock, cfg.max_connections, who="edgefleet", setting="api.max_connections",
-            ssl_context=tls_context(cfg), handshake_timeout_s=cfg.idle_timeout_s,
-        )  # fmt: skip
+            runner,
+            sock,
+            cfg.max_connections,
+            who="edgefleet",
+            setting="api.max_connections",
+            ssl_context=tls_context(cfg),
+            handshake_timeout_s=cfg.idle_timeout_s,
+        )
         await site.start()
     except OSError as exc:
         await runner.cleanup()
@@ -112,9 +143,14 @@ async def _serve(service: Service, app: web.Application) -> None:
         loop.add_signal_handler(sig, stop.set)
     log.info(
         "fleet %s, replica %s: API on %s:%s, broker %s:%s, database %s",
-        service.fleet, service.replica, cfg.host, cfg.port, service.config.mqtt.host,
-        service.config.mqtt.port, service.store.dialect,
-    )  # fmt: skip
+        service.fleet,
+        service.replica,
+        cfg.host,
+        cfg.port,
+        service.config.mqtt.host,
+        service.config.mqtt.port,
+        service.store.dialect,
+    )
     try:
         await stop.wait()
     finally:
@@ -127,8 +163,9 @@ def serve(config_path: Path | None, log_level: str | None) -> None:
         config = config_module.load(config_path)
     except ConfigError as exc:
         raise CannotStart(str(exc)) from None
-    setup_logging(log_level or config.log.level, config.log.format,
-                  config.service.replica_name(), "edgefleet")  # fmt: skip
+    setup_logging(
+        log_level or config.log.level, config.log.format, config.service.replica_name(), "edgefleet"
+    )
     if not config.api.tokens:
         log.warning("no [api] tokens: every call but /healthz and /metrics is refused (401)")
     try:

@@ -146,10 +146,12 @@ def plan(
             if name not in winners or winners[name][0] < rank:
                 winners[name] = (rank, entry)
     kept = [
-        e for e in current
-        if (name := model_of(e)) is not None and name not in winners
+        e
+        for e in current
+        if (name := model_of(e)) is not None
+        and name not in winners
         and (name not in managed or name in held)
-    ]  # fmt: skip
+    ]
     given = [winners[name][1] for name in sorted(winners)]
     entries = sorted(kept + given, key=lambda e: model_of(e) or "")  # as rollouts compose them
     return entries, set(winners) | (managed & set(held))
@@ -161,8 +163,10 @@ def with_entry_in(tx: Tx, ident: str, model: str, entry: dict[str, Any], now_ms:
     rows = tx.rows("SELECT models FROM deployments WHERE id = ?", (ident,))
     if rows:
         models = [entry if model_of(e) == model else e for e in json.loads(rows[0]["models"])]
-        tx.execute("UPDATE deployments SET models = ?, updated_ts = ? WHERE id = ?",
-                   (dumps(models), now_ms, ident))  # fmt: skip
+        tx.execute(
+            "UPDATE deployments SET models = ?, updated_ts = ? WHERE id = ?",
+            (dumps(models), now_ms, ident),
+        )
 
 
 @dataclass
@@ -175,9 +179,16 @@ class Deployments:
 
     @staticmethod
     def load(r: dict[str, Any]) -> Deployment:
-        return Deployment(r["id"], json.loads(r["selector"]), r["priority"],
-                          json.loads(r["models"]), r["state"], r["created_ts"], r["created_by"],
-                          r["updated_ts"])  # fmt: skip
+        return Deployment(
+            r["id"],
+            json.loads(r["selector"]),
+            r["priority"],
+            json.loads(r["models"]),
+            r["state"],
+            r["created_ts"],
+            r["created_by"],
+            r["updated_ts"],
+        )
 
     def all(self) -> list[Deployment]:
         return [self.load(r) for r in self.store.query("SELECT * FROM deployments ORDER BY id")]

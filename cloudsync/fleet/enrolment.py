@@ -52,16 +52,18 @@ class Issuer:
     def __init__(self, cert_file: Path, key_file: Path, days: float) -> None:
         self.cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
         key = serialization.load_pem_private_key(key_file.read_bytes(), None)
-        if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey,
-                                ed25519.Ed25519PrivateKey)):  # fmt: skip
+        if not isinstance(
+            key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)
+        ):
             raise OSError(f"{key_file}: not an EC, RSA or Ed25519 private key")
         if public_der(key.public_key()) != public_der(self.cert.public_key()):
             raise OSError(f"{key_file} is not the key of {cert_file}")
         self.key, self.days = key, days
         self.ca_pem = self.cert.public_bytes(serialization.Encoding.PEM).decode()
 
-    def issue(self, csr: x509.CertificateSigningRequest, node: str,
-              now: datetime.datetime) -> x509.Certificate:  # fmt: skip
+    def issue(
+        self, csr: x509.CertificateSigningRequest, node: str, now: datetime.datetime
+    ) -> x509.Certificate:
         key = csr.public_key()
         lifetime = datetime.timedelta(days=self.days)
         # Valid from a little before now (a node's clock may lag), by at most a tenth of the
@@ -149,8 +151,7 @@ def write_acl(base: Path, barred: Iterable[str], path: Path) -> None:
 
 
 class Enrolments:
-    def __init__(self, store: Store, issuer: Issuer | None,
-                 reserved: Collection[str] = ()) -> None:  # fmt: skip
+    def __init__(self, store: Store, issuer: Issuer | None, reserved: Collection[str] = ()) -> None:
         self.store, self.issuer = store, issuer
         self.reserved = tuple(reserved)  # shell patterns of names never issued
 
@@ -159,8 +160,10 @@ class Enrolments:
         if any(fnmatch.fnmatchcase(node, pattern) for pattern in self.reserved):
             return f"node {node!r}: a reserved name (the broker gives it other rights)"
         if tx.rows("SELECT node FROM barred WHERE node = ?", (node,)):
-            return (f"node {node!r} is revoked: an operator reinstates the name first"
-                    " (edgefleet enrol reinstate)")  # fmt: skip
+            return (
+                f"node {node!r} is revoked: an operator reinstates the name first"
+                " (edgefleet enrol reinstate)"
+            )
         return None
 
     def request(self, tx: Tx, rid: str, payload: bytes, now_ms: int) -> Decision:
@@ -195,17 +198,21 @@ class Enrolments:
                 " AND used_ts IS NULL AND expires > ?",
                 (now_ms, rid, token_hash(str(token)), node, now_ms),
             )
-            state, reason = ("issued", None) if used.rowcount == 1 else (
-                "refused", "the token is unknown, used, expired or for another name")  # fmt: skip
-        elif int(tx.rows("SELECT COUNT(*) AS n FROM enrolments WHERE state = 'pending'")
-                 [0]["n"]) >= MAX_PENDING:  # fmt: skip
+            state, reason = (
+                ("issued", None)
+                if used.rowcount == 1
+                else ("refused", "the token is unknown, used, expired or for another name")
+            )
+        elif (
+            int(tx.rows("SELECT COUNT(*) AS n FROM enrolments WHERE state = 'pending'")[0]["n"])
+            >= MAX_PENDING
+        ):
             state, reason = "refused", f"{MAX_PENDING} requests wait for an operator already"
         tx.execute(
             "INSERT INTO enrolments (rid, node, csr, state, how, requested_ts, reason)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (rid, node, csr_text, "pending" if state == "issued" else state, how, now_ms,
-             reason),
-        )  # fmt: skip
+            (rid, node, csr_text, "pending" if state == "issued" else state, how, now_ms, reason),
+        )
         if state == "issued":
             return Decision(rid, self._issue(tx, rid, node, csr, now_ms, "token"))
         return Decision(rid, Answer(state, error=reason or ""))
@@ -234,8 +241,9 @@ class Enrolments:
         )
         why = self.refusal(tx, node) or (
             f"node {node!r}: its certificate {newest[0]['serial']} is revoked: it enrols again"
-            if newest and newest[0]["revoked"] else None
-        )  # fmt: skip
+            if newest and newest[0]["revoked"]
+            else None
+        )
         if why is not None:
             tx.execute(
                 "INSERT INTO enrolments (rid, node, csr, state, how, requested_ts, decided_ts,"
@@ -250,8 +258,9 @@ class Enrolments:
         )
         return Decision(rid, self._issue(tx, rid, node, csr, now_ms, "renewal"), node)
 
-    def _issue(self, tx: Tx, rid: str, node: str, csr: x509.CertificateSigningRequest,
-               now_ms: int, by: str) -> Answer:  # fmt: skip
+    def _issue(
+        self, tx: Tx, rid: str, node: str, csr: x509.CertificateSigningRequest, now_ms: int, by: str
+    ) -> Answer:
         assert self.issuer is not None
         now = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.timezone.utc)
         cert = self.issuer.issue(csr, node, now)
@@ -259,9 +268,15 @@ class Enrolments:
         tx.execute(
             "UPDATE enrolments SET state = 'issued', decided_ts = ?, decided_by = ?, cert = ?,"
             " serial = ?, not_after = ? WHERE rid = ?",
-            (now_ms, by, pem, format(cert.serial_number, "x"),
-             int(cert.not_valid_after_utc.timestamp() * 1000), rid),
-        )  # fmt: skip
+            (
+                now_ms,
+                by,
+                pem,
+                format(cert.serial_number, "x"),
+                int(cert.not_valid_after_utc.timestamp() * 1000),
+                rid,
+            ),
+        )
         return Answer("issued", pem, self.issuer.ca_pem)
 
     def answer_of(self, row: dict[str, Any]) -> Answer:
@@ -269,12 +284,12 @@ class Enrolments:
             return Answer("issued", row["cert"], self.issuer.ca_pem)
         return Answer(row["state"], error=row["reason"] or "")
 
-    def decide(self, rid: str, approve: bool, actor: str, now_ms: int,
-               why: str = "") -> Decision | None:  # fmt: skip
+    def decide(
+        self, rid: str, approve: bool, actor: str, now_ms: int, why: str = ""
+    ) -> Decision | None:
         """An operator's decision on a pending request (None: no such request pending)."""
         with self.store.transaction() as tx:
-            found = tx.rows("SELECT * FROM enrolments WHERE rid = ? AND state = 'pending'",
-                            (rid,))  # fmt: skip
+            found = tx.rows("SELECT * FROM enrolments WHERE rid = ? AND state = 'pending'", (rid,))
             if not found:
                 return None
             row = found[0]
@@ -309,8 +324,9 @@ class Enrolments:
             )
         return token
 
-    def revoke(self, actor: str, now_ms: int, node: str | None = None,
-               serial: str | None = None) -> list[str]:  # fmt: skip
+    def revoke(
+        self, actor: str, now_ms: int, node: str | None = None, serial: str | None = None
+    ) -> list[str]:
         """Revoke every certificate issued to ``node`` and bar the name, or revoke the one
         certificate with ``serial`` (hex, any the fleet CA signed): the serials newly revoked."""
         with self.store.transaction() as tx:
@@ -324,8 +340,7 @@ class Enrolments:
                     " ON CONFLICT DO NOTHING",
                     (node, now_ms, actor),
                 )
-                tx.execute("DELETE FROM enrol_tokens WHERE node = ? AND used_ts IS NULL",
-                           (node,))  # fmt: skip
+                tx.execute("DELETE FROM enrol_tokens WHERE node = ? AND used_ts IS NULL", (node,))
                 tx.execute(
                     "UPDATE enrolments SET state = 'refused', decided_ts = ?, decided_by = ?,"
                     " reason = ? WHERE node = ? AND state = 'pending'",
@@ -366,8 +381,10 @@ class Enrolments:
 
     def list(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """The latest requests, newest first (``state``: pending, issued or refused only)."""
-        columns = ("SELECT rid, node, state, how, requested_ts, decided_ts, decided_by, reason,"
-                   " serial, not_after FROM enrolments")  # fmt: skip
+        columns = (
+            "SELECT rid, node, state, how, requested_ts, decided_ts, decided_by, reason,"
+            " serial, not_after FROM enrolments"
+        )
         if state is None:
             return self.store.query(f"{columns} ORDER BY requested_ts DESC LIMIT ?", (limit,))
         return self.store.query(

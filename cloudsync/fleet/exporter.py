@@ -90,9 +90,13 @@ def load_snapshot(load: Any) -> LoadSnapshot:
             kept[key] = value
         elif "str" in kind and "dict" not in kind and isinstance(value, str):
             kept[key] = _label(value, 64)
-        elif ("float" in kind or "int" in kind) and not isinstance(value, bool) and isinstance(
-            value, (int, float)
-        ) and math.isfinite(value) and abs(value) < 1e18:  # fmt: skip
+        elif (
+            ("float" in kind or "int" in kind)
+            and not isinstance(value, bool)
+            and isinstance(value, (int, float))
+            and math.isfinite(value)
+            and abs(value) < 1e18
+        ):
             kept[key] = value
     return LoadSnapshot(**kept)
 
@@ -104,12 +108,14 @@ def heartbeat_families(hb: Mapping[str, Any]) -> Iterator[Metric]:
     if isinstance(link, dict):
         ratio = hb.get("cloud_error_ratio")
         scale = hb.get("cloud_scale_out")
-        yield from cloud_families({
-            "link": {k: v for k, v in link.items() if k == "up" or _finite(v)},
-            "breaker": hb.get("breaker"),
-            "error_rate": ratio if _finite(ratio) else None,
-            "scale_out": {"needed": scale} if isinstance(scale, bool) else None,
-        })  # fmt: skip
+        yield from cloud_families(
+            {
+                "link": {k: v for k, v in link.items() if k == "up" or _finite(v)},
+                "breaker": hb.get("breaker"),
+                "error_rate": ratio if _finite(ratio) else None,
+                "scale_out": {"needed": scale} if isinstance(scale, bool) else None,
+            }
+        )
     inflight = GaugeMetricFamily(
         "edged_requests_in_flight", "API requests being answered (REST and gRPC)"
     )
@@ -117,9 +123,10 @@ def heartbeat_families(hb: Mapping[str, Any]) -> Iterator[Metric]:
         inflight.add_metric([], float(hb["inflight"]))
     yield inflight
     versions = InfoMetricFamily(
-        "edged_model_version", "The model versions ready on the node (its heartbeat's)",
+        "edged_model_version",
+        "The model versions ready on the node (its heartbeat's)",
         labels=["model", "version", "state"],
-    )  # fmt: skip
+    )
     models = hb.get("models")
     for model, version in models.items() if isinstance(models, dict) else []:
         versions.add_metric([_label(model), _label(version, 32), "READY"], {})
@@ -179,8 +186,9 @@ class Exposition:
             own = ",".join(self.pair(k, v) for k, v in sample.labels.items())
             labels = f"{prefix},{own}" if prefix and own else prefix or own
             value = floatToGoString(sample.value)
-            lines.append(f"{sample.name}{{{labels}}} {value}\n" if labels
-                         else f"{sample.name} {value}\n")  # fmt: skip
+            lines.append(
+                f"{sample.name}{{{labels}}} {value}\n" if labels else f"{sample.name} {value}\n"
+            )
 
     def pair(self, name: str, value: str) -> str:
         found = self.pairs.get((name, value))
@@ -209,10 +217,15 @@ def _head(family: Metric) -> str:
 class NodeSeries:
     """The fleet's series, read from the database at each scrape."""
 
-    def __init__(self, store: Store, fleet: str, offline_after_ms: int,
-                 clock: Callable[[], int]) -> None:  # fmt: skip
+    def __init__(
+        self, store: Store, fleet: str, offline_after_ms: int, clock: Callable[[], int]
+    ) -> None:
         self.store, self.fleet, self.offline_after_ms, self.clock = (
-            store, fleet, offline_after_ms, clock)  # fmt: skip
+            store,
+            fleet,
+            offline_after_ms,
+            clock,
+        )
 
     def render(self, shard: int = 0, shards: int = 1) -> bytes:
         """The text exposition format of the nodes of ``shard`` (0 to ``shards`` - 1: each
@@ -221,11 +234,13 @@ class NodeSeries:
             raise ValueError(f"shard: 0 to shards - 1, shards: 1 to {MAX_SHARDS}")
         now = self.clock()
         nodes = [
-            raw for raw in self.store.query(
+            raw
+            for raw in self.store.query(
                 "SELECT node, state, last_seen, heartbeats, heartbeat_ts, heartbeat, software,"
-                " node_labels, labels FROM nodes ORDER BY node")
+                " node_labels, labels FROM nodes ORDER BY node"
+            )
             if shards == 1 or bucket_of(raw["node"]) % shards == shard
-        ]  # fmt: skip
+        ]
         counters: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in self.store.query(
             "SELECT node, name, labels, value FROM counters WHERE bucket % ? = ?", (shards, shard)
@@ -265,15 +280,28 @@ class NodeSeries:
         """What the registry knows of a node (every node has them)."""
         state = raw["state"] if fresh or raw["state"] != "online" else "stale"
         software = json.loads(raw["software"])
-        info = InfoMetricFamily("edgefleet_node", "Every node the service knows: its state"
-                                " (online, stale, offline, unknown) and software")  # fmt: skip
-        info.add_metric([], {"state": state, **{
-            f"{label_name(k)}_version": _label(v, 64) for k, v in software.items()
-            if isinstance(k, str) and v is not None}})  # fmt: skip
+        info = InfoMetricFamily(
+            "edgefleet_node",
+            "Every node the service knows: its state"
+            " (online, stale, offline, unknown) and software",
+        )
+        info.add_metric(
+            [],
+            {
+                "state": state,
+                **{
+                    f"{label_name(k)}_version": _label(v, 64)
+                    for k, v in software.items()
+                    if isinstance(k, str) and v is not None
+                },
+            },
+        )
         yield info
         own = {**json.loads(raw["node_labels"]), **json.loads(raw["labels"])}
-        labels = InfoMetricFamily("edgefleet_node_labels", "Every node's labels (its own and"
-                                  " the operators'), as label_<name>")  # fmt: skip
+        labels = InfoMetricFamily(
+            "edgefleet_node_labels",
+            "Every node's labels (its own and the operators'), as label_<name>",
+        )
         labels.add_metric([], {f"label_{label_name(k)}": v for k, v in own.items()})
         yield labels
         last = GaugeMetricFamily(
@@ -283,8 +311,9 @@ class NodeSeries:
         if raw["heartbeat_ts"]:
             last.add_metric([], raw["heartbeat_ts"] / 1000)
         yield last
-        beats = CounterMetricFamily("cloudsync_heartbeats", "Heartbeats the fleet service"
-                                    " counted from the node")  # fmt: skip
+        beats = CounterMetricFamily(
+            "cloudsync_heartbeats", "Heartbeats the fleet service counted from the node"
+        )
         if fresh and raw["heartbeat"]:
             beats.add_metric([], float(raw["heartbeats"]))
         yield beats

@@ -43,8 +43,10 @@ def breached(gates: Gates, canary: dict[str, Any], baseline: dict[str, Any]) -> 
     if canary["requests"] < gates.min_requests:
         return ""
     if canary["failure_rate"] > baseline["failure_rate"] + gates.max_failure:
-        return (f"failure rate {canary['failure_rate']:.1%} against {baseline['failure_rate']:.1%}"
-                f" on the other nodes (more than {gates.max_failure:.1%} worse)")  # fmt: skip
+        return (
+            f"failure rate {canary['failure_rate']:.1%} against {baseline['failure_rate']:.1%}"
+            f" on the other nodes (more than {gates.max_failure:.1%} worse)"
+        )
     slow, usual = canary["p95_ms"], baseline["p95_ms"]
     if slow and usual and slow > usual * (1 + gates.max_p95_increase):
         return f"p95 {slow:.1f} ms against {usual:.1f} ms on the other nodes"
@@ -52,6 +54,7 @@ def breached(gates: Gates, canary: dict[str, Any], baseline: dict[str, Any]) -> 
     if sure is not None and usually is not None and sure < usually - gates.max_confidence_drop:
         return f"mean confidence {sure:.3f} against {usually:.3f} on the other nodes"
     if canary["fallback_rate"] > baseline["fallback_rate"] + gates.max_fallback:
-        return (f"fallback rate {canary['fallback_rate']:.1%} against"
-                f" {baseline['fallback_rate']:.1%}")  # fmt: skip
+        return (
+            f"fallback rate {canary['fallback_rate']:.1%} against {baseline['fallback_rate']:.1%}"
+        )
     return ""

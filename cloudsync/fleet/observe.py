@@ -140,8 +140,11 @@ def alert_of(body: Mapping[str, Any]) -> Alert | None:
 
 def level_of(body: Mapping[str, Any], alert: Alert | None) -> str:
     if alert is not None:
-        return "info" if alert.state == "resolved" else (
-            "critical" if alert.severity == "critical" else "warning")  # fmt: skip
+        return (
+            "info"
+            if alert.state == "resolved"
+            else ("critical" if alert.severity == "critical" else "warning")
+        )
     level = body.get("level")
     return level if level in LEVELS else "info"
 
@@ -166,8 +169,17 @@ def keep_event(tx: Tx, node: str, env: envelope.Envelope, arrived_ms: int) -> Ev
     kept = dumps(body)
     if len(kept) > MAX_EVENT_BODY:
         kept = dumps({"truncated": sorted(text(k, 64) for k in body)[:64]})
-    event = Event(node, text(env.id, 64), env.ts, arrived_ms, env.seq, priority,
-                  level_of(body, alert), message_of(body, alert), json.loads(kept))  # fmt: skip
+    event = Event(
+        node,
+        text(env.id, 64),
+        env.ts,
+        arrived_ms,
+        env.seq,
+        priority,
+        level_of(body, alert),
+        message_of(body, alert),
+        json.loads(kept),
+    )
     made = tx.execute(
         "INSERT INTO events (node, id, ts, arrived, priority, level, message, body)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -183,10 +195,19 @@ def keep_event(tx: Tx, node: str, env: envelope.Envelope, arrived_ms: int) -> Ev
             " annotations = excluded.annotations, state = excluded.state,"
             " starts_ms = excluded.starts_ms, ends_ms = excluded.ends_ms,"
             " changed_ms = excluded.changed_ms WHERE excluded.changed_ms > alerts.changed_ms",
-            (node, alert.fingerprint, alert.name, alert.severity, dumps(alert.labels),
-             dumps(alert.annotations), alert.state, alert.starts_ms,
-             alert.changed_ms if alert.state == "resolved" else None, alert.changed_ms),
-        )  # fmt: skip
+            (
+                node,
+                alert.fingerprint,
+                alert.name,
+                alert.severity,
+                dumps(alert.labels),
+                dumps(alert.annotations),
+                alert.state,
+                alert.starts_ms,
+                alert.changed_ms if alert.state == "resolved" else None,
+                alert.changed_ms,
+            ),
+        )
     return event
 
 
@@ -237,14 +258,20 @@ def counter_rows(metrics: Mapping[str, Any]) -> dict[tuple[str, str], float]:
         row = _mapping(row, "telemetry.models[]")
         version = {"model": text(row.get("model"), 128), "version": text(row.get("version"), 32)}
         for outcome, n in _mapping(row.get("outcomes") or {}, "telemetry.outcomes").items():
-            add("edged_inference_requests_total", {**version, "outcome": text(outcome, 32)},
-                _count(n, "telemetry.outcomes"))  # fmt: skip
+            add(
+                "edged_inference_requests_total",
+                {**version, "outcome": text(outcome, 32)},
+                _count(n, "telemetry.outcomes"),
+            )
         buckets = _mapping(row.get("buckets") or {}, "telemetry.buckets")
         for le, n in buckets.items():
             if le != "+Inf" and not math.isfinite(_le(le)):
                 raise ValueError(f"telemetry.buckets: {text(le, 40)} is not a bound")
-            add("edged_inference_request_duration_seconds_bucket", {**version, "le": le},
-                _count(n, "telemetry.buckets"))  # fmt: skip
+            add(
+                "edged_inference_request_duration_seconds_bucket",
+                {**version, "le": le},
+                _count(n, "telemetry.buckets"),
+            )
         if buckets:
             seconds = row.get("seconds", 0.0)
             if (
@@ -254,13 +281,18 @@ def counter_rows(metrics: Mapping[str, Any]) -> dict[tuple[str, str], float]:
             ):
                 raise ValueError("telemetry.seconds: a number of seconds")
             add("edged_inference_request_duration_seconds_sum", version, float(seconds))
-            add("edged_inference_request_duration_seconds_count", version,
-                _count(buckets.get("+Inf", 0), "telemetry.buckets"))  # fmt: skip
+            add(
+                "edged_inference_request_duration_seconds_count",
+                version,
+                _count(buckets.get("+Inf", 0), "telemetry.buckets"),
+            )
     for model, routes in _mapping(metrics.get("routes") or {}, "telemetry.routes").items():
         for route, n in _mapping(routes, "telemetry.routes[]").items():
-            add("edged_route_decisions_total",
+            add(
+                "edged_route_decisions_total",
                 {"model": text(model, 128), "route": text(route, 32)},
-                _count(n, "telemetry.routes"))  # fmt: skip
+                _count(n, "telemetry.routes"),
+            )
     for model, arms in _mapping(metrics.get("cloud") or {}, "telemetry.cloud").items():
         for arm, figures in _mapping(arms, "telemetry.cloud[]").items():
             figures = _mapping(figures, "telemetry.cloud[][]")
@@ -270,8 +302,11 @@ def counter_rows(metrics: Mapping[str, Any]) -> dict[tuple[str, str], float]:
                 errors = _count(figures.get("errors", 0), "telemetry.cloud.errors")
                 outcomes = {"error": errors, "success": max(0, requests - errors)}
             for outcome, n in _mapping(outcomes, "telemetry.cloud.outcomes").items():
-                labels = {"model": text(model, 128), "cloud_model": text(arm, 128),
-                          "outcome": text(outcome, 32)}  # fmt: skip
+                labels = {
+                    "model": text(model, 128),
+                    "cloud_model": text(arm, 128),
+                    "outcome": text(outcome, 32),
+                }
                 add("edged_cloud_requests_total", labels, _count(n, "telemetry.cloud"))
     for model, arms in _mapping(metrics.get("cloud_ab") or {}, "telemetry.cloud_ab").items():
         for arm, figures in _mapping(arms, "telemetry.cloud_ab[]").items():
@@ -369,7 +404,9 @@ def prune(tx: Tx, now_ms: int, keep_ms: int) -> int:
     """Events and resolved alerts older than ``keep_ms`` forgotten, and telemetry record ids
     older than a day (a record the outbox sends again comes within hours): how many rows."""
     done = tx.execute("DELETE FROM events WHERE arrived < ?", (now_ms - keep_ms,)).rowcount
-    done += tx.execute("DELETE FROM alerts WHERE state = 'resolved' AND ends_ms < ?",
-                       (now_ms - keep_ms,)).rowcount  # fmt: skip
-    return int(done + tx.execute("DELETE FROM records WHERE arrived < ?",
-                                 (now_ms - 86_400_000,)).rowcount)  # fmt: skip
+    done += tx.execute(
+        "DELETE FROM alerts WHERE state = 'resolved' AND ends_ms < ?", (now_ms - keep_ms,)
+    ).rowcount
+    return int(
+        done + tx.execute("DELETE FROM records WHERE arrived < ?", (now_ms - 86_400_000,)).rowcount
+    )

@@ -120,11 +120,13 @@ def serving(
     now = heartbeat.get("models") if newer else None
     if not isinstance(now, dict):
         return born
-    rows = [{**m, "version": now[m["name"]], "state": "READY"} if m["name"] in now else m
-            for m in born]  # fmt: skip
+    rows = [
+        {**m, "version": now[m["name"]], "state": "READY"} if m["name"] in now else m for m in born
+    ]
     named = {m["name"] for m in born}
-    return rows + [{"name": str(n), "version": v, "state": "READY"}
-                   for n, v in now.items() if n not in named]  # fmt: skip
+    return rows + [
+        {"name": str(n), "version": v, "state": "READY"} for n, v in now.items() if n not in named
+    ]
 
 
 def digest_models(entries: list[Any]) -> str:
@@ -148,9 +150,13 @@ def forget_telemetry(tx: Tx, before_ms: int) -> int:
 
 
 class Registry:
-    def __init__(self, store: Store, offline_after_s: float = 30.0,
-                 enrolments: Enrolments | None = None,
-                 checkpoint_s: float = 3600.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        offline_after_s: float = 30.0,
+        enrolments: Enrolments | None = None,
+        checkpoint_s: float = 3600.0,
+    ) -> None:
         self.store, self.offline_after_ms = store, int(offline_after_s * 1000)
         self.enrolments = enrolments or Enrolments(store, None)
         self.checkpoint_ms = int(checkpoint_s * 1000)
@@ -173,8 +179,14 @@ class Registry:
                 try:
                     self._one(tx, msg, watched, done, heartbeats, barred)
                     done.counted[msg.kind] = done.counted.get(msg.kind, 0) + 1
-                except (EnvelopeError, LabelError, ValueError, TypeError, KeyError,
-                        AttributeError) as exc:  # fmt: skip
+                except (
+                    EnvelopeError,
+                    LabelError,
+                    ValueError,
+                    TypeError,
+                    KeyError,
+                    AttributeError,
+                ) as exc:
                     done.poison += 1
                     first = first or f"node {msg.node}, {msg.kind}: {text(exc, 200)}"
             # one statement for the batch's heartbeats: counted when newer than the last; in the
@@ -191,8 +203,9 @@ class Registry:
                 heartbeats,
             )
         if done.poison:  # one line a batch, whatever a node floods
-            log.warning("%d message(s) not of the contract dropped; the first: %s",
-                        done.poison, first)  # fmt: skip
+            log.warning(
+                "%d message(s) not of the contract dropped; the first: %s", done.poison, first
+            )
         return done
 
     @staticmethod
@@ -200,18 +213,25 @@ class Registry:
         done.barred.add(msg.node)
         done.revoked += 1
 
-    def _one(self, tx: Tx, msg: Message, watched: frozenset[str], done: Ingested,
-             heartbeats: list[tuple[Any, ...]], barred: set[str]) -> None:  # fmt: skip
+    def _one(
+        self,
+        tx: Tx,
+        msg: Message,
+        watched: frozenset[str],
+        done: Ingested,
+        heartbeats: list[tuple[Any, ...]],
+        barred: set[str],
+    ) -> None:
         if msg.kind == "desired-models":
             self._desired(tx, msg, done)
             return
         if msg.kind == "enrol":  # a new device's request (its id in cmd_id)
-            done.decisions.append(self.enrolments.request(tx, msg.cmd_id, msg.payload,
-                                                          msg.arrived_ms))  # fmt: skip
+            done.decisions.append(
+                self.enrolments.request(tx, msg.cmd_id, msg.payload, msg.arrived_ms)
+            )
             return
         if msg.kind == "renew":  # a node's next certificate
-            done.decisions.append(self.enrolments.renew(tx, msg.node, msg.payload,
-                                                        msg.arrived_ms))  # fmt: skip
+            done.decisions.append(self.enrolments.renew(tx, msg.node, msg.payload, msg.arrived_ms))
             return
         env = envelope.decode(msg.payload)
         if not 0 <= env.ts < MAX_INT:
@@ -247,8 +267,9 @@ class Registry:
             labels = check_labels(body.get("labels", {}), "status.labels")
             models = [
                 {"name": str(m.get("name")), "version": m.get("version"), "state": m.get("state")}
-                for m in body.get("models", []) if isinstance(m, dict)
-            ]  # fmt: skip
+                for m in body.get("models", [])
+                if isinstance(m, dict)
+            ]
             tx.execute(
                 "INSERT INTO nodes (node, state, reason, status_ts, first_seen, last_seen,"
                 " hardware, software, models, node_labels) VALUES (?, 'online', NULL, ?, ?, ?,"
@@ -258,10 +279,17 @@ class Registry:
                 " node_labels = excluded.node_labels, last_seen = CASE WHEN"
                 " excluded.last_seen > nodes.last_seen THEN excluded.last_seen"
                 " ELSE nodes.last_seen END",
-                (msg.node, env.ts, msg.arrived_ms, msg.arrived_ms,
-                 dumps(_mapping(body.get("hardware"))), dumps(_mapping(body.get("software"))),
-                 dumps(models), dumps(labels)),
-            )  # fmt: skip
+                (
+                    msg.node,
+                    env.ts,
+                    msg.arrived_ms,
+                    msg.arrived_ms,
+                    dumps(_mapping(body.get("hardware"))),
+                    dumps(_mapping(body.get("software"))),
+                    dumps(models),
+                    dumps(labels),
+                ),
+            )
             done.births.add(msg.node)
         else:
             # a will is made when the node connects: offline since it came (the first time)
@@ -271,7 +299,7 @@ class Registry:
                 " state = 'offline', reason = excluded.reason, status_ts = CASE WHEN"
                 " nodes.state = 'offline' THEN nodes.status_ts ELSE excluded.status_ts END",
                 (msg.node, text(reason or ""), msg.arrived_ms, msg.arrived_ms),
-            )  # fmt: skip
+            )
         tx.execute(
             "INSERT INTO history (node, ts, state, reason, arrived) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT DO NOTHING",
@@ -311,18 +339,42 @@ class Registry:
             failed = count(sum(count(outcomes.get(o, 0)) for o in FAILED_OUTCOMES))
             scored = count(row.get("confidence_n") or 0)
             p95 = row.get("p95_ms")
-            rows.append((msg.node, env.ts, str(row["model"]), text(row.get("version"), 32),
-                         count(row.get("requests", 0)), failed,
-                         number(p95) if p95 is not None else None, scored,
-                         number(row.get("confidence_mean") or 0) * scored, 0, 0))  # fmt: skip
+            rows.append(
+                (
+                    msg.node,
+                    env.ts,
+                    str(row["model"]),
+                    text(row.get("version"), 32),
+                    count(row.get("requests", 0)),
+                    failed,
+                    number(p95) if p95 is not None else None,
+                    scored,
+                    number(row.get("confidence_mean") or 0) * scored,
+                    0,
+                    0,
+                )
+            )
         routes_by_model = metrics.get("routes") or {}
         if not isinstance(routes_by_model, dict):
             raise ValueError("telemetry: routes")
         for model, routes in routes_by_model.items():
             if model in watched and isinstance(routes, dict):
                 total = count(sum(count(n) for n in routes.values()))
-                rows.append((msg.node, env.ts, model, "", 0, 0, None, 0, 0.0, total,
-                             count(routes.get("fallback", 0))))  # fmt: skip
+                rows.append(
+                    (
+                        msg.node,
+                        env.ts,
+                        model,
+                        "",
+                        0,
+                        0,
+                        None,
+                        0,
+                        0.0,
+                        total,
+                        count(routes.get("fallback", 0)),
+                    )
+                )
         tx.executemany(
             "INSERT INTO telemetry (node, ts, model, version, requests, failed, p95_ms, conf_n,"
             " conf_sum, routed, fallbacks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -423,10 +475,17 @@ class Registry:
             (name,),
         )
         desired = self.store.query("SELECT models, ts FROM desired WHERE node = ?", (name,))
-        row["desired"] = [
-            {"model": model_of(e), "version": e.get("manifest", {}).get("signed", {}).get(
-                "version")} for e in json.loads(desired[0]["models"])
-        ] if desired else []  # fmt: skip
+        row["desired"] = (
+            [
+                {
+                    "model": model_of(e),
+                    "version": e.get("manifest", {}).get("signed", {}).get("version"),
+                }
+                for e in json.loads(desired[0]["models"])
+            ]
+            if desired
+            else []
+        )
         return row
 
     def history(self, name: str, limit: int = 100) -> list[dict[str, Any]]:
@@ -455,22 +514,30 @@ class Registry:
             if not isinstance(head, dict) or ledger not in ("edged", "uplink"):
                 continue
             seq, value = head.get("seq"), head.get("hash")
-            if (isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq < MAX_INT
-                    or not isinstance(value, str) or not HASH.match(value)):  # fmt: skip
+            if (
+                isinstance(seq, bool)
+                or not isinstance(seq, int)
+                or not 0 < seq < MAX_INT
+                or not isinstance(value, str)
+                or not HASH.match(value)
+            ):
                 continue
             if now_ms - self.kept.get((node, ledger), -self.checkpoint_ms) < self.checkpoint_ms:
                 continue
-            tx.execute("INSERT INTO egress_checkpoints (node, ledger, seq, hash, ts) VALUES"
-                       " (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                       (node, ledger, seq, value, now_ms))  # fmt: skip
+            tx.execute(
+                "INSERT INTO egress_checkpoints (node, ledger, seq, hash, ts) VALUES"
+                " (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (node, ledger, seq, value, now_ms),
+            )
             self.kept[(node, ledger)] = now_ms
 
     def checkpoints(self, node: str, limit: int = 100) -> list[dict[str, Any]]:
         """A node's egress checkpoints, newest first."""
         return self.store.query(
             "SELECT ledger, seq, hash, ts FROM egress_checkpoints WHERE node = ?"
-            " ORDER BY ts DESC, ledger LIMIT ?", (node, limit),
-        )  # fmt: skip
+            " ORDER BY ts DESC, ledger LIMIT ?",
+            (node, limit),
+        )
 
     def prune(self, now_ms: int, events_keep_ms: int, checkpoints_keep_ms: int = 0) -> int:
         """Forget events (and resolved alerts) older than ``events_keep_ms``, telemetry record
@@ -479,8 +546,9 @@ class Registry:
         with self.store.transaction() as tx:
             done = 0
             if checkpoints_keep_ms:
-                done = tx.execute("DELETE FROM egress_checkpoints WHERE ts < ?",
-                                  (now_ms - checkpoints_keep_ms,)).rowcount  # fmt: skip
+                done = tx.execute(
+                    "DELETE FROM egress_checkpoints WHERE ts < ?", (now_ms - checkpoints_keep_ms,)
+                ).rowcount
             return done + observe.prune(tx, now_ms, events_keep_ms)
 
     def counts(self, now_ms: int) -> dict[str, int]:
@@ -497,8 +565,9 @@ class Registry:
         """The most common software of the nodes' births (``versions``) and how many run it."""
         rows = self.store.query(
             "SELECT software, COUNT(*) AS n FROM nodes GROUP BY software"
-            " ORDER BY n DESC, software LIMIT ?", (limit,),
-        )  # fmt: skip
+            " ORDER BY n DESC, software LIMIT ?",
+            (limit,),
+        )
         return [{"versions": json.loads(r["software"]), "n": int(r["n"])} for r in rows]
 
     def serving(self, limit: int = 20) -> list[tuple[tuple[str, str], int]]:
@@ -506,8 +575,10 @@ class Registry:
         version), nodes). Grouped in SQL by the heartbeat's ``models`` (a node sends what it
         sends: what is not an object counts for nothing)."""
         models: dict[tuple[str, str], int] = {}
-        rows = self.store.query(f"SELECT {SERVING[self.store.dialect]} AS m, COUNT(*) AS n"
-                                " FROM nodes WHERE heartbeat IS NOT NULL GROUP BY 1")  # fmt: skip
+        rows = self.store.query(
+            f"SELECT {SERVING[self.store.dialect]} AS m, COUNT(*) AS n"
+            " FROM nodes WHERE heartbeat IS NOT NULL GROUP BY 1"
+        )
         for r in rows:
             served = json.loads(r["m"] or "{}")
             for name, version in _mapping(served).items():
@@ -520,8 +591,9 @@ class Registry:
         where, params = ("WHERE node = ?", (node, limit)) if node else ("", (limit,))
         return self.store.query(
             "SELECT node, id, ts, arrived, priority, level, message FROM events"
-            f" {where} ORDER BY arrived DESC LIMIT ?", params,
-        )  # fmt: skip
+            f" {where} ORDER BY arrived DESC LIMIT ?",
+            params,
+        )
 
 
 def _mapping(value: Any) -> dict[str, Any]:

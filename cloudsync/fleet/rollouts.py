@@ -112,8 +112,19 @@ def check(doc: Any, anchors: dict[str, Any] | None, now_ms: int) -> Rollout:
     """A rollout from an API body (Invalid names the first bad field)."""
     if not isinstance(doc, dict):
         raise Invalid("body: an object {id, manifest, urls, ...}")
-    known = {"id", "manifest", "urls", "selector", "deployment", "stages", "soak_s", "gates",
-             "max_unavailable", "window", "activation_timeout_s"}  # fmt: skip
+    known = {
+        "id",
+        "manifest",
+        "urls",
+        "selector",
+        "deployment",
+        "stages",
+        "soak_s",
+        "gates",
+        "max_unavailable",
+        "window",
+        "activation_timeout_s",
+    }
     unknown = set(doc) - known
     if unknown:
         raise Invalid(f"{sorted(unknown)[0]}: not a field of a rollout")
@@ -123,8 +134,10 @@ def check(doc: Any, anchors: dict[str, Any] | None, now_ms: int) -> Rollout:
     entry = {"manifest": doc.get("manifest"), "urls": doc.get("urls")}
     signed = check_entry(entry, anchors, now_ms)
     if signed.remove:
-        raise Invalid("manifest.signed.remove: a removal is deployed (POST /v1/deployments),"
-                      " not rolled out: there is no version to watch in canaries")  # fmt: skip
+        raise Invalid(
+            "manifest.signed.remove: a removal is deployed (POST /v1/deployments),"
+            " not rolled out: there is no version to watch in canaries"
+        )
     try:
         selector = check_labels(doc.get("selector", {}), "selector")
         window = doc.get("window")
@@ -135,9 +148,13 @@ def check(doc: Any, anchors: dict[str, Any] | None, now_ms: int) -> Rollout:
     if deployment is not None and (not isinstance(deployment, str) or not NAME.match(deployment)):
         raise Invalid("deployment: a deployment's id")
     stages = doc.get("stages", [0.1, 1.0])
-    if (not isinstance(stages, list) or not 1 <= len(stages) <= 10
-            or not all(_number(s) and 0 < s <= 1 for s in stages)
-            or stages != sorted(stages) or stages[-1] != 1):  # fmt: skip
+    if (
+        not isinstance(stages, list)
+        or not 1 <= len(stages) <= 10
+        or not all(_number(s) and 0 < s <= 1 for s in stages)
+        or stages != sorted(stages)
+        or stages[-1] != 1
+    ):
         raise Invalid("stages: 1 to 10 growing shares of the nodes (0-1], the last 1")
     soak_s, timeout_s = doc.get("soak_s", 600.0), doc.get("activation_timeout_s", 600.0)
     if not _number(soak_s) or not 0 <= soak_s <= 7 * 86400:
@@ -156,9 +173,20 @@ def check(doc: Any, anchors: dict[str, Any] | None, now_ms: int) -> Rollout:
             raise TypeError
     except TypeError:
         raise Invalid(f"gates: an object of {', '.join(asdict(Gates()))}, numbers >= 0") from None
-    return Rollout(ident, signed.key, signed.version, entry, selector, deployment,
-                   [float(s) for s in stages], float(soak_s), gates, most, window,
-                   float(timeout_s))  # fmt: skip
+    return Rollout(
+        ident,
+        signed.key,
+        signed.version,
+        entry,
+        selector,
+        deployment,
+        [float(s) for s in stages],
+        float(soak_s),
+        gates,
+        most,
+        window,
+        float(timeout_s),
+    )
 
 
 def with_entry(
@@ -240,8 +268,9 @@ class Rollouts:
     def nodes(self, ident: str) -> list[dict[str, Any]]:
         return self.store.query(
             "SELECT node, stage, state, sent_ts FROM rollout_nodes WHERE rollout = ?"
-            " ORDER BY stage, rank", (ident,),
-        )  # fmt: skip
+            " ORDER BY stage, rank",
+            (ident,),
+        )
 
     def states(self) -> dict[str, int]:
         """How many rollouts are in each state."""
@@ -257,8 +286,10 @@ class Rollouts:
 
     def running(self) -> list[Rollout]:
         """The rollouts that hold their model on their nodes (running, paused, aborting)."""
-        rows = self.store.query("SELECT doc, rev FROM rollouts WHERE state IN ('running',"
-                                " 'paused', 'aborting') ORDER BY id")  # fmt: skip
+        rows = self.store.query(
+            "SELECT doc, rev FROM rollouts WHERE state IN ('running',"
+            " 'paused', 'aborting') ORDER BY id"
+        )
         return [self._load(r) for r in rows]
 
     def held(self) -> dict[str, set[str]]:
@@ -294,8 +325,10 @@ class Rollouts:
         checks and the writes are one transaction under the rollouts' lock (two creates at once
         cannot both take a model's nodes)."""
         if self.deploy_key is None:
-            raise Conflict("the service has no deploy key ([service] deploy_key): it could not"
-                           " sign the rollbacks an abort needs")  # fmt: skip
+            raise Conflict(
+                "the service has no deploy key ([service] deploy_key): it could not"
+                " sign the rollbacks an abort needs"
+            )
         now = self.clock()
         rollout.created_by, rollout.created_ts, rollout.log = actor, now, []
         signed = parse_signed(rollout.entry["manifest"]["signed"])
@@ -318,8 +351,10 @@ class Rollouts:
                 row["node"] for row in busy if json.loads(row["doc"])["model"] == rollout.model
             }
             targets = []
-            for row in tx.rows("SELECT node, node_labels, labels, hardware, state, last_seen"
-                               " FROM nodes ORDER BY node"):  # fmt: skip
+            for row in tx.rows(
+                "SELECT node, node_labels, labels, hardware, state, last_seen"
+                " FROM nodes ORDER BY node"
+            ):
                 labels = {**json.loads(row["node_labels"]), **json.loads(row["labels"])}
                 machine = str(json.loads(row["hardware"]).get("machine", ""))
                 fresh = row["state"] == "online" and row["last_seen"] >= now - self.offline_after_ms
@@ -328,12 +363,20 @@ class Rollouts:
                 ):
                     continue
                 if rollout.deployment is None:
-                    owner = next((d.id for d in deps if selects(d.selector, labels)
-                                  and any(model_of(e) == rollout.model for e in d.models)),
-                                 None)  # fmt: skip
+                    owner = next(
+                        (
+                            d.id
+                            for d in deps
+                            if selects(d.selector, labels)
+                            and any(model_of(e) == rollout.model for e in d.models)
+                        ),
+                        None,
+                    )
                     if owner is not None:
-                        raise Conflict(f"{rollout.model} is given by deployment {owner}: roll"
-                                       f" it out through it (deployment: {owner})")  # fmt: skip
+                        raise Conflict(
+                            f"{rollout.model} is given by deployment {owner}: roll"
+                            f" it out through it (deployment: {owner})"
+                        )
                 if row["node"] in taken:
                     raise Conflict(f"{rollout.model} is in another rollout on {row['node']}")
                 targets.append(row["node"])
@@ -348,8 +391,9 @@ class Rollouts:
                     stage_of.setdefault(node, k)
             made = tx.execute(
                 "INSERT INTO rollouts (id, state, doc, rev) VALUES (?, 'running', '{}', 0)"
-                " ON CONFLICT (id) DO NOTHING", (rollout.id,),
-            )  # fmt: skip
+                " ON CONFLICT (id) DO NOTHING",
+                (rollout.id,),
+            )
             if made.rowcount != 1:
                 raise Conflict(f"rollout {rollout.id} exists")
             tx.executemany(
@@ -357,11 +401,16 @@ class Rollouts:
                 " (?, ?, ?, ?, 'pending')",
                 [(rollout.id, n, i, stage_of[n]) for i, n in enumerate(ranked)],
             )
-            sizes = [sum(1 for s in stage_of.values() if s <= k)
-                     for k in range(len(rollout.stages))]  # fmt: skip
-            self.save(tx, rollout, f"created by {actor} for {len(targets)} nodes: version"
-                      f" {rollout.version} of {rollout.model}, stages of {sizes} nodes,"
-                      f" {rollout.max_unavailable} at a time")  # fmt: skip
+            sizes = [
+                sum(1 for s in stage_of.values() if s <= k) for k in range(len(rollout.stages))
+            ]
+            self.save(
+                tx,
+                rollout,
+                f"created by {actor} for {len(targets)} nodes: version"
+                f" {rollout.version} of {rollout.model}, stages of {sizes} nodes,"
+                f" {rollout.max_unavailable} at a time",
+            )
         return rollout
 
     def act(self, ident: str, action: str, actor: str) -> Rollout:
@@ -394,8 +443,10 @@ class Rollouts:
                 self._abort(tx, rollout, f"aborted by {actor}")
                 return rollout
             else:
-                raise Conflict(f"cannot {action} a rollout that is {state}"
-                               + (f" ({rollout.phase})" if state == "running" else ""))  # fmt: skip
+                raise Conflict(
+                    f"cannot {action} a rollout that is {state}"
+                    + (f" ({rollout.phase})" if state == "running" else "")
+                )
             self.save(tx, rollout, f"{action} by {actor}")
         return rollout
 
@@ -412,8 +463,7 @@ class Rollouts:
             except Stale:  # an operator acted meanwhile: the next turn reads it again
                 log.debug("rollout %s changed during the turn", rollout.id)
             except Exception:
-                log.exception("rollout %s: its turn failed (the next turn tries again)",
-                              rollout.id)  # fmt: skip
+                log.exception("rollout %s: its turn failed (the next turn tries again)", rollout.id)
 
     def advance(self, rollout: Rollout) -> None:
         if rollout.state == "aborting":
@@ -438,15 +488,23 @@ class Rollouts:
         for row in rows:
             if row["state"] in ("sent", "active") and row["step"] in FAILED_STEPS:
                 return self.abort(rollout, f"node {row['node']}: the version {row['step']} there")
-            if (row["state"] == "sent" and row["step"] != "active" and row["fresh"]
-                    and now - row["sent_ts"] > timeout_ms):  # fmt: skip
-                return self.abort(rollout, f"node {row['node']}: not active in"
-                                  f" {rollout.activation_timeout_s:.0f} s")  # fmt: skip
+            if (
+                row["state"] == "sent"
+                and row["step"] != "active"
+                and row["fresh"]
+                and now - row["sent_ts"] > timeout_ms
+            ):
+                return self.abort(
+                    rollout,
+                    f"node {row['node']}: not active in {rollout.activation_timeout_s:.0f} s",
+                )
         activated = [r["node"] for r in stage if r["state"] == "sent" and r["step"] == "active"]
         if activated:
             with self.store.transaction() as tx:
-                tx.executemany("UPDATE rollout_nodes SET state = 'active' WHERE rollout = ?"
-                               " AND node = ?", [(rollout.id, n) for n in activated])  # fmt: skip
+                tx.executemany(
+                    "UPDATE rollout_nodes SET state = 'active' WHERE rollout = ? AND node = ?",
+                    [(rollout.id, n) for n in activated],
+                )
         for row in stage:
             if row["node"] in activated:
                 row["state"] = "active"
@@ -465,9 +523,13 @@ class Rollouts:
             if rollout.phase == "deliver" and rollout.stage < len(rollout.stages) - 1:
                 rollout.phase, rollout.soak_since = "soak", now
                 rollout.soak_until = now + int(rollout.soak_s * 1000)
-                self.save(tx, rollout, f"stage {rollout.stage + 1}: {len(stage) - away} nodes"
-                          f" active{f', {away} offline' if away else ''}; soaking"
-                          f" {rollout.soak_s:.0f} s")  # fmt: skip
+                self.save(
+                    tx,
+                    rollout,
+                    f"stage {rollout.stage + 1}: {len(stage) - away} nodes"
+                    f" active{f', {away} offline' if away else ''}; soaking"
+                    f" {rollout.soak_s:.0f} s",
+                )
                 return
             why = self.gates(rollout) if rollout.phase == "soak" else ""
             if why:  # judged until the soak's very end (and after a pause, again)
@@ -476,8 +538,9 @@ class Rollouts:
                 self._done(tx, rollout, len(rows) - away, away)
             elif now >= rollout.soak_until:
                 rollout.stage, rollout.phase = rollout.stage + 1, "deliver"
-                self.save(tx, rollout, f"stage {rollout.stage}: soaked; stage"
-                          f" {rollout.stage + 1} begins")  # fmt: skip
+                self.save(
+                    tx, rollout, f"stage {rollout.stage}: soaked; stage {rollout.stage + 1} begins"
+                )
 
     @staticmethod
     def _serving(rollout: Rollout, row: dict[str, Any]) -> bool:
@@ -508,11 +571,12 @@ class Rollouts:
             " failed, MAX(CASE WHEN t.requests >= 5 THEN t.p95_ms END) AS p95,"
             " COALESCE(SUM(t.conf_n), 0) AS conf_n, COALESCE(SUM(t.conf_sum), 0) AS conf_sum,"
             " COALESCE(SUM(t.routed), 0) AS routed, COALESCE(SUM(t.fallbacks), 0) AS fallbacks"
-            " FROM telemetry t WHERE t.model = ? AND t.ts >= ? AND t.node " + member +
-            " (SELECT node FROM rollout_nodes WHERE rollout = ? AND state <> 'pending')"
+            " FROM telemetry t WHERE t.model = ? AND t.ts >= ? AND t.node "
+            + member
+            + " (SELECT node FROM rollout_nodes WHERE rollout = ? AND state <> 'pending')"
             + version,
             params + ((str(rollout.version),) if canary else ()),
-        )  # fmt: skip
+        )
         r = rows[0]
         requests, routed, scored = int(r["requests"]), int(r["routed"]), int(r["conf_n"])
         return {
@@ -548,9 +612,11 @@ class Rollouts:
     def _publish(self, rollout: Rollout, node: str, current: list[dict[str, Any]]) -> None:
         if self.publish(node, with_entry(current, rollout.model, rollout.entry)):
             with self.store.transaction() as tx:
-                tx.execute("UPDATE rollout_nodes SET state = 'sent', sent_ts = ? WHERE"
-                           " rollout = ? AND node = ? AND state = 'sending'",
-                           (self.clock(), rollout.id, node))  # fmt: skip
+                tx.execute(
+                    "UPDATE rollout_nodes SET state = 'sent', sent_ts = ? WHERE"
+                    " rollout = ? AND node = ? AND state = 'sending'",
+                    (self.clock(), rollout.id, node),
+                )
 
     def _resend(self, rollout: Rollout, rows: list[dict[str, Any]], now: int) -> None:
         """A node left 'sending' (killed between the two writes) is published again; one
@@ -562,8 +628,12 @@ class Rollouts:
             current = self._current(row["node"])
             if row["state"] == "sent" and rollout.entry in current:
                 continue
-            if self.store.query("SELECT state FROM rollouts WHERE id = ?",
-                                (rollout.id,))[0]["state"] != "running":  # fmt: skip
+            if (
+                self.store.query("SELECT state FROM rollouts WHERE id = ?", (rollout.id,))[0][
+                    "state"
+                ]
+                != "running"
+            ):
                 raise Stale(rollout.id)
             self._publish(rollout, row["node"], current)
 
@@ -573,8 +643,11 @@ class Rollouts:
 
     def _abort(self, tx: Tx, rollout: Rollout, why: str) -> None:
         rollout.state, rollout.why = "aborting", why
-        tx.execute("UPDATE rollout_nodes SET state = 'rollback' WHERE rollout = ? AND state IN"
-                   " ('sending', 'sent', 'active')", (rollout.id,))  # fmt: skip
+        tx.execute(
+            "UPDATE rollout_nodes SET state = 'rollback' WHERE rollout = ? AND state IN"
+            " ('sending', 'sent', 'active')",
+            (rollout.id,),
+        )
         self.save(tx, rollout, f"aborting: {why}")
 
     def _roll_back(self, rollout: Rollout) -> None:
@@ -582,26 +655,37 @@ class Rollouts:
         once sent (killed before, the next runner sends it again: a rollback ``from`` a version
         that is not active does nothing)."""
         if self.deploy_key is None:
-            log.error("rollout %s: cannot roll back without a deploy key ([service]"
-                      " deploy_key): its nodes wait", rollout.id)  # fmt: skip
+            log.error(
+                "rollout %s: cannot roll back without a deploy key ([service]"
+                " deploy_key): its nodes wait",
+                rollout.id,
+            )
             return
         kid, key = self.deploy_key
-        rows = self.store.query("SELECT node, previous FROM rollout_nodes WHERE rollout = ?"
-                                " AND state = 'rollback'", (rollout.id,))  # fmt: skip
+        rows = self.store.query(
+            "SELECT node, previous FROM rollout_nodes WHERE rollout = ? AND state = 'rollback'",
+            (rollout.id,),
+        )
         for row in rows:
             node = row["node"]
             cmd_id, payload = commands.sign(
-                key, kid, self.identity, f"{self.fleet}/{node}", "rollback",
+                key,
+                kid,
+                self.identity,
+                f"{self.fleet}/{node}",
+                "rollback",
                 {"model": rollout.model, "from": rollout.version},
-            )  # fmt: skip
+            )
             if not self.send(node, cmd_id, payload):  # first: the version before serves
                 return  # the broker is away: the next turn
             before = json.loads(row["previous"] or "null")
             if not self.publish(node, with_entry(self._current(node), rollout.model, before)):
                 return
             with self.store.transaction() as tx:
-                tx.execute("UPDATE rollout_nodes SET state = 'rolled-back' WHERE rollout = ?"
-                           " AND node = ?", (rollout.id, node))  # fmt: skip
+                tx.execute(
+                    "UPDATE rollout_nodes SET state = 'rolled-back' WHERE rollout = ? AND node = ?",
+                    (rollout.id, node),
+                )
         with self.store.transaction() as tx:
             rollout.state = "aborted"
             self.save(tx, rollout, f"aborted: {len(rows)} nodes told to roll back")
@@ -610,6 +694,9 @@ class Rollouts:
         rollout.state = "done"
         if rollout.deployment is not None:
             with_entry_in(tx, rollout.deployment, rollout.model, rollout.entry, self.clock())
-        offline = (f"; {away} offline, left pending (a deployment gives it to them when they"
-                   " are back)" if away else "")  # fmt: skip
+        offline = (
+            f"; {away} offline, left pending (a deployment gives it to them when they are back)"
+            if away
+            else ""
+        )
         self.save(tx, rollout, f"done: version {rollout.version} on {count} nodes{offline}")

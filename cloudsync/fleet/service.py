@@ -123,39 +123,55 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.messages = Counter("edgefleet_messages", "messages written, by kind", ["kind"],
-                                registry=r)  # fmt: skip
-        self.poison = Counter("edgefleet_poison_messages", "messages dropped as not of the"
-                              " contract", registry=r)  # fmt: skip
+        self.messages = Counter(
+            "edgefleet_messages", "messages written, by kind", ["kind"], registry=r
+        )
+        self.poison = Counter(
+            "edgefleet_poison_messages", "messages dropped as not of the contract", registry=r
+        )
         self.lag = Histogram(
-            "edgefleet_ingest_lag_seconds", "a heartbeat's age (by its node's clock) when its"
-            " batch is committed",
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r,
-        )  # fmt: skip
-        self.batch = Histogram("edgefleet_ingest_batch_seconds", "one batch's transaction",
-                               registry=r)  # fmt: skip
-        self.queue = Gauge("edgefleet_ingest_queue", "messages waiting for the writer",
-                           registry=r)  # fmt: skip
-        self.runner = Gauge("edgefleet_runner", "1 while this replica holds the runner lease",
-                            registry=r)  # fmt: skip
-        self.published = Counter("edgefleet_desired_published", "desired states published",
-                                 registry=r)  # fmt: skip
-        self.db_errors = Counter("edgefleet_database_errors", "database calls that failed",
-                                 registry=r)  # fmt: skip
-        self.events = Counter("edgefleet_node_events", "nodes' events stored (once each)",
-                              registry=r)  # fmt: skip
-        self.barred = Counter("edgefleet_revoked_messages", "messages of revoked nodes,"
-                              " dropped", registry=r)  # fmt: skip
-        self.kicks = Counter("edgefleet_revoked_sessions_closed", "sessions of revoked nodes"
-                             " the service closed on the broker", registry=r)  # fmt: skip
+            "edgefleet_ingest_lag_seconds",
+            "a heartbeat's age (by its node's clock) when its batch is committed",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.batch = Histogram(
+            "edgefleet_ingest_batch_seconds", "one batch's transaction", registry=r
+        )
+        self.queue = Gauge("edgefleet_ingest_queue", "messages waiting for the writer", registry=r)
+        self.runner = Gauge(
+            "edgefleet_runner", "1 while this replica holds the runner lease", registry=r
+        )
+        self.published = Counter(
+            "edgefleet_desired_published", "desired states published", registry=r
+        )
+        self.db_errors = Counter(
+            "edgefleet_database_errors", "database calls that failed", registry=r
+        )
+        self.events = Counter(
+            "edgefleet_node_events", "nodes' events stored (once each)", registry=r
+        )
+        self.barred = Counter(
+            "edgefleet_revoked_messages", "messages of revoked nodes, dropped", registry=r
+        )
+        self.kicks = Counter(
+            "edgefleet_revoked_sessions_closed",
+            "sessions of revoked nodes the service closed on the broker",
+            registry=r,
+        )
         self.broker_files = Counter(
-            "edgefleet_broker_file_errors", "writes of the broker's CRL or ACL that failed (the"
-            " next full pass tries again), by file", ["file"], registry=r,
-        )  # fmt: skip
+            "edgefleet_broker_file_errors",
+            "writes of the broker's CRL or ACL that failed (the"
+            " next full pass tries again), by file",
+            ["file"],
+            registry=r,
+        )
         self.alert_pushes = Counter(
-            "edgefleet_alertmanager_pushes", "sends of the alerts to Alertmanager, by outcome",
-            ["outcome"], registry=r,
-        )  # fmt: skip
+            "edgefleet_alertmanager_pushes",
+            "sends of the alerts to Alertmanager, by outcome",
+            ["outcome"],
+            registry=r,
+        )
 
 
 class Service:
@@ -169,8 +185,9 @@ class Service:
         if enrol.ca_cert is not None and enrol.ca_key is not None:
             issuer = Issuer(enrol.ca_cert, enrol.ca_key, enrol.cert_days)
         self.enrolments = Enrolments(self.store, issuer, reserved_names(config))
-        self.registry = Registry(self.store, config.service.offline_after_s, self.enrolments,
-                                 config.events.checkpoint_s)  # fmt: skip
+        self.registry = Registry(
+            self.store, config.service.offline_after_s, self.enrolments, config.events.checkpoint_s
+        )
         self.crl_due = 0.0
         self.write_broker_files(strict=True)  # the broker's crlfile is there before it is needed
         self.deployments = Deployments(self.store, clock)
@@ -179,26 +196,43 @@ class Service:
         self.sessions = Sessions(self.store, clock)
         self.leases = Leases(self.store)
         self.rollouts = Rollouts(
-            self.store, self.deployments, self.fleet, self.publish_desired, self.send_command,
-            load_deploy_key(config), config.service.identity, clock,
+            self.store,
+            self.deployments,
+            self.fleet,
+            self.publish_desired,
+            self.send_command,
+            load_deploy_key(config),
+            config.service.identity,
+            clock,
             int(config.service.offline_after_s * 1000),
-        )  # fmt: skip
+        )
         self.abtests = ABTests(
-            self.store, self.fleet, self.send_command, load_deploy_key(config),
-            config.service.identity, clock, int(config.service.offline_after_s * 1000),
-        )  # fmt: skip
+            self.store,
+            self.fleet,
+            self.send_command,
+            load_deploy_key(config),
+            config.service.identity,
+            clock,
+            int(config.service.offline_after_s * 1000),
+        )
         self.reconciler = Reconciler(
             self.store, self.deployments, self.publish_desired, self.rollouts.held
         )
         self.watched: frozenset[str] = frozenset()
         self.watched_at = 0.0
         self.metrics = Metrics()
-        self.series = NodeSeries(self.store, self.fleet,
-                                 int(config.service.offline_after_s * 1000), clock)  # fmt: skip
+        self.series = NodeSeries(
+            self.store, self.fleet, int(config.service.offline_after_s * 1000), clock
+        )
         self.alerting = Alerting(
-            self.store, self.fleet, config.alerts.alertmanagers, config.alerts.resend_s, clock,
-            config.api.public_url, alertmanager_context(config),
-        )  # fmt: skip
+            self.store,
+            self.fleet,
+            config.alerts.alertmanagers,
+            config.alerts.resend_s,
+            clock,
+            config.api.public_url,
+            alertmanager_context(config),
+        )
         ecs = config.events.ecs_file
         self.event_log = EventLog(ecs, self.fleet) if ecs else None
         self.inbox: queue.Queue[tuple[Message, int]] = queue.Queue()
@@ -260,12 +294,18 @@ class Service:
             else:
                 where = parse(message.topic)
                 if where.fleet != self.fleet or where.kind not in (
-                    "status", "heartbeat", "events", "telemetry", "desired-models", "cmd-result",
+                    "status",
+                    "heartbeat",
+                    "events",
+                    "telemetry",
+                    "desired-models",
+                    "cmd-result",
                     "renew",
-                ):  # fmt: skip
+                ):
                     raise TopicError(message.topic)
-                msg = Message(where.kind, where.node, message.payload, self.clock(),
-                              where.cmd_id or "")  # fmt: skip
+                msg = Message(
+                    where.kind, where.node, message.payload, self.clock(), where.cmd_id or ""
+                )
             self.inbox.put((msg, message.mid))
             self.metrics.queue.inc()
         except Exception:  # a poison topic must not end paho's thread
@@ -289,13 +329,13 @@ class Service:
             if now < self.kicked.get(node, 0.0):
                 return
             self.kicked[node] = now + KICK_S
-        threading.Thread(target=self._kick, args=(node,), name=f"kick-{node}",
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(target=self._kick, args=(node,), name=f"kick-{node}", daemon=True).start()
 
     def _kick(self, node: str) -> None:
         cfg = self.config.mqtt
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id(self.fleet, node),
-                             protocol=mqtt.MQTTv5)  # fmt: skip
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id(self.fleet, node), protocol=mqtt.MQTTv5
+        )
         connected = threading.Event()
         client.on_connect = lambda *args: connected.set()
         try:
@@ -317,8 +357,9 @@ class Service:
         """The node's desired state, retained; written as the node's desired state at once
         (the broker's echo, older by its ``seq``, does not undo a later one)."""
         self.seq = max(self.seq + 1, self.clock())
-        payload = envelope.Envelope(self.config.service.identity, self.seq,
-                                    {"models": entries}).encode()  # fmt: skip
+        payload = envelope.Envelope(
+            self.config.service.identity, self.seq, {"models": entries}
+        ).encode()
         info = self.client.publish(Topics(self.fleet, node).desired_models, payload, 1, True)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             return False
@@ -331,8 +372,9 @@ class Service:
         """An enrolment request's answer (not retained: the device waits for it, and asks
         again until it has it)."""
         self.seq = max(self.seq + 1, self.clock())
-        payload = envelope.Envelope(self.config.service.identity, self.seq,
-                                    decision.answer.body()).encode()  # fmt: skip
+        payload = envelope.Envelope(
+            self.config.service.identity, self.seq, decision.answer.body()
+        ).encode()
         if decision.node:  # a renewal: on the node's own topic
             topic = Topics(self.fleet, decision.node).renew_answer
         else:
@@ -561,9 +603,13 @@ class Service:
         properties = Properties(PacketTypes.CONNECT)
         properties.SessionExpiryInterval = cfg.session_expiry_s
         properties.ReceiveMaximum = cfg.receive_maximum
-        self.client.connect_async(cfg.host, cfg.port, keepalive=30,
-                                  clean_start=cfg.session_expiry_s == 0,
-                                  properties=properties)  # fmt: skip
+        self.client.connect_async(
+            cfg.host,
+            cfg.port,
+            keepalive=30,
+            clean_start=cfg.session_expiry_s == 0,
+            properties=properties,
+        )
         self.client.loop_start()
         for target in (self.writer, self.runner, self.alerter):
             thread = threading.Thread(target=target, name=target.__name__, daemon=True)

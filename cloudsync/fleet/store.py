@@ -295,8 +295,9 @@ class Store:
             except psycopg.Error as exc:
                 raise StoreError(f"cannot connect to the database: {exc}") from exc
         else:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None,
-                                   check_same_thread=False)  # fmt: skip
+            conn = sqlite3.connect(
+                self.path, timeout=30, isolation_level=None, check_same_thread=False
+            )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             self.path.chmod(0o600)

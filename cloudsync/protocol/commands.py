@@ -80,9 +80,13 @@ def sign(
     env = Envelope(issuer, ts, body, cmd_id or new_id(), ts, extra={"kid": kid})
     signature = key.sign(canonical(env.as_dict()))
     signed = Envelope(
-        env.node, env.seq, env.body, env.id, env.ts,
+        env.node,
+        env.seq,
+        env.body,
+        env.id,
+        env.ts,
         extra={"kid": kid, "sig": base64.b64encode(signature).decode()},
-    )  # fmt: skip
+    )
     return signed.id, signed.encode()
 
 

@@ -231,8 +231,17 @@ def parse_signed(signed: Any) -> Manifest:
             raise ManifestError("a package manifest lists one file, the .deb (a plain name)")
     elif "deb_version" in signed:
         raise ManifestError("'deb_version' is for package manifests")
-    return Manifest(model, version, tuple(entries), expires, targets, smoke, remove=remove,
-                    kind=str(kind), deb_version=str(deb_version))  # fmt: skip
+    return Manifest(
+        model,
+        version,
+        tuple(entries),
+        expires,
+        targets,
+        smoke,
+        remove=remove,
+        kind=str(kind),
+        deb_version=str(deb_version),
+    )
 
 
 def signers(

@@ -31,8 +31,12 @@ MAX_REQUEST = 1 << 20  # a signed manifest: far less
 MAX_RESULT = 64 << 10
 PACKAGE = "edged"
 # the updater's outcomes, and the delivery step each is reported as
-STEPS = {"committed": "active", "rolled-back": "rolled-back", "refused": "failed",
-         "abandoned": "failed"}  # fmt: skip
+STEPS = {
+    "committed": "active",
+    "rolled-back": "rolled-back",
+    "refused": "failed",
+    "abandoned": "failed",
+}
 
 
 class SpoolError(Exception):
@@ -44,8 +48,11 @@ def installed(package: str = PACKAGE) -> str:
     try:
         done = subprocess.run(
             ["dpkg-query", "-W", "-f=${db:Status-Abbrev} ${Version}", package],
-            capture_output=True, text=True, check=False, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     status, _, version = done.stdout.partition(" ")

@@ -162,8 +162,9 @@ def telemetry(now: Snapshot, before: Snapshot | None) -> dict[str, Any] | None:
     models = []
     for (model, version), outcomes in sorted(per_version.items()):
         count = sum(outcomes.values())
-        buckets = _delta(now.buckets.get((model, version), {}),
-                         base.buckets.get((model, version), {}))  # fmt: skip
+        buckets = _delta(
+            now.buckets.get((model, version), {}), base.buckets.get((model, version), {})
+        )
         seconds = seconds_by_version.get((model, version), 0.0)
         row: dict[str, Any] = {
             "model": model,

@@ -45,8 +45,10 @@ class CloudSplits:
             raise InvalidRequest("'b_cloud_name' must name the cloud model of arm b")
         by = doc.get("decided_by", "edged")
         if by not in ("edged", "fleet"):
-            raise InvalidRequest("'decided_by' must be 'edged' (this node's test decides) or"
-                                 " 'fleet' (the fleet service's)")  # fmt: skip
+            raise InvalidRequest(
+                "'decided_by' must be 'edged' (this node's test decides) or"
+                " 'fleet' (the fleet service's)"
+            )
         rule = {k: doc[k] for k in ("latency_ms", "min_confidence", "min_score") if k in doc}
         for key, value in rule.items():
             most = 3_600_000.0 if key == "latency_ms" else 1.0

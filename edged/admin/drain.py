@@ -28,8 +28,9 @@ class Drain:
         """A drain kept by a previous run holds again."""
         if self.kept.drained is not None:
             self.router.drained = str(self.kept.drained.get("reason") or "drained by the operator")
-            log.warning("the local tier stays drained (since a previous run): %s",
-                        self.router.drained)  # fmt: skip
+            log.warning(
+                "the local tier stays drained (since a previous run): %s", self.router.drained
+            )
 
     def _versions(self) -> list[ModelVersion]:
         return [mv for e in self.manager.entries.values() for mv in e.versions.values()]

@@ -11,8 +11,9 @@ from edged.common.digits import whole
 from edged.common.egress import Ledger, anchors_of, verify
 from edged.common.errors import InvalidRequest, NotFound
 
-EGRESS_QUERY = frozenset({"after", "limit", "request_id", "model", "uid", "kind", "since_ms",
-                          "until_ms"})  # fmt: skip
+EGRESS_QUERY = frozenset(
+    {"after", "limit", "request_id", "model", "uid", "kind", "since_ms", "until_ms"}
+)
 
 
 class EgressLog:
@@ -55,8 +56,11 @@ class EgressLog:
 
         found = await asyncio.to_thread(ledger.entries, numbers.get("after", 0), limit, match)
         more = len(found) == limit
-        return {"entries": found, "next": found[-1]["seq"] if more else None,
-                "head": ledger.head.as_dict()}  # fmt: skip
+        return {
+            "entries": found,
+            "next": found[-1]["seq"] if more else None,
+            "head": ledger.head.as_dict(),
+        }
 
     async def verify(self, checkpoints: list[str]) -> dict[str, Any]:
         """GET /v1/admin/egress/verify[?checkpoint=SEQ:HASH...]: the whole chain walked (the

@@ -56,8 +56,11 @@ class Kept:
             log.error("admin: cannot read %s (%s); starting without its overrides", self.path, exc)
             return False
         self.overrides, self.drained, self.history, self.splits = (
-            overrides, drained, history, splits
-        )  # fmt: skip
+            overrides,
+            drained,
+            history,
+            splits,
+        )
         return True
 
     def save(self, **change: Any) -> None:

@@ -46,8 +46,9 @@ class RoutingOverrides:
         except ConfigError as exc:
             log.error(
                 "admin: the routing overrides no longer fit the config file, so the file's"
-                " settings apply alone until they are changed or reset: %s", exc.message,
-            )  # fmt: skip
+                " settings apply alone until they are changed or reset: %s",
+                exc.message,
+            )
             self.router.configure(base)
 
     def show(self) -> dict[str, Any]:

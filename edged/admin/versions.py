@@ -35,8 +35,14 @@ def version_of(doc: Any, required: bool = True) -> int | None:
 
 
 class Versions:
-    def __init__(self, kept: Kept, manager: ModelManager, staging: Path, keep_versions: int,
-                 ready: Callable[[], bool]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kept: Kept,
+        manager: ModelManager,
+        staging: Path,
+        keep_versions: int,
+        ready: Callable[[], bool],
+    ) -> None:
         """``staging``: where installs are taken from; ``keep_versions``: version directories
         kept on disk per model; ``ready``: whether the first load is done (until then: 503)."""
         self.kept, self.manager, self.staging = kept, manager, staging

@@ -47,15 +47,25 @@ class CappedSite(web.SockSite):
     answer; with ``ssl_context``, a TLS handshake not done in ``handshake_timeout_s`` is
     closed)."""
 
-    def __init__(self, runner: web.AppRunner, sock: Any, limit: int, *,
-                 who: str = "edged", setting: str = "server.max_connections",
-                 ssl_context: ssl.SSLContext | None = None,
-                 handshake_timeout_s: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        sock: Any,
+        limit: int,
+        *,
+        who: str = "edged",
+        setting: str = "server.max_connections",
+        ssl_context: ssl.SSLContext | None = None,
+        handshake_timeout_s: float = 60.0,
+    ) -> None:
         super().__init__(runner, sock, ssl_context=ssl_context)
         self.limit, self.who, self.setting = limit, who, setting
         self.handshake_timeout_s = handshake_timeout_s
         self.busy = b'{"error": "%s has %d connections open, its limit (%s)"}' % (
-            who.encode(), limit, setting.encode())  # fmt: skip
+            who.encode(),
+            limit,
+            setting.encode(),
+        )
         self.refused = 0
         # accepted, not yet connected (aiohttp lists a connection from its connection_made: a
         # step of the loop later, or after the TLS handshake): id -> (protocol, when)
@@ -69,16 +79,23 @@ class CappedSite(web.SockSite):
         # those connected since, connected and closed already (aiohttp's handler lets go of
         # its server then), or never (a handshake that failed) leave the count
         gone = max(10.0, self.handshake_timeout_s)
-        self.pending = {key: (proto, since) for key, (proto, since) in self.pending.items()
-                        if key not in live and now - since < gone
-                        and getattr(proto, "_manager", None) is not None}  # fmt: skip
+        self.pending = {
+            key: (proto, since)
+            for key, (proto, since) in self.pending.items()
+            if key not in live
+            and now - since < gone
+            and getattr(proto, "_manager", None) is not None
+        }
         if len(live) + len(self.pending) >= self.limit:
             self.refused += 1
             if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
                 log.warning(
                     "%s: %d connections open, refused one (%d so far; %s)",
-                    self.who, len(live) + len(self.pending), self.refused, self.setting,
-                )  # fmt: skip
+                    self.who,
+                    len(live) + len(self.pending),
+                    self.refused,
+                    self.setting,
+                )
             return _Refused(self.busy)
         handler = server()
         self.pending[id(handler)] = (handler, now)
@@ -91,9 +108,11 @@ class CappedSite(web.SockSite):
             self._server = await loop.create_server(self._factory, sock=self._sock)
         else:
             self._server = await loop.create_server(
-                self._factory, sock=self._sock, ssl=self._ssl_context,
+                self._factory,
+                sock=self._sock,
+                ssl=self._ssl_context,
                 ssl_handshake_timeout=self.handshake_timeout_s,
-            )  # fmt: skip
+            )
         # A burst of connections waits in the kernel's queue: asyncio's backlog (100) dropped
         # the rest's handshakes, which their clients take as made, so they came (and were
         # counted) seconds late. Not asyncio's own backlog argument: it also accepts that

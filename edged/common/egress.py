@@ -151,8 +151,11 @@ def verify(
     if not report.ok:  # the break is the first thing to show; what it hides, the second
         report.error += f"; the chain verifies up to entry {end}, edged's head is {head.seq}"
         return report
-    return _broken(report, f"the ledger on disk ends at entry {end}, edged's head is"
-                           f" {head.seq}: the file was replaced or truncated")  # fmt: skip
+    return _broken(
+        report,
+        f"the ledger on disk ends at entry {end}, edged's head is"
+        f" {head.seq}: the file was replaced or truncated",
+    )
 
 
 def _walk(directory: Path, anchors: dict[int, str] | None, head: Checkpoint | None) -> Report:
@@ -187,15 +190,24 @@ def _walk(directory: Path, anchors: dict[int, str] | None, head: Checkpoint | No
                 if entry.get("kind") != "genesis":
                     cut = (seq, str(prev))
             if entry.get("seq") != seq + 1:
-                return _broken(report, f"{where}: seq {entry.get('seq')} after {seq}: an entry"
-                                       f" is missing or inserted{_noted(entry)}")  # fmt: skip
+                return _broken(
+                    report,
+                    f"{where}: seq {entry.get('seq')} after {seq}: an entry"
+                    f" is missing or inserted{_noted(entry)}",
+                )
             if entry.get("prev") != prev:
-                return _broken(report, f"{where}: seq {entry.get('seq')}: prev is not the hash"
-                                       f" of seq {seq}{_noted(entry)}")  # fmt: skip
+                return _broken(
+                    report,
+                    f"{where}: seq {entry.get('seq')}: prev is not the hash"
+                    f" of seq {seq}{_noted(entry)}",
+                )
             seq, prev = entry["seq"], entry["hash"]
             if head is not None and seq == head.seq and prev != head.hash:
-                return _broken(report, f"{where}: seq {seq} is not edged's (edged's head there"
-                                       " has another hash): the ledger was rewritten")  # fmt: skip
+                return _broken(
+                    report,
+                    f"{where}: seq {seq} is not edged's (edged's head there"
+                    " has another hash): the ledger was rewritten",
+                )
             report.entries += 1
             if entry.get("kind") == "pruned":
                 pruned.append((int(entry.get("through_seq", 0)), str(entry.get("last_hash"))))
@@ -206,8 +218,11 @@ def _walk(directory: Path, anchors: dict[int, str] | None, head: Checkpoint | No
     report.last = Checkpoint(seq, prev or ZERO)
     if cut is not None:
         if cut not in pruned:
-            return _broken(report, f"the oldest entry left (seq {cut[0] + 1}) follows seq"
-                                   f" {cut[0]}, and no pruned entry records that cut")  # fmt: skip
+            return _broken(
+                report,
+                f"the oldest entry left (seq {cut[0] + 1}) follows seq"
+                f" {cut[0]}, and no pruned entry records that cut",
+            )
         report.pruned_through = cut[0]
     early = [s for s in wanted if s <= report.pruned_through]
     late = [s for s in wanted if s > report.pruned_through]
@@ -282,9 +297,13 @@ class Ledger:
                 why = "a torn last line (the process or the power stopped mid-write)"
                 self.record("recovered", dropped_bytes=torn, why=why)
             if unreadable:  # the file is kept as it is: verify shows where it broke
-                self.record("unreadable-tail", segment=files[-1].name, bytes=unreadable,
-                            why="the segment's last lines are no entries: the chain goes on"
-                                " from its last readable entry, in a new segment")  # fmt: skip
+                self.record(
+                    "unreadable-tail",
+                    segment=files[-1].name,
+                    bytes=unreadable,
+                    why="the segment's last lines are no entries: the chain goes on"
+                    " from its last readable entry, in a new segment",
+                )
         if note:
             self.record(**note)
         return self.head
@@ -302,13 +321,19 @@ class Ledger:
             self.open({"kind": "ledger-off", "by": owner, "why": "[egress] enabled = false"})
             self.close()
             self.enabled = False
-            log.warning("the egress ledger %s is off ([egress] enabled = false): what leaves is"
-                        " not recorded from now on (its last entry says so)",
-                        self.directory)  # fmt: skip
+            log.warning(
+                "the egress ledger %s is off ([egress] enabled = false): what leaves is"
+                " not recorded from now on (its last entry says so)",
+                self.directory,
+            )
         except (OSError, ValueError) as exc:
             self.failed = str(exc)
-            log.error("the egress ledger %s cannot be opened (%s): nothing it would record is"
-                      " sent until it can", self.directory, exc)  # fmt: skip
+            log.error(
+                "the egress ledger %s cannot be opened (%s): nothing it would record is"
+                " sent until it can",
+                self.directory,
+                exc,
+            )
 
     def _resume(self, path: Path) -> tuple[int, int]:
         """The head from a segment's last whole entry, and what was wrong after it: the size
@@ -332,8 +357,13 @@ class Ledger:
             except (ValueError, KeyError, TypeError):
                 good = start
         if good < end:
-            log.error("egress ledger %s: its last %d bytes are no entries; going on from seq %d"
-                      " in a new segment", path.name, end - good, self.head.seq)  # fmt: skip
+            log.error(
+                "egress ledger %s: its last %d bytes are no entries; going on from seq %d"
+                " in a new segment",
+                path.name,
+                end - good,
+                self.head.seq,
+            )
             self._start(self.head.seq + 1)
             return torn, end - good
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -385,12 +415,23 @@ class Ledger:
             assert self.path is not None
             name = self.path.name
             if self.lost != name:
-                log.error("egress ledger %s changed under %s: %s; entries from seq %d go to a"
-                          " new segment whose first entry records this (verify shows the"
-                          " break)", name, self.owner, why, self.head.seq + 1)  # fmt: skip
+                log.error(
+                    "egress ledger %s changed under %s: %s; entries from seq %d go to a"
+                    " new segment whose first entry records this (verify shows the"
+                    " break)",
+                    name,
+                    self.owner,
+                    why,
+                    self.head.seq + 1,
+                )
                 self.lost = name
-            note = {"kind": "replaced", "segment": name, "by": self.owner, "bytes": self.size,
-                    "why": why}  # fmt: skip
+            note = {
+                "kind": "replaced",
+                "segment": name,
+                "by": self.owner,
+                "bytes": self.size,
+                "why": why,
+            }
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             old = self.fd
             try:
@@ -413,8 +454,10 @@ class Ledger:
         if (there.st_dev, there.st_ino) != self.ident:
             return f"another file ({there.st_size} bytes) was put in its place"
         if there.st_size != self.size:
-            return (f"it holds {there.st_size} bytes, edged wrote {self.size} (cut short, or"
-                    " written by another)")  # fmt: skip
+            return (
+                f"it holds {there.st_size} bytes, edged wrote {self.size} (cut short, or"
+                " written by another)"
+            )
         return ""
 
     def _append(self, fields: dict[str, Any], prev: str, seq: int) -> Checkpoint:
@@ -453,10 +496,17 @@ class Ledger:
             return
         nxt = files[len(gone)]
         first = json.loads(nxt.open("rb").readline())  # its first entry's prev: the cut
-        self._append({"kind": "pruned", "segments": [p.name for p in gone],
-                      "through_seq": first["seq"] - 1, "last_hash": first["prev"],
-                      "why": f"over max_bytes ({self.max_bytes})"},
-                     self.head.hash, self.head.seq)  # fmt: skip
+        self._append(
+            {
+                "kind": "pruned",
+                "segments": [p.name for p in gone],
+                "through_seq": first["seq"] - 1,
+                "last_hash": first["prev"],
+                "why": f"over max_bytes ({self.max_bytes})",
+            },
+            self.head.hash,
+            self.head.seq,
+        )
         os.fsync(self.fd)  # the record of the cut is on disk before the files go
         for path in gone:
             path.unlink()

@@ -49,15 +49,18 @@ class Section(BaseModel):
                     continue
                 if new in data:
                     raise PydanticCustomError(
-                        "renamed", "{old} and {new}: {old} is the old name of {new}; keep {new}",
+                        "renamed",
+                        "{old} and {new}: {old} is the old name of {new}; keep {new}",
                         {"old": old, "new": new},
-                    )  # fmt: skip
+                    )
                 data[new] = data.pop(old)
                 notes.append((old, new))
         section = handler(data)
         if notes:
-            section._renamed = [f"{old} is now {new}: rename it (the old name is read in this"
-                                " release only)" for old, new in notes]  # fmt: skip
+            section._renamed = [
+                f"{old} is now {new}: rename it (the old name is read in this release only)"
+                for old, new in notes
+            ]
         return section
 
 

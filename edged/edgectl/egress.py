@@ -89,30 +89,46 @@ def cmd_egress(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
             except ClientError as exc:
                 if exc.status:
                     raise
-                raise ClientError(0, f"{exc.message} (--dir, e.g. /var/lib/edged/egress,"
-                                     " verifies the ledger's files alone, not compared with"
-                                     " edged's head)") from None  # fmt: skip
+                raise ClientError(
+                    0,
+                    f"{exc.message} (--dir, e.g. /var/lib/edged/egress,"
+                    " verifies the ledger's files alone, not compared with"
+                    " edged's head)",
+                ) from None
         last = report["last"]
         text = (
             f"{report['entries']} entries, seq {report['first_seq']} to {last['seq']}, head"
             f" {last['hash']}"
-            + (f"; entries up to seq {report['pruned_through']} pruned (recorded)"
-               if report["pruned_through"] else "")
-            + (f"; a torn last line of {report['torn_bytes']} bytes (no entry)"
-               if report["torn_bytes"] else "")
-            + (f"; checkpoints in the chain: {len(report['anchors'])}" if report["anchors"]
-               else "")
-            + (f"; edged's head (seq {report['edged_head']['seq']}) is in it"
-               if report["edged_head"] else
-               f"; not compared with edged's head ({report.get('alone') or 'it has none'})")
-        )  # fmt: skip
+            + (
+                f"; entries up to seq {report['pruned_through']} pruned (recorded)"
+                if report["pruned_through"]
+                else ""
+            )
+            + (
+                f"; a torn last line of {report['torn_bytes']} bytes (no entry)"
+                if report["torn_bytes"]
+                else ""
+            )
+            + (f"; checkpoints in the chain: {len(report['anchors'])}" if report["anchors"] else "")
+            + (
+                f"; edged's head (seq {report['edged_head']['seq']}) is in it"
+                if report["edged_head"]
+                else f"; not compared with edged's head ({report.get('alone') or 'it has none'})"
+            )
+        )
         if not report["ok"]:
             raise ClientError(500, f"the egress ledger does not verify: {report['error']}")
         return report, f"ok: {text}"
     reply = client.egress(
-        after=args.after, limit=args.limit, request_id=args.request, model=args.model,
-        uid=args.uid, kind=args.kind, since_ms=when_ms(args.since), until_ms=when_ms(args.until),
-    )  # fmt: skip
+        after=args.after,
+        limit=args.limit,
+        request_id=args.request,
+        model=args.model,
+        uid=args.uid,
+        kind=args.kind,
+        since_ms=when_ms(args.since),
+        until_ms=when_ms(args.until),
+    )
     lines = [
         f"{'SEQ':>8} {'TIME (UTC)':<19} {'KIND':<12} {'REQUEST':<20} {'MODEL':<22} {'UID':>6}"
         f" {'ROUTE':<9} {'BYTES':>8} {'SHA256':<12} ENDPOINT"
@@ -139,7 +155,11 @@ def add_parser(sub: Any) -> None:
     egress.add_argument("--kind", help="list: cloud-infer, answer-model, started...")
     egress.add_argument("--since", help="list: from this time (ISO 8601, UTC, or ms)")
     egress.add_argument("--until", help="list: up to this time")
-    egress.add_argument("--checkpoint", action="append", default=[],
-                        help="verify: SEQ:SHA256, one the fleet holds (repeat)")  # fmt: skip
+    egress.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        help="verify: SEQ:SHA256, one the fleet holds (repeat)",
+    )
     egress.add_argument("--dir", help="verify: a copy of the ledger's directory, offline")
     egress.set_defaults(fn=cmd_egress)

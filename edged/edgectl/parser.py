@@ -174,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     task.add_argument("--text", help="free text: the intent model picks the template")
     task.add_argument("--graph", help='a JSON file with the graph ({"nodes": [...]})')
     task.add_argument("-i", "--input", action="append", default=[], help="name=text or name=@file")
-    task.add_argument("--private-input", action="append", default=[],
-                      help="an input that never leaves the device")  # fmt: skip
+    task.add_argument(
+        "--private-input", action="append", default=[], help="an input that never leaves the device"
+    )
     task.add_argument("--deadline-ms", type=int, help="the task's time budget")
     task.add_argument(
         "--progress", action="store_true", help="run: print each node as it starts and finishes"

@@ -33,10 +33,14 @@ def cmd_task(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "list":
         reply = client.call("GET", "/v1/tasks")
         rows = [
-            [t["template"], " -> ".join(n["task"] for n in t["nodes"]),
-             ", ".join(t["inputs"]), ", ".join(t["private_inputs"])]
+            [
+                t["template"],
+                " -> ".join(n["task"] for n in t["nodes"]),
+                ", ".join(t["inputs"]),
+                ", ".join(t["private_inputs"]),
+            ]
             for t in reply["templates"]
-        ]  # fmt: skip
+        ]
         return reply, format_table(rows, ["TEMPLATE", "NODES", "INPUTS", "PRIVATE"])
     if args.graph:
         try:
@@ -63,10 +67,16 @@ def cmd_task(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "explain":
         plan = reply["planned"]
         rows = [
-            [n["id"], n["task"], ", ".join(n["after"]) or "-", "yes" if n["private"] else "no",
-             str(n["deadline_ms"]), _tiers(n["estimate"])]
+            [
+                n["id"],
+                n["task"],
+                ", ".join(n["after"]) or "-",
+                "yes" if n["private"] else "no",
+                str(n["deadline_ms"]),
+                _tiers(n["estimate"]),
+            ]
             for n in plan["nodes"]
-        ]  # fmt: skip
+        ]
         head = f"task {plan['task']}" + (
             f" (read as {plan['intent']['label']}, {plan['intent']['score']:.2f})"
             if plan.get("intent")
@@ -75,11 +85,18 @@ def cmd_task(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         table = format_table(rows, ["NODE", "TASK", "AFTER", "PRIVATE", "DEADLINE_MS", "CAN RUN"])
         return reply, f"{head}\norder: {' -> '.join(plan['order'])}\n{table}"
     rows = [
-        [n["id"], n["task"], n["status"], n.get("route", "-"),
-         f"{n['ended_ms'] - n['started_ms']:.0f}" if n.get("started_ms") is not None
-         and n.get("ended_ms") is not None else "-", n.get("reason") or n.get("error", "")]
+        [
+            n["id"],
+            n["task"],
+            n["status"],
+            n.get("route", "-"),
+            f"{n['ended_ms'] - n['started_ms']:.0f}"
+            if n.get("started_ms") is not None and n.get("ended_ms") is not None
+            else "-",
+            n.get("reason") or n.get("error", ""),
+        ]
         for n in reply["nodes"]
-    ]  # fmt: skip
+    ]
     table = format_table(rows, ["NODE", "TASK", "STATUS", "ROUTE", "MS", "WHY"])
     result = json.dumps(reply["result"], indent=2)
     return reply, f"task {reply['task']}: {reply['status']}\n{table}\n{result}"

@@ -103,12 +103,18 @@ class ChatAnswer:
             return None
         try:
             head = self.ledger.record(
-                "answer-model", request_id=ctx.request_id if ctx else "",
-                uid=ctx.uid if ctx else None, model=self.model, endpoint=self.url,
-                route="cloud", reason="knowledge ask: the answer model",
-                labels={"question": "public", "passages": "public"}, protocol="openai-chat",
-                bytes=len(data), sha256=digest(data),
-            )  # fmt: skip
+                "answer-model",
+                request_id=ctx.request_id if ctx else "",
+                uid=ctx.uid if ctx else None,
+                model=self.model,
+                endpoint=self.url,
+                route="cloud",
+                reason="knowledge ask: the answer model",
+                labels={"question": "public", "passages": "public"},
+                protocol="openai-chat",
+                bytes=len(data),
+                sha256=digest(data),
+            )
         except (OSError, ValueError) as exc:
             raise Unavailable(
                 f"the egress ledger cannot record the question ({exc}): it is not sent"

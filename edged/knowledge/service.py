@@ -248,8 +248,10 @@ class KnowledgeService:
             if self.owners_file is not None:
                 write_atomic(self.owners_file, json.dumps(self.owners).encode(), 0o600)
         if owner != uid and not self.sees_all(uid):
-            raise Forbidden(f"namespace '{namespace}' is private to its owner (uid {owner});"
-                            f" uid {uid} may not use it")  # fmt: skip
+            raise Forbidden(
+                f"namespace '{namespace}' is private to its owner (uid {owner});"
+                f" uid {uid} may not use it"
+            )
 
     def visible(self, metadata: dict[str, Any], uid: int) -> bool:
         """May ``uid`` see a chunk: not private, or its own (one ingested before owners were
@@ -277,15 +279,15 @@ class KnowledgeService:
         # left (the store's nearest are the same ones, and more after them)
         limit = k
         while True:
-            search = partial(KnowledgeStore.search, namespace=namespace, vectors=vectors,
-                             k=limit, where=where)  # fmt: skip
+            search = partial(
+                KnowledgeStore.search, namespace=namespace, vectors=vectors, k=limit, where=where
+            )
             (found,) = await self._call(search, where)
             hits = [h for h in found if self.visible(h.metadata, uid)]
             if len(hits) >= k or len(found) < limit or limit >= MAX_K:
                 break
             limit = min(MAX_K, limit * 4)
-        return {"namespace": namespace, "query": query,
-                "hits": [h.as_dict() for h in hits[:k]]}  # fmt: skip
+        return {"namespace": namespace, "query": query, "hits": [h.as_dict() for h in hits[:k]]}
 
     async def ask(
         self,
@@ -368,8 +370,10 @@ class KnowledgeService:
             found = await self._call(lambda store: store.matching(namespace, ids, source))
             theirs = [i for i, metadata in found if not self.visible(metadata, uid)]
             if theirs:
-                raise Forbidden(f"{len(theirs)} of those chunks are another uid's private"
-                                f" ones; uid {uid} may not delete them")  # fmt: skip
+                raise Forbidden(
+                    f"{len(theirs)} of those chunks are another uid's private"
+                    f" ones; uid {uid} may not delete them"
+                )
         removed = await self._call(lambda store: store.delete(namespace, ids, source))
         return {"namespace": namespace, "deleted": removed}
 

@@ -389,8 +389,9 @@ class KnowledgeStore:
         if ids:
             rows = self.client.get(name, ids=list(ids), output_fields=["metadata"])
         elif source is not None:
-            rows = self.client.query(name, filter=f"source == {json.dumps(source)}",
-                                     output_fields=["metadata"])  # fmt: skip
+            rows = self.client.query(
+                name, filter=f"source == {json.dumps(source)}", output_fields=["metadata"]
+            )
         else:
             raise InvalidRequest("say which chunks to delete: ids or a source")
         return [(str(row["id"]), row.get("metadata") or {}) for row in rows]

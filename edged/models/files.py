@@ -120,8 +120,9 @@ def check_files(directory: Path, files: Any) -> None:
 
 def record(directory: Path, files: list[dict[str, Any]]) -> None:
     """Keep the list ``check_files`` just passed in the version directory (atomically)."""
-    rows = [{"path": _relative(r["path"]), "sha256": r["sha256"], "length": r["length"]}
-            for r in files]  # fmt: skip
+    rows = [
+        {"path": _relative(r["path"]), "sha256": r["sha256"], "length": r["length"]} for r in files
+    ]
     write_atomic(directory / RECORD, json.dumps({"files": rows}, sort_keys=True), 0o640)
 
 

@@ -206,8 +206,10 @@ def remove_model(staging: Path, directory: Path) -> None:
     back (``debian/edged.postinst`` looks for it)."""
     ensure_staging(staging)
     mark = tombstone(directory)
-    mark.write_text("removed by the fleet or an operator; delete this file to let the package"
-                    " seed the model again\n")  # fmt: skip
+    mark.write_text(
+        "removed by the fleet or an operator; delete this file to let the package"
+        " seed the model again\n"
+    )
     _fsync_directory(directory.parent)
     if os.path.lexists(directory):
         _remove_through(staging, directory)

@@ -247,8 +247,11 @@ class ModelManager:
         if pin is not None and pin in on_disk:
             wanted = [pin]
         elif pin is not None:
-            log.error("model %s: its active version %d is not on disk; serving by its version"
-                      " policy", entry.name, pin)  # fmt: skip
+            log.error(
+                "model %s: its active version %d is not on disk; serving by its version policy",
+                entry.name,
+                pin,
+            )
         if not wanted:
             entry.error = f"no version directory in {entry.directory} matches the version policy"
             log.error("model %s: unavailable: %s", entry.name, entry.error)
@@ -280,8 +283,11 @@ class ModelManager:
             if older in entry.ready_versions:
                 log.error(
                     "model %s: version %s damaged on disk; version %d serves until it is"
-                    " installed again", entry.name, ", ".join(map(str, damaged)), older,
-                )  # fmt: skip
+                    " installed again",
+                    entry.name,
+                    ", ".join(map(str, damaged)),
+                    older,
+                )
                 return [older]
         return []
 
@@ -319,8 +325,13 @@ class ModelManager:
             fresh.reason = (
                 exc.message if isinstance(exc, EdgedError) else f"{type(exc).__name__}: {exc}"
             )
-            log.error("model %s version %d: unavailable: %s", entry.name, version, fresh.reason,
-                      extra=damaged_fields(entry.name, fresh))  # fmt: skip
+            log.error(
+                "model %s version %d: unavailable: %s",
+                entry.name,
+                version,
+                fresh.reason,
+                extra=damaged_fields(entry.name, fresh),
+            )
             if current is None or current.state is not State.READY:
                 entry.versions[version] = fresh
             return
@@ -679,8 +690,13 @@ class ModelManager:
                 await mv.runtime.load()
             except Exception as exc:
                 why = exc.message if isinstance(exc, EdgedError) else f"{type(exc).__name__}: {exc}"
-                log.error("model %s version %d: loading again failed: %s", name, mv.version,
-                          why, extra=damaged_fields(name, mv))  # fmt: skip
+                log.error(
+                    "model %s version %d: loading again failed: %s",
+                    name,
+                    mv.version,
+                    why,
+                    extra=damaged_fields(name, mv),
+                )
                 raise Unavailable(
                     f"model '{name}' version {mv.version} was unloaded while idle and cannot"
                     f" load again: {why}"
@@ -688,8 +704,12 @@ class ModelManager:
             mv.asleep = False
             seconds = mv.load_s = time.monotonic() - started
             self.metrics.wake_seconds.labels(name).observe(seconds)
-            log.info("model %s version %d: loaded again on demand in %.0f ms",
-                     name, mv.version, seconds * 1000)  # fmt: skip
+            log.info(
+                "model %s version %d: loaded again on demand in %.0f ms",
+                name,
+                mv.version,
+                seconds * 1000,
+            )
 
     # ---- what pipelines see (runtimes.base.Steps) --------------------------------------------
 

@@ -67,8 +67,12 @@ class Region:
     pid: int
 
     def status(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "offset": self.offset,
-                "byte_size": self.byte_size}  # fmt: skip
+        return {
+            "name": self.name,
+            "key": self.key,
+            "offset": self.offset,
+            "byte_size": self.byte_size,
+        }
 
 
 def may(uid: int, gids: frozenset[int], info: os.stat_result, write: bool) -> bool:
@@ -178,16 +182,20 @@ class Regions:
             os.close(fd)
             raise
         with self.lock:
-            self.regions[(caller.uid, name)] = Region(name, key, offset, byte_size, fd,
-                                                      writable, caller.uid, caller.pid)  # fmt: skip
-        log.info("shared memory: %s registered region %s (%s, %d bytes)", caller, name, key,
-                 byte_size)  # fmt: skip
+            self.regions[(caller.uid, name)] = Region(
+                name, key, offset, byte_size, fd, writable, caller.uid, caller.pid
+            )
+        log.info(
+            "shared memory: %s registered region %s (%s, %d bytes)", caller, name, key, byte_size
+        )
 
     @staticmethod
     def _unopened(key: str, exc: OSError) -> str:
         if isinstance(exc, PermissionError):
-            return (f"key {key}: edged cannot open it (let edged's group read and write it:"
-                    " chgrp edged, mode 0660)")  # fmt: skip
+            return (
+                f"key {key}: edged cannot open it (let edged's group read and write it:"
+                " chgrp edged, mode 0660)"
+            )
         if isinstance(exc, FileNotFoundError):
             return f"key {key}: no such shared-memory file"
         return f"key {key}: cannot be opened ({exc.strerror}; a link is refused)"
@@ -207,8 +215,11 @@ class Regions:
     def status(self, caller: Any, name: str | None) -> list[dict[str, Any]]:
         if caller is None:
             return []
-        found = [r.status() for (uid, n), r in sorted(self.regions.items())
-                 if uid == caller.uid and name in (None, n)]  # fmt: skip
+        found = [
+            r.status()
+            for (uid, n), r in sorted(self.regions.items())
+            if uid == caller.uid and name in (None, n)
+        ]
         if name is not None and not found:
             raise InvalidRequest(f"no shared-memory region '{name}' is registered")
         return found
@@ -297,8 +308,9 @@ class Regions:
             for key in gone:
                 self._drop(self.regions.pop(key))
         if gone:
-            log.info("shared memory: process %d exited; its %d region(s) unregistered", pid,
-                     len(gone))  # fmt: skip
+            log.info(
+                "shared memory: process %d exited; its %d region(s) unregistered", pid, len(gone)
+            )
 
     def _drop(self, region: Region) -> None:
         with contextlib.suppress(OSError):

@@ -80,8 +80,12 @@ def parse_json(body: bytes) -> Any:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 
 
-LENIENT = ("number is infinity", "no low surrogate", "invalid high surrogate",
-           "invalid low surrogate")  # fmt: skip
+LENIENT = (
+    "number is infinity",
+    "no low surrogate",
+    "invalid high surrogate",
+    "invalid low surrogate",
+)
 LENIENT_BYTES = 1 << 20
 
 
@@ -389,8 +393,10 @@ def place(
             raise InvalidRequest(f"output '{wanted.name}': shared memory is for local callers")
         data = to_binary(response.outputs[wanted.name])
         shm.write(wanted.shm, data)
-        placed[wanted.name] = {"shared_memory_region": wanted.shm.region,
-                               "shared_memory_byte_size": len(data)}  # fmt: skip
+        placed[wanted.name] = {
+            "shared_memory_region": wanted.shm.region,
+            "shared_memory_byte_size": len(data),
+        }
     return placed
 
 

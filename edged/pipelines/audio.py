@@ -122,9 +122,13 @@ class LiveVoiceActivity(LiveAudio, VoiceActivity):
         pcm = self.chunk(inputs)
         live = sequence.state
         if not live:
-            live.update(cutter=self.cutter(parameters), state=vad_ops.initial_state(),
-                        context=np.zeros(CONTEXT, np.float32),
-                        tail=np.zeros(0, np.float32), samples=0)  # fmt: skip
+            live.update(
+                cutter=self.cutter(parameters),
+                state=vad_ops.initial_state(),
+                context=np.zeros(CONTEXT, np.float32),
+                tail=np.zeros(0, np.float32),
+                samples=0,
+            )
         audio = np.concatenate([live["tail"], pcm.astype(np.float32) / 32768.0])
         live["samples"] += pcm.size
         if sequence.end and audio.size % CHUNK:  # the last chunk is zero-padded, as a file's

@@ -131,9 +131,14 @@ class WakeWord(LiveAudio):
 
     def _decoder(self) -> Any:
         decoder = self.pocketsphinx.Decoder(
-            hmm=str(self.hmm), dict=str(self.dictionary), lm=None, kws=str(self.keys),
-            kws_plp=self.plp, kws_delay=self.delay, loglevel="FATAL",
-        )  # fmt: skip
+            hmm=str(self.hmm),
+            dict=str(self.dictionary),
+            lm=None,
+            kws=str(self.keys),
+            kws_plp=self.plp,
+            kws_delay=self.delay,
+            loglevel="FATAL",
+        )
         decoder.start_utt()
         return decoder
 
@@ -203,18 +208,26 @@ class WakeWord(LiveAudio):
 
     def _heard(self, live: dict[str, Any]) -> list[Event]:
         base = live["utterance"] / RATE
-        return [("wake", segment.word.strip(), base + segment.start_frame / 100,
-                 base + segment.end_frame / 100)
-                for segment in live["decoder"].seg()]  # fmt: skip
+        return [
+            (
+                "wake",
+                segment.word.strip(),
+                base + segment.start_frame / 100,
+                base + segment.end_frame / 100,
+            )
+            for segment in live["decoder"].seg()
+        ]
 
     async def _answer(
         self, events: list[Event], send: Callable[[Tensors], Awaitable[None]]
     ) -> None:
         for _, phrase, start, end in events:
-            await send({
-                "phrase": bytes_tensor([str(phrase).encode()]),
-                "times": np.array([start, end], dtype=np.float32),
-            })  # fmt: skip
+            await send(
+                {
+                    "phrase": bytes_tensor([str(phrase).encode()]),
+                    "times": np.array([start, end], dtype=np.float32),
+                }
+            )
 
     async def unload(self) -> None:
         shutil.rmtree(getattr(self, "work", ""), ignore_errors=True)
@@ -252,8 +265,14 @@ class VoiceAssistant(WakeWord):
             end = int(events[-1][3] * RATE)
             after = recent[recent.size - max(0, min(recent.size, live["samples"] - end)) :]
             detector = self.pocketsphinx.Endpointer(window=self.endpoint_s, ratio=0.9, vad_mode=3)
-            command = {"start": end, "audio": [], "frames": b"", "spoke": False, "onset": 0.0,
-                       "endpointer": detector}  # fmt: skip
+            command = {
+                "start": end,
+                "audio": [],
+                "frames": b"",
+                "spoke": False,
+                "onset": 0.0,
+                "endpointer": detector,
+            }
             live["command"] = command
             events += self._capture(live, command, after)
         return events
@@ -304,13 +323,15 @@ class VoiceAssistant(WakeWord):
                     )
                     (intent,) = texts_of("intent", found["intent"])
                     score = float(found["score"].reshape(-1)[0])
-            await send({
-                "event": bytes_tensor([b"wake" if kind == "wake" else b"command"]),
-                "text": bytes_tensor([text.encode()]),
-                "intent": bytes_tensor([intent.encode()]),
-                "score": np.array([score], dtype=np.float32),
-                "times": np.array([start, end], dtype=np.float32),
-            })  # fmt: skip
+            await send(
+                {
+                    "event": bytes_tensor([b"wake" if kind == "wake" else b"command"]),
+                    "text": bytes_tensor([text.encode()]),
+                    "intent": bytes_tensor([intent.encode()]),
+                    "score": np.array([score], dtype=np.float32),
+                    "times": np.array([start, end], dtype=np.float32),
+                }
+            )
 
     async def _transcript(self, samples: np.ndarray) -> str:
         out = await self.steps.call(
@@ -334,8 +355,7 @@ class Transcribe(Pipeline):
                 f" (a-z and '), one per line: {bad[:3] or 'none found'}"
             )
         self.phrases = set(phrases)
-        grammar = (f"#JSGF V1.0;\ngrammar commands;\npublic <command> = "
-                   f"{' | '.join(phrases)};\n")  # fmt: skip
+        grammar = f"#JSGF V1.0;\ngrammar commands;\npublic <command> = {' | '.join(phrases)};\n"
         count = self.limit("max_decoders", 2, most=16)  # about 27 MiB each, made now
         self.decoders: asyncio.Queue[Any] = asyncio.Queue()
         for _ in range(count):
@@ -431,8 +451,11 @@ class Holders:
         if len(self.held) >= self.limit:
             now = time.monotonic()
             held = list(self.held.values())  # a snapshot: the garbage collector may drop some
-            idle = [s for s in (ref() for ref in held) if s is not None
-                    and not s.state.get("busy") and now - s.used > self.idle_s]  # fmt: skip
+            idle = [
+                s
+                for s in (ref() for ref in held)
+                if s is not None and not s.state.get("busy") and now - s.used > self.idle_s
+            ]
             if not idle:
                 raise Unavailable(
                     f"model '{self.model}': its {self.limit} decoders are in use (parameter"

@@ -28,8 +28,9 @@ def _sample_text() -> Tensors:
     return {"text": np.array([b"edged warms up this model."], dtype=object)}
 
 
-async def _batched(pipeline: Pipeline, model: str, feeds: Tensors, output: str,
-                   most: int = 0) -> np.ndarray:  # fmt: skip
+async def _batched(
+    pipeline: Pipeline, model: str, feeds: Tensors, output: str, most: int = 0
+) -> np.ndarray:
     """Call ``model`` in slices no larger than its max_batch_size (and ``most`` rows, if
     given) and stack the results."""
     rows = len(next(iter(feeds.values())))

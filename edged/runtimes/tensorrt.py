@@ -121,8 +121,12 @@ class TensorRtRuntime:
             self._release()
             raise
         self.cuda_context.pop()
-        log.info("model %s: TensorRT %s engine ready (%s)", self.config.name, trt.__version__,
-                 "from the cache" if self.cached else "built now")  # fmt: skip
+        log.info(
+            "model %s: TensorRT %s engine ready (%s)",
+            self.config.name,
+            trt.__version__,
+            "from the cache" if self.cached else "built now",
+        )
 
     def _plan(self, trt: Any, logger: Any) -> bytes:
         if self.config.platform == PLAN_PLATFORM:
@@ -165,8 +169,10 @@ class TensorRtRuntime:
         build = builder.create_builder_config()
         build.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
         if self.settings.precision == "int8":
-            log.warning("model %s: the native TensorRT runtime has no INT8 calibration;"
-                        " building FP16", self.config.name)  # fmt: skip
+            log.warning(
+                "model %s: the native TensorRT runtime has no INT8 calibration; building FP16",
+                self.config.name,
+            )
         # platform_has_fast_fp16 is gone from TensorRT 11 (every GPU it supports has it)
         if self.settings.precision != "fp32" and getattr(builder, "platform_has_fast_fp16", True):
             build.set_flag(trt.BuilderFlag.FP16)
@@ -175,8 +181,10 @@ class TensorRtRuntime:
             for name, (low, opt, high) in shapes.items():
                 profile.set_shape(name, low, opt, high)
             build.add_optimization_profile(profile)
-        log.info("model %s: building a TensorRT engine (minutes on a Jetson; cached after)",
-                 self.config.name)  # fmt: skip
+        log.info(
+            "model %s: building a TensorRT engine (minutes on a Jetson; cached after)",
+            self.config.name,
+        )
         plan = builder.build_serialized_network(network, build)
         if plan is None:
             raise ModelLoadError(f"TensorRT could not build an engine for {self.path.name}")

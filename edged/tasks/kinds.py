@@ -189,8 +189,11 @@ def _is_k(value: Any) -> bool:
 
 
 # Node params, checked when the graph is read: what each must be.
-PARAM_RULES = {"namespace": "must be a namespace's name", "k": "must be an integer, 1 to 100",
-               "question": "must be non-empty text"}  # fmt: skip
+PARAM_RULES = {
+    "namespace": "must be a namespace's name",
+    "k": "must be an integer, 1 to 100",
+    "question": "must be non-empty text",
+}
 
 
 async def _search(
@@ -271,12 +274,18 @@ KINDS: dict[str, Kind] = {
         ("query",), ("hits", "context"), _search, params={"namespace": _is_text, "k": _is_k}
     ),
     "ask": Kind(
-        ("question",), ("answer", "sources", "answered_by"), _ask,
+        ("question",),
+        ("answer", "sources", "answered_by"),
+        _ask,
         params={"namespace": _is_text},
     ),
     "answer": Kind(("question",), ("answer",), _answer, optional=("context",), models=("answer",)),
     "report": Kind(
-        ("text",), ("report",), _report, optional=("fields",),
-        params={"question": _is_text}, models=("answer",),
+        ("text",),
+        ("report",),
+        _report,
+        optional=("fields",),
+        params={"question": _is_text},
+        models=("answer",),
     ),
-}  # fmt: skip
+}

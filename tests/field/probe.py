@@ -75,8 +75,10 @@ def missing() -> dict[str, Any]:
     from edged.client import Client, ClientError
 
     request_id = f"field-{secrets.token_hex(4)}"
-    doc = {"id": request_id, "inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
-                                         "data": [0.0]}]}  # fmt: skip
+    doc = {
+        "id": request_id,
+        "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [0.0]}],
+    }
     try:
         Client(REST, timeout=30).call("POST", "/v2/models/no-such-model/infer", doc)
     except ClientError as exc:
@@ -120,8 +122,10 @@ def records(prefix: str, count: int) -> dict[str, Any]:
 
     retries, started = 0, time.monotonic()
     for first in range(0, count, 10):
-        batch = [{"kind": "telemetry", "id": f"{prefix}-{i}", "body": {"prefix": prefix, "i": i}}
-                 for i in range(first, min(first + 10, count))]  # fmt: skip
+        batch = [
+            {"kind": "telemetry", "id": f"{prefix}-{i}", "body": {"prefix": prefix, "i": i}}
+            for i in range(first, min(first + 10, count))
+        ]
         while True:
             try:
                 stored = Client(LOCAL, timeout=30).call("POST", "/v1/records", {"records": batch})
@@ -142,10 +146,13 @@ def api(method: str, path: str, body: str | None) -> dict[str, Any]:
     import urllib.request
 
     with open("/field/admin.token") as token:
-        headers = {"Authorization": f"Bearer {token.read().strip()}",
-                   "Content-Type": "application/json"}  # fmt: skip
-    request = urllib.request.Request(FLEET_API + path, body.encode() if body else None,
-                                     headers, method=method)  # fmt: skip
+        headers = {
+            "Authorization": f"Bearer {token.read().strip()}",
+            "Content-Type": "application/json",
+        }
+    request = urllib.request.Request(
+        FLEET_API + path, body.encode() if body else None, headers, method=method
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return {"status": reply.status, "body": json.loads(reply.read() or b"null")}

@@ -55,8 +55,20 @@ class Network:
         for name in (self.DEVICE, self.FLEET):
             ip("netns", "add", name)
             ip("-n", name, "link", "set", "lo", "up")
-        ip("link", "add", "eth0", "netns", self.DEVICE, "type", "veth", "peer", "name", "eth0",
-           "netns", self.FLEET)  # fmt: skip
+        ip(
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            self.DEVICE,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            self.FLEET,
+        )
         for name, address in ((self.DEVICE, self.DEVICE_ADDRESS), (self.FLEET, self.FLEET_ADDRESS)):
             ip("-n", name, "address", "add", f"{address}/24", "dev", "eth0")
             ip("-n", name, "link", "set", "eth0", "up")
@@ -91,22 +103,28 @@ class Field:
         if root.exists():
             shutil.rmtree(root)
         root.mkdir(parents=True)
-        subprocess.run(["tar", "-x", "--numeric-owner", "-C", str(root), "-f", str(base)],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            ["tar", "-x", "--numeric-owner", "-C", str(root), "-f", str(base)], check=True
+        )
         # nspawn boots a tree only with an os-release and a machine id it may set up itself
         (root / "etc" / "machine-id").write_text("")
         return cls(root, log, netns)
 
     def boot(self, timeout: float = 180) -> str:
         """Start the tree's systemd; return ``systemctl is-system-running`` once it settles."""
-        network = f"--network-namespace-path=/run/netns/{self.netns}" if self.netns else (
-            "--private-network")  # fmt: skip
+        network = (
+            f"--network-namespace-path=/run/netns/{self.netns}"
+            if self.netns
+            else ("--private-network")
+        )
         with self.log.open("ab") as out:
             self.nspawn = subprocess.Popen(
                 [*NSPAWN, network, "-D", str(self.root), "-b"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         deadline = time.monotonic() + timeout
         while not self.init:
             if self.nspawn.poll() is not None or time.monotonic() > deadline:
@@ -122,17 +140,24 @@ class Field:
             time.sleep(0.5)
 
     def run(
-        self, *command: str, user: str | None = None, check: bool = True, timeout: float = 300,
+        self,
+        *command: str,
+        user: str | None = None,
+        check: bool = True,
+        timeout: float = 300,
         input: bytes | None = None,
-    ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    ) -> subprocess.CompletedProcess[str]:
         """``command`` inside the booted tree, as root or as ``user`` (with its groups)."""
         assert self.init, "the tree is not booted"
         as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups"]
         done = subprocess.run(
             ["nsenter", "-t", str(self.init), "-a", "--", *(as_user if user else []), *command],
             input=input.decode() if input is not None else None,
-            capture_output=True, text=True, env=ENV, timeout=timeout,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=timeout,
+        )
         if check and done.returncode != 0:
             raise AssertionError(f"{command} exited {done.returncode}:\n{done.stdout}{done.stderr}")
         return done

@@ -58,8 +58,10 @@ def test_edged_runs_as_its_own_user_under_the_units_umask_and_limits(field: Fiel
 def test_every_fresh_connection_of_an_allowed_user_is_answered(field: Field) -> None:
     rest = field.probe("rest", str(FRESH_REST))
     grpc = field.probe("grpc", str(FRESH_GRPC))
-    print(f"\nfresh connections as alice: REST {rest['answered']}/{FRESH_REST}, "
-          f"gRPC {grpc['answered']}/{FRESH_GRPC}")  # fmt: skip
+    print(
+        f"\nfresh connections as alice: REST {rest['answered']}/{FRESH_REST}, "
+        f"gRPC {grpc['answered']}/{FRESH_GRPC}"
+    )
     assert (rest["answered"], rest["errors"]) == (FRESH_REST, [])
     assert (grpc["answered"], grpc["errors"]) == (FRESH_GRPC, [])
 
@@ -126,8 +128,16 @@ def test_a_hung_edged_is_restarted_by_the_watchdog(field: Field) -> None:
         """When systemd logged the watchdog's timeout (the journal's own time: the polling's
         delay on a busy machine does not count, and no window of the last lines, which the
         restarted edged's own lines would push it out of), in seconds after the SIGSTOP."""
-        lines = field.run("journalctl", "-u", "edged", "-o", "json", "--no-pager", "--since",
-                          f"@{int(stopped) - 1}").stdout  # fmt: skip
+        lines = field.run(
+            "journalctl",
+            "-u",
+            "edged",
+            "-o",
+            "json",
+            "--no-pager",
+            "--since",
+            f"@{int(stopped) - 1}",
+        ).stdout
         for entry in (json.loads(line) for line in lines.splitlines() if line.startswith("{")):
             if "Watchdog timeout" in entry.get("MESSAGE", ""):
                 return int(entry["__REALTIME_TIMESTAMP"]) / 1e6 - stopped
@@ -135,13 +145,19 @@ def test_a_hung_edged_is_restarted_by_the_watchdog(field: Field) -> None:
 
     field.wait("the watchdog", fired, WATCHDOG_S + 60)
     back = field.wait(
-        "a new edged", lambda: field.main_pid("edged.service") not in (0, before) and
-        field.probe("rest", "1")["answered"] == 1, 120,
-    )  # fmt: skip
+        "a new edged",
+        lambda: (
+            field.main_pid("edged.service") not in (0, before)
+            and field.probe("rest", "1")["answered"] == 1
+        ),
+        120,
+    )
     after = fired()
     assert after is not None
-    print(f"\nwatchdog: fired {after:.1f} s after SIGSTOP (WatchdogSec={WATCHDOG_S}), "
-          f"a new edged answering {back:.1f} s after that")  # fmt: skip
+    print(
+        f"\nwatchdog: fired {after:.1f} s after SIGSTOP (WatchdogSec={WATCHDOG_S}), "
+        f"a new edged answering {back:.1f} s after that"
+    )
     assert 0 < after <= WATCHDOG_S + 5
 
 

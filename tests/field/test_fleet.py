@@ -83,8 +83,9 @@ ca_file = "/etc/edged/fleet-ca.pem"
 """
 
 
-def put(tree: Field, path: str, data: bytes | str, owner: str = "root:root", mode: str = "0644"
-        ) -> None:  # fmt: skip
+def put(
+    tree: Field, path: str, data: bytes | str, owner: str = "root:root", mode: str = "0644"
+) -> None:
     """A file into a tree, as an operator puts it there."""
     target = tree.root / path.lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -106,16 +107,22 @@ def node_state(box: Field) -> str | None:
 
 def steps(box: Field) -> list[dict[str, Any]]:
     """The device's delivery reports at the fleet, in the order they came."""
-    return [line["payload"]["body"]["delivery"] for line in received(box)
-            if line.get("topic", "").endswith(f"/{NODE}/events")
-            and "delivery" in line["payload"]["body"]]  # fmt: skip
+    return [
+        line["payload"]["body"]["delivery"]
+        for line in received(box)
+        if line.get("topic", "").endswith(f"/{NODE}/events")
+        and "delivery" in line["payload"]["body"]
+    ]
 
 
 def edged_events(box: Field) -> list[dict[str, Any]]:
     """edged's events (its log at INFO and above) as they reached the fleet."""
-    return [line["payload"]["body"] for line in received(box)
-            if line.get("topic", "").endswith(f"/{NODE}/events")
-            and line["payload"]["body"].get("from") == "edged"]  # fmt: skip
+    return [
+        line["payload"]["body"]
+        for line in received(box)
+        if line.get("topic", "").endswith(f"/{NODE}/events")
+        and line["payload"]["body"].get("from") == "edged"
+    ]
 
 
 def received(box: Field) -> list[dict[str, Any]]:
@@ -139,8 +146,9 @@ def fleet(field: Field, network: Network) -> Iterator[Field]:
         put(box, "/usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", mode="0755")
         box.install(package())
         box.run("rm", "/usr/sbin/policy-rc.d")
-        box.run("systemctl", "disable", "--now", "edged.socket", "edged.service",
-                "edged-updater.path")  # fmt: skip
+        box.run(
+            "systemctl", "disable", "--now", "edged.socket", "edged.service", "edged-updater.path"
+        )
         hosts = f"{Network.FLEET_ADDRESS} {HOST}\n"
         for tree in (box, field):
             with (tree.root / "etc" / "hosts").open("a") as etc_hosts:
@@ -153,17 +161,35 @@ def fleet(field: Field, network: Network) -> Iterator[Field]:
         issue(HOST, ca, pki, "broker", server=True, names=(HOST,))
         issue(OPERATOR, ca, pki, "operator")
         issue(CLAIM, ca, pki, "claim")
-        files = {name: (pki / name).read_bytes() for name in (
-            "ca.pem", "ca.key", "broker.pem", "broker.key", "operator.pem", "operator.key",
-            "claim.pem", "claim.key")}  # fmt: skip
+        files = {
+            name: (pki / name).read_bytes()
+            for name in (
+                "ca.pem",
+                "ca.key",
+                "broker.pem",
+                "broker.key",
+                "operator.pem",
+                "operator.key",
+                "claim.pem",
+                "claim.key",
+            )
+        }
 
         # the broker: Debian's mosquitto.service with the configuration docs/PROTOCOL.md gives
         for name in ("ca.pem", "broker.pem", "broker.key", "operator.pem", "operator.key"):
             put(box, f"{BROKER_PKI}/{name}", files[name], "root:mosquitto", "0640")
         put(box, f"{BROKER_PKI}/acl", ACL, "root:mosquitto", "0640")
-        put(box, "/etc/mosquitto/mosquitto.conf", render_config(
-            PORT, Path(BROKER_PKI), Path(f"{BROKER_PKI}/acl"), Path("/var/lib/mosquitto"),
-            address=Network.FLEET_ADDRESS))  # fmt: skip
+        put(
+            box,
+            "/etc/mosquitto/mosquitto.conf",
+            render_config(
+                PORT,
+                Path(BROKER_PKI),
+                Path(f"{BROKER_PKI}/acl"),
+                Path("/var/lib/mosquitto"),
+                address=Network.FLEET_ADDRESS,
+            ),
+        )
         box.run("systemctl", "restart", "mosquitto.service")
 
         # the database: Debian's cluster, a role for the service's user, its database
@@ -172,9 +198,13 @@ def fleet(field: Field, network: Network) -> Iterator[Field]:
         box.run("runuser", "-u", "postgres", "--", "createdb", "-O", "edgefleet", "fleet")
 
         # the service, as docs/OPERATIONS.md sets it up
-        for name, source in (("ca.pem", "ca.pem"), ("edgefleet.pem", "operator.pem"),
-                             ("edgefleet.key", "operator.key"), ("issuing-ca.pem", "ca.pem"),
-                             ("issuing-ca.key", "ca.key")):  # fmt: skip
+        for name, source in (
+            ("ca.pem", "ca.pem"),
+            ("edgefleet.pem", "operator.pem"),
+            ("edgefleet.key", "operator.key"),
+            ("issuing-ca.pem", "ca.pem"),
+            ("issuing-ca.key", "ca.key"),
+        ):
             put(box, f"/etc/edgefleet/{name}", files[source], "root:edgefleet", "0640")
         put(box, "/etc/edgefleet/edgefleet.toml", EDGEFLEET_TOML)
         public = KEY.public_key().public_bytes(
@@ -184,19 +214,41 @@ def fleet(field: Field, network: Network) -> Iterator[Field]:
         put(field, "/etc/edged/trust/fleet-1.pub", public)
         put(box, "/field/admin.token", TOKENS["admin"], mode="0600")
         box.run("systemctl", "enable", "--now", "edgefleet.service")
-        healthy = box.wait("edgefleet healthy", lambda: api(box, "GET", "/healthz")["status"]
-                           == 200, 120)  # fmt: skip
+        healthy = box.wait(
+            "edgefleet healthy", lambda: api(box, "GET", "/healthz")["status"] == 200, 120
+        )
 
         shutil.copy(Path(__file__).with_name("consume.py"), box.root / "field" / "consume.py")
-        box.run("systemd-run", "--unit=field-consumer", PYTHON, "/field/consume.py", FLEET,
-                HOST, str(PORT), BROKER_PKI, RECEIVED)  # fmt: skip
+        box.run(
+            "systemd-run",
+            "--unit=field-consumer",
+            PYTHON,
+            "/field/consume.py",
+            FLEET,
+            HOST,
+            str(PORT),
+            BROKER_PKI,
+            RECEIVED,
+        )
         shutil.copy(Path(__file__).with_name("cdn.py"), box.root / "field" / "cdn.py")
         (box.root / CDN_ROOT.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        box.run("systemd-run", "--unit=field-cdn", PYTHON, "/field/cdn.py",
-                Network.FLEET_ADDRESS, str(CDN_PORT), f"{BROKER_PKI}/broker.pem",
-                f"{BROKER_PKI}/broker.key", CDN_ROOT, CDN_LOG)  # fmt: skip
-        box.wait("the consumer subscribed", lambda: sum(
-            "subscribed" in line for line in received(box)) == 2, 60)  # fmt: skip
+        box.run(
+            "systemd-run",
+            "--unit=field-cdn",
+            PYTHON,
+            "/field/cdn.py",
+            Network.FLEET_ADDRESS,
+            str(CDN_PORT),
+            f"{BROKER_PKI}/broker.pem",
+            f"{BROKER_PKI}/broker.key",
+            CDN_ROOT,
+            CDN_LOG,
+        )
+        box.wait(
+            "the consumer subscribed",
+            lambda: sum("subscribed" in line for line in received(box)) == 2,
+            60,
+        )
 
         # the device: what the operator places, then cloudsync enabled
         token = api(box, "POST", "/v1/enrolment-tokens", {"node": NODE})
@@ -207,10 +259,13 @@ def fleet(field: Field, network: Network) -> Iterator[Field]:
         put(field, "/etc/edged/enrol.token", token["body"]["token"], "root:edged", "0640")
         put(field, "/etc/edged/cloudsync.toml", CLOUDSYNC_TOML)
         field.run("systemctl", "enable", "--now", "cloudsync.service")
-        online = box.wait("the device online in the fleet service",
-                          lambda: node_state(box) == "online", 180)  # fmt: skip
-        print(f"\nfleet box: edgefleet healthy {healthy:.1f} s after its start; the device "
-              f"enrolled and online {online:.1f} s after cloudsync's")  # fmt: skip
+        online = box.wait(
+            "the device online in the fleet service", lambda: node_state(box) == "online", 180
+        )
+        print(
+            f"\nfleet box: edgefleet healthy {healthy:.1f} s after its start; the device "
+            f"enrolled and online {online:.1f} s after cloudsync's"
+        )
     except BaseException:
         print(box.logs())
         box.poweroff()
@@ -243,8 +298,17 @@ def test_the_device_enrols_and_reports_to_edgefleet_on_postgresql(
     print(f"\nthe node in the fleet service: {json.dumps(node)[:600]}")
     assert (node["fleet"], node["state"]) == (FLEET, "online")
     assert "intent" in json.dumps(node["models"])  # the models its heartbeats say it serves
-    rows = fleet.run("runuser", "-u", "postgres", "--", "psql", "-d", "fleet", "-tAc",
-                     "SELECT node, state FROM nodes").stdout.split()  # fmt: skip
+    rows = fleet.run(
+        "runuser",
+        "-u",
+        "postgres",
+        "--",
+        "psql",
+        "-d",
+        "fleet",
+        "-tAc",
+        "SELECT node, state FROM nodes",
+    ).stdout.split()
     assert rows == [f"{NODE}|online"]  # where the service keeps it: PostgreSQL
     assert failed_units(fleet) == [] and failed_units(field) == []
 
@@ -261,8 +325,11 @@ def test_records_survive_the_cable_a_sigkill_and_a_power_cut(
         assert field.probe("records", "cable-out", "100")["stored"] == 100
         before = field.main_pid("cloudsync.service")
         field.run("systemctl", "kill", "-s", "KILL", "cloudsync.service")
-        field.wait("cloudsync restarted", lambda: field.main_pid("cloudsync.service") not in (
-            0, before), 60)  # fmt: skip
+        field.wait(
+            "cloudsync restarted",
+            lambda: field.main_pid("cloudsync.service") not in (0, before),
+            60,
+        )
         after_kill = field.probe("records", "after-kill", "100")
         assert after_kill["stored"] == 100
         field.power_cut()
@@ -272,8 +339,11 @@ def test_records_survive_the_cable_a_sigkill_and_a_power_cut(
     ids = {f"{prefix}-{i}" for prefix in ("online", "cable-out", "after-kill") for i in range(100)}
 
     def ours() -> list[dict[str, Any]]:
-        return [line["payload"] for line in received(fleet)
-                if line.get("topic", "").endswith(f"/{NODE}/telemetry")]  # fmt: skip
+        return [
+            line["payload"]
+            for line in received(fleet)
+            if line.get("topic", "").endswith(f"/{NODE}/telemetry")
+        ]
 
     took = field.wait("every record at the fleet", lambda: ids <= {r["id"] for r in ours()}, 180)
     records = ours()
@@ -286,9 +356,11 @@ def test_records_survive_the_cable_a_sigkill_and_a_power_cut(
     assert len(streams) == 1, streams.keys()  # one outbox file: one epoch, across the cut
     (numbers,) = streams.values()
     assert numbers == set(range(1, max(numbers) + 1))  # no gap: nothing stored was dropped
-    print(f"\noutbox in the field: 300 records, {len(records) - len(first)} duplicates, "
-          f"{after_kill['retries']} retries while systemd restarted cloudsync; all at the fleet "
-          f"{took:.1f} s after the boot ({state})")  # fmt: skip
+    print(
+        f"\noutbox in the field: 300 records, {len(records) - len(first)} duplicates, "
+        f"{after_kill['retries']} retries while systemd restarted cloudsync; all at the fleet "
+        f"{took:.1f} s after the boot ({state})"
+    )
     assert active(field, "cloudsync.service") and failed_units(field) == []
 
 
@@ -315,8 +387,14 @@ def test_a_model_file_damaged_on_disk_is_refused_and_fetched_again(
     assert created["status"] == 201, created
 
     def step(name: str, after: int = 0) -> dict[str, Any] | None:
-        return next((s for s in steps(fleet)[after:] if s["step"] == name
-                     and (s.get("model"), s.get("version")) == (model, 2)), None)  # fmt: skip
+        return next(
+            (
+                s
+                for s in steps(fleet)[after:]
+                if s["step"] == name and (s.get("model"), s.get("version")) == (model, 2)
+            ),
+            None,
+        )
 
     delivered = fleet.wait("version 2 active on the device", lambda: step("active"), 180)
     onnx = field.root / "var/lib/edged/models" / model / "2" / "model.onnx"
@@ -333,17 +411,27 @@ def test_a_model_file_damaged_on_disk_is_refused_and_fetched_again(
     assert damaged is not None and damaged["why"] == f"on the node: {why}"
     refused = [e for e in edged_events(fleet) if e.get("reason") == "damaged"]
     assert refused and refused[-1]["model"] == model and why in refused[-1]["message"]
-    fallback = [e for e in edged_events(fleet) if "serves until it is installed again" in
-                e.get("message", "")]  # fmt: skip
-    assert fallback and f"model {model}: version 2 damaged on disk; version 1" in (
-        fallback[-1]["message"])  # fmt: skip
+    fallback = [
+        e
+        for e in edged_events(fleet)
+        if "serves until it is installed again" in e.get("message", "")
+    ]
+    assert (
+        fallback
+        and f"model {model}: version 2 damaged on disk; version 1" in (fallback[-1]["message"])
+    )
     versions = field.probe("versions", model, user="carol")
     assert (versions["active"], versions["serving"], versions["damaged"]) == (2, [2], {})
     assert onnx.stat().st_size == size
-    fetched = [json.loads(line) for line in (fleet.root / CDN_LOG.lstrip("/")).read_text(
-        ).splitlines() if f"/{model}/2/model.onnx" in line]  # fmt: skip
+    fetched = [
+        json.loads(line)
+        for line in (fleet.root / CDN_LOG.lstrip("/")).read_text().splitlines()
+        if f"/{model}/2/model.onnx" in line
+    ]
     assert [(f["status"], f["bytes"]) for f in fetched] == [(200, size)] * 2
     assert field.probe("infer")["answers"]["intent"]["intent"] == "image-report"
-    print(f"\na damaged model in the field: version 2 delivered in {delivered:.1f} s; after the "
-          f"power cut and the boot, fetched again and active in {repaired:.1f} s")  # fmt: skip
+    print(
+        f"\na damaged model in the field: version 2 delivered in {delivered:.1f} s; after the "
+        f"power cut and the boot, fetched again and active in {repaired:.1f} s"
+    )
     assert failed_units(field) == []

@@ -59,10 +59,20 @@ class Releases:
         request = self.field.root / "field" / "request.json"
         request.write_text(json.dumps({"manifest": sign(signed, {"fleet-1": self.key})}))
         inside = f"/field/{deb.name}"
-        self.field.run("install", "-o", "edged", "-g", "edged", "-m", "0640", inside,
-                       f"{SPOOL}/{deb.name}")  # fmt: skip
-        self.field.run("install", "-o", "edged", "-g", "edged", "-m", "0640",
-                       "/field/request.json", f"{SPOOL}/.request.json")  # fmt: skip
+        self.field.run(
+            "install", "-o", "edged", "-g", "edged", "-m", "0640", inside, f"{SPOOL}/{deb.name}"
+        )
+        self.field.run(
+            "install",
+            "-o",
+            "edged",
+            "-g",
+            "edged",
+            "-m",
+            "0640",
+            "/field/request.json",
+            f"{SPOOL}/.request.json",
+        )
         self.field.run("mv", f"{SPOOL}/.request.json", f"{SPOOL}/request.json")
         return self.release
 
@@ -137,8 +147,10 @@ def test_a_good_package_commits_and_a_bad_one_rolls_back_by_itself(
     assert installed(field) == f"ii {BUILDS['A'][0]}"
     serving(field)
     assert failed_units(field) == []
-    print(f"\nOTA through edged-updater.path: committed in {took:.1f} s, the bad package rolled "
-          f"back in {back:.1f} s (health window {HEALTH_S} s)")  # fmt: skip
+    print(
+        f"\nOTA through edged-updater.path: committed in {took:.1f} s, the bad package rolled "
+        f"back in {back:.1f} s (health window {HEALTH_S} s)"
+    )
 
 
 def test_a_power_cut_while_dpkg_unpacks_leaves_a_whole_version_after_the_boot(

@@ -66,9 +66,11 @@ def test_the_targets_package_installs_and_serves_on_its_python(suite: str) -> No
         user = tree.run("stat", "-c", "%U", f"/proc/{tree.main_pid('edged.service')}")
         assert user.stdout.strip() == "edged"
         size = int(tree.run("dpkg-query", "-W", "-f", "${Installed-Size}", "edged").stdout)
-        print(f"\n{release} ({where}), Python {python}: package {deb.stat().st_size / 2**20:.0f} "
-              f"MB, installed {size / 1024:.0f} MB; dpkg -i {took:.1f} s, edged answering "
-              f"{ready:.1f} s after; first inferences {answers['seconds']}")  # fmt: skip
+        print(
+            f"\n{release} ({where}), Python {python}: package {deb.stat().st_size / 2**20:.0f} "
+            f"MB, installed {size / 1024:.0f} MB; dpkg -i {took:.1f} s, edged answering "
+            f"{ready:.1f} s after; first inferences {answers['seconds']}"
+        )
         assert failed_units(tree) == []
     finally:
         tree.poweroff()

@@ -20,8 +20,10 @@ from tests.conftest import Cloud, Daemon
 from tests.integration.edged.test_routing import ask, cloud_state, edged_with_cloud, embedding
 
 OTHER = "intent-classifier-other"  # another model of the tier: arm a's version, another name
-SPLIT = (f'[[cloud.models]]\nname = "{MODEL}"\nb_cloud_name = "{MODEL_B}"\nb_share = 0.5\n'
-         f'[[cloud.models]]\nname = "{OTHER}"\ncloud_name = "{MODEL}"\n')  # fmt: skip
+SPLIT = (
+    f'[[cloud.models]]\nname = "{MODEL}"\nb_cloud_name = "{MODEL_B}"\nb_share = 0.5\n'
+    f'[[cloud.models]]\nname = "{OTHER}"\ncloud_name = "{MODEL}"\n'
+)
 
 
 def ask_other(client: Client, i: int) -> str:
@@ -54,7 +56,9 @@ def test_a_failing_arm_b_leaves_arm_a_and_other_models_in_the_cloud(
         if i == 100:  # b's own circuit is what opened (a trial of it may be due)
             running = cloud_state(client)["ab_tests"][MODEL]
             assert (running["a"]["circuit"], running["b"]["circuit"] != "closed") == (
-                "closed", True), running  # fmt: skip
+                "closed",
+                True,
+            ), running
             assert running["b"]["refused"] > 0, running
     routes = {r: sum(row["route"] == r for row in rows) for r in ("cloud", "fallback", "local")}
     forced = [row for row in rows if row["route"] == "local"]
@@ -65,8 +69,10 @@ def test_a_failing_arm_b_leaves_arm_a_and_other_models_in_the_cloud(
     state = cloud_state(client)
     assert state["breaker"] == "closed" and state["breaker_opened"] == 0, state
     test = state["ab_tests"][MODEL]
-    print(f"300 calls, arm b failing: {routes}; a {test['a']}, b {test['b']};"
-          f" other model: {others[:3]}")  # fmt: skip
+    print(
+        f"300 calls, arm b failing: {routes}; a {test['a']}, b {test['b']};"
+        f" other model: {others[:3]}"
+    )
     assert test["decided"] == "a", test
     assert test["a"]["good"] == test["a"]["calls"] and test["b"]["good"] == 0, test
     assert others == ["cloud"] * 30, others
@@ -152,10 +158,20 @@ def test_a_trial_call_that_said_nothing_of_the_arm_gives_its_slot_back() -> None
 
 @pytest.mark.parametrize(
     ("status", "grpc", "arms"),
-    [(503, False, True), (500, False, True), (404, False, True), (500, True, True),
-     (503, True, False), (504, True, False), (502, False, False), (504, False, False),
-     (None, False, False), (400, False, False), (429, False, False)],
-)  # fmt: skip
+    [
+        (503, False, True),
+        (500, False, True),
+        (404, False, True),
+        (500, True, True),
+        (503, True, False),
+        (504, True, False),
+        (502, False, False),
+        (504, False, False),
+        (None, False, False),
+        (400, False, False),
+        (429, False, False),
+    ],
+)
 def test_an_answer_for_the_version_is_the_arms_and_silence_is_the_tiers(
     status: int | None, grpc: bool, arms: bool
 ) -> None:

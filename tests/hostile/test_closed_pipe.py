@@ -29,8 +29,9 @@ sys.exit(tool.main([]))
 def test_a_reader_that_goes_gets_no_traceback(module: str) -> None:
     code = LOUD.format(module=module)
     shell = f"{sys.executable} -c '{code}' | head -n 2; echo \"status ${{PIPESTATUS[0]}}\" >&2"
-    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60,
-                          cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-c", shell], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert done.stdout.splitlines() == ["line 0: " + "x" * 60, "line 1: " + "x" * 60]
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
     assert done.stderr.strip() == "status 141"

@@ -79,9 +79,10 @@ def test_a_full_disk_refuses_new_records_keeps_delivering_and_loses_nothing(
         # deletes need the disk too)
         wait_for(lambda: len(telemetry(consumer)) >= 200, 30, "200 records delivered")
         wait_for(
-            lambda: any(h["outbox"]["disk_full"] for h in heartbeats(consumer)), 10,
+            lambda: any(h["outbox"]["disk_full"] for h in heartbeats(consumer)),
+            10,
             "a heartbeat that says the disk is full",
-        )  # fmt: skip
+        )
         ping_id, ping = sign(key, "fleet-1", OPERATOR, "f1/n1", "ping")
         assert not consumer.publish(NODE.cmd(ping_id), ping).is_failure
         wait_for(lambda: ping_id in _results_by_id(consumer), 10, "the refusal, without outbox")
@@ -109,8 +110,10 @@ def test_a_full_disk_refuses_new_records_keeps_delivering_and_loses_nothing(
         assert all(v["bytes"] > 0 for v in gap["streams"].values())
         report = verify(uplink)
         assert report.ok, report.error
-        print(f"while full: 5 requests refused (507), 200 records delivered; {status['outbox']};"
-              f" unrecorded: {gap['streams']}")  # fmt: skip
+        print(
+            f"while full: 5 requests refused (507), 200 records delivered; {status['outbox']};"
+            f" unrecorded: {gap['streams']}"
+        )
     finally:
         if consumer is not None:
             consumer.close()

@@ -212,23 +212,41 @@ HEADER_CASES = [
     ("Content-Length 1e3", b"{}", {"Content-Length": "1e3"}, 400, "Content-Length"),
     ("Content-Length +2", b"{}", {"Content-Length": "+2"}, 400, "Content-Length"),
     ("Content-Length 5, 6", b"{}", {"Content-Length": "5, 6"}, 400, "Content-Length"),
-    ("Content-Length past 8 MiB", b"{}", {"Content-Length": str(MAX_BODY + 1)}, 413,
-     "Content-Length"),
+    (
+        "Content-Length past 8 MiB",
+        b"{}",
+        {"Content-Length": str(MAX_BODY + 1)},
+        413,
+        "Content-Length",
+    ),
     ("Content-Length of 20 digits", b"{}", {"Content-Length": "9" * 20}, 413, "Content-Length"),
-    ("chunked", b"2\r\n{}\r\n0\r\n\r\n", {"Transfer-Encoding": "chunked"}, 411,
-     "Transfer-Encoding"),
-    ("a body shorter than announced", b'{"records":', {"Content-Length": "100"}, 400,
-     "Content-Length"),
-]  # fmt: skip
+    (
+        "chunked",
+        b"2\r\n{}\r\n0\r\n\r\n",
+        {"Transfer-Encoding": "chunked"},
+        411,
+        "Transfer-Encoding",
+    ),
+    (
+        "a body shorter than announced",
+        b'{"records":',
+        {"Content-Length": "100"},
+        400,
+        "Content-Length",
+    ),
+]
 BODY_CASES = [
     ("an empty body", b"", 400, "empty"),
     ("not JSON", b'{"records": [', 400, "not JSON"),
     ("not UTF-8", b'{"records": [{"kind": "telemetry", "body": {"t": "\xff"}}]}', 400, "UTF-8"),
     ("NaN", b'{"records": [{"kind": "telemetry", "body": {"t": NaN}}]}', 400, "NaN"),
-    ("Infinity", b'{"records": [{"kind": "telemetry", "body": {"t": Infinity}}]}', 400,
-     "Infinity"),
-    ("-Infinity", b'{"records": [{"kind": "telemetry", "body": {"t": -Infinity}}]}', 400,
-     "-Infinity"),
+    ("Infinity", b'{"records": [{"kind": "telemetry", "body": {"t": Infinity}}]}', 400, "Infinity"),
+    (
+        "-Infinity",
+        b'{"records": [{"kind": "telemetry", "body": {"t": -Infinity}}]}',
+        400,
+        "-Infinity",
+    ),
     ("1e400", b'{"records": [{"kind": "telemetry", "body": {"t": 1e400}}]}', 400, "1e400"),
     ("a 400-digit integer", records(record(body={"t": 10**400})), 400, "401 digits"),
     ("nesting past the recursion limit", b"[" * 100_000, 400, "nests too deeply"),
@@ -257,13 +275,25 @@ BODY_CASES = [
     ("body missing", records({"kind": "events"}), 400, "records[0].body"),
     ("body a list", records(record(body=[1])), 400, "records[0].body"),
     ("a lone surrogate", records(record(body={"text": "\ud800"})), 400, "records[0].body.text"),
-    ("a lone surrogate deeper", records(RECORD, record(body={"a": [1, {"b": "x\udfff"}]})), 400,
-     "records[1].body.a[1].b"),
-    ("a lone surrogate in a key", records(record(body={"k\ud800": 1})), 400,
-     'records[0].body["k\\ud800"]'),
-    ("a 300 KB record after a good one", records(RECORD, record(body={"b": BIG})), 413,
-     "records[1].body"),
-]  # fmt: skip
+    (
+        "a lone surrogate deeper",
+        records(RECORD, record(body={"a": [1, {"b": "x\udfff"}]})),
+        400,
+        "records[1].body.a[1].b",
+    ),
+    (
+        "a lone surrogate in a key",
+        records(record(body={"k\ud800": 1})),
+        400,
+        'records[0].body["k\\ud800"]',
+    ),
+    (
+        "a 300 KB record after a good one",
+        records(RECORD, record(body={"b": BIG})),
+        413,
+        "records[1].body",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -340,11 +370,14 @@ def test_get_endpoints_still_answer(agent: Cloudsync) -> None:
 CLEAN_TEXT = st.text(max_size=10)  # what UTF-8 can encode
 TEXT = st.text(st.characters() | st.sampled_from(["\ud800", "\udfff", "\x00"]), max_size=10)
 CLEAN = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | CLEAN_TEXT,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(CLEAN_TEXT, inner, max_size=4),
     max_leaves=16,
-)  # fmt: skip
+)
 SCALAR = (
     st.none()
     | st.booleans()
@@ -428,28 +461,63 @@ def test_fuzzed_documents_get_an_answer_and_a_200_stores_what_it_says(
 # ---- raw bytes -------------------------------------------------------------------------------
 
 LENGTHS = st.sampled_from(
-    [b"-1", b"1e3", b"  5", b"99999999999999999999", b"0", b"5", b"abc", b"", b"5, 6", b"\xb2",
-     b"0x10", b"+5", b"4" * 30, b"5\r\n Content-Length: 6"]
-) | st.integers(0, 120).map(lambda n: str(n).encode())  # fmt: skip
+    [
+        b"-1",
+        b"1e3",
+        b"  5",
+        b"99999999999999999999",
+        b"0",
+        b"5",
+        b"abc",
+        b"",
+        b"5, 6",
+        b"\xb2",
+        b"0x10",
+        b"+5",
+        b"4" * 30,
+        b"5\r\n Content-Length: 6",
+    ]
+) | st.integers(0, 120).map(lambda n: str(n).encode())
 HEADER = st.sampled_from(
-    [b"Transfer-Encoding: chunked", b"Expect: 100-continue", b"Connection: keep-alive",
-     b"X: " + b"y" * 70_000, b"Host: c", b"no colon", b": empty name", b"\x00: \xff"]
-) | st.builds(lambda v: b"Content-Length: " + v, LENGTHS)  # fmt: skip
+    [
+        b"Transfer-Encoding: chunked",
+        b"Expect: 100-continue",
+        b"Connection: keep-alive",
+        b"X: " + b"y" * 70_000,
+        b"Host: c",
+        b"no colon",
+        b": empty name",
+        b"\x00: \xff",
+    ]
+) | st.builds(lambda v: b"Content-Length: " + v, LENGTHS)
 RAW_REQUEST = st.builds(
     lambda method, path, version, headers, body, cut: (
-        method + b" " + path + version + b"\r\n" + b"".join(h + b"\r\n" for h in headers)
-        + b"\r\n" + body
+        method
+        + b" "
+        + path
+        + version
+        + b"\r\n"
+        + b"".join(h + b"\r\n" for h in headers)
+        + b"\r\n"
+        + body
     )[: cut or None],
     st.sampled_from([b"POST", b"GET", b"PUT", b"HEAD", b"\x00", b"G\xffT", b"PRI", b""]),
     st.sampled_from(
-        [b"/v1/records", b"/v1/status", b"/metrics", b"*", b"/\xff", b"//v1/records",
-         b"/" + b"x" * 70_000]
+        [
+            b"/v1/records",
+            b"/v1/status",
+            b"/metrics",
+            b"*",
+            b"/\xff",
+            b"//v1/records",
+            b"/" + b"x" * 70_000,
+        ]
     ),
     st.sampled_from([b" HTTP/1.1", b" HTTP/1.0", b" HTTP/2.0", b" HTTP/1.x", b"", b" http/1.1"]),
     st.lists(HEADER, max_size=4),
     st.binary(max_size=64) | st.just(records(RECORD)) | st.builds(records, JSON),
     st.none() | st.integers(1, 200),
-)  # fmt: skip
+)
 FUZZED = {"requests": 0, "whole": 0, "answered": 0, "dropped": 0, "waited": 0}
 
 
@@ -554,8 +622,9 @@ def local_api(tmp_path: Path) -> Iterator[Path]:
     """An in-process LocalServer over a real outbox, with a 0.5 s read timeout (cloudsync's
     own is 30 s: too long to wait for here)."""
     outbox = Outbox(tmp_path / "outbox.db")
-    server = LocalServer(tmp_path / "api.sock", 0o600, outbox, lambda: {"ok": True},
-                         lambda: b"", read_timeout_s=0.5)  # fmt: skip
+    server = LocalServer(
+        tmp_path / "api.sock", 0o600, outbox, lambda: {"ok": True}, lambda: b"", read_timeout_s=0.5
+    )
     thread = server.start()
     yield tmp_path / "api.sock"
     server.shutdown()

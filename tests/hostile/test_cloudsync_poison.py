@@ -34,14 +34,32 @@ from tests.conftest import wait_for
 from tests.mosquitto import OPERATOR, Broker
 
 SURROGATE = "\ud800"  # json.dumps writes it as the escape \ud800: valid JSON, no valid UTF-8
-STRING_FIELDS = [("id",), ("node",), ("kid",), ("sig",), ("body", "name"), ("body", "target"),
-                 ("body", "nonce")]  # fmt: skip
+STRING_FIELDS = [
+    ("id",),
+    ("node",),
+    ("kid",),
+    ("sig",),
+    ("body", "name"),
+    ("body", "target"),
+    ("body", "nonce"),
+]
 WRONG_TYPES: list[tuple[tuple[str, ...], Any]] = [
-    (("v",), "1"), (("id",), 5), (("ts",), "now"), (("ts",), -1), (("node",), []),
-    (("seq",), 1.5), (("body",), []), (("kid",), 5), (("sig",), None), (("body", "name"), 5),
-    (("body", "args"), []), (("body", "target"), {"f1": "n1"}), (("body", "exp"), "soon"),
-    (("body", "nonce"), 0), (("ts",), 10**30),
-]  # fmt: skip
+    (("v",), "1"),
+    (("id",), 5),
+    (("ts",), "now"),
+    (("ts",), -1),
+    (("node",), []),
+    (("seq",), 1.5),
+    (("body",), []),
+    (("kid",), 5),
+    (("sig",), None),
+    (("body", "name"), 5),
+    (("body", "args"), []),
+    (("body", "target"), {"f1": "n1"}),
+    (("body", "exp"), "soon"),
+    (("body", "nonce"), 0),
+    (("ts",), 10**30),
+]
 
 
 def rss_kib(pid: int) -> int:
@@ -127,8 +145,15 @@ def trust_poison() -> list[bytes]:
         return json.dumps(doc).encode()
 
     key = base64.b64encode(bytes(32)).decode()
-    signed = {"type": "trust", "spec": 1, "version": 1, "threshold": 1, "expires": 2**62,
-              "keys": {"k": {"public": key}}, "revoked": []}  # fmt: skip
+    signed = {
+        "type": "trust",
+        "spec": 1,
+        "version": 1,
+        "threshold": 1,
+        "expires": 2**62,
+        "keys": {"k": {"public": key}},
+        "revoked": [],
+    }
     return [
         b"\xff\xfe",
         b"{" * 100_000,
@@ -213,8 +238,10 @@ def test_poison_on_every_topic_is_refused_once_and_cloudsync_lives_on(
         assert agent.proc.poll() is None and agent.proc.pid == pid
         assert status["poison_messages"] == 0 and status["thread_restarts"] == {}, status
         grew = rss_kib(pid) - rss_before
-        print(f"{len(poison) + 2} command and {len(deliveries)} desired-state poison messages;"
-              f" RSS +{grew} KiB")  # fmt: skip
+        print(
+            f"{len(poison) + 2} command and {len(deliveries)} desired-state poison messages;"
+            f" RSS +{grew} KiB"
+        )
         assert grew < 64 << 10
 
 
@@ -266,16 +293,16 @@ def _results_by_id(client: SyncClient) -> dict[str, list[dict[str, Any]]]:
 
 def _alerts(client: SyncClient) -> list[dict[str, Any]]:
     return [
-        e.body for _, e in _from_node(client, "events")
-        if e.body.get("alert") == "command refused"
-    ]  # fmt: skip
+        e.body for _, e in _from_node(client, "events") if e.body.get("alert") == "command refused"
+    ]
 
 
 def _refused_deliveries(client: SyncClient) -> list[dict[str, Any]]:
     return [
-        e.body["delivery"] for _, e in _from_node(client, "events")
+        e.body["delivery"]
+        for _, e in _from_node(client, "events")
         if e.body.get("delivery", {}).get("step") == "refused"
-    ]  # fmt: skip
+    ]
 
 
 def _trust_refused(client: SyncClient) -> list[dict[str, Any]]:

@@ -77,11 +77,14 @@ def test_every_refused_call_is_a_failure_and_none_is_a_success(
         ("an unknown input", {"inputs": [{**ROW, "name": "z"}]}, None),
         ("an unknown version", {"inputs": [ROW]}, "9"),
         ("an input in a region nobody registered", {"inputs": [shared]}, None),
-        ("an output to a region nobody registered",
-         {"inputs": [ROW], "outputs": [{"name": "y", "parameters": NOWHERE}]}, None),
+        (
+            "an output to a region nobody registered",
+            {"inputs": [ROW], "outputs": [{"name": "y", "parameters": NOWHERE}]},
+            None,
+        ),
         ("a bad priority", {"inputs": [ROW], "parameters": {"priority": "high"}}, None),
         ("an unknown output", {"inputs": [ROW], "outputs": [{"name": "nope"}]}, None),
-    ]  # fmt: skip
+    ]
     for why, doc, version in refused:
         with pytest.raises(ClientError) as answer:
             client.infer_json(MODEL, doc, version=version)
@@ -102,8 +105,13 @@ def test_every_refused_call_is_a_failure_and_none_is_a_success(
     moved = {key: after[key] - before[key] for key in after}
     # every one failed; only the unknown output's ran (the model answered, edged refused the
     # answer): an execution of one row, a failed call all the same
-    assert moved == {"success": 0, "fail": len(refused) + 2, "queue": 1, "inference_count": 1,
-                     "execution_count": 1}, moved  # fmt: skip
+    assert moved == {
+        "success": 0,
+        "fail": len(refused) + 2,
+        "queue": 1,
+        "inference_count": 1,
+        "execution_count": 1,
+    }, moved
 
     # and a call that runs is one success, one execution of one row
     assert client.infer_json(MODEL, {"inputs": [ROW]})["outputs"][0]["data"] == [2.0, 4.0]
@@ -131,8 +139,10 @@ def test_warm_ups_and_smoke_tests_are_not_callers_calls(
     assert figures(stats(client, MODEL)["1"]) == nobody
 
     # a caller's call of the pipeline counts there, and its step's call at the step
-    client.infer_json("text-embedding", {"inputs": [
-        {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]})  # fmt: skip
+    client.infer_json(
+        "text-embedding",
+        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]},
+    )
     assert figures(stats(client, "text-embedding")["1"])["success"] == 1
     step = figures(stats(client, "text-encoder")["1"])
     assert (step["success"], step["execution_count"], step["inference_count"]) == (1, 1, 1)

@@ -82,19 +82,35 @@ def error_lines(daemon: Daemon) -> list[str]:
 
 
 PATHS = [
-    "/v2/models/intent/infer", "/v2/models/text-encoder/infer", "/v2/models/ocr/infer",
-    "/v2/models/vad/versions/1/infer", "/v2/models/intent/versions/99999999999999999999/infer",
-    "/v2/models/vad-segments/infer", "/v2/models/wake-word/stream",
-    "/v2/models/vad-live/stream?threshold=2", "/v2/models/intent/stream",
+    "/v2/models/intent/infer",
+    "/v2/models/text-encoder/infer",
+    "/v2/models/ocr/infer",
+    "/v2/models/vad/versions/1/infer",
+    "/v2/models/intent/versions/99999999999999999999/infer",
+    "/v2/models/vad-segments/infer",
+    "/v2/models/wake-word/stream",
+    "/v2/models/vad-live/stream?threshold=2",
+    "/v2/models/intent/stream",
     "/v2/models/voice-assistant/stream",
-    "/v1/intent", "/v1/embed", "/v1/ocr", "/v1/vad",
-    "/v1/tasks", "/v1/kb/ns/search",
-    "/v1/events?after=" + "9" * 5000, "/v2/models/%00/infer", "/v2/models/" + "a" * 5000,
-    "/v2/repository/index", "/v1/tasks?stream=true", "/v2/models/stats",
-    "/v2/systemsharedmemory/region/r/register", "/v2/systemsharedmemory/region/%2e%2e/register",
-    "/v2/systemsharedmemory/status", "/v2/systemsharedmemory/region/r/unregister",
-    "/v2/systemsharedmemory/unregister", "/v2/cudasharedmemory/region/r/register",
-]  # fmt: skip
+    "/v1/intent",
+    "/v1/embed",
+    "/v1/ocr",
+    "/v1/vad",
+    "/v1/tasks",
+    "/v1/kb/ns/search",
+    "/v1/events?after=" + "9" * 5000,
+    "/v2/models/%00/infer",
+    "/v2/models/" + "a" * 5000,
+    "/v2/repository/index",
+    "/v1/tasks?stream=true",
+    "/v2/models/stats",
+    "/v2/systemsharedmemory/region/r/register",
+    "/v2/systemsharedmemory/region/%2e%2e/register",
+    "/v2/systemsharedmemory/status",
+    "/v2/systemsharedmemory/region/r/unregister",
+    "/v2/systemsharedmemory/unregister",
+    "/v2/cudasharedmemory/region/r/register",
+]
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
     lambda inner: (
@@ -114,25 +130,43 @@ def documents(draw: st.DrawFn) -> bytes:
             "datatype": draw(st.sampled_from(["BYTES", "INT64", "FP32", "BOOL", "FP16", "?"])),
             "shape": draw(st.lists(st.integers(-1, 2**31), max_size=3) | JSON),
             "data": draw(JSON),
-            "parameters": draw(st.none() | st.fixed_dictionaries({
-                "shared_memory_region": st.sampled_from(["r", "", "../x"]) | JSON,
-                "shared_memory_byte_size": st.integers(-1, 2**63) | JSON,
-                "shared_memory_offset": st.integers(-1, 2**63) | JSON,
-            })),
-        }  # fmt: skip
+            "parameters": draw(
+                st.none()
+                | st.fixed_dictionaries(
+                    {
+                        "shared_memory_region": st.sampled_from(["r", "", "../x"]) | JSON,
+                        "shared_memory_byte_size": st.integers(-1, 2**63) | JSON,
+                        "shared_memory_offset": st.integers(-1, 2**63) | JSON,
+                    }
+                )
+            ),
+        }
         doc: Any = {"inputs": [tensor], "parameters": draw(JSON), "outputs": draw(JSON)}
     elif kind == "task":
-        doc = {"template": draw(st.sampled_from(["ask", "search", "image-report", "x"])),
-               "inputs": draw(JSON), "private": draw(JSON), "deadline_ms": draw(JSON)}  # fmt: skip
+        doc = {
+            "template": draw(st.sampled_from(["ask", "search", "image-report", "x"])),
+            "inputs": draw(JSON),
+            "private": draw(JSON),
+            "deadline_ms": draw(JSON),
+        }
     elif kind == "graph":
-        node = {"id": draw(st.text(max_size=4)), "task": draw(st.sampled_from(
-            ["ocr", "intent", "extract", "report", "x"])), "inputs": draw(JSON)}  # fmt: skip
+        node = {
+            "id": draw(st.text(max_size=4)),
+            "task": draw(st.sampled_from(["ocr", "intent", "extract", "report", "x"])),
+            "inputs": draw(JSON),
+        }
         doc = {"graph": {"nodes": [node, draw(JSON)]}, "inputs": draw(JSON)}
     elif kind == "shm":  # a region: keys that are not one name, sizes past any file
-        doc = {"key": draw(st.sampled_from(["/x", "/../etc/passwd", "", "/" + "a" * 300,
-                                            "/dev/shm/x", "x\x00y"]) | JSON),
-               "offset": draw(st.integers(-1, 2**63) | JSON),
-               "byte_size": draw(st.integers(-1, 2**63) | JSON)}  # fmt: skip
+        doc = {
+            "key": draw(
+                st.sampled_from(
+                    ["/x", "/../etc/passwd", "", "/" + "a" * 300, "/dev/shm/x", "x\x00y"]
+                )
+                | JSON
+            ),
+            "offset": draw(st.integers(-1, 2**63) | JSON),
+            "byte_size": draw(st.integers(-1, 2**63) | JSON),
+        }
     elif kind == "texts":
         doc = {"texts": draw(st.lists(st.text(max_size=20), max_size=3) | JSON)}
     else:
@@ -276,14 +310,19 @@ def test_oversize_json_is_refused_before_it_is_read(edged: Daemon) -> None:
         ("/v1/intent", b'{"texts": [' + b"1" * 5000 + b"]}", "number"),
         ("/v1/events?after=" + "9" * 5000, b"", "after"),
         ("/v2/models/intent/versions/" + "9" * 5000, b"", "version"),
-        ("/v2/models/intent-classifier/infer",
-         b'{"inputs":[{"name":"embedding","datatype":"FP32","shape":[0,2147483647,2147483647],'
-         b'"data":[]}]}', "over the limit"),
-        ("/v2/models/intent-classifier/infer",
-         b'{"inputs":[{"name":"embedding","datatype":"FP32","shape":[1,384],"data":[NaN]}]}',
-         "NaN"),
+        (
+            "/v2/models/intent-classifier/infer",
+            b'{"inputs":[{"name":"embedding","datatype":"FP32","shape":[0,2147483647,2147483647],'
+            b'"data":[]}]}',
+            "over the limit",
+        ),
+        (
+            "/v2/models/intent-classifier/infer",
+            b'{"inputs":[{"name":"embedding","datatype":"FP32","shape":[1,384],"data":[NaN]}]}',
+            "NaN",
+        ),
     ],
-)  # fmt: skip
+)
 def test_each_reproduction_is_a_400_naming_the_problem(
     edged: Daemon, path: str, body: bytes, field: str
 ) -> None:

@@ -42,8 +42,11 @@ def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
 @pytest.fixture
 def service(tmp_path: Path, broker: Broker) -> Iterator[FleetService]:
     service = FleetService(tmp_path / "service", broker)
-    service.config.write_text(service.config.read_text().replace(
-        "[api]\n", f"[api]\nmax_connections = {CAP}\nidle_timeout_s = {IDLE_S}\n"))  # fmt: skip
+    service.config.write_text(
+        service.config.read_text().replace(
+            "[api]\n", f"[api]\nmax_connections = {CAP}\nidle_timeout_s = {IDLE_S}\n"
+        )
+    )
     service.start()
     try:
         assert service.proc is not None
@@ -86,9 +89,11 @@ def test_a_thousand_half_sent_heads_do_not_freeze_the_api(service: FleetService)
             assert sock.recv(64) == b"", "a half-sent request got an answer"
         closed_after = time.monotonic() - opened
         times = [ms for _, ms in answers]
-        print(f"health during: {sorted({s for s, _ in answers})}, median"
-              f" {statistics.median(times):.1f} ms, max {max(times):.1f} ms; held"
-              f" {len(waiting)}, all closed {closed_after:.1f} s after")  # fmt: skip
+        print(
+            f"health during: {sorted({s for s, _ in answers})}, median"
+            f" {statistics.median(times):.1f} ms, max {max(times):.1f} ms; held"
+            f" {len(waiting)}, all closed {closed_after:.1f} s after"
+        )
         assert max(times) < 2000, answers
         assert closed_after < IDLE_S + 10
     finally:
@@ -109,8 +114,9 @@ def test_a_refused_connection_is_told_why(service: FleetService) -> None:
             reply = sock.recv(4096)
         assert reply.startswith(b"HTTP/1.1 503"), reply
         assert b"Retry-After: 1" in reply
-        assert reply.endswith(b'{"error": "edgefleet has %d connections open, its limit'
-                              b' (api.max_connections)"}' % CAP)  # fmt: skip
+        assert reply.endswith(
+            b'{"error": "edgefleet has %d connections open, its limit (api.max_connections)"}' % CAP
+        )
     finally:
         for sock in held:
             sock.close()

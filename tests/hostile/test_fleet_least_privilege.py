@@ -43,17 +43,31 @@ def test_a_node_writes_only_what_it_sends(broker: Broker, pki: Path) -> None:
     try:
         mine = Topics("f1", "n1")
         body = Envelope("n1", 1, {"models": []}).encode()
-        for topic in (mine.desired_models, mine.desired_trust, mine.cmd("c1"),
-                      mine.renew_answer, "edge/v1/f1/n1/anything"):  # fmt: skip
+        for topic in (
+            mine.desired_models,
+            mine.desired_trust,
+            mine.cmd("c1"),
+            mine.renew_answer,
+            "edge/v1/f1/n1/anything",
+        ):
             assert node.publish(topic, body).getName() == "Not authorized", topic
-        for topic in (mine.status, mine.heartbeat, mine.telemetry, mine.events,
-                      mine.cmd_result("c1"), mine.renew):  # fmt: skip
+        for topic in (
+            mine.status,
+            mine.heartbeat,
+            mine.telemetry,
+            mine.events,
+            mine.cmd_result("c1"),
+            mine.renew,
+        ):
             assert node.publish(topic, body).getName() in ("Success", "No matching subscribers")
         # what the fleet tells it, it still reads
         node.subscribe("edge/v1/f1/n1/#")
         operator.publish(mine.desired_models, body)
-        wait_for(lambda: any(t == mine.desired_models for t, _ in node.received), 10,
-                 "the desired state at the node")  # fmt: skip
+        wait_for(
+            lambda: any(t == mine.desired_models for t, _ in node.received),
+            10,
+            "the desired state at the node",
+        )
     finally:
         node.close()
         operator.close()
@@ -62,9 +76,12 @@ def test_a_node_writes_only_what_it_sends(broker: Broker, pki: Path) -> None:
 def test_every_api_answer_says_nosniff(tmp_path: Path, broker: Broker) -> None:
     service = FleetService(tmp_path / "service", broker).start()
     try:
-        for path, token, status in (("/v1/nodes", TOKENS["viewer"], 200), ("/v1/nodes", None, 401),
-                                    ("/v1/nope", TOKENS["viewer"], 404),
-                                    ("/healthz", None, 200)):  # fmt: skip
+        for path, token, status in (
+            ("/v1/nodes", TOKENS["viewer"], 200),
+            ("/v1/nodes", None, 401),
+            ("/v1/nope", TOKENS["viewer"], 404),
+            ("/healthz", None, 200),
+        ):
             request = urllib.request.Request(service.url + path)
             if token:
                 request.add_header("Authorization", f"Bearer {token}")
@@ -97,8 +114,9 @@ def test_signing_out_ends_the_console_session(tmp_path: Path, broker: Broker) ->
         return reply.status, reply.headers
 
     try:
-        status, headers = call("POST", "/console/login",
-                               body=urlencode({"token": TOKENS["operator"]}))  # fmt: skip
+        status, headers = call(
+            "POST", "/console/login", body=urlencode({"token": TOKENS["operator"]})
+        )
         assert status == 303
         session = SimpleCookie(headers["Set-Cookie"])[COOKIE].value
         assert session != TOKENS["operator"] and len(session) >= 40

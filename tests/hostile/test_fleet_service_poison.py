@@ -154,8 +154,9 @@ def envelope_bytes(body: dict[str, Any], ts: int) -> bytes:
     try:
         return Envelope("n", 1, body, ts=ts).encode()
     except (ValueError, TypeError):  # a body the envelope cannot carry: raw JSON then
-        return json.dumps({"v": 1, "id": "x", "ts": ts, "node": "n", "seq": 1,
-                           "body": body}, default=str).encode(errors="surrogatepass")  # fmt: skip
+        return json.dumps(
+            {"v": 1, "id": "x", "ts": ts, "node": "n", "seq": 1, "body": body}, default=str
+        ).encode(errors="surrogatepass")
 
 
 payloads = st.one_of(
@@ -170,8 +171,9 @@ def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Registr
     cluster = request.getfixturevalue("postgres_cluster") if request.param != "sqlite" else None
     store = fleet_store(request.param, tmp_path, cluster)
     issue("fleet CA", None, tmp_path, "ca")  # enrolment requests are answered, signed
-    yield Registry(store, enrolments=Enrolments(store, Issuer(tmp_path / "ca.pem",
-                                                              tmp_path / "ca.key", 1)))  # fmt: skip
+    yield Registry(
+        store, enrolments=Enrolments(store, Issuer(tmp_path / "ca.pem", tmp_path / "ca.key", 1))
+    )
     store.close()
 
 
@@ -196,7 +198,11 @@ def test_no_message_escapes_ingest_and_the_good_ones_are_written(registry: Regis
 
 
 GARBAGE: list[bytes] = [
-    b"", b"\xff\xfe", b"not json", b"[" * 100_000 + b"]" * 100_000, b"x" * 200_000,
+    b"",
+    b"\xff\xfe",
+    b"not json",
+    b"[" * 100_000 + b"]" * 100_000,
+    b"x" * 200_000,
     b'{"v": 1, "id": "a", "ts": 1, "node": "n", "seq": 1, "body": []}',
     Envelope("n", 1, {"state": "online", "labels": {"k\\u0000": "v"}}).encode(),
     Envelope("n", 1, {"state": 5}).encode(),
@@ -204,9 +210,15 @@ GARBAGE: list[bytes] = [
     Envelope("n", 2**64, {"state": "online"}).encode(),
     Envelope("n", 1, {"metrics": {"models": [{"model": "m", "requests": 2**70}]}}).encode(),
     Envelope("n", 1, {"models": [1, 2]}).encode(),
-]  # fmt: skip
-LEAVES = {"status": "status", "heartbeat": "heartbeat", "events": "events",
-          "telemetry": "telemetry", "desired": "desired_models", "renew": "renew"}  # fmt: skip
+]
+LEAVES = {
+    "status": "status",
+    "heartbeat": "heartbeat",
+    "events": "events",
+    "telemetry": "telemetry",
+    "desired": "desired_models",
+    "renew": "renew",
+}
 
 
 @pytest.fixture
@@ -232,8 +244,9 @@ def test_the_service_lives_on_garbage_from_the_nodes(tmp_path: Path, broker: Bro
             sent += 1
         now = int(time.time() * 1000)
         good = Topics("f1", "n1")
-        client.publish(good.status, Envelope("n1", 1, {"state": "online"}, ts=now).encode(),
-                       retain=True)  # fmt: skip
+        client.publish(
+            good.status, Envelope("n1", 1, {"state": "online"}, ts=now).encode(), retain=True
+        )
         client.publish(good.heartbeat, Envelope("n1", 2, {"uptime_s": 1}, ts=now + 1).encode())
 
         def written() -> bool:
@@ -244,12 +257,18 @@ def test_the_service_lives_on_garbage_from_the_nodes(tmp_path: Path, broker: Bro
         assert service.proc is not None and service.proc.pid == pid and service.proc.poll() is None
         assert service.call("GET", "/healthz")[0] == 200
         metrics = service.call("GET", "/metrics")[1]
-        poison = next(float(line.split()[-1]) for line in metrics.splitlines()
-                      if line.startswith("edgefleet_poison_messages_total"))  # fmt: skip
+        poison = next(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("edgefleet_poison_messages_total")
+        )
         print(f"{sent} hostile messages, {poison:.0f} counted as poison")
         assert poison >= len(GARBAGE) * 3  # every status, heartbeat, event one at least
-        errors = next(float(line.split()[-1]) for line in metrics.splitlines()
-                      if line.startswith("edgefleet_database_errors_total"))  # fmt: skip
+        errors = next(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("edgefleet_database_errors_total")
+        )
         assert errors == 0  # each refused before it reached the database
     finally:
         client.close()

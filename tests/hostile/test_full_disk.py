@@ -39,8 +39,9 @@ def test_an_admin_change_that_cannot_be_kept_is_refused_and_not_applied(
 ) -> None:
     """On a full disk, an admin PATCH was a 400 "applied, but cannot keep it" while the change
     took effect, and it left an empty admin.json.tmp."""
-    daemon = make_daemon(config='[models]\nload = ["intent-classifier"]\n',
-                         flags=("--state-dir", str(small_disk)))  # fmt: skip
+    daemon = make_daemon(
+        config='[models]\nload = ["intent-classifier"]\n', flags=("--state-dir", str(small_disk))
+    )
     daemon.give(small_disk)  # its state directory: edged's, as /var/lib/edged is
     daemon.start()
     client = daemon.client
@@ -88,8 +89,10 @@ def test_a_call_the_egress_ledger_cannot_record_is_not_sent(
         if kept["route"] != "cloud":
             break
         sent.append(f"req-{i}")
-    assert kept["route"] == "fallback" and "the egress ledger cannot record this call" in (
-        kept["reason"]), kept  # fmt: skip
+    assert (
+        kept["route"] == "fallback"
+        and "the egress ledger cannot record this call" in (kept["reason"])
+    ), kept
     assert f"req-{i}" not in {s["id"] for s in cloud.seen()}
     assert client.status()["egress"]["failed"]
     filler.unlink()

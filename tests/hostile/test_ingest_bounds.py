@@ -24,8 +24,9 @@ def test_an_ingest_is_bounded_before_it_is_embedded(tmp_path: Path) -> None:
     try:
         started = time.monotonic()
         with pytest.raises(ClientError) as refused:
-            client.kb_ingest("notes", [{"text": "words of a long text " * 90_000,
-                                        "source": "big.txt"}])  # fmt: skip
+            client.kb_ingest(
+                "notes", [{"text": "words of a long text " * 90_000, "source": "big.txt"}]
+            )
         took = time.monotonic() - started
         assert refused.value.status == 400
         assert refused.value.message.startswith("the documents make ")

@@ -33,8 +33,10 @@ def post(daemon: Daemon, body: bytes) -> bytes:
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(60)
         sock.connect(str(daemon.socket))
-        sock.sendall(b"POST /v2/models/intent-classifier/infer HTTP/1.1\r\nHost: e\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+        sock.sendall(
+            b"POST /v2/models/intent-classifier/infer HTTP/1.1\r\nHost: e\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
         reply = b""
         while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
             chunk = sock.recv(65536)

@@ -35,8 +35,11 @@ private_namespaces = ["diary"]
 """
 DIARY = {"source": "diary/monday.md", "text": "Monday: the access code of the lab is 4471."}
 NOTE = {"source": "notes/wifi.md", "text": "The guest Wi-Fi password is on the fridge."}
-SECRET = {"source": "notes/bank.md", "text": "My bank PIN is 9902, do not share it.",
-          "private": True}  # fmt: skip
+SECRET = {
+    "source": "notes/bank.md",
+    "text": "My bank PIN is 9902, do not share it.",
+    "private": True,
+}
 # As a uid: each call, (status, JSON answer or text).
 PROBE = """
 import json, sys
@@ -73,10 +76,22 @@ def daemon() -> Iterator[Daemon]:
 
 def calls(daemon: Daemon, uid: int, *actions: tuple[str, str, Any]) -> list[list[Any]]:
     probe = subprocess.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c",
-         PROBE, str(daemon.socket), json.dumps(actions)],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            PROBE,
+            str(daemon.socket),
+            json.dumps(actions),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert probe.returncode == 0, probe.stderr
     seen: list[list[Any]] = json.loads(probe.stdout)
     return seen
@@ -87,30 +102,45 @@ def test_a_private_namespace_is_its_owners(daemon: Daemon) -> None:
     assert made == [200, {"namespace": "diary", "documents": 1, "chunks": 1}]
     refused = f"namespace 'diary' is private to its owner (uid {ALICE}); uid {MALLORY} may not"
     seen = calls(
-        daemon, MALLORY,
+        daemon,
+        MALLORY,
         ("POST", "/v1/kb/diary/search", {"query": "lab access code"}),
         ("POST", "/v1/kb/diary/ask", {"question": "what is the lab's code?"}),
         ("POST", "/v1/kb/diary/ingest", {"documents": [NOTE]}),
         ("POST", "/v1/kb/diary/delete", {"source": "diary/monday.md"}),
         ("GET", "/v1/kb/diary/stats", None),
-    )  # fmt: skip
+    )
     for status, answer in seen:
         assert status == 403 and answer["error"].startswith(refused), seen
-    [(status, found)] = calls(daemon, ALICE, ("POST", "/v1/kb/diary/search",
-                                              {"query": "lab access code"}))  # fmt: skip
+    [(status, found)] = calls(
+        daemon, ALICE, ("POST", "/v1/kb/diary/search", {"query": "lab access code"})
+    )
     assert status == 200 and [h["source"] for h in found["hits"]] == ["diary/monday.md"]
     # root (edged's admin, who reads the files anyway) sees it; nothing of it was deleted
     assert daemon.client.call("GET", "/v1/kb/diary/stats")["chunks"] == 1
 
 
 def test_a_private_document_in_a_shared_namespace_is_its_owners(daemon: Daemon) -> None:
-    [made] = calls(daemon, ALICE, ("POST", "/v1/kb/notes/ingest",
-                                   {"documents": [NOTE, SECRET]}))  # fmt: skip
+    [made] = calls(daemon, ALICE, ("POST", "/v1/kb/notes/ingest", {"documents": [NOTE, SECRET]}))
     assert made[0] == 200, made
     # the owner's spoofed metadata cannot make a chunk someone else's, nor public
-    [spoof] = calls(daemon, MALLORY, ("POST", "/v1/kb/notes/ingest", {"documents": [
-        {"source": "notes/x.md", "text": "nothing", "metadata": {"owner": ALICE,
-                                                                 "private": True}}]}))  # fmt: skip
+    [spoof] = calls(
+        daemon,
+        MALLORY,
+        (
+            "POST",
+            "/v1/kb/notes/ingest",
+            {
+                "documents": [
+                    {
+                        "source": "notes/x.md",
+                        "text": "nothing",
+                        "metadata": {"owner": ALICE, "private": True},
+                    }
+                ]
+            },
+        ),
+    )
     assert spoof[0] == 200
     search = ("POST", "/v1/kb/notes/search", {"query": "bank PIN", "k": 5})
     [(status, theirs)] = calls(daemon, MALLORY, search)
@@ -120,11 +150,14 @@ def test_a_private_document_in_a_shared_namespace_is_its_owners(daemon: Daemon) 
     [(status, mine)] = calls(daemon, ALICE, search)
     assert mine["hits"][0]["source"] == "notes/bank.md"
     assert mine["hits"][0]["metadata"] == {"private": True, "owner": ALICE}
-    [(status, answer)] = calls(daemon, MALLORY, ("POST", "/v1/kb/notes/delete",
-                                                 {"source": "notes/bank.md"}))  # fmt: skip
+    [(status, answer)] = calls(
+        daemon, MALLORY, ("POST", "/v1/kb/notes/delete", {"source": "notes/bank.md"})
+    )
     assert status == 403, answer
-    assert answer["error"] == (f"1 of those chunks are another uid's private ones; uid"
-                               f" {MALLORY} may not delete them")  # fmt: skip
-    [(status, gone)] = calls(daemon, ALICE, ("POST", "/v1/kb/notes/delete",
-                                             {"source": "notes/bank.md"}))  # fmt: skip
+    assert answer["error"] == (
+        f"1 of those chunks are another uid's private ones; uid {MALLORY} may not delete them"
+    )
+    [(status, gone)] = calls(
+        daemon, ALICE, ("POST", "/v1/kb/notes/delete", {"source": "notes/bank.md"})
+    )
     assert (status, gone) == (200, {"namespace": "notes", "deleted": 1})

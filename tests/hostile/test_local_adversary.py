@@ -137,11 +137,20 @@ class Public(Daemon):
         """uid 65534 (gid 65534, with these supplementary ``groups``) makes the calls."""
         who = NOBODY if not groups else [*NOBODY[:-1], f"--groups={','.join(map(str, groups))}"]
         probe = subprocess.run(
-            [*who, sys.executable, "-c", PROBE, str(self.socket), str(self.grpc_socket),
-             json.dumps(actions)],
-            capture_output=True, text=True, timeout=120,
+            [
+                *who,
+                sys.executable,
+                "-c",
+                PROBE,
+                str(self.socket),
+                str(self.grpc_socket),
+                json.dumps(actions),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
+        )
         assert probe.returncode == 0, probe.stderr
         seen: list[list[str | int]] = json.loads(probe.stdout)
         return seen

@@ -55,8 +55,10 @@ def test_long_texts_take_no_memory_that_stays(make_daemon: type[Daemon]) -> None
     slow = Client(str(daemon.socket), timeout=300)  # two 4 MiB calls on a loaded 2-CPU runner
     try:
         answers = []
-        callers = [threading.Thread(target=lambda: answers.append(
-            slow.task("intent", {"texts": big}))) for _ in range(2)]  # fmt: skip
+        callers = [
+            threading.Thread(target=lambda: answers.append(slow.task("intent", {"texts": big})))
+            for _ in range(2)
+        ]
         for caller in callers:
             caller.start()
         for caller in callers:

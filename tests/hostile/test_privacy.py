@@ -100,8 +100,9 @@ def _rest(client: Client, model: str, data: bytes, **params: Any) -> dict[str, A
 
 
 def _grpc(daemon: Daemon, model: str, data: bytes, **params: Any) -> dict[str, Any]:
-    triton = grpcclient.InferenceServerClient(url=f"unix://{daemon.socket}".replace(
-        "edged.sock", "edged-grpc.sock"))  # fmt: skip
+    triton = grpcclient.InferenceServerClient(
+        url=f"unix://{daemon.socket}".replace("edged.sock", "edged-grpc.sock")
+    )
     name = {"intent": "text", "ocr": "image", "vad": "audio"}[model]
     tensor = grpcclient.InferInput(name, [1], "BYTES")
     tensor.set_data_from_numpy(np.array([data], dtype=np.object_))
@@ -185,8 +186,9 @@ def test_request_flag_keeps_every_step_and_template_on_the_device(
         daemon.client.run_task(doc, route=route)  # control: the released text is reported
         assert b"/infer" in _left(quiet), "control: image-report's report never reached the cloud"
         voice = {"audio": {"base64": base64.b64encode(inputs["vad"]).decode()}}
-        daemon.client.run_task({"template": "voice-command", "inputs": voice}, route=route,
-                               private=True)  # fmt: skip
+        daemon.client.run_task(
+            {"template": "voice-command", "inputs": voice}, route=route, private=True
+        )
         _assert_nothing_left(quiet, f"voice-command, route {route}")
         # no flag: the template's audio is private by default (and transcribe's is)
         daemon.client.run_task({"template": "voice-command", "inputs": voice}, route=route)
@@ -244,11 +246,18 @@ def test_a_private_namespace_keeps_its_passages_and_what_follows_on_the_device(
 
     def graph(namespace: str) -> dict[str, Any]:
         nodes = [
-            {"id": "hits", "task": "search", "inputs": {"query": "$question"},
-             "params": {"namespace": namespace}},
-            {"id": "answer", "task": "answer",
-             "inputs": {"question": "$question", "context": "hits.context"}},
-        ]  # fmt: skip
+            {
+                "id": "hits",
+                "task": "search",
+                "inputs": {"query": "$question"},
+                "params": {"namespace": namespace},
+            },
+            {
+                "id": "answer",
+                "task": "answer",
+                "inputs": {"question": "$question", "context": "hits.context"},
+            },
+        ]
         return {"graph": {"nodes": nodes}, "inputs": {"question": "what opens the vault?"}}
 
     # the question is not private (its embedding may go), the passages and the answer are

@@ -43,7 +43,10 @@ def test_a_callers_private_image_leaves_nothing_with_the_template_that_releases_
     ):
         plan = daemon.client.call("POST", "/v1/tasks", {**labelled, "run": False})["planned"]
         assert {n["id"]: n["private"] for n in plan["nodes"]} == {
-            "text": True, "fields": True, "report": True}, plan  # fmt: skip
+            "text": True,
+            "fields": True,
+            "report": True,
+        }, plan
         # the answer model is in the cloud only: the report cannot run, and says why
         with pytest.raises(ClientError) as refused:
             tasks(daemon.client, labelled)

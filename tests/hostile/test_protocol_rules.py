@@ -213,8 +213,9 @@ def test_any_request_body_decodes_or_is_a_400(raw: bytes, header: int | None) ->
 def wav_header(frames: int, rate: int, width: int = 1, channels: int = 1) -> bytes:
     """A PCM WAV file's header that promises ``frames`` frames (the data itself follows)."""
     size = frames * width * channels
-    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * width * channels, width * channels,
-                      8 * width)  # fmt: skip
+    fmt = struct.pack(
+        "<HHIIHH", 1, channels, rate, rate * width * channels, width * channels, 8 * width
+    )
     return (
         b"RIFF"
         + struct.pack("<I", 36 + size)
@@ -274,8 +275,12 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
 def test_a_token_never_travels_in_clear(section: type[Any], doc: dict[str, Any]) -> None:
     with pytest.raises(ValidationError, match="would travel in clear"):
         section.model_validate(doc)
-    here = {"gw.example.com": "127.0.0.1", "10.0.0.1": "localhost", "milvus": "127.0.0.1",
-            "llm": "[::1]"}  # fmt: skip
+    here = {
+        "gw.example.com": "127.0.0.1",
+        "10.0.0.1": "localhost",
+        "milvus": "127.0.0.1",
+        "llm": "[::1]",
+    }
     loopback = {}
     for key, value in doc.items():
         for host, local in here.items():

@@ -67,30 +67,50 @@ def test_what_a_device_sent_while_the_broker_was_down_is_stored_once(
     ecs = tmp_path / "service" / "events.json"  # in the service's own directory
     # the default session_expiry_s = 0: the service keeps no session on the broker
     service = FleetService(
-        tmp_path / "service", broker,
+        tmp_path / "service",
+        broker,
         sections=f'[alerts]\nalertmanagers = ["{manager.url}"]\nresend_s = 1\n'
-                 f'[events]\necs_file = "{ecs}"\n',
-    )  # fmt: skip
+        f'[events]\necs_file = "{ecs}"\n',
+    )
     service.start_or(manager.stop, pages.close)
     agent = Agent(tmp_path / "agent", broker)
     # no edged on its socket: EdgedUnreachable fires 2 s after cloudsync starts, offline
     agent.config.write_text(agent.config.read_text() + "\n[alerts]\nfor_s = 2\n")
     assert service.proc is not None
     try:
-        wait_for(lambda: service.call("GET", "/healthz", role=None)[0] == 200, 20,
-                 "the service on the broker")  # fmt: skip
+        wait_for(
+            lambda: service.call("GET", "/healthz", role=None)[0] == 200,
+            20,
+            "the service on the broker",
+        )
         broker.stop()
         agent.start()
         local = agent.local
         records = [
-            {"kind": "events", "id": "ev-offline-1", "priority": "event",
-             "body": {"message": "written while the broker was down"}},
-            {"kind": "telemetry", "id": "tm-offline-1", "body": {"metrics": {"models": [
-                {"model": "offline-model", "version": "1", "outcomes": {"success": 7}}]}}},
-        ]  # fmt: skip
+            {
+                "kind": "events",
+                "id": "ev-offline-1",
+                "priority": "event",
+                "body": {"message": "written while the broker was down"},
+            },
+            {
+                "kind": "telemetry",
+                "id": "tm-offline-1",
+                "body": {
+                    "metrics": {
+                        "models": [
+                            {"model": "offline-model", "version": "1", "outcomes": {"success": 7}}
+                        ]
+                    }
+                },
+            },
+        ]
         assert local.call("POST", "/v1/records", {"records": records})["stored"] == 2
-        wait_for(lambda: agent.status()["outbox"]["depth"]["alert"] >= 1, 30,
-                 "EdgedUnreachable fired offline, in the outbox")  # fmt: skip
+        wait_for(
+            lambda: agent.status()["outbox"]["depth"]["alert"] >= 1,
+            30,
+            "EdgedUnreachable fired offline, in the outbox",
+        )
         assert manager.alerts() == []
 
         second = service.proc.pid if first == "device" else agent.proc.pid  # type: ignore[union-attr]
@@ -100,12 +120,20 @@ def test_what_a_device_sent_while_the_broker_was_down_is_stored_once(
             if first == "device":
                 # connected, and the broker has said no one has its topics (or, before the fix,
                 # taken the records as delivered: the outbox empty)
-                wait_for(lambda: NO_SUBSCRIBER in agent.log.read_text()
-                         or agent.status()["outbox"]["depth"]["alert"] == 0, 30,
-                         "the device back first, the service not yet")  # fmt: skip
+                wait_for(
+                    lambda: (
+                        NO_SUBSCRIBER in agent.log.read_text()
+                        or agent.status()["outbox"]["depth"]["alert"] == 0
+                    ),
+                    30,
+                    "the device back first, the service not yet",
+                )
             else:
-                wait_for(lambda: service.call("GET", "/healthz", role=None)[0] == 200, 60,
-                         "the service back first")  # fmt: skip
+                wait_for(
+                    lambda: service.call("GET", "/healthz", role=None)[0] == 200,
+                    60,
+                    "the service back first",
+                )
         finally:
             go_on(second)
 
@@ -113,9 +141,11 @@ def test_what_a_device_sent_while_the_broker_was_down_is_stored_once(
             return [a for a in alerts if a["labels"]["alertname"] == "EdgedUnreachable"]
 
         wait_for(lambda: named(manager.alerts()), 60, "EdgedUnreachable in Alertmanager")
-        wait_for(lambda: agent.status()["outbox"]["depth"] == {"alert": 0, "event": 0,
-                                                                "telemetry": 0}, 30,
-                 "the outbox delivered")  # fmt: skip
+        wait_for(
+            lambda: agent.status()["outbox"]["depth"] == {"alert": 0, "event": 0, "telemetry": 0},
+            30,
+            "the outbox delivered",
+        )
         sent = service.counter(SENT)  # three more sends of the service
         wait_for(lambda: service.counter(SENT) >= sent + 3, 30, "three more sends")
         [alert] = named(manager.alerts())  # once
@@ -125,8 +155,7 @@ def test_what_a_device_sent_while_the_broker_was_down_is_stored_once(
         assert ids.count("ev-offline-1") == 1, ids
         fired = [x for x in lines if x.get("rule", {}).get("name") == "EdgedUnreachable"]
         assert [x["event"]["action"] for x in fired] == ["firing"]
-        requests = fleet_counter(service, "edged_inference_requests_total",
-                                 'model="offline-model"')  # fmt: skip
+        requests = fleet_counter(service, "edged_inference_requests_total", 'model="offline-model"')
         assert requests == 7.0  # the telemetry record counted once
         if first == "device":
             assert NO_SUBSCRIBER in agent.log.read_text()

@@ -73,8 +73,11 @@ def test_a_revoked_node_is_out_connected_or_not(
         status, gone = service.call("POST", "/v1/revocations", {"node": "n3"}, role="operator")
         assert status == 200 and len(gone["revoked"]) == 1, gone
         # Its own session is closed at once: the service took it over (Mosquitto logs it).
-        wait_for(lambda: "already connected, closing old connection" in broker.logs(), 10,
-                 "n3's session taken over")  # fmt: skip
+        wait_for(
+            lambda: "already connected, closing old connection" in broker.logs(),
+            10,
+            "n3's session taken over",
+        )
         # What it still publishes (it reconnects: the broker has not reloaded) is dropped:
         # three of its messages counted as dropped, and none of its heartbeats counted since.
         before = heartbeats(service, "n3")
@@ -107,8 +110,11 @@ def test_a_revoked_node_is_out_connected_or_not(
         assert watcher.connect()
         watcher.subscribe("edge/v1/f1/n3/#")
         broker.reload()
-        wait_for(lambda: thief.publish("edge/v1/f1/n3/heartbeat", b"{}").getName()
-                 == "Not authorized", 10, "the thief's publish refused")  # fmt: skip
+        wait_for(
+            lambda: thief.publish("edge/v1/f1/n3/heartbeat", b"{}").getName() == "Not authorized",
+            10,
+            "the thief's publish refused",
+        )
         watcher.received.clear()  # what the thief published before the reload took
         assert thief.publish("edge/v1/f1/n3/events", b"[]").getName() == "Not authorized"
         assert watcher.publish("edge/v1/f1/n3/renew/cert", b"late").getName() == "Success"
@@ -132,11 +138,15 @@ def test_a_revoked_node_is_out_connected_or_not(
 
         # Reinstated, the name enrols again as a new device would (its old certificate stays
         # revoked); the audit log has both.
-        assert service.edgefleet("enrol", "reinstate", "n3") == {"node": "n3", "barred": False,
-                                                                  "unwritten": []}  # fmt: skip
+        assert service.edgefleet("enrol", "reinstate", "n3") == {
+            "node": "n3",
+            "barred": False,
+            "unwritten": [],
+        }
         assert "user n3\n" not in (broker.workdir / "acl").read_text()
-        assert service.call("POST", "/v1/enrolment-tokens", {"node": "n3"},
-                            role="operator")[0] == 201  # fmt: skip
+        assert (
+            service.call("POST", "/v1/enrolment-tokens", {"node": "n3"}, role="operator")[0] == 201
+        )
         listed = service.call("GET", "/v1/revocations", role="operator")[1]
         assert listed["barred"] == [] and [r["node"] for r in listed["revoked"]] == ["n3"]
         audit = service.call("GET", "/v1/audit", role="operator")[1]["entries"]
@@ -159,22 +169,28 @@ def test_an_unreadable_acl_base_loses_no_revocation(
     try:
         status, gone = service.call("POST", "/v1/revocations", {"node": "n1"}, role="operator")
         assert (status, gone) == (200, {"revoked": [], "unwritten": ["acl_file"]})
-        wait_for(lambda: "already connected, closing old connection" in broker.logs(), 10,
-                 "n1's session taken over")  # fmt: skip
+        wait_for(
+            lambda: "already connected, closing old connection" in broker.logs(),
+            10,
+            "n1's session taken over",
+        )
         assert "user n1\n" not in acl.read_text()  # the broker's ACL as it was, not truncated
         assert "topic" in acl.read_text()
         # One certificate by its serial: the CRL is signed again though the ACL still fails.
         base.unlink()
-        serial = format(x509.load_pem_x509_certificate((pki / "n1.pem").read_bytes())
-                        .serial_number, "x")  # fmt: skip
-        status, gone = service.call("POST", "/v1/revocations", {"serial": serial},
-                                    role="operator")  # fmt: skip
+        serial = format(
+            x509.load_pem_x509_certificate((pki / "n1.pem").read_bytes()).serial_number, "x"
+        )
+        status, gone = service.call("POST", "/v1/revocations", {"serial": serial}, role="operator")
         assert (status, gone) == (200, {"revoked": [serial], "unwritten": ["acl_file"]})
         listed = x509.load_pem_x509_crl(crl.read_bytes())
         assert [r.serial_number for r in listed] == [int(serial, 16)]
         audit = service.call("GET", "/v1/audit", role="operator")[1]["entries"]
-        done = [(e["target"], e["outcome"], e["detail"]) for e in audit
-                if e["action"] == "revoke certificate"]  # fmt: skip
+        done = [
+            (e["target"], e["outcome"], e["detail"])
+            for e in audit
+            if e["action"] == "revoke certificate"
+        ]
         assert done == [
             ("n1", "done", {"serials": [], "unwritten": ["acl_file"]}),
             (serial, "done", {"serials": [serial], "unwritten": ["acl_file"]}),
@@ -184,8 +200,11 @@ def test_an_unreadable_acl_base_loses_no_revocation(
         assert 'file="crl_file"' not in metrics
         # Readable again: the next full pass writes the ACL, the name denied.
         base.write_bytes(rules)
-        wait_for(lambda: "user n1\ntopic deny #\n" in acl.read_text(), 30,
-                 "the ACL written by the next full pass")  # fmt: skip
+        wait_for(
+            lambda: "user n1\ntopic deny #\n" in acl.read_text(),
+            30,
+            "the ACL written by the next full pass",
+        )
     finally:
         n1.close()
 
@@ -195,8 +214,7 @@ def test_reserved_names_get_no_token_and_no_certificate(
 ) -> None:
     # the operators' CN, operator-NAME, the service's identity: each refused, saying so
     for name in (OPERATOR, "operator-alice", "edgefleet"):
-        status, body = service.call("POST", "/v1/enrolment-tokens", {"node": name},
-                                    role="operator")  # fmt: skip
+        status, body = service.call("POST", "/v1/enrolment-tokens", {"node": name}, role="operator")
         assert status == 409, (name, status, body)
         assert body["error"] == f"node {name!r}: a reserved name (the broker gives it other rights)"
     claim = SyncClient(broker.port, pki, "claim")
@@ -205,9 +223,10 @@ def test_reserved_names_get_no_token_and_no_certificate(
         rid = new_request_id()
         request = Envelope(OPERATOR, 1, {"csr": make_csr(new_key(), OPERATOR)}).encode()
         got = answer(claim, f"edge/v1/f1/_enrol/{rid}/cert", f"edge/v1/f1/_enrol/{rid}", request)
-        assert got == {"state": "refused",
-                       "error": "node 'operator': a reserved name (the broker gives it other"
-                                " rights)"}  # fmt: skip
+        assert got == {
+            "state": "refused",
+            "error": "node 'operator': a reserved name (the broker gives it other rights)",
+        }
     finally:
         claim.close()
     # nothing waits for an operator's approval, so nothing can be approved by mistake

@@ -174,16 +174,20 @@ def test_processes_without_a_region_leave_edged_no_descriptor(
     # many processes that registered and unregistered, alive and idle
     idle = subprocess.Popen(
         [sys.executable, "-c", CYCLES, rest, shm_key, str(IDLE), "unregister"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     try:
         assert idle.stdout is not None
         seen = json.loads(idle.stdout.readline())
         assert seen == [[200, 200]] * IDLE
         held, pids = settled(pid, baseline)
-        print(f"{IDLE} idle processes that unregistered: edged holds {held} descriptors"
-              f" ({pids} pidfds), {baseline} before them")  # fmt: skip
+        print(
+            f"{IDLE} idle processes that unregistered: edged holds {held} descriptors"
+            f" ({pids} pidfds), {baseline} before them"
+        )
         assert held <= baseline and pids == 0, (
             f"edged holds {held} descriptors, {pids} of them pidfds, for {IDLE} processes that"
             f" have no region; {baseline} before them"
@@ -203,11 +207,18 @@ def test_processes_without_a_region_leave_edged_no_descriptor(
     # its region unregistered by another process of the same uid: the pidfd goes too
     assert call("register", "c") == 200
     other = subprocess.run(
-        [sys.executable, "-c", "import sys; from edged.client import Client; "
-         "print(Client(sys.argv[1]).request('POST', '/v2/systemsharedmemory/unregister')[0])",
-         rest],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from edged.client import Client; "
+            "print(Client(sys.argv[1]).request('POST', '/v2/systemsharedmemory/unregister')[0])",
+            rest,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert other.stdout.strip() == "200", other.stderr
     assert pidfds(pid) == 0
 
@@ -215,9 +226,12 @@ def test_processes_without_a_region_leave_edged_no_descriptor(
     # pidfds that watched them
     gone = subprocess.run(
         [sys.executable, "-c", CYCLES, rest, shm_key, str(EXITING), "exit"],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     assert gone.returncode == 0 and json.loads(gone.stdout) == [[200]] * EXITING, gone.stderr
     held, pids = settled(pid, baseline)
     assert held <= baseline and pids == 0, (held, pids, baseline)
@@ -234,11 +248,25 @@ def filled(daemon: Public, uid: int, key: str, most: int) -> Iterator[list[objec
     if shutil.which("setpriv") is None:
         skip_or_fail("another uid needs setpriv (util-linux)")
     probe = subprocess.Popen(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable,
-         "-c", FILL, str(daemon.socket), str(daemon.grpc_socket), key, str(most)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            FILL,
+            str(daemon.socket),
+            str(daemon.grpc_socket),
+            key,
+            str(most),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": "/"},
-    )  # fmt: skip
+    )
     assert probe.stdin is not None and probe.stdout is not None and probe.stderr is not None
     try:
         line = probe.stdout.readline()

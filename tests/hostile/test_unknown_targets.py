@@ -31,14 +31,16 @@ def test_an_unknown_version_is_a_404_and_a_split_of_nothing_is_refused(
     assert missing.value.status == 404, missing.value.message
     assert missing.value.retry_after is None
     with pytest.raises(ClientError) as nowhere:
-        client.call("PUT", "/v1/admin/cloud/no-such-model/ab",
-                    {"b_cloud_name": MODEL_B, "b_share": 0.5})  # fmt: skip
+        client.call(
+            "PUT", "/v1/admin/cloud/no-such-model/ab", {"b_cloud_name": MODEL_B, "b_share": 0.5}
+        )
     assert nowhere.value.status == 404
     assert nowhere.value.message == (
         "no model 'no-such-model' on the device or in the cloud tier cloud's catalog: a split"
         " of it would split nothing"
     )
     assert "no-such-model" not in client.call("GET", "/v1/admin/routing").get("cloud_ab", {})
-    taken = client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab",
-                        {"b_cloud_name": MODEL_B, "b_share": 0.5})  # fmt: skip
+    taken = client.call(
+        "PUT", f"/v1/admin/cloud/{MODEL}/ab", {"b_cloud_name": MODEL_B, "b_share": 0.5}
+    )
     assert taken["ab"] == {"b_cloud_name": MODEL_B, "b_share": 0.5}

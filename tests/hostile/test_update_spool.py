@@ -101,9 +101,16 @@ def box() -> Iterator[Spool]:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
         (trust / "fleet-1.pub").write_bytes(pem)
-        settings_ = Settings(store=base / "store", trust_dir=trust, trust_file=base / "trust.json",
-                             socket=base / "no.sock", cloudsync_socket=base / "no-cs.sock",
-                             restart=("true",), health_s=1, spool=where)  # fmt: skip
+        settings_ = Settings(
+            store=base / "store",
+            trust_dir=trust,
+            trust_file=base / "trust.json",
+            socket=base / "no.sock",
+            cloudsync_socket=base / "no-cs.sock",
+            restart=("true",),
+            health_s=1,
+            spool=where,
+        )
         deb = base / "edged_1.0+1_amd64.deb"
         deb.write_bytes(b"!<arch>\n" + os.urandom(4096))
         deb.chmod(0o644)
@@ -127,9 +134,12 @@ def test_links_fifos_and_oversize_requests_are_refused_naming_the_file(box: Spoo
         box.nobody(script)
         result = box.take()
         assert says in result["why"] and result["version"] is None, (script, result)
-    for body, says in (("[" * 200_000, "not JSON"), ("[1, 2]", "not a JSON object"),
-                       ("\udcff".encode("utf-8", "surrogatepass"), "not JSON"),
-                       ('{"manifest": 5}', "the manifest:")):  # fmt: skip
+    for body, says in (
+        ("[" * 200_000, "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ("\udcff".encode("utf-8", "surrogatepass"), "not JSON"),
+        ('{"manifest": 5}', "the manifest:"),
+    ):
         box.put(spool.REQUEST, body)
         result = box.take()
         assert says in result["why"], (body[:20], result)
@@ -192,20 +202,31 @@ def test_a_spool_that_is_a_link_or_writable_by_all_is_not_read(box: Spool) -> No
 
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                  max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=20,
-)  # fmt: skip
+)
 
 
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(manifest=JSON, signed=st.dictionaries(st.sampled_from(
-    ["model", "version", "type", "deb_version", "remove", "files", "expires", "targets"]),
-    JSON, max_size=3))  # fmt: skip
+@given(
+    manifest=JSON,
+    signed=st.dictionaries(
+        st.sampled_from(
+            ["model", "version", "type", "deb_version", "remove", "files", "expires", "targets"]
+        ),
+        JSON,
+        max_size=3,
+    ),
+)
 def test_any_request_is_refused_with_a_result_and_never_raises(
     box: Spool, manifest: Any, signed: dict[str, Any]
 ) -> None:

@@ -115,12 +115,19 @@ class Scene:
             return self.background(text.rstrip()[:-1])
         timeout = next((s for start, s in FOREVER.items() if command.text.startswith(start)), 0)
         try:
-            done = subprocess.run(["bash", "-c", text], cwd=self.work, env=self.env,
-                                  capture_output=True, text=True,
-                                  timeout=timeout or 180)  # fmt: skip
+            done = subprocess.run(
+                ["bash", "-c", text],
+                cwd=self.work,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout or 180,
+            )
         except subprocess.TimeoutExpired as stopped:
-            out, err = (x.decode() if isinstance(x, bytes) else x or ""
-                        for x in (stopped.stdout, stopped.stderr))  # fmt: skip
+            out, err = (
+                x.decode() if isinstance(x, bytes) else x or ""
+                for x in (stopped.stdout, stopped.stderr)
+            )
             return (0 if timeout else 124), out, err
         return done.returncode, done.stdout, done.stderr
 
@@ -128,13 +135,22 @@ class Scene:
         if " serve " in text:  # the service the scene ran until now gives way to this one
             self.service.stop()
         log = (self.tmp / f"background-{len(self.procs)}.log").open("wb")
-        proc = subprocess.Popen(["bash", "-c", "exec " + text], cwd=self.work, env=self.env,
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            ["bash", "-c", "exec " + text],
+            cwd=self.work,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         self.procs.append(proc)
         if " serve " in text:
             self.service.proc = proc  # stopped with the scene
-            wait_for(lambda: self.service.call("GET", "/healthz")[0] == 200, 30,
-                     "the README's edgefleet serve", proc)  # fmt: skip
+            wait_for(
+                lambda: self.service.call("GET", "/healthz")[0] == 200,
+                30,
+                "the README's edgefleet serve",
+                proc,
+            )
         else:  # cloudsync: its local API
             wait_for((self.tmp / "jetson-18" / "cloudsync.sock").exists, 30, "cloudsync", proc)
         return 0, "", ""
@@ -149,9 +165,11 @@ class Scene:
         for key in ("fleet-1.pub", "deploy-1.pub", "deploy-1.commands"):
             if (self.work / key).exists():
                 shutil.copy(self.work / key, work / "trust" / key)
-        more = ("[heartbeat]\ninterval_s = 1\n[telemetry]\ninterval_s = 1\n[delivery]\n"
-                f'staging_dir = "{self.edged.workdir / "state" / "staging"}"\n'
-                f'ca_file = "{self.pki}/ca.pem"\nhealth_window_s = 0\n')  # fmt: skip
+        more = (
+            "[heartbeat]\ninterval_s = 1\n[telemetry]\ninterval_s = 1\n[delivery]\n"
+            f'staging_dir = "{self.edged.workdir / "state" / "staging"}"\n'
+            f'ca_file = "{self.pki}/ca.pem"\nhealth_window_s = 0\n'
+        )
         text = cloudsync_config(self.broker, work, "plant-7", name, edged, more=more)
         text = text.replace(f'name = "{name}"\n', f'name = "{name}"\n{labels}\n')
         (work / "cloudsync.toml").write_text(text)
@@ -173,32 +191,56 @@ class Scene:
         work = self.node("jetson-17", self.edged.socket, labels)
         with (work / "cloudsync.log").open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "cloudsync.agent.cli", "--config",
-                 str(work / "cloudsync.toml")], stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "cloudsync.agent.cli",
+                    "--config",
+                    str(work / "cloudsync.toml"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.procs.append(proc)
         online = lambda: self.service.call("GET", "/v1/nodes/jetson-17")[1]  # noqa: E731
         # online, with edged's models in a heartbeat: the block lists them (the first heartbeats
         # may come before edged has loaded them, and say "-")
-        wait_for(lambda: isinstance(online(), dict) and online().get("state") == "online"
-                 and bool(online().get("models")), 30, "jetson-17 online, its models listed",
-                 proc)  # fmt: skip
+        wait_for(
+            lambda: (
+                isinstance(online(), dict)
+                and online().get("state") == "online"
+                and bool(online().get("models"))
+            ),
+            30,
+            "jetson-17 online, its models listed",
+            proc,
+        )
 
     def pending_device(self) -> None:
         """A new device with the claim credential and no token: pending until approved."""
         work = self.tmp / "jetson-43"
         work.mkdir()
-        enrol = (f'[enrol]\nclaim_cert = "{self.pki}/claim.pem"\n'
-                 f'claim_key = "{self.pki}/claim.key"\n')  # fmt: skip
-        text = cloudsync_config(self.broker, work, "plant-7", "jetson-43",
-                                more=f"[heartbeat]\ninterval_s = 1\n{enrol}")  # fmt: skip
+        enrol = (
+            f'[enrol]\nclaim_cert = "{self.pki}/claim.pem"\nclaim_key = "{self.pki}/claim.key"\n'
+        )
+        text = cloudsync_config(
+            self.broker, work, "plant-7", "jetson-43", more=f"[heartbeat]\ninterval_s = 1\n{enrol}"
+        )
         text = text.replace(f"{self.pki}/jetson-43.pem", f"{work}/device.pem")
         text = text.replace(f"{self.pki}/jetson-43.key", f"{work}/device.key")
         (work / "cloudsync.toml").write_text(text)
         with (work / "cloudsync.log").open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "cloudsync.agent.cli", "--config",
-                                     str(work / "cloudsync.toml")],
-                                    stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cloudsync.agent.cli",
+                    "--config",
+                    str(work / "cloudsync.toml"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.procs.append(proc)
         self.device = proc
 
@@ -221,8 +263,12 @@ class Scene:
             shutil.copy(source / name, self.work / name)
             for version in (6, 7):
                 self.cdn.put(f"intent-classifier/{version}/{name}", (source / name).read_bytes())
-        case = {"inputs": [{"name": "embedding", "datatype": "FP32", "shape": [1, 384],
-                            "data": embedding()}], "outputs": []}  # fmt: skip
+        case = {
+            "inputs": [
+                {"name": "embedding", "datatype": "FP32", "shape": [1, 384], "data": embedding()}
+            ],
+            "outputs": [],
+        }
         (self.work / "smoke.json").write_text(json.dumps([case]))
         (self.work / "cdn.secret").write_text(SECRET)
         (self.work / "config.pbtxt").write_text(
@@ -235,11 +281,30 @@ class Scene:
     def m6(self) -> None:
         """m6.json: the version the deployment starts from, signed as the README signs m7."""
         done = subprocess.run(
-            ["edgefleet", "manifest", "--model", "intent-classifier", "--version", "6",
-             "--file", "model.onnx", "--file", "labels.txt", "--sign", "fleet-1=fleet-1.key",
-             "--smoke", "smoke.json", "--out", "m6.json"],
-            cwd=self.work, env=self.env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                "edgefleet",
+                "manifest",
+                "--model",
+                "intent-classifier",
+                "--version",
+                "6",
+                "--file",
+                "model.onnx",
+                "--file",
+                "labels.txt",
+                "--sign",
+                "fleet-1=fleet-1.key",
+                "--smoke",
+                "smoke.json",
+                "--out",
+                "m6.json",
+            ],
+            cwd=self.work,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         from cloudsync.fleet.common import secure_link_url
 
@@ -258,9 +323,12 @@ class Scene:
 
     def cloud_call(self) -> None:
         """A cloud call with the request id the README lists; a checkpoint of the ledger."""
-        self.edged.client.infer_answer(CLOUD_MODEL, {"embedding": np.array([embedding()],
-                                       np.float32)}, request_id="req-17",
-                                       parameters={"route": "cloud"})  # fmt: skip
+        self.edged.client.infer_answer(
+            CLOUD_MODEL,
+            {"embedding": np.array([embedding()], np.float32)},
+            request_id="req-17",
+            parameters={"route": "cloud"},
+        )
         head = self.edged.client.egress(limit=1)["head"]
         self.values["checkpoint"] = f"{head['seq']}:{head['hash']}"
         (self.work / "request-body.bin").write_bytes(b"{}")
@@ -268,8 +336,13 @@ class Scene:
     def keys_for_the_trust_document(self) -> None:
         """The new fleet key the README rotates to, and certificates to revoke."""
         if not (self.work / "fleet-2.pub").exists():
-            subprocess.run(["edgefleet", "keygen", "--kid", "fleet-2"], cwd=self.work,
-                           env=self.env, check=True, capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["edgefleet", "keygen", "--kid", "fleet-2"],
+                cwd=self.work,
+                env=self.env,
+                check=True,
+                capture_output=True,
+            )
         for name in ("old-cdn.pem", "old-broker.pem"):
             shutil.copy(self.pki / "rogue.pem", self.work / name)
 
@@ -296,9 +369,7 @@ class Scene:
 
 
 @pytest.fixture
-def scene(
-    tmp_path: Path, make_daemon: type[Daemon], cloud: Cloud
-) -> Iterator[Scene]:  # fmt: skip
+def scene(tmp_path: Path, make_daemon: type[Daemon], cloud: Cloud) -> Iterator[Scene]:
     for why in (Broker.available(), Cdn.available()):
         if why:
             skip_or_fail(why)
@@ -320,18 +391,39 @@ def scene(
     write_crl(Issuer(pki / "ca.pem", pki / "ca.key", 1), [], int(time.time() * 1000), crl)
     broker = Broker(tmp_path / "mosquitto", pki, crl_file=crl).start()
     cdn = Cdn(tmp_path / "cdn", pki).start()
-    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
-           "EDGED_SOCKET": str(edged.socket), "EDGEFLEET_TOKEN": TOKENS["admin"]}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+        "EDGED_SOCKET": str(edged.socket),
+        "EDGEFLEET_TOKEN": TOKENS["admin"],
+    }
     # the deploy key the README's fleet service prose makes (nodes trust it for its scope)
-    subprocess.run(["edgefleet", "keygen", "--kid", "deploy-1", "--commands", "rollback",
-                    "--commands", "cloud-ab"], cwd=work, env=env, check=True,
-                   capture_output=True)  # fmt: skip
-    enrolment = (f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
-                 f'crl_file = "{crl}"\n')  # fmt: skip
+    subprocess.run(
+        [
+            "edgefleet",
+            "keygen",
+            "--kid",
+            "deploy-1",
+            "--commands",
+            "rollback",
+            "--commands",
+            "cloud-ab",
+        ],
+        cwd=work,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    enrolment = (
+        f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\ncrl_file = "{crl}"\n'
+    )
     service = FleetService(
-        tmp_path / "service", broker, fleet="plant-7", sections=enrolment,
+        tmp_path / "service",
+        broker,
+        fleet="plant-7",
+        sections=enrolment,
         more=f'deploy_key = "{work / "deploy-1.key"}"\ntrust_dir = "{work}"',
-    )  # fmt: skip
+    )
     service.writes(crl)
     service.reads(work / "deploy-1.key")  # the package's root:edgefleet 0640
     service.start()
@@ -382,8 +474,10 @@ def test_every_shell_block_of_the_docs_runs_as_written(scene: Scene) -> None:
             missing = unshown(command.shown, out)
             missing = unshown(missing, err) if missing else []
             if code != 0 or missing:
-                failed.append(f"{where}\n  exit {code}; not shown: {missing}\n  stdout: "
-                              f"{out[-1500:]}\n  stderr: {err[-1500:]}")  # fmt: skip
+                failed.append(
+                    f"{where}\n  exit {code}; not shown: {missing}\n  stdout: "
+                    f"{out[-1500:]}\n  stderr: {err[-1500:]}"
+                )
             if block.path == "README.md" and block.line < 60:
                 quick[quick_name(command)] = out
     the_quick_start_says(quick)

@@ -21,9 +21,11 @@ from tests.conftest import skip_or_fail
 UNITS = Path(__file__).resolve().parents[2] / "systemd"
 BIN = Path(sys.executable).parent
 LIMITS = {
-    "edged.service": 4.0, "cloudsync.service": 2.5, "edgefleet.service": 2.5,
+    "edged.service": 4.0,
+    "cloudsync.service": 2.5,
+    "edgefleet.service": 2.5,
     "edged-updater.service": 2.5,  # root for dpkg, and bounded to what dpkg uses
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +46,13 @@ def test_every_unit_verifies_clean(analyze: str, tmp_path: Path) -> None:
         (tmp_path / unit.name).write_text(text)
         units.append(str(tmp_path / unit.name))
     assert {Path(u).name for u in units} >= {
-        "edged.service", "edged.socket", "cloudsync.service", "edgefleet.service",
-        "edged-updater.service", "edged-updater.path",
-    }  # fmt: skip
+        "edged.service",
+        "edged.socket",
+        "cloudsync.service",
+        "edgefleet.service",
+        "edged-updater.service",
+        "edged-updater.path",
+    }
     done = subprocess.run(
         [analyze, "verify", "--man=no", *units], capture_output=True, text=True, timeout=120
     )
@@ -57,8 +63,10 @@ def test_every_unit_verifies_clean(analyze: str, tmp_path: Path) -> None:
 def test_exposure_is_within_the_bound(analyze: str, unit: str) -> None:
     done = subprocess.run(
         [analyze, "security", "--offline=yes", "--no-pager", str(UNITS / unit)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
     assert found is not None, done.stdout + done.stderr
     score = float(found.group(1))
@@ -70,9 +78,10 @@ def test_edged_is_bounded_in_memory_and_tasks(analyze: str) -> None:
     """MemoryHigh < MemoryMax, TasksMax set (figures in the unit's comment and docs/SECURITY.md):
     a hostile caller or a leak ends in a restart, not a device swapping to a halt."""
     settings = dict(
-        line.split("=", 1) for line in (UNITS / "edged.service").read_text().splitlines()
+        line.split("=", 1)
+        for line in (UNITS / "edged.service").read_text().splitlines()
         if re.match(r"(MemoryHigh|MemoryMax|TasksMax)=", line)
-    )  # fmt: skip
+    )
     size = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     high, most = (
         int(settings[k][:-1]) * size[settings[k][-1]] for k in ("MemoryHigh", "MemoryMax")

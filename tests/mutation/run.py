@@ -46,14 +46,22 @@ SCOPE = {
     # admission: queue policies, priority levels, deadlines, the wait estimate, refusals and
     # expiry (forming batches and running them is the runtime's part, tested end to end)
     "edged/scheduler.py": [
-        "xǁSettingsǁfrom_config", "xǁSchedulerǁ_wait_estimate", "xǁSchedulerǁ_retry_after",
-        "xǁSchedulerǁ_level", "xǁSchedulerǁ_deadline", "xǁSchedulerǁsubmit",
-        "xǁSchedulerǁ_remove", "xǁSchedulerǁ_expire", "xǁSchedulerǁ_expire_due",
-        "xǁSchedulerǁdepth", "xǁSchedulerǁ_at", "xǁ_Estimateǁadd",
+        "xǁSettingsǁfrom_config",
+        "xǁSchedulerǁ_wait_estimate",
+        "xǁSchedulerǁ_retry_after",
+        "xǁSchedulerǁ_level",
+        "xǁSchedulerǁ_deadline",
+        "xǁSchedulerǁsubmit",
+        "xǁSchedulerǁ_remove",
+        "xǁSchedulerǁ_expire",
+        "xǁSchedulerǁ_expire_due",
+        "xǁSchedulerǁdepth",
+        "xǁSchedulerǁ_at",
+        "xǁ_Estimateǁadd",
     ],
     # the gates (the figures are the rollouts' SQL: cloudsync/fleet/rollouts.py, all of it)
     "cloudsync/fleet/gates.py": ["x_breached", "x_pick"],
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -97,8 +105,10 @@ def changed(diff: str) -> tuple[str, str]:
     return removed, added
 
 
-SQL_WORDS = ("SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ON CONFLICT|FROM|WHERE|ORDER BY|LEFT JOIN"
-             "|JOIN|AND|OR|SET|VALUES|LIMIT|GROUP BY|CASE|WHEN|THEN|ELSE|END")  # fmt: skip
+SQL_WORDS = (
+    "SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ON CONFLICT|FROM|WHERE|ORDER BY|LEFT JOIN"
+    "|JOIN|AND|OR|SET|VALUES|LIMIT|GROUP BY|CASE|WHEN|THEN|ELSE|END"
+)
 SQL = re.compile(rf"^\W*({SQL_WORDS})\b", re.I)
 
 
@@ -180,9 +190,11 @@ def report(found: dict[str, Module], floor: float, seconds: float | None) -> boo
         low = module.score < floor
         ok = ok and not low and module.unchecked == 0
         unchecked = f"  ({module.unchecked} not checked)" if module.unchecked else ""
-        print(f"{module.path:34} {module.total:7d} {module.killed:6d} {len(module.survived):8d}"
-              f" {len(module.equivalent):5d} {module.score:6.1%}{'  < floor' if low else ''}"
-              f"{unchecked}")  # fmt: skip
+        print(
+            f"{module.path:34} {module.total:7d} {module.killed:6d} {len(module.survived):8d}"
+            f" {len(module.equivalent):5d} {module.score:6.1%}{'  < floor' if low else ''}"
+            f"{unchecked}"
+        )
     if seconds is not None:
         print(f"mutmut run: {seconds / 60:.1f} min")
     for module in found.values():

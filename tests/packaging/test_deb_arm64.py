@@ -32,12 +32,20 @@ from tests.packaging.test_deb import VERSION, Tree, debian_tree
 # Debian 12's, make packaging-arm64-SUITE the others': Debian 13's with Python 3.13, Ubuntu
 # 22.04's, JetPack 6's userland, with 3.10).
 SUITES = {
-    "bookworm": ("Debian 12", ROOT / "build" / "debian-base-arm64.tar",
-                 ROOT / "build" / "deb" / f"edged_{VERSION}_arm64.deb"),
-    **{suite: (where, ROOT / "build" / f"base-{suite}-arm64.tar",
-               ROOT / "build" / "deb" / suite / f"edged_{VERSION}_arm64.deb")
-       for suite, where in (("trixie", "Debian 13"), ("jammy", "Ubuntu 22.04, JetPack 6's"))},
-}  # fmt: skip
+    "bookworm": (
+        "Debian 12",
+        ROOT / "build" / "debian-base-arm64.tar",
+        ROOT / "build" / "deb" / f"edged_{VERSION}_arm64.deb",
+    ),
+    **{
+        suite: (
+            where,
+            ROOT / "build" / f"base-{suite}-arm64.tar",
+            ROOT / "build" / "deb" / suite / f"edged_{VERSION}_arm64.deb",
+        )
+        for suite, where in (("trixie", "Debian 13"), ("jammy", "Ubuntu 22.04, JetPack 6's"))
+    },
+}
 BINFMT = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
 TEXTS = ["turn off the lights in the kitchen"]
 RUNS = 10  # timed calls after the first, per architecture
@@ -88,17 +96,24 @@ def tree(suite: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]
     if os.geteuid() != 0:
         missing("installing into a tree needs root (chroot, dpkg)", suite)
     if os.uname().machine == "aarch64":
-        missing("this machine is arm64: tests/packaging/test_deb.py tests the package natively",
-                suite)  # fmt: skip
+        missing(
+            "this machine is arm64: tests/packaging/test_deb.py tests the package natively", suite
+        )
     problem = qemu_problem()
     if problem:
         missing(problem, suite)
     if not deb.is_file():
-        missing(f"{deb.relative_to(ROOT)} ({where}) is not built: `make {make_target(suite)}`"
-                " builds it (6 to 15 minutes)", suite)  # fmt: skip
+        missing(
+            f"{deb.relative_to(ROOT)} ({where}) is not built: `make {make_target(suite)}`"
+            " builds it (6 to 15 minutes)",
+            suite,
+        )
     if not base.is_file():
-        missing(f"{base.relative_to(ROOT)} ({where}) is missing: `make {make_target(suite)}`"
-                " makes it with mmdebstrap", suite)  # fmt: skip
+        missing(
+            f"{base.relative_to(ROOT)} ({where}) is missing: `make {make_target(suite)}`"
+            " makes it with mmdebstrap",
+            suite,
+        )
     with debian_tree(base, tmp_path_factory.mktemp(f"{suite}-arm64"), QEMU) as found:
         yield found
 

@@ -68,8 +68,12 @@ class World:
         """A signed package manifest for a build (a new release number each time)."""
         self.release += 1
         inside = self.builds[name]
-        signed = make("edged", self.release, [file_entry(self.tree.path(inside))],
-                      deb_version=self.versions[name])  # fmt: skip
+        signed = make(
+            "edged",
+            self.release,
+            [file_entry(self.tree.path(inside))],
+            deb_version=self.versions[name],
+        )
         path = f"/tmp/manifest-{self.release}.json"
         self.tree.path(path).write_text(json.dumps(sign(signed, {"fleet-1": self.key})))
         return path
@@ -79,21 +83,25 @@ class World:
         command = [*env, "edged-updater", *args, "--restart", RESTART, "--health-s", str(health_s)]
         return subprocess.Popen(
             ["unshare", "--net", "chroot", str(self.tree.root), *command],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def update(self, name: str, crash: str = "", health_s: float = 120) -> tuple[int, Any]:
-        proc = self.updater("apply", self.manifest(name), self.builds[name], crash=crash,
-                            health_s=health_s)  # fmt: skip
+        proc = self.updater(
+            "apply", self.manifest(name), self.builds[name], crash=crash, health_s=health_s
+        )
         out, err = proc.communicate(timeout=900)
         print(err[-2000:])
         return proc.returncode, json.loads(out) if out.strip() else {}
 
     def installed(self) -> str:
-        return self.tree.run("dpkg-query", "-W", "-f=${db:Status-Abbrev}${Version}", "edged",
-                             check=False).strip()  # fmt: skip
+        return self.tree.run(
+            "dpkg-query", "-W", "-f=${db:Status-Abbrev}${Version}", "edged", check=False
+        ).strip()
 
     def power_cut(self) -> None:
         """Everything stops at once: edged too (the updater already is)."""
@@ -136,8 +144,11 @@ def build(unpacked: Path, version: str, out: Path, broken: bool = False) -> None
     if broken:
         script.write_text(BROKEN_EDGED)
     try:
-        subprocess.run(["dpkg-deb", "-Zgzip", "-z1", "-b", str(unpacked), str(out)],
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["dpkg-deb", "-Zgzip", "-z1", "-b", str(unpacked), str(out)],
+            check=True,
+            capture_output=True,
+        )
     finally:
         script.write_bytes(saved)
 
@@ -145,16 +156,17 @@ def build(unpacked: Path, version: str, out: Path, broken: bool = False) -> None
 @pytest.fixture(scope="module")
 def world(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:  # noqa: F811
     with debian_tree(BASE, tmp_path_factory.mktemp("updater")) as tree:
-        world = World(tree, Ed25519PrivateKey.generate(), {"N": "/tmp/edged_N.deb"},
-                      {"N": VERSION})  # fmt: skip
+        world = World(tree, Ed25519PrivateKey.generate(), {"N": "/tmp/edged_N.deb"}, {"N": VERSION})
         try:
             shutil.copy(deb, tree.path("/tmp/edged_N.deb"))
             tree.run("dpkg", "-i", "/tmp/edged_N.deb")
             unpacked = tmp_path_factory.mktemp("unpacked") / "edged"
             subprocess.run(["dpkg-deb", "-R", str(deb), str(unpacked)], check=True)
-            for name, version, broken in (("A", f"{VERSION}+1", False),
-                                          ("B", f"{VERSION}+2", False),
-                                          ("BAD", f"{VERSION}+3", True)):  # fmt: skip
+            for name, version, broken in (
+                ("A", f"{VERSION}+1", False),
+                ("B", f"{VERSION}+2", False),
+                ("BAD", f"{VERSION}+3", True),
+            ):
                 build(unpacked, version, tree.path(f"/tmp/edged_{name}.deb"), broken)
                 world.builds[name], world.versions[name] = f"/tmp/edged_{name}.deb", version
             shutil.rmtree(unpacked)
@@ -289,19 +301,31 @@ def test_cloudsync_fetches_a_package_and_hands_it_to_the_updater_through_the_spo
     inside = cloudsync_config(broker, work, "f1", edged_socket=Path(SOCKET))
     inside = inside.replace(str(tree.root), "").replace(f"{work}/trust", "/etc/edged/trust")
     inside = inside.replace(f"{work}/cloudsync.sock", "/run/edged/cloudsync.sock")
-    inside += ('[delivery]\nca_file = "/etc/edged/test-pki/ca.pem"\nretry_s = 2\n'
-               "attempts = 2\n[heartbeat]\ninterval_s = 1\n")  # fmt: skip
+    inside += (
+        '[delivery]\nca_file = "/etc/edged/test-pki/ca.pem"\nretry_s = 2\n'
+        "attempts = 2\n[heartbeat]\ninterval_s = 1\n"
+    )
     tree.path("/etc/edged/cloudsync.toml").write_text(inside)
     tree.run("install", "-d", "-o", "edged", "-g", "edged", str(work))
     tree.run("chown", "-R", "edged:edged", "/etc/edged/test-pki")
     consumer = operator(broker)
     with (tmp_path / "cloudsync.log").open("ab") as log:
         agent = subprocess.Popen(
-            ["chroot", str(tree.root), "setpriv", "--reuid=edged", "--regid=edged",
-             "--init-groups", "/usr/bin/cloudsync", "--config", "/etc/edged/cloudsync.toml"],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                "chroot",
+                str(tree.root),
+                "setpriv",
+                "--reuid=edged",
+                "--regid=edged",
+                "--init-groups",
+                "/usr/bin/cloudsync",
+                "--config",
+                "/etc/edged/cloudsync.toml",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
-        )  # fmt: skip
+        )
     spool_dir = tree.path("/var/lib/edged/updates")
 
     def steps() -> list[dict[str, Any]]:
@@ -310,8 +334,9 @@ def test_cloudsync_fetches_a_package_and_hands_it_to_the_updater_through_the_spo
 
     def step(name: str, release: int, timeout: float = 120) -> dict[str, Any]:
         def row() -> dict[str, Any] | None:
-            return next((r for r in steps() if r["step"] == name
-                         and r.get("version") == release), None)  # fmt: skip
+            return next(
+                (r for r in steps() if r["step"] == name and r.get("version") == release), None
+            )
 
         wait_for(row, timeout, f"step {name} of release {release}: {steps()}", agent)
         found = row()
@@ -320,8 +345,9 @@ def test_cloudsync_fetches_a_package_and_hands_it_to_the_updater_through_the_spo
 
     def deliver(name: str) -> int:
         manifest = json.loads(tree.path(world.manifest(name)).read_text())
-        uri = cdn.put(f"edged/{Path(world.builds[name]).name}",
-                      tree.path(world.builds[name]).read_bytes())  # fmt: skip
+        uri = cdn.put(
+            f"edged/{Path(world.builds[name]).name}", tree.path(world.builds[name]).read_bytes()
+        )
         urls = {Path(world.builds[name]).name: secure_link_url(cdn.base, uri, SECRET, 600)}
         body = {"models": [{"manifest": manifest, "urls": urls}]}
         payload = envelope.Envelope(OPERATOR, int(time.time() * 1000), body).encode()
@@ -330,8 +356,12 @@ def test_cloudsync_fetches_a_package_and_hands_it_to_the_updater_through_the_spo
 
     try:
         release = deliver(good)
-        wait_for(lambda: (spool_dir / "request.json").exists(), 120,
-                 f"the request in the spool: {steps()}", agent)  # fmt: skip
+        wait_for(
+            lambda: (spool_dir / "request.json").exists(),
+            120,
+            f"the request in the spool: {steps()}",
+            agent,
+        )
         assert step("accepted", release)["deb_version"] == world.versions[good]
         deb = Path(world.builds[good]).name
         assert step("downloaded", release)["bytes"] == tree.path(world.builds[good]).stat().st_size
@@ -348,8 +378,12 @@ def test_cloudsync_fetches_a_package_and_hands_it_to_the_updater_through_the_spo
         world.serving()
 
         release = deliver("BAD")
-        wait_for(lambda: (spool_dir / "request.json").exists(), 120,
-                 f"the request in the spool: {steps()}", agent)  # fmt: skip
+        wait_for(
+            lambda: (spool_dir / "request.json").exists(),
+            120,
+            f"the request in the spool: {steps()}",
+            agent,
+        )
         proc = world.updater("apply-spool", health_s=20)
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 1 and json.loads(out)["outcome"] == "rolled-back", err

@@ -45,11 +45,35 @@ PROMETHEUS_OWN = {"up"}  # Prometheus' series per scrape target, in every job
 # PromQL words that look like metric names but are not (aggregations are caught by "(" unless
 # a "by"/"without" clause comes first, so they are listed too)
 KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
-    "and", "or", "unless", "atan2", "inf", "nan",
-    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
-    "bottomk", "topk", "quantile", "limitk", "limit_ratio",
-}  # fmt: skip
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "and",
+    "or",
+    "unless",
+    "atan2",
+    "inf",
+    "nan",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+}
 LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 _STRING = r""""(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|`[^`]*`"""
 _TOKEN = re.compile(
@@ -398,9 +422,13 @@ def test_selectors_are_told_from_functions_keywords_labels_and_strings() -> None
         Selector("e", ""),
         Selector("", '{__name__="f"}'),
     ]
-    assert to_promql("rate(m{i=~'${instance:regex}'}[$__rate_interval]) $1", {
-        "instance": ".*", "__rate_interval": "5m"
-    }) == "rate(m{i=~'.*'}[5m]) $1"  # fmt: skip
+    assert (
+        to_promql(
+            "rate(m{i=~'${instance:regex}'}[$__rate_interval]) $1",
+            {"instance": ".*", "__rate_interval": "5m"},
+        )
+        == "rate(m{i=~'.*'}[5m]) $1"
+    )
     with pytest.raises(AssertionError, match=r"\$nope"):
         to_promql("m{a=~'$nope'}", {})
 
@@ -417,6 +445,11 @@ def test_names_come_from_the_exposition_as_prometheus_stores_them() -> None:
         ]
     )
     assert exported(text) == {
-        "h_seconds_bucket", "h_seconds_sum", "h_seconds_count", "c_total", "i_info", "g",
+        "h_seconds_bucket",
+        "h_seconds_sum",
+        "h_seconds_count",
+        "c_total",
+        "i_info",
+        "g",
         "g_created",
-    }  # fmt: skip
+    }

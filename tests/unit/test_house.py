@@ -47,27 +47,46 @@ EDGED_LAYERS = [
     (
         "leaves",
         [
-            "edged", "edged.common",
-            "edged.oip", "edged.models.model_config", "edged.routing", "edged.background",
-            "edged.breaker", "edged.request",
+            "edged",
+            "edged.common",
+            "edged.oip",
+            "edged.models.model_config",
+            "edged.routing",
+            "edged.background",
+            "edged.breaker",
+            "edged.request",
             "edged.wire",
         ],
     ),
     (
         "parts",
-        ["edged.config", "edged.device", "edged.link", "edged.runtimes", "edged.cloud",
-         "edged.knowledge", "edged.systemd"],
+        [
+            "edged.config",
+            "edged.device",
+            "edged.link",
+            "edged.runtimes",
+            "edged.cloud",
+            "edged.knowledge",
+            "edged.systemd",
+        ],
     ),
     (
         "core",
-        ["edged.scheduler", "edged.metrics", "edged.models", "edged.privacy",
-         "edged.routing.router", "edged.pipelines", "edged.admin"],
+        [
+            "edged.scheduler",
+            "edged.metrics",
+            "edged.models",
+            "edged.privacy",
+            "edged.routing.router",
+            "edged.pipelines",
+            "edged.admin",
+        ],
     ),
     ("data plane", ["edged.dataplane"]),
     ("task graphs", ["edged.tasks"]),
     ("adapters", ["edged.server"]),
     ("composition root", ["edged.app", "edged.cli", "edged.__main__"]),
-]  # fmt: skip
+]
 TOOLS = ["edged.client", "edged.edgectl", "edged.top", "edged.top_live"]
 TOOLS_MAY_IMPORT = ["edged.client", "edged.knowledge.text"]
 CLOUDSYNC_MAY_IMPORT = ["edged", "edged.client", "edged.common"]
@@ -79,15 +98,28 @@ TYPE_CHECKING_ALLOWED = {
 }
 # the fleet service's adapters: handed what they use by its composition root (fleet.daemon)
 FLEET_ADAPTERS = [
-    "cloudsync.fleet.api", "cloudsync.fleet.routes", "cloudsync.fleet.console",
+    "cloudsync.fleet.api",
+    "cloudsync.fleet.routes",
+    "cloudsync.fleet.console",
     "cloudsync.fleet.actions",
-]  # fmt: skip
+]
 FLEET_CONSOLE = "cloudsync.fleet.console"
 # the fleet service's modules that may hold SQL: the store and the repositories
 FLEET_SQL = {
-    "store", "registry", "deployments", "rollouts", "abtests", "enrolment", "audit", "commands",
-    "sessions", "leases", "alerting", "observe", "exporter",
-}  # fmt: skip
+    "store",
+    "registry",
+    "deployments",
+    "rollouts",
+    "abtests",
+    "enrolment",
+    "audit",
+    "commands",
+    "sessions",
+    "leases",
+    "alerting",
+    "observe",
+    "exporter",
+}
 SQL = re.compile(r"\b(SELECT\s|INSERT\s+INTO\s|UPDATE\s+\w+\s+SET\s|DELETE\s+FROM\s)")
 WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+([a-z_]+)\b")
 
@@ -183,8 +215,9 @@ def violations(root: Path) -> list[str]:
                 for _, loaded in modules[package]:
                     why = rule(source, loaded.target)
                     if why:
-                        found.append(f"{where}, whose package {package} loads {loaded.target}:"
-                                     f" {why}")  # fmt: skip
+                        found.append(
+                            f"{where}, whose package {package} loads {loaded.target}: {why}"
+                        )
             if imp.types_only and (source, imp.target) not in TYPE_CHECKING_ALLOWED:
                 why = "import it, or hand over only what is used (or list it here, with why)"
                 found.append(f"{where} under TYPE_CHECKING: {why}")
@@ -193,8 +226,10 @@ def violations(root: Path) -> list[str]:
         if path.relative_to(fleet).with_suffix("").as_posix() not in FLEET_SQL:
             for number, text in enumerate(path.read_text().splitlines(), 1):
                 if SQL.search(text):
-                    found.append(f"{path.relative_to(root)}:{number}: SQL outside the fleet"
-                                 " service's repositories")  # fmt: skip
+                    found.append(
+                        f"{path.relative_to(root)}:{number}: SQL outside the fleet"
+                        " service's repositories"
+                    )
     return found
 
 
@@ -204,10 +239,16 @@ def cycles(root: Path) -> list[str]:
     modules = graph(root)
     known = set(modules)
     edges = {
-        source: sorted({t for _, imp in found for t in (imp.target,
-                        *packages_entered(source, imp.target, known)) if t in known})
+        source: sorted(
+            {
+                t
+                for _, imp in found
+                for t in (imp.target, *packages_entered(source, imp.target, known))
+                if t in known
+            }
+        )
         for source, found in modules.items()
-    }  # fmt: skip
+    }
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -268,8 +309,10 @@ def rule(source: str, target: str) -> str:
         return "the protocol imports nothing else of cloudsync"
     if source.startswith("cloudsync.fleet") and target.startswith("cloudsync.agent"):
         return "the fleet side never imports the device agent"
-    if under(source, FLEET_ADAPTERS) and target in ("cloudsync.fleet.service",
-                                                    "cloudsync.fleet.daemon"):  # fmt: skip
+    if under(source, FLEET_ADAPTERS) and target in (
+        "cloudsync.fleet.service",
+        "cloudsync.fleet.daemon",
+    ):
         return "a fleet adapter is handed what it uses (fleet.daemon composes): not the service"
     if under(source, [FLEET_CONSOLE]) and under(
         target, ["cloudsync.fleet.api", "cloudsync.fleet.routes"]
@@ -301,8 +344,12 @@ def test_no_module_imports_itself_round_a_cycle() -> None:
 def test_the_types_only_imports_are_the_listed_ones() -> None:
     """Counted, so that a new one is a decision (the agent's parts imported ``Agent`` for its
     type: a cycle of four files the layers did not see, issue 45)."""
-    seen = {(source, imp.target) for source, edges in graph(ROOT).items()
-            for _, imp in edges if imp.types_only}  # fmt: skip
+    seen = {
+        (source, imp.target)
+        for source, edges in graph(ROOT).items()
+        for _, imp in edges
+        if imp.types_only
+    }
     assert seen == set(TYPE_CHECKING_ALLOWED)
 
 
@@ -382,14 +429,16 @@ def test_cycles_hidden_imports_and_stray_sql_put_back_on_purpose_are_named(tmp_p
     the client-side tools, and SQL in the API: each found, and nothing else."""
     copy_tree(tmp_path)
     added = {
-        "cloudsync/agent/metrics.py":
-            "if TYPE_CHECKING:\n    from cloudsync.agent.session import Agent\n",
+        "cloudsync/agent/metrics.py": (
+            "if TYPE_CHECKING:\n    from cloudsync.agent.session import Agent\n"
+        ),
         "edged/tasks/kinds.py": "def parse():\n    from edged.tasks.graph import parse_graph\n",
         "cloudsync/fleet/console.py": "from cloudsync.fleet.api import app\n",
-        "cloudsync/fleet/api.py":
-            'def console():\n    from cloudsync.fleet.console import Console\n\nX = "SELECT 1"\n',
+        "cloudsync/fleet/api.py": (
+            'def console():\n    from cloudsync.fleet.console import Console\n\nX = "SELECT 1"\n'
+        ),
         "edged/knowledge/__init__.py": "from edged.knowledge.store import KnowledgeStore\n",
-    }  # fmt: skip
+    }
     for name, text in added.items():
         path = tmp_path / name
         path.write_text(path.read_text() + "\n" + text)
@@ -437,12 +486,21 @@ def test_a_reload_swaps_settings_and_changes_no_object_a_reader_holds() -> None:
     into their ``Live`` holders: no ``setattr`` and no assignment to an attribute of a section."""
     tree = ast.parse((ROOT / "edged" / "app.py").read_text())
     apply = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "apply")
-    calls = [n for n in ast.walk(apply) if isinstance(n, ast.Call)
-             and isinstance(n.func, ast.Name) and n.func.id == "setattr"]  # fmt: skip
-    deep = [ast.unparse(t) for n in ast.walk(apply) if isinstance(n, ast.Assign)
-            for t in n.targets if isinstance(t, ast.Attribute)
-            and isinstance(t.value, ast.Attribute) and t.value.attr != "self"
-            and ast.unparse(t.value).count(".") >= 2]  # fmt: skip
+    calls = [
+        n
+        for n in ast.walk(apply)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr"
+    ]
+    deep = [
+        ast.unparse(t)
+        for n in ast.walk(apply)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Attribute)
+        and isinstance(t.value, ast.Attribute)
+        and t.value.attr != "self"
+        and ast.unparse(t.value).count(".") >= 2
+    ]
     assert not calls and not deep, (calls, deep)
 
 
@@ -482,3 +540,17 @@ def test_one_word_per_idea_in_the_names_of_modules() -> None:
             packages.setdefault(path.parent.name, []).append(module)
     assert not strays, f"cli or config outside a program's package: {strays}"
     assert not {name: found for name, found in packages.items() if len(found) > 1}
+
+
+def test_the_formatter_wins() -> None:
+    """No formatter's skip or off marker in our Python (issue 45: 1,133 of them kept lines
+    hand-laid against ``ruff format``): the layout is the formatter's, everywhere."""
+    marker = re.compile(r"#\s*fmt:\s*(skip|off)\b")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for top in ("edged", "cloudsync", "tests", "bench", "models")
+        for path in (ROOT / top).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if marker.search(line)
+    ]
+    assert not found, found

@@ -40,8 +40,9 @@ VALID = [
 
 
 @pytest.mark.parametrize(("pattern", "valid"), VALID, ids=[v for _, v in VALID])
-def test_a_pattern_takes_its_example_and_nothing_after_it(pattern: re.Pattern[str],
-                                                          valid: str) -> None:  # fmt: skip
+def test_a_pattern_takes_its_example_and_nothing_after_it(
+    pattern: re.Pattern[str], valid: str
+) -> None:
     assert pattern.match(valid)
     for tail in ("\n", "\r\n", "\n\n", " "):
         assert pattern.match(valid + tail) is None, repr(valid + tail)

@@ -66,8 +66,9 @@ class Calls:
         self.actions = actions
         self.idle_timeout_s, self.max_body_kb = idle_timeout_s, max_body_kb
 
-    async def audit(self, who: Token, action: str, target: str, outcome: str,
-                    detail: Any = None) -> None:  # fmt: skip
+    async def audit(
+        self, who: Token, action: str, target: str, outcome: str, detail: Any = None
+    ) -> None:
         await self.actions.audit(who, action, target, outcome, detail)
 
     async def body(self, request: web.Request, action: str, target: str) -> Any:
@@ -102,7 +103,8 @@ class Calls:
                 content_type="application/json",
             ) from None
 
-    async def refuse(self, request: web.Request, action: str, target: str,
-                     status: int, message: str) -> web.Response:  # fmt: skip
+    async def refuse(
+        self, request: web.Request, action: str, target: str, status: int, message: str
+    ) -> web.Response:
         refused = await self.actions.refuse(request[WHO], action, target, status, message)
         return error(refused.status, refused.message)

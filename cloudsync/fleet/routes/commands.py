@@ -18,8 +18,9 @@ Send = Callable[[str, str, bytes], bool]  # (node, command id, payload): publish
 
 
 class CommandRoutes:
-    def __init__(self, commands: Commands, send: Send, fleet: str, clock: Callable[[], int],
-                 calls: Calls) -> None:  # fmt: skip
+    def __init__(
+        self, commands: Commands, send: Send, fleet: str, clock: Callable[[], int], calls: Calls
+    ) -> None:
         self.commands, self.send, self.fleet, self.clock = commands, send, fleet, clock
         self.calls = calls
 
@@ -46,8 +47,9 @@ class CommandRoutes:
         except KeyError as exc:
             return await self.calls.refuse(request, action, node, 409, str(exc))
         if not self.send(node, command["id"], command["payload"]):
-            return await self.calls.refuse(request, action, node, 503,
-                                           "the broker is not connected")  # fmt: skip
+            return await self.calls.refuse(
+                request, action, node, 503, "the broker is not connected"
+            )
         detail = {k: command[k] for k in ("id", "name", "issuer", "kid")}
         await self.calls.audit(who, f"command {command['name']}", node, "sent", detail)
         return web.json_response({**detail, "node": node, "state": "sent"}, status=202)
@@ -79,12 +81,19 @@ def relayed(doc: Any, target: str, now_ms: int) -> dict[str, Any]:
     if not CMD_ID.match(env.id):
         raise ValueError("command.id: 1 to 64 letters, digits, _ or -")
     if body.get("target") != target:
-        raise ValueError(f"command.body.target: {envelope.printable(str(body.get('target')), 80)}"
-                         f" is not {target}")  # fmt: skip
+        raise ValueError(
+            f"command.body.target: {envelope.printable(str(body.get('target')), 80)}"
+            f" is not {target}"
+        )
     name, exp = body.get("name"), body.get("exp")
     if not isinstance(name, str) or not name:
         raise ValueError("command.body.name: the command's name")
     if isinstance(exp, bool) or not isinstance(exp, int) or exp <= now_ms:
         raise ValueError("command.body.exp: expired, or not ms since the epoch")
-    return {"id": env.id, "name": envelope.printable(name, 64), "issuer": env.node,
-            "kid": kid, "payload": payload}  # fmt: skip
+    return {
+        "id": env.id,
+        "name": envelope.printable(name, 64),
+        "issuer": env.node,
+        "kid": kid,
+        "payload": payload,
+    }

@@ -14,9 +14,14 @@ from cloudsync.fleet.routes.base import Calls, Route, error
 
 
 class DeploymentRoutes:
-    def __init__(self, deployments: Deployments, anchors: dict[str, Any] | None,
-                 clock: Callable[[], int], reconcile: Callable[[], None],
-                 calls: Calls) -> None:  # fmt: skip
+    def __init__(
+        self,
+        deployments: Deployments,
+        anchors: dict[str, Any] | None,
+        clock: Callable[[], int],
+        reconcile: Callable[[], None],
+        calls: Calls,
+    ) -> None:
         self.deployments, self.anchors, self.clock = deployments, anchors, clock
         self.reconcile, self.calls = reconcile, calls
 
@@ -50,11 +55,20 @@ class DeploymentRoutes:
             return await self.calls.refuse(request, action, target, 422, str(exc))
         who = request[WHO]
         if not await db(self.deployments.create, dep, who.name):
-            return await self.calls.refuse(request, action, dep.id, 409,
-                                           f"deployment {dep.id} exists")  # fmt: skip
-        await self.calls.audit(who, action, dep.id, "done",
-                               {"selector": dep.selector, "priority": dep.priority,
-                                "versions": dep.as_dict()["versions"]})  # fmt: skip
+            return await self.calls.refuse(
+                request, action, dep.id, 409, f"deployment {dep.id} exists"
+            )
+        await self.calls.audit(
+            who,
+            action,
+            dep.id,
+            "done",
+            {
+                "selector": dep.selector,
+                "priority": dep.priority,
+                "versions": dep.as_dict()["versions"],
+            },
+        )
         self.reconcile()
         created = await db(self.deployments.get, dep.id)
         return web.json_response(created.as_dict(), status=201)
@@ -62,8 +76,9 @@ class DeploymentRoutes:
     async def delete(self, request: web.Request) -> web.Response:
         ident = request.match_info["id"]
         if not await db(self.deployments.delete, ident):
-            return await self.calls.refuse(request, "delete deployment", ident, 404,
-                                           "no such deployment")  # fmt: skip
+            return await self.calls.refuse(
+                request, "delete deployment", ident, 404, "no such deployment"
+            )
         await self.calls.audit(request[WHO], "delete deployment", ident, "done")
         self.reconcile()
         return web.json_response({"deleted": ident})

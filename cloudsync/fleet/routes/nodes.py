@@ -16,22 +16,39 @@ from edged.common.digits import whole
 
 
 class NodeRoutes:
-    def __init__(self, registry: Registry, series: NodeSeries, fleet: str,
-                 clock: Callable[[], int], actions: Actions, calls: Calls) -> None:  # fmt: skip
+    def __init__(
+        self,
+        registry: Registry,
+        series: NodeSeries,
+        fleet: str,
+        clock: Callable[[], int],
+        actions: Actions,
+        calls: Calls,
+    ) -> None:
         self.registry, self.series, self.fleet, self.clock = registry, series, fleet, clock
         self.actions, self.calls = actions, calls
 
     def routes(self) -> list[Route]:
         return [
             Route("GET", "/v1/fleet/metrics", self.fleet_metrics, "viewer", ("shard", "shards")),
-            Route("GET", "/v1/nodes", self.nodes, "viewer",
-                  ("state", "selector", "contains", "after", "limit")),
+            Route(
+                "GET",
+                "/v1/nodes",
+                self.nodes,
+                "viewer",
+                ("state", "selector", "contains", "after", "limit"),
+            ),
             Route("GET", "/v1/nodes/{node}", self.node),
             Route("GET", "/v1/nodes/{node}/history", self.history),
-            Route("GET", "/v1/nodes/{node}/egress-checkpoints", self.egress_checkpoints,
-                  "viewer", ("limit",)),
+            Route(
+                "GET",
+                "/v1/nodes/{node}/egress-checkpoints",
+                self.egress_checkpoints,
+                "viewer",
+                ("limit",),
+            ),
             Route("PUT", "/v1/nodes/{node}/labels", self.labels, "operator"),
-        ]  # fmt: skip
+        ]
 
     async def fleet_metrics(self, request: web.Request) -> web.Response:
         """Every node's series (cloudsync.fleet.exporter), for Prometheus with the token of a
@@ -42,8 +59,12 @@ class NodeRoutes:
         if shard is None or shards is None or not shard < shards <= MAX_SHARDS:
             return error(400, f"shard: 0 to shards - 1; shards: 1 to {MAX_SHARDS}")
         body = await db(self.series.render, shard, shards)
-        return web.Response(body=body, content_type="text/plain", charset="utf-8",
-                            headers={"Cache-Control": "no-store"})  # fmt: skip
+        return web.Response(
+            body=body,
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def nodes(self, request: web.Request) -> web.Response:
         q = request.query
@@ -59,9 +80,14 @@ class NodeRoutes:
             return error(400, f"selector: k=v,k2=v2 ({exc})")
         now = self.clock()
         page, after = await db(
-            self.registry.nodes, now, state, selector, q.get("contains", ""),
-            q.get("after", ""), limit,
-        )  # fmt: skip
+            self.registry.nodes,
+            now,
+            state,
+            selector,
+            q.get("contains", ""),
+            q.get("after", ""),
+            limit,
+        )
         counts = await db(self.registry.counts, now)
         return web.json_response({"nodes": page, "next": after, "counts": counts})
 
@@ -84,7 +110,8 @@ class NodeRoutes:
         node = request.match_info["node"]
         doc = await self.calls.body(request, "set labels", node)
         if not isinstance(doc, dict) or set(doc) != {"labels"}:
-            return await self.calls.refuse(request, "set labels", node, 422,
-                                           'body: {"labels": {label: value}}')  # fmt: skip
+            return await self.calls.refuse(
+                request, "set labels", node, 422, 'body: {"labels": {label: value}}'
+            )
         labels = await self.actions.set_labels(request[WHO], node, doc["labels"])
         return web.json_response({"node": node, "operator_labels": labels})

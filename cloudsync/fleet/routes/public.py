@@ -16,9 +16,14 @@ PUBLIC = frozenset({"/healthz", "/metrics", "/v1/openapi.json"})
 
 
 class PublicRoutes:
-    def __init__(self, ping: Callable[[], None], broker: Callable[[], bool],
-                 runner: Callable[[], bool], replica: str,
-                 metrics: CollectorRegistry) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ping: Callable[[], None],
+        broker: Callable[[], bool],
+        runner: Callable[[], bool],
+        replica: str,
+        metrics: CollectorRegistry,
+    ) -> None:
         self.ping, self.broker, self.runner, self.replica = ping, broker, runner, replica
         self.metrics_registry = metrics
 
@@ -38,14 +43,18 @@ class PublicRoutes:
         broker = self.broker()
         ok = database and broker
         return web.json_response(
-            {"ok": ok, "database": database, "broker": broker, "runner": self.runner(),
-             "replica": self.replica},
+            {
+                "ok": ok,
+                "database": database,
+                "broker": broker,
+                "runner": self.runner(),
+                "replica": self.replica,
+            },
             status=200 if ok else 503,
-        )  # fmt: skip
+        )
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics_registry),
-                            content_type="text/plain")  # fmt: skip
+        return web.Response(body=generate_latest(self.metrics_registry), content_type="text/plain")
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(body=OPENAPI.read_bytes(), content_type="application/json")

@@ -16,9 +16,15 @@ from cloudsync.fleet.routes.base import Calls, Route, error
 
 
 class RolloutRoutes:
-    def __init__(self, rollouts: Rollouts, anchors: dict[str, Any] | None,
-                 clock: Callable[[], int], wake: Callable[[], None], actions: Actions,
-                 calls: Calls) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rollouts: Rollouts,
+        anchors: dict[str, Any] | None,
+        clock: Callable[[], int],
+        wake: Callable[[], None],
+        actions: Actions,
+        calls: Calls,
+    ) -> None:
         self.rollouts, self.anchors, self.clock, self.wake = rollouts, anchors, clock, wake
         self.actions, self.calls = actions, calls
 
@@ -67,15 +73,26 @@ class RolloutRoutes:
             made = await db(self.rollouts.create, made, who.name)
         except Conflict as exc:
             return await self.calls.refuse(request, action, made.id, 409, str(exc))
-        await self.calls.audit(who, action, made.id, "done", {
-            "model": made.model, "version": made.version, "stages": made.stages,
-            "deployment": made.deployment, "selector": made.selector})  # fmt: skip
+        await self.calls.audit(
+            who,
+            action,
+            made.id,
+            "done",
+            {
+                "model": made.model,
+                "version": made.version,
+                "stages": made.stages,
+                "deployment": made.deployment,
+                "selector": made.selector,
+            },
+        )
         self.wake()
         return web.json_response(summary(made), status=201)
 
     async def act(self, request: web.Request) -> web.Response:
-        done = await self.actions.act_on_rollout(request[WHO], request.match_info["id"],
-                                                 request.match_info["action"])  # fmt: skip
+        done = await self.actions.act_on_rollout(
+            request[WHO], request.match_info["id"], request.match_info["action"]
+        )
         return web.json_response(summary(done))
 
 

@@ -403,8 +403,13 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryRegisterResponse:
         async def work() -> pb.SystemSharedMemoryRegisterResponse:
-            self.plane.shm.register(self.peers(context.peer()), request.name, request.key,
-                                    request.offset, request.byte_size)  # fmt: skip
+            self.plane.shm.register(
+                self.peers(context.peer()),
+                request.name,
+                request.key,
+                request.offset,
+                request.byte_size,
+            )
             return pb.SystemSharedMemoryRegisterResponse()
 
         return await self._call(context, work)

@@ -178,9 +178,13 @@ class SharedMemory:
         doc = await read_json(request)
         if not isinstance(doc, dict):
             raise InvalidRequest("body: an object {key, offset, byte_size}")
-        self.plane.shm.register(peer_credentials(request), request.match_info["region"],
-                                doc.get("key"), doc.get("offset", 0),
-                                doc.get("byte_size"))  # fmt: skip
+        self.plane.shm.register(
+            peer_credentials(request),
+            request.match_info["region"],
+            doc.get("key"),
+            doc.get("offset", 0),
+            doc.get("byte_size"),
+        )
         return ok({})
 
     async def unregister(self, request: web.Request) -> web.Response:
@@ -282,8 +286,13 @@ class Knowledge:
         # an escalation to the answer model may take seconds: the ask's own default deadline
         params.setdefault("timeout", round(kb.ask_settings.timeout_s * 1e6))
         _, route = self.plane.take_parameters(params)
-        reply = await kb.ask(request.match_info["ns"], doc.get("question"), threshold,
-                             doc.get("filter", ""), private=route.private)  # fmt: skip
+        reply = await kb.ask(
+            request.match_info["ns"],
+            doc.get("question"),
+            threshold,
+            doc.get("filter", ""),
+            private=route.private,
+        )
         if params.get("explain") is True:
             reply["route_trace"] = route.decisions
         return ok(reply)
@@ -363,10 +372,11 @@ class AdminEndpoints:
             ("GET", "/v1/admin/egress/verify", self.verify_egress),
         ]
         return [
-            web.get(path, _admin_only(act)) if method == "GET"  # HEAD too, as web.get gives
+            web.get(path, _admin_only(act))
+            if method == "GET"  # HEAD too, as web.get gives
             else web.route(method, path, _admin_only(act))
             for method, path, act in table
-        ]  # fmt: skip
+        ]
 
     async def routing(self, request: web.Request) -> Any:
         return self.admin.routing.show()

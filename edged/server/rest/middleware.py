@@ -62,8 +62,11 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         # the last large request of a burst has gone: the heap's free pages go back now
         await asyncio.get_running_loop().run_in_executor(None, heap.trim_heap)
     wanted = settings_of(request).access_log
-    level = logging.INFO if wanted == "all" or (
-        wanted == "errors" and response.status >= 400) else logging.DEBUG  # fmt: skip
+    level = (
+        logging.INFO
+        if wanted == "all" or (wanted == "errors" and response.status >= 400)
+        else logging.DEBUG
+    )
     more = ""
     if level == logging.INFO and wanted == "errors" and response.status < 500:
         quiet = REFUSALS.take()

@@ -16,11 +16,17 @@ from edged.server.rest.io import ACCESS, PLANE, SETTINGS
 from edged.server.rest.middleware import guard
 from edged.server.services import Services
 
+MODEL, VERSIONED = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
+REGION = "/v2/systemsharedmemory/region/{region}"
+
 
 def create_app(
-    plane: DataPlane, settings: Live[ServerConfig], admin: Admin | None = None,
-    access: Access | None = None, services: Services | None = None,
-) -> web.Application:  # fmt: skip
+    plane: DataPlane,
+    settings: Live[ServerConfig],
+    admin: Admin | None = None,
+    access: Access | None = None,
+    services: Services | None = None,
+) -> web.Application:
     """The aiohttp application with every route (/v1/admin with ``admin``, /v1/kb and /v1/tasks
     with ``services``); ``access`` checks the callers (by default over ``settings``, the server
     settings as a reload leaves them)."""
@@ -31,28 +37,26 @@ def create_app(
     if admin is not None:
         app.add_routes(ep.AdminEndpoints(admin).routes())
     v2, shm = ep.Inference(plane, settings), ep.SharedMemory(plane)
-    daemon, kb, tasks, defaults = (ep.Daemon(plane), ep.Knowledge(plane, services),
-                                   ep.Tasks(services), ep.DefaultModels(plane))  # fmt: skip
-    model, versioned = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
-    region = "/v2/systemsharedmemory/region/{region}"
-    app.add_routes([
+    daemon, kb = ep.Daemon(plane), ep.Knowledge(plane, services)
+    tasks, defaults = ep.Tasks(services), ep.DefaultModels(plane)
+    table = [
         web.get("/v2", v2.server_metadata),
         web.get("/v2/health/live", v2.live),
         web.get("/v2/health/ready", v2.ready),
         web.get("/v2/models/stats", v2.statistics),  # before /v2/models/{model}
         web.get("/v2/systemsharedmemory/status", shm.status),
-        web.get(region + "/status", shm.status),
-        web.post(region + "/register", shm.register),
-        web.post(region + "/unregister", shm.unregister),
+        web.get(REGION + "/status", shm.status),
+        web.post(REGION + "/register", shm.register),
+        web.post(REGION + "/unregister", shm.unregister),
         web.post("/v2/systemsharedmemory/unregister", shm.unregister),
         web.route("*", "/v2/cudasharedmemory{rest:.*}", shm.cuda),
-        *(web.get(path + "/stats", v2.statistics) for path in (model, versioned)),
-        *(web.get(path, v2.model_metadata) for path in (model, versioned)),
-        *(web.get(path + "/ready", v2.model_ready) for path in (model, versioned)),
-        *(web.get(path + "/config", v2.model_config) for path in (model, versioned)),
-        web.post(model + "/infer", v2.infer),
-        web.post(model + "/stream", v2.stream),
-        web.post(versioned + "/infer", v2.infer),
+        *(web.get(path + "/stats", v2.statistics) for path in (MODEL, VERSIONED)),
+        *(web.get(path, v2.model_metadata) for path in (MODEL, VERSIONED)),
+        *(web.get(path + "/ready", v2.model_ready) for path in (MODEL, VERSIONED)),
+        *(web.get(path + "/config", v2.model_config) for path in (MODEL, VERSIONED)),
+        web.post(MODEL + "/infer", v2.infer),
+        web.post(MODEL + "/stream", v2.stream),
+        web.post(VERSIONED + "/infer", v2.infer),
         web.post("/v2/repository/index", v2.repository_index),
         web.post("/v2/repository/models/{model}/load", v2.repository_load),
         web.post("/v2/repository/models/{model}/unload", v2.repository_unload),
@@ -72,5 +76,6 @@ def create_app(
         web.post("/v1/intent", defaults.intent),
         web.post("/v1/ocr", defaults.ocr),
         web.post("/v1/vad", defaults.vad),
-    ])  # fmt: skip
+    ]
+    app.add_routes(table)
     return app

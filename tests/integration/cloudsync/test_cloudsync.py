@@ -254,8 +254,9 @@ def test_records_the_broker_refuses_go_to_the_dead_letters(
     """A node configured under another node's name (its certificate says n2): the broker's ACL
     refuses every record (PUBACK Not authorized); each goes to the dead letters with the reason,
     counted, and the outbox does not send it again."""
-    agent.config.write_text(agent.config.read_text().replace("n1.pem", "n2.pem").replace(
-        "n1.key", "n2.key"))  # fmt: skip
+    agent.config.write_text(
+        agent.config.read_text().replace("n1.pem", "n2.pem").replace("n1.key", "n2.key")
+    )
     broker.start()
     agent.start()
     wait_for(lambda: agent.status()["connected"], 10, "connected")
@@ -272,10 +273,12 @@ def test_mqtt_over_websockets(tmp_path: Path, pki: Path) -> None:
     broker = Broker(tmp_path / "mosquitto", pki, websockets_port=free_port()).start()
     agent = Agent(tmp_path / "agent", broker)
     try:
-        agent.config.write_text(agent.config.read_text().replace(
-            f"port = {broker.port}",
-            f'port = {broker.websockets_port}\ntransport = "websockets"',
-        ))  # fmt: skip
+        agent.config.write_text(
+            agent.config.read_text().replace(
+                f"port = {broker.port}",
+                f'port = {broker.websockets_port}\ntransport = "websockets"',
+            )
+        )
         consumer = operator(broker)
         agent.start()
         wait_for(lambda: agent.status()["connected"], 10, "connected over wss")
@@ -295,8 +298,9 @@ def test_edgeds_events_reach_the_fleet_once_across_restarts(
     cursor kept in the outbox with the records, so a restarted cloudsync sends none twice."""
     edged = make_daemon(config='[models]\nload = ["intent-classifier"]\n').start()
     assert edged.client.events()["events"], "edged has events to send"
-    agent.config.write_text(agent.config.read_text().replace(
-        str(agent.workdir / "no-edged.sock"), str(edged.socket)))  # fmt: skip
+    agent.config.write_text(
+        agent.config.read_text().replace(str(agent.workdir / "no-edged.sock"), str(edged.socket))
+    )
     broker.start()
     consumer = operator(broker)
     agent.start()
@@ -392,16 +396,24 @@ def test_fleet_commands_operate_edged_and_its_metrics_arrive_as_telemetry(
         wait_for(lambda: _served(consumer, MODEL) == 30, 15, "telemetry counting 30 calls")
         # the outbox delivered, then a heartbeat published after it arrived: a record sent
         # again across the kill would be here by now; nothing is counted twice
-        wait_for(lambda: agent.status()["outbox"]["depth"].get("telemetry", 0) == 0, 15,
-                 "the telemetry delivered")  # fmt: skip
+        wait_for(
+            lambda: agent.status()["outbox"]["depth"].get("telemetry", 0) == 0,
+            15,
+            "the telemetry delivered",
+        )
         beats = len(bodies(list(consumer.received), "heartbeat"))
-        wait_for(lambda: len(bodies(list(consumer.received), "heartbeat")) > beats, 15,
-                 "a heartbeat after it")  # fmt: skip
+        wait_for(
+            lambda: len(bodies(list(consumer.received), "heartbeat")) > beats,
+            15,
+            "a heartbeat after it",
+        )
         assert _served(consumer, MODEL) == 30
         (row, *_) = [
-            r for e in bodies(list(consumer.received), "telemetry")
-            for r in e.body["metrics"]["models"] if r["model"] == MODEL
-        ]  # fmt: skip
+            r
+            for e in bodies(list(consumer.received), "telemetry")
+            for r in e.body["metrics"]["models"]
+            if r["model"] == MODEL
+        ]
         assert row["errors"] == 0 and row["p95_ms"] > 0 and row["version"] == "1"
         # a classifier (an output with labels): its mean best score, for drift gates
         assert 0 < row["confidence_mean"] <= 1 and row["confidence_n"] == row["requests"]
@@ -418,10 +430,13 @@ def test_fleet_commands_operate_edged_and_its_metrics_arrive_as_telemetry(
         answer = ask(edged.client, 200)
         assert answer["route"] == "cloud" and "fleet maintenance" in answer["reason"]
         wait_for(
-            lambda: any("fleet maintenance" in str(b.body.get("drained"))
-                        for b in bodies(list(consumer.received), "heartbeat")),
-            10, "a heartbeat saying the node is drained",
-        )  # fmt: skip
+            lambda: any(
+                "fleet maintenance" in str(b.body.get("drained"))
+                for b in bodies(list(consumer.received), "heartbeat")
+            ),
+            10,
+            "a heartbeat saying the node is drained",
+        )
         logs = command("logs", lines=5, contains="drained")
         lines = logs["result"]["lines"]
         assert 1 <= len(lines) <= 5 and all("drained" in line["message"] for line in lines)

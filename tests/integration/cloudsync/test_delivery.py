@@ -67,8 +67,9 @@ class Fleet:
         path = self.files / f"{version}" / "model.onnx"
         scale_model(path, factor, **model)
         uri = self.cdn.put(f"{MODEL}/{version}/model.onnx", path.read_bytes())
-        signed = make(MODEL, version, [file_entry(path)], lifetime_s, {"fleet": "f1"},
-                      smoke(factor))  # fmt: skip
+        signed = make(
+            MODEL, version, [file_entry(path)], lifetime_s, {"fleet": "f1"}, smoke(factor)
+        )
         urls = {"model.onnx": secure_link_url(self.cdn.base, uri, SECRET, 600)}
         return sign(signed, {"fleet-1": self.key}), urls, path
 
@@ -86,8 +87,9 @@ class Fleet:
             uri = self.cdn.put(f"{model}/{version}/{name}", path.read_bytes())
             urls[name] = secure_link_url(self.cdn.base, uri, SECRET, 600)
             entries.append(file_entry(path))
-        signed = make(model, version, entries, 3600.0, {"fleet": "f1"},
-                      smoke(smoke_factor or factor))  # fmt: skip
+        signed = make(
+            model, version, entries, 3600.0, {"fleet": "f1"}, smoke(smoke_factor or factor)
+        )
         return {"manifest": sign(signed, {"fleet-1": self.key}), "urls": urls}
 
     def removal(self, model: str, version: int) -> dict[str, Any]:
@@ -181,8 +183,9 @@ def fleet(tmp_path: Path, pki: Path, make_daemon: type[Daemon]) -> Iterator[Flee
     cdn = Cdn(tmp_path / "cdn", pki).start()
     agent = Agent(tmp_path / "agent", broker)
     staging = edged.workdir / "state" / "staging"  # edged installs only from its own
-    config = agent.config.read_text().replace(str(agent.workdir / "no-edged.sock"),
-                                              str(edged.socket))  # fmt: skip
+    config = agent.config.read_text().replace(
+        str(agent.workdir / "no-edged.sock"), str(edged.socket)
+    )
     agent.config.write_text(
         config + f'[delivery]\nstaging_dir = "{staging}"\nca_file = "{pki}/ca.pem"\n'
         "retry_s = 2\nattempts = 2\nhealth_window_s = 4\nhealth_min_requests = 10\n"
@@ -219,8 +222,10 @@ def test_a_signed_version_is_downloaded_installed_and_serves(fleet: Fleet) -> No
     assert served == [(f"/models/{MODEL}/2/model.onnx", 200, path.stat().st_size, "-")]
     # the staging directory was moved in, nothing of this model is left behind
     assert sorted(p.name for p in staging.iterdir()) == [
-        f"{MODEL}-1x", f"{MODEL}-3-1", f"{MODEL}-det-3",
-    ]  # fmt: skip
+        f"{MODEL}-1x",
+        f"{MODEL}-3-1",
+        f"{MODEL}-det-3",
+    ]
     assert (staging / f"{MODEL}-det-3" / "model.onnx.part").read_bytes() == b"partial"
 
 
@@ -237,8 +242,12 @@ def test_every_bad_manifest_and_file_is_refused_and_the_old_version_keeps_servin
     ) -> dict[str, Any]:
         before = len(fleet.steps())
         fleet.deliver(manifest, urls)
-        found = lambda: [r for r in fleet.steps()[before:]  # noqa: E731
-                         if says in str(r.get("why")) and r["step"] == step]  # fmt: skip
+
+        def found() -> list[dict[str, Any]]:
+            return [
+                r for r in fleet.steps()[before:] if says in str(r.get("why")) and r["step"] == step
+            ]
+
         wait_for(found, 30, f"'{says}' in {fleet.steps()[before:]}")
         assert answer(client) == ("2", 2.0)
         return found()[0]
@@ -344,8 +353,9 @@ def test_twenty_sigkills_while_downloading_and_installing_never_leave_a_partial_
     ranges = [row for row in sent if row[3].startswith("bytes=")]
     total = sum(row[2] for row in sent)
     assert len(ranges) >= 5, f"the download resumed {len(ranges)} times with Range requests"
-    print(f"{len(sent)} requests ({len(ranges)} with Range), {total} bytes sent for a file of"
-          f" {size}")  # fmt: skip
+    print(
+        f"{len(sent)} requests ({len(ranges)} with Range), {total} bytes sent for a file of {size}"
+    )
     assert size <= total < 1.5 * size, f"{total} bytes sent for a file of {size}"
     resumed = [r.get("resumed_bytes", 0) for r in fleet.steps() if r["step"] == "downloaded"]
     assert resumed and resumed[-1] > 0  # what was on disk was not fetched again
@@ -450,8 +460,11 @@ def test_a_version_damaged_on_disk_is_refused_the_one_before_serves_and_it_is_fe
     assert (versions["active"], versions["serving"], versions["on_disk"]) == (2, [1], [1, 2])
     why = versions["damaged"]["2"]
     expected = f"has {len(data)} bytes, {path.stat().st_size} listed"
-    assert why == (f"file 'model.onnx' {expected}" if damage == "cut short"
-                   else "file 'model.onnx': its SHA-256 is not the one listed"), why  # fmt: skip
+    assert why == (
+        f"file 'model.onnx' {expected}"
+        if damage == "cut short"
+        else "file 'model.onnx': its SHA-256 is not the one listed"
+    ), why
     reported = fleet.wait_step("damaged", 2, timeout=60)
     assert reported["why"] == f"on the node: {why}"
     repaired = fleet.outcome(2, steps, timeout=60)
@@ -581,8 +594,10 @@ def test_a_rollback_is_refused_when_the_outbox_or_the_delivery_state_is_lost(
 
     # an older cloudsync kept the floor in the outbox's state: it is moved to delivery.json
     with contextlib.closing(sqlite3.connect(fleet.agent.workdir / "outbox.db")) as db, db:
-        db.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [f"delivery/{MODEL}",
-                   json.dumps({"floor": 7})])  # fmt: skip
+        db.execute(
+            "INSERT OR REPLACE INTO state VALUES (?, ?)",
+            [f"delivery/{MODEL}", json.dumps({"floor": 7})],
+        )
     refused((), "version 1 is below 7")
     assert json.loads(state_file.read_text()) == {MODEL: {"floor": 7}}
 
@@ -613,8 +628,17 @@ def test_urls_other_than_https_redirects_and_tls_1_2_are_refused_without_local_d
         row = fleet.outcome(2, after)
         assert row["step"] == step, row
         text = str(row["why"])
-        for detail in ("Errno", "refused by", "Connection refused", "127.0.0.1", "localhost",
-                       str(closed), str(fleet.cdn.port), "SSL", "/models/"):  # fmt: skip
+        for detail in (
+            "Errno",
+            "refused by",
+            "Connection refused",
+            "127.0.0.1",
+            "localhost",
+            str(closed),
+            str(fleet.cdn.port),
+            "SSL",
+            "/models/",
+        ):
             assert detail not in text, row
         return text
 

@@ -87,21 +87,36 @@ def _http_error(code: int) -> urllib.error.HTTPError:
         (_http_error(404), "the server answered 404", False),
         (_http_error(410), "the server answered 410: the signed URL expired", False),
         (_http_error(503), "the server answered 503", True),
-        (urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")),
-         "cannot connect to the download server", True),
-        (urllib.error.URLError(OSError(-2, "Name or service not known")),
-         "cannot connect to the download server", True),
+        (
+            urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")),
+            "cannot connect to the download server",
+            True,
+        ),
+        (
+            urllib.error.URLError(OSError(-2, "Name or service not known")),
+            "cannot connect to the download server",
+            True,
+        ),
         (urllib.error.URLError(TimeoutError("timed out")), "the download timed out", True),
         (TimeoutError("timed out"), "the download timed out", True),
-        (urllib.error.URLError(ssl.SSLError(1, "[SSL: TLSV1_ALERT_PROTOCOL_VERSION]")),
-         "TLS handshake failed", True),
-        (urllib.error.URLError(ssl.SSLCertVerificationError(1, "self-signed")),
-         "TLS handshake failed: the server's certificate does not verify", True),
-        (http.client.RemoteDisconnected("closed"),
-         "the download server closed the connection", True),
+        (
+            urllib.error.URLError(ssl.SSLError(1, "[SSL: TLSV1_ALERT_PROTOCOL_VERSION]")),
+            "TLS handshake failed",
+            True,
+        ),
+        (
+            urllib.error.URLError(ssl.SSLCertVerificationError(1, "self-signed")),
+            "TLS handshake failed: the server's certificate does not verify",
+            True,
+        ),
+        (
+            http.client.RemoteDisconnected("closed"),
+            "the download server closed the connection",
+            True,
+        ),
         (http.client.BadStatusLine("SSH-2.0"), "the download server's answer is not HTTP", True),
     ],
-)  # fmt: skip
+)
 def test_failures_are_reported_as_categories(exc: BaseException, what: str, retry: bool) -> None:
     said, again = category(exc)
     assert said.startswith(what) and again is retry
@@ -111,8 +126,9 @@ def test_failures_are_reported_as_categories(exc: BaseException, what: str, retr
 
 def test_a_failure_while_reading_is_a_broken_download() -> None:
     assert category(ConnectionResetError(104, "reset"), reading=True) == (
-        "the download broke off", True,
-    )  # fmt: skip
+        "the download broke off",
+        True,
+    )
     assert category(TimeoutError(), reading=True) == ("the download timed out", True)
 
 
@@ -135,18 +151,22 @@ def test_the_floor_only_goes_up_and_is_on_disk(tmp_path: Path) -> None:
 
 def test_an_older_outboxs_floors_move_to_the_file_once(tmp_path: Path) -> None:
     outbox = Outbox(tmp_path / "outbox.db")
-    outbox.put_many([], state={
-        "delivery/ocr": json.dumps({"floor": 45}),
-        "delivery/ocr-det": json.dumps({"floor": 3, "failed": 4}),
-        "delivery/broken": "{not json",
-        "cursor": "7",
-    })  # fmt: skip
+    outbox.put_many(
+        [],
+        state={
+            "delivery/ocr": json.dumps({"floor": 45}),
+            "delivery/ocr-det": json.dumps({"floor": 3, "failed": 4}),
+            "delivery/broken": "{not json",
+            "cursor": "7",
+        },
+    )
     path = tmp_path / "delivery.json"
     states = DeliveryState(path, outbox)
     assert states.get("ocr") == {"floor": 45}
     assert json.loads(path.read_text()) == {
-        "ocr": {"floor": 45}, "ocr-det": {"floor": 3, "failed": 4},
-    }  # fmt: skip
+        "ocr": {"floor": 45},
+        "ocr-det": {"floor": 3, "failed": 4},
+    }
     outbox.put_many([], state={"delivery/ocr": json.dumps({"floor": 1})})
     assert states.get("ocr") == {"floor": 45}  # the file, not the outbox, from now on
 

@@ -50,9 +50,11 @@ def broker(tmp_path: Path, pki: Path) -> Iterator[Broker]:
 def service(tmp_path: Path, broker: Broker, pki: Path) -> Iterator[FleetService]:
     base = tmp_path / "acl.base"  # the fleet's rules; the service writes the broker's ACL
     base.write_text(ACL)
-    enrolment = (f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
-                 f'cert_days = 30\ncrl_file = "{tmp_path / "fleet.crl"}"\n'
-                 f'acl_base = "{base}"\nacl_file = "{broker.workdir / "acl"}"\n')  # fmt: skip
+    enrolment = (
+        f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
+        f'cert_days = 30\ncrl_file = "{tmp_path / "fleet.crl"}"\n'
+        f'acl_base = "{base}"\nacl_file = "{broker.workdir / "acl"}"\n'
+    )
     service = FleetService(tmp_path / "service", broker, sections=enrolment)
     service.writes(tmp_path / "fleet.crl", broker.workdir / "acl")
     service.start()
@@ -71,8 +73,9 @@ class Device(Stoppable):
         if token is not None:
             (workdir / "token").write_text(token + "\n")
             enrol += f'token_file = "{workdir / "token"}"\n'
-        text = cloudsync_config(broker, workdir, "f1", node=node,
-                                more=f"[heartbeat]\ninterval_s = 1\n{enrol}")  # fmt: skip
+        text = cloudsync_config(
+            broker, workdir, "f1", node=node, more=f"[heartbeat]\ninterval_s = 1\n{enrol}"
+        )
         self.cert, self.key = workdir / "device.pem", workdir / "device.key"
         text = text.replace(f'cert_file = "{pki}/{node}.pem"', f'cert_file = "{self.cert}"')
         text = text.replace(f'key_file = "{pki}/{node}.key"', f'key_file = "{self.key}"')
@@ -84,8 +87,9 @@ class Device(Stoppable):
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(self.config)],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         return self
 
 
@@ -97,8 +101,9 @@ def online(service: FleetService, node: str) -> bool:
 def test_a_device_with_a_token_enrols_and_publishes_as_itself(
     tmp_path: Path, broker: Broker, service: FleetService, pki: Path
 ) -> None:
-    status, made = service.call("POST", "/v1/enrolment-tokens", {"node": "n9", "ttl_s": 600},
-                                role="operator")  # fmt: skip
+    status, made = service.call(
+        "POST", "/v1/enrolment-tokens", {"node": "n9", "ttl_s": 600}, role="operator"
+    )
     assert status == 201 and made["node"] == "n9" and made["token"].startswith("enrol_")
     watcher = SyncClient(broker.port, pki, OPERATOR)
     assert watcher.connect()
@@ -117,12 +122,16 @@ def test_a_device_with_a_token_enrols_and_publishes_as_itself(
         assert device.key.stat().st_mode & 0o777 == 0o600
         assert not Path(f"{device.key}.request").exists()
         key_pem = device.key.read_bytes()  # the key never left the device: no message has it
-        wait_for(lambda: any(t == "edge/v1/f1/n9/heartbeat" for t, _ in watcher.received), 20,
-                 "n9's heartbeat under its own topic")  # fmt: skip
+        wait_for(
+            lambda: any(t == "edge/v1/f1/n9/heartbeat" for t, _ in watcher.received),
+            20,
+            "n9's heartbeat under its own topic",
+        )
         assert not any(key_pem.split(b"\n")[1] in p for _, p in watcher.received)
         enrolled = service.call("GET", "/v1/enrolments", role="operator")[1]["enrolments"]
         assert [(e["node"], e["state"], e["how"], e["decided_by"]) for e in enrolled] == [
-            ("n9", "issued", "token", "token")]  # fmt: skip
+            ("n9", "issued", "token", "token")
+        ]
         # the token is used up: another device with it is refused, and says so
         again = Device(tmp_path / "n9-again", broker, "n9", made["token"]).start()
         assert again.proc is not None and again.proc.wait(30) == 1
@@ -140,9 +149,14 @@ def test_a_device_with_a_token_enrols_and_publishes_as_itself(
         wait_for(lambda: not online(service, "n9"), 20, "n9 gone")
         device.start()  # with its certificate: no enrolment, a plain connect
         # its attempt refused (the broker said why, or closed first), and it is not online
-        wait_for(lambda: "alert certificate revoked" in device.logs()
-                 or "certificate verify failed" in broker.logs(), 30,
-                 "n9's connection refused")  # fmt: skip
+        wait_for(
+            lambda: (
+                "alert certificate revoked" in device.logs()
+                or "certificate verify failed" in broker.logs()
+            ),
+            30,
+            "n9's connection refused",
+        )
         assert not online(service, "n9"), "a revoked certificate reconnected"
         other = SyncClient(broker.port, pki, "n1")
         assert other.connect()  # the others are not touched
@@ -167,8 +181,10 @@ def test_without_a_token_an_operator_approves(
         assert request["node"] == "n10" and request["how"] == "approval"
         time.sleep(1.5)
         assert not device.cert.exists() and not online(service, "n10")
-        assert service.call("POST", f"/v1/enrolments/{request['rid']}/approve",
-                            role="viewer")[0] == 403  # fmt: skip
+        assert (
+            service.call("POST", f"/v1/enrolments/{request['rid']}/approve", role="viewer")[0]
+            == 403
+        )
         listed = service.edgefleet("enrol", "list", "--state", "pending")
         assert [(r["rid"], r["node"]) for r in listed] == [(request["rid"], "n10")]
         done = service.edgefleet("enrol", "approve", str(request["rid"]))
@@ -176,7 +192,8 @@ def test_without_a_token_an_operator_approves(
         wait_for(lambda: online(service, "n10"), 30, "n10 approved and online", device.proc)
         audit = service.call("GET", "/v1/audit", role="operator")[1]["entries"]
         assert ("approve enrolment", request["rid"], "done") in [
-            (e["action"], e["target"], e["outcome"]) for e in audit]  # fmt: skip
+            (e["action"], e["target"], e["outcome"]) for e in audit
+        ]
         again = service.call("POST", f"/v1/enrolments/{request['rid']}/approve", role="operator")
         assert again[0] == 404  # decided already
     finally:
@@ -190,8 +207,12 @@ def test_the_claim_credential_can_only_enrol(broker: Broker, pki: Path) -> None:
     try:
         body = Envelope("n1", 1, {"metrics": {}}).encode()
         answer = f"edge/v1/f1/_enrol/{'a' * 32}/cert"
-        for topic in ("edge/v1/f1/n1/telemetry", "edge/v1/f1/n1/status", answer,
-                      "edge/v1/f1/_fleet/status"):  # fmt: skip
+        for topic in (
+            "edge/v1/f1/n1/telemetry",
+            "edge/v1/f1/n1/status",
+            answer,
+            "edge/v1/f1/_fleet/status",
+        ):
             assert claim.publish(topic, body).getName() == "Not authorized", topic
         claim.subscribe("edge/v1/f1/n1/#")
         node.publish("edge/v1/f1/n1/telemetry", body)
@@ -209,8 +230,9 @@ def test_a_rotation_during_traffic_loses_no_acknowledged_record(
     included: about 12 s after it is issued) while a program posts records: one reconnect a
     renewal, with the new key and certificate, the session resumed, and every record stored
     reaches the fleet."""
-    enrolment = (f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
-                 "cert_days = 0.0004\n")  # fmt: skip
+    enrolment = (
+        f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\ncert_days = 0.0004\n'
+    )
     service = FleetService(tmp_path / "service", broker, sections=enrolment).start()
     watcher = SyncClient(broker.port, pki, OPERATOR, client_id="rotation-watcher")
     assert watcher.connect()
@@ -228,16 +250,26 @@ def test_a_rotation_during_traffic_loses_no_acknowledged_record(
         renewed = False
         while time.monotonic() < deadline and not (renewed and len(stored) > 100):
             ident = f"r{len(stored):05d}"
-            done = local.call("POST", "/v1/records", {"records": [
-                {"kind": "events", "body": {"n": len(stored)}, "id": ident}]})  # fmt: skip
+            done = local.call(
+                "POST",
+                "/v1/records",
+                {"records": [{"kind": "events", "body": {"n": len(stored)}, "id": ident}]},
+            )
             if done["stored"] == 1:
                 stored.append(ident)
-            renewed = renewed or x509.load_pem_x509_certificate(
-                device.cert.read_bytes()).serial_number != first.serial_number  # fmt: skip
+            renewed = (
+                renewed
+                or x509.load_pem_x509_certificate(device.cert.read_bytes()).serial_number
+                != first.serial_number
+            )
             time.sleep(0.05)
         assert renewed, device.logs()[-3000:]
-        wait_for(lambda: local.call("GET", "/v1/status")["outbox"]["pending"] == 0, 30,
-                 "the outbox delivered", device.proc)  # fmt: skip
+        wait_for(
+            lambda: local.call("GET", "/v1/status")["outbox"]["pending"] == 0,
+            30,
+            "the outbox delivered",
+            device.proc,
+        )
         got = {decode(p).id for t, p in watcher.received if t.endswith("/events")}
         assert set(stored) <= got, sorted(set(stored) - got)[:10]
         second = x509.load_pem_x509_certificate(device.cert.read_bytes())

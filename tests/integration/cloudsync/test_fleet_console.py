@@ -74,16 +74,25 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Fleet
     work = tmp_path_factory.mktemp("console")
     broker = Broker(work / "mosquitto", pki).start()
     service = FleetService(work / "service", broker, more=keys(work)).start()
-    sim = Simulator(SimConfig(
-        nodes=NODES, port=broker.port, pki=pki, heartbeat_s=5, telemetry_s=3,
-        install_delay_s=0.2, models={MODEL: 1, DETECTOR: 1}, fail_rate=0.0,
-        labels={"site": ["a", "b", "c"], "tier": ["camera", "gate"]},
-    )).start()  # fmt: skip
+    sim = Simulator(
+        SimConfig(
+            nodes=NODES,
+            port=broker.port,
+            pki=pki,
+            heartbeat_s=5,
+            telemetry_s=3,
+            install_delay_s=0.2,
+            models={MODEL: 1, DETECTOR: 1},
+            fail_rate=0.0,
+            labels={"site": ["a", "b", "c"], "tier": ["camera", "gate"]},
+        )
+    ).start()
     browser = Chromium(work / "chromium")
     try:
         assert sim.wait_connected(timeout=60)
-        assert service.wait_for(lambda: service.call("GET", "/v1/nodes?limit=1")[1]["counts"]
-                                .get("online") == NODES, 60), service.logs()[-3000:]  # fmt: skip
+        assert service.wait_for(
+            lambda: service.call("GET", "/v1/nodes?limit=1")[1]["counts"].get("online") == NODES, 60
+        ), service.logs()[-3000:]
         prepare(service)
         browser.start()
         yield Fleet(service, sim, browser, {})
@@ -114,38 +123,80 @@ def publish(service: FleetService, records: list[tuple[str, str, str, dict[str, 
 def prepare(service: FleetService) -> None:
     """A deployment, a rollout soaking its first stage, a command with its result; events and
     alerts as nodes send them, through the broker."""
-    site_c = {"id": "detectors-site-c", "selector": {"site": "c"}, "priority": 5,
-              "models": [entry(DETECTOR, 2)]}  # fmt: skip
+    site_c = {
+        "id": "detectors-site-c",
+        "selector": {"site": "c"},
+        "priority": 5,
+        "models": [entry(DETECTOR, 2)],
+    }
     assert service.call("POST", "/v1/deployments", site_c, role="operator")[0] == 201
-    body = {"id": "r-canary", **entry(MODEL, 2), "stages": [0.01, 1.0], "soak_s": 3600,
-            "max_unavailable": 10, "gates": {"min_requests": 10}}  # fmt: skip
+    body = {
+        "id": "r-canary",
+        **entry(MODEL, 2),
+        "stages": [0.01, 1.0],
+        "soak_s": 3600,
+        "max_unavailable": 10,
+        "gates": {"min_requests": 10},
+    }
     status, made = service.call("POST", "/v1/rollouts", body, role="operator")
     assert status == 201, made
     key = FLEET_KEY
     cmd_id, payload = commands.sign(key, "fleet-1", "ops", "f1/sim-00042", "ping")
-    status, sent = service.call("POST", "/v1/nodes/sim-00042/commands",
-                                {"command": json.loads(payload)}, role="operator")  # fmt: skip
+    status, sent = service.call(
+        "POST", "/v1/nodes/sim-00042/commands", {"command": json.loads(payload)}, role="operator"
+    )
     assert status == 202, sent
     now = int(time.time() * 1000)
-    records = [("sim-00042", "xss", "alert", {"from": "edged", "id": 1, "ts": now,
-                "level": "error", "source": "edged.routing.router", "message": XSS})]  # fmt: skip
+    records = [
+        (
+            "sim-00042",
+            "xss",
+            "alert",
+            {
+                "from": "edged",
+                "id": 1,
+                "ts": now,
+                "level": "error",
+                "source": "edged.routing.router",
+                "message": XSS,
+            },
+        )
+    ]
     for i in range(0, NODES, 50):
         for k in range(5):
             level = "warning" if k % 2 else "info"
-            records.append((f"sim-{i:05d}", f"e{i}-{k}", "event", {"level": level,
-                            "message": f"event {k} of sim-{i:05d}"}))  # fmt: skip
+            records.append(
+                (
+                    f"sim-{i:05d}",
+                    f"e{i}-{k}",
+                    "event",
+                    {"level": level, "message": f"event {k} of sim-{i:05d}"},
+                )
+            )
     for i in range(7):  # alerts as the devices raise them (cloudsync.agent.alerts)
-        hot = {"alert": "EdgedLocalLoadHigh", "state": "firing", "severity": "warning",
-               "labels": {}, "value": 0.97, "summary": f"sim-{i:05d} at 97 % load",
-               "description": XSS, "active_since_ms": now - 360_000,
-               "at_ms": now - 60_000}  # fmt: skip
+        hot = {
+            "alert": "EdgedLocalLoadHigh",
+            "state": "firing",
+            "severity": "warning",
+            "labels": {},
+            "value": 0.97,
+            "summary": f"sim-{i:05d} at 97 % load",
+            "description": XSS,
+            "active_since_ms": now - 360_000,
+            "at_ms": now - 60_000,
+        }
         records.append((f"sim-{i:05d}", f"hot-{i}", "alert", hot))
-    stale = {"alert": "OutboxStale", "severity": "critical", "labels": {},
-             "summary": "outbox 2 h old", "active_since_ms": now - 120_000}  # fmt: skip
-    records += [("sim-00042", "stale-1", "alert", {**stale, "state": "firing",
-                 "at_ms": now - 120_000}),
-                ("sim-00042", "stale-2", "alert", {**stale, "state": "resolved",
-                 "at_ms": now - 30_000})]  # fmt: skip
+    stale = {
+        "alert": "OutboxStale",
+        "severity": "critical",
+        "labels": {},
+        "summary": "outbox 2 h old",
+        "active_since_ms": now - 120_000,
+    }
+    records += [
+        ("sim-00042", "stale-1", "alert", {**stale, "state": "firing", "at_ms": now - 120_000}),
+        ("sim-00042", "stale-2", "alert", {**stale, "state": "resolved", "at_ms": now - 30_000}),
+    ]
     publish(service, records)
 
     def stored() -> bool:
@@ -162,8 +213,7 @@ def prepare(service: FleetService) -> None:
         return status == 200 and record["phase"] == "soak"
 
     assert service.wait_for(soaking, 60), service.call("GET", "/v1/rollouts/r-canary")[1]
-    assert service.wait_for(lambda: service.call("GET", "/v1/commands/" + cmd_id)[1]["result"],
-                            30)  # fmt: skip
+    assert service.wait_for(lambda: service.call("GET", "/v1/commands/" + cmd_id)[1]["result"], 30)
 
 
 async def sign_in(tab: Tab, fleet: Fleet, role: str) -> None:
@@ -221,8 +271,7 @@ def test_every_page_shows_the_fleet_of_1000_nodes_each_in_under_300_ms(fleet: Fl
                 assert not await tab.exists("#next")
                 await visit(tab, fleet, "/nodes?selector=site%3Db%2Ctier%3Dgate&state=online")
                 labels = await tab.texts("#nodes tbody td.labels")
-                assert len(labels) == 50 and all("site=b" in x and "tier=gate" in x
-                                                 for x in labels)  # fmt: skip
+                assert len(labels) == 50 and all("site=b" in x and "tier=gate" in x for x in labels)
                 await visit(tab, fleet, "/nodes?state=offline")
                 assert await tab.texts("#nodes tbody td") == ["No node matches."]
 
@@ -230,8 +279,10 @@ def test_every_page_shows_the_fleet_of_1000_nodes_each_in_under_300_ms(fleet: Fl
                 await visit(tab, fleet, "/nodes/sim-00042", "node")
                 _, after = service.call("GET", "/v1/nodes/sim-00042", role="viewer")
                 cpu = (await tab.text("#load") or "").split("\n")[0]
-                shown = {f"CPU\t{r['heartbeat']['load']['cpu_percent']} % of 4 CPUs"
-                         for r in (before, after)}  # fmt: skip
+                shown = {
+                    f"CPU\t{r['heartbeat']['load']['cpu_percent']} % of 4 CPUs"
+                    for r in (before, after)
+                }
                 assert cpu in shown, (cpu, shown)
                 assert "https://cloud.example · up" in (await tab.text("#link") or "")
                 assert "40.0 / 80.0 ms" in (await tab.text("#link") or "")
@@ -240,22 +291,26 @@ def test_every_page_shows_the_fleet_of_1000_nodes_each_in_under_300_ms(fleet: Fl
                 events = await tab.text("#node-events") or ""
                 assert "event 0 of sim-00040" not in events and XSS in events  # its own only
                 assert "OutboxStale\tcritical\tresolved\toutbox 2 h old" in (
-                    await tab.text("#node-alerts") or "")  # fmt: skip
-                assert re.search(r"ping\toperator-user\tops \(fleet-1\)\tok",
-                                 await tab.text("#commands") or "")  # fmt: skip
+                    await tab.text("#node-alerts") or ""
+                )
+                assert re.search(
+                    r"ping\toperator-user\tops \(fleet-1\)\tok", await tab.text("#commands") or ""
+                )
                 assert not await tab.exists("#label-form")  # a viewer cannot set labels
 
                 await visit(tab, fleet, "/deployments")
                 assert "detectors-site-c\tsite=c\t5\tdetector=2" in (
-                    await tab.text("#deployments") or "")  # fmt: skip
+                    await tab.text("#deployments") or ""
+                )
                 await visit(tab, fleet, "/deployments/detectors-site-c")
                 assert await tab.text("#targeted") == str(
-                    service.call("GET", "/v1/deployments/detectors-site-c")[1]["nodes"]
-                    ["targeted"])  # fmt: skip
+                    service.call("GET", "/v1/deployments/detectors-site-c")[1]["nodes"]["targeted"]
+                )
 
                 await visit(tab, fleet, "/rollouts")
                 assert "r-canary\tintent-classifier v2\trunning\t1 of 2 (soak)" in (
-                    await tab.text("#rollouts") or "")  # fmt: skip
+                    await tab.text("#rollouts") or ""
+                )
                 await visit(tab, fleet, "/rollouts/r-canary", "rollout")
                 assert await tab.text("#state") == "running"
                 stages = await tab.texts("#stages tr")
@@ -276,8 +331,10 @@ def test_every_page_shows_the_fleet_of_1000_nodes_each_in_under_300_ms(fleet: Fl
             assert await tab.eval("window.__xss") is None  # nothing a node sent ran
 
     run(pages())
-    print("console server times at 1,000 nodes, ms (the first visit compiles the templates):",
-          json.dumps(fleet.timings, sort_keys=True))  # fmt: skip
+    print(
+        "console server times at 1,000 nodes, ms (the first visit compiles the templates):",
+        json.dumps(fleet.timings, sort_keys=True),
+    )
     slow = {k: v for k, v in fleet.timings.items() if max(v) >= BUDGET_MS}
     assert not slow, slow
 
@@ -320,12 +377,16 @@ def test_an_operator_pauses_the_rollout_and_labels_a_node_through_the_browser(
             rows = await tab.texts("#audit tr")
             mine = [r.split("\t")[2:6] for r in rows[1:]]
             assert mine[:4] == [
-                ["operator-user (operator)", "set labels", "sim-00007",
-                 f"refused: labels.note: value {XSS!r}: 1 to 63 of letters, digits, . _ / -"],
+                [
+                    "operator-user (operator)",
+                    "set labels",
+                    "sim-00007",
+                    f"refused: labels.note: value {XSS!r}: 1 to 63 of letters, digits, . _ / -",
+                ],
                 ["operator-user (operator)", "set labels", "sim-00007", "done"],
                 ["operator-user (operator)", "resume rollout", "r-canary", "done"],
                 ["operator-user (operator)", "pause rollout", "r-canary", "done"],
-            ]  # fmt: skip
+            ]
             # the same entries as the API's own (its log is the audit table)
             _, log = service.call("GET", "/v1/audit?limit=1000")
             api_rows = [(e["action"], e["target"], e["outcome"]) for e in log["entries"]]
@@ -350,8 +411,9 @@ def signed_in(fleet: Fleet, role: str) -> str:
     if key not in SESSIONS:
         connection = http.client.HTTPConnection("127.0.0.1", fleet.service.port, timeout=30)
         form = urlencode({"token": TOKENS[role], "next": "/console/"})
-        connection.request("POST", "/console/login", form,
-                           {"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+        connection.request(
+            "POST", "/console/login", form, {"Content-Type": "application/x-www-form-urlencoded"}
+        )
         reply = connection.getresponse()
         reply.read()
         connection.close()
@@ -369,8 +431,13 @@ def session(fleet: Fleet, role: str | None) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(cookie_jar=jar)
 
 
-async def post(fleet: Fleet, path: str, role: str | None, data: dict[str, str],
-               headers: dict[str, str] | None = None) -> tuple[int, str]:  # fmt: skip
+async def post(
+    fleet: Fleet,
+    path: str,
+    role: str | None,
+    data: dict[str, str],
+    headers: dict[str, str] | None = None,
+) -> tuple[int, str]:
     async with (
         session(fleet, role) as client,
         client.post(
@@ -397,19 +464,26 @@ def test_a_viewer_or_a_forged_form_changes_nothing(fleet: Fleet) -> None:
         # a viewer's own valid form, posted by hand: the role decides (and it is audited)
         status, page = await post(fleet, "/rollouts/r-canary/pause", "viewer", {"csrf": viewer})
         assert status == 403 and "role viewer may not do this: operator needed" in page
-        status, _ = await post(fleet, "/nodes/sim-00001/labels", "viewer",
-                               {"csrf": viewer, "labels": "x=y"})  # fmt: skip
+        status, _ = await post(
+            fleet, "/nodes/sim-00001/labels", "viewer", {"csrf": viewer, "labels": "x=y"}
+        )
         assert status == 403
         # an operator's session without, or with a wrong, CSRF token
         for data in ({}, {"csrf": viewer}, {"csrf": "0" * 64}, {"csrf": "é" * 64}):
             status, page = await post(fleet, "/rollouts/r-canary/abort", "operator", data)
             assert status == 403 and "CSRF token is missing or wrong" in page
         # a form from another site, even with the right token
-        status, _ = await post(fleet, "/rollouts/r-canary/abort", "operator",
-                               {"csrf": operator}, {"Origin": "https://evil.example"})  # fmt: skip
+        status, _ = await post(
+            fleet,
+            "/rollouts/r-canary/abort",
+            "operator",
+            {"csrf": operator},
+            {"Origin": "https://evil.example"},
+        )
         assert status == 403
-        status, _ = await post(fleet, "/rollouts/r-canary/abort", "operator",
-                               {"csrf": operator}, {"Origin": "null"})  # fmt: skip
+        status, _ = await post(
+            fleet, "/rollouts/r-canary/abort", "operator", {"csrf": operator}, {"Origin": "null"}
+        )
         assert status == 403
         # no session
         status, _ = await post(fleet, "/rollouts/r-canary/abort", None, {"csrf": operator})
@@ -425,26 +499,48 @@ def test_a_viewer_or_a_forged_form_changes_nothing(fleet: Fleet) -> None:
     assert service.call("GET", "/v1/nodes/sim-00001")[1]["operator_labels"] == {}
     _, log = service.call("GET", "/v1/audit?limit=1000")
     got = [(e["actor"], e["action"], e["target"], e["outcome"]) for e in log["entries"]]
-    assert ("viewer-user", "POST /console/rollouts/r-canary/pause", "r-canary",
-            "denied: operator") in got  # fmt: skip
-    assert ("viewer-user", "POST /console/nodes/sim-00001/labels", "sim-00001",
-            "denied: operator") in got  # fmt: skip
-    assert ("operator-user", "POST /console/rollouts/r-canary/abort", "r-canary",
-            "refused: CSRF token") in got  # fmt: skip
+    assert (
+        "viewer-user",
+        "POST /console/rollouts/r-canary/pause",
+        "r-canary",
+        "denied: operator",
+    ) in got
+    assert (
+        "viewer-user",
+        "POST /console/nodes/sim-00001/labels",
+        "sim-00001",
+        "denied: operator",
+    ) in got
+    assert (
+        "operator-user",
+        "POST /console/rollouts/r-canary/abort",
+        "r-canary",
+        "refused: CSRF token",
+    ) in got
 
 
 def test_hostile_input_gets_an_error_page_and_nothing_runs(fleet: Fleet) -> None:
     async def hostile() -> None:
         for path, status in [
-            ("/nodes?limit=abc", 400), ("/nodes?limit=100000", 400), ("/nodes?state=zombie", 400),
-            ("/nodes?selector=a", 400), ("/nodes?selector=a%3Db%20c", 400),
-            ("/nodes?contains=" + "x" * 5000, 400), ("/nodes?contains=%00", 400),
-            ("/nodes?after=" + "z" * 300, 400), ("/nodes?bogus=1", 400),
-            ("/audit?before=-1", 400), ("/audit?before=99999999999999999999", 400),
+            ("/nodes?limit=abc", 400),
+            ("/nodes?limit=100000", 400),
+            ("/nodes?state=zombie", 400),
+            ("/nodes?selector=a", 400),
+            ("/nodes?selector=a%3Db%20c", 400),
+            ("/nodes?contains=" + "x" * 5000, 400),
+            ("/nodes?contains=%00", 400),
+            ("/nodes?after=" + "z" * 300, 400),
+            ("/nodes?bogus=1", 400),
+            ("/audit?before=-1", 400),
+            ("/audit?before=99999999999999999999", 400),
             ("/audit?before=%C2%B2", 400),
-            ("/nodes/nobody", 404), ("/nodes/" + "x" * 5000, 404), ("/rollouts/nope", 404),
-            ("/deployments/nope", 404), ("/nowhere", 404), ("/nodes/..%2F..%2Fetc%2Fpasswd", 404),
-        ]:  # fmt: skip
+            ("/nodes/nobody", 404),
+            ("/nodes/" + "x" * 5000, 404),
+            ("/rollouts/nope", 404),
+            ("/deployments/nope", 404),
+            ("/nowhere", 404),
+            ("/nodes/..%2F..%2Fetc%2Fpasswd", 404),
+        ]:
             got, page, headers = await get(fleet, path, "operator")
             assert got == status, (path, got, page[:300])
             if status != 401:
@@ -459,8 +555,7 @@ def test_hostile_input_gets_an_error_page_and_nothing_runs(fleet: Fleet) -> None
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
             for target in ("https://evil.example/", "//evil.example/console/", "/v1/audit"):
                 form = {"token": TOKENS["viewer"], "next": target}
-                async with s.post(fleet.base + "/login", data=form,
-                                  allow_redirects=False) as reply:  # fmt: skip
+                async with s.post(fleet.base + "/login", data=form, allow_redirects=False) as reply:
                     assert reply.status == 303 and reply.headers["Location"] == "/console/"
                     cookie = reply.headers["Set-Cookie"]
                     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
@@ -471,8 +566,12 @@ def test_hostile_input_gets_an_error_page_and_nothing_runs(fleet: Fleet) -> None
     run(hostile())
     # paths as sent, not as a client library would clean them: the console's cookie never
     # reaches the API's handlers
-    for raw in ("/console/../v1/audit", "/console/%2e%2e/v1/audit", "/console/nodes/..%2fv1",
-                "/console/..%5cv1/audit"):  # fmt: skip
+    for raw in (
+        "/console/../v1/audit",
+        "/console/%2e%2e/v1/audit",
+        "/console/nodes/..%2fv1",
+        "/console/..%5cv1/audit",
+    ):
         connection = http.client.HTTPConnection("127.0.0.1", fleet.service.port, timeout=30)
         cookie = f"{COOKIE}={signed_in(fleet, 'admin')}"
         connection.request("GET", raw, headers={"Cookie": cookie})

@@ -49,13 +49,20 @@ def keys(tmp_path: Path) -> str:
     """A deploy key and the fleet's trust directory: the lines of [service] that name them."""
     deploy = Ed25519PrivateKey.generate()
     key = tmp_path / "deploy-1.key"
-    key.write_bytes(deploy.private_bytes(serialization.Encoding.PEM,
-                                         serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()))  # fmt: skip
+    key.write_bytes(
+        deploy.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     trust = tmp_path / "trust"
     trust.mkdir()
-    (trust / "fleet-1.pub").write_bytes(FLEET_KEY.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    (trust / "fleet-1.pub").write_bytes(
+        FLEET_KEY.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     return f'deploy_key = "{key}"\ntrust_dir = "{trust}"'
 
 
@@ -67,17 +74,23 @@ def service(tmp_path: Path, broker: Broker) -> Iterator[FleetService]:
 
 
 def simulator(broker: Broker, nodes: int, **knobs: Any) -> Simulator:
-    config = SimConfig(nodes=nodes, port=broker.port, pki=broker.pki, heartbeat_s=1,
-                       telemetry_s=1, install_delay_s=0.2, models={MODEL: 1},
-                       **knobs)  # fmt: skip
+    config = SimConfig(
+        nodes=nodes,
+        port=broker.port,
+        pki=broker.pki,
+        heartbeat_s=1,
+        telemetry_s=1,
+        install_delay_s=0.2,
+        models={MODEL: 1},
+        **knobs,
+    )
     return Simulator(config).start()
 
 
 def versions(service: FleetService) -> dict[str, Any]:
     """Node: the version of the model its last heartbeat says it serves."""
     _, page = service.call("GET", "/v1/nodes?limit=1000")
-    return {n["node"]: (n["heartbeat"] or {}).get("models", {}).get(MODEL)
-            for n in page["nodes"]}  # fmt: skip
+    return {n["node"]: (n["heartbeat"] or {}).get("models", {}).get(MODEL) for n in page["nodes"]}
 
 
 def installed(sim: Simulator, version: int) -> dict[str, int]:
@@ -108,8 +121,9 @@ def test_a_deployment_reaches_nodes_that_come_back_join_later_or_gain_the_label(
         late = simulator(broker, 1, prefix="late", labels={"site": ["a"]})
         assert service.wait_for(lambda: installed(late, 2) == {"late-00000": 1}, 30)  # type: ignore[union-attr]
         # a node of site b that an operator labels site a
-        status, _ = service.call("PUT", "/v1/nodes/sim-00001/labels",
-                                 {"labels": {"site": "a"}}, role="operator")  # fmt: skip
+        status, _ = service.call(
+            "PUT", "/v1/nodes/sim-00001/labels", {"labels": {"site": "a"}}, role="operator"
+        )
         assert status == 200
         assert service.wait_for(lambda: "sim-00001" in installed(sim, 2), 30)
         # a node that loses the label: the deployment's model leaves its desired state (it
@@ -132,8 +146,9 @@ def test_a_deployment_reaches_nodes_that_come_back_join_later_or_gain_the_label(
             late.stop()
 
 
-def run_rollout(service: FleetService, body: dict[str, Any], kills: int, seed: int,
-                timeout: float = 120.0) -> dict[str, Any]:  # fmt: skip
+def run_rollout(
+    service: FleetService, body: dict[str, Any], kills: int, seed: int, timeout: float = 120.0
+) -> dict[str, Any]:
     """Creates the rollout, SIGKILLs the service ``kills`` times at random points while it runs
     (starting it again each time), and waits for its end; its record."""
     status, made = service.call("POST", "/v1/rollouts", body, role="operator")
@@ -167,8 +182,14 @@ def test_rollouts_over_200_nodes_resume_after_sigkill(
         assert service.wait_for(
             lambda: service.call("GET", "/v1/nodes?limit=1")[1]["counts"].get("online") == 200
         )
-        good = {"id": "good", **entry(2), "stages": [0.1, 0.5, 1.0], "soak_s": 2,
-                "max_unavailable": 40, "activation_timeout_s": 60}  # fmt: skip
+        good = {
+            "id": "good",
+            **entry(2),
+            "stages": [0.1, 0.5, 1.0],
+            "soak_s": 2,
+            "max_unavailable": 40,
+            "activation_timeout_s": 60,
+        }
         record = run_rollout(service, good, kills, seed=1)
         print(f"kills {kills}: good: {record['log']}")
         assert record["state"] == "done", record["log"]
@@ -177,8 +198,14 @@ def test_rollouts_over_200_nodes_resume_after_sigkill(
         assert len(once) == 200 and set(once.values()) == {1}  # none twice, none skipped
         assert service.wait_for(lambda: set(versions(service).values()) == {"2"}, 30)
 
-        bad = {"id": "bad", **entry(3), "stages": [0.1, 1.0], "soak_s": 30,
-               "max_unavailable": 20, "activation_timeout_s": 60}  # fmt: skip
+        bad = {
+            "id": "bad",
+            **entry(3),
+            "stages": [0.1, 1.0],
+            "soak_s": 30,
+            "max_unavailable": 20,
+            "activation_timeout_s": 60,
+        }
         record = run_rollout(service, bad, kills, seed=2)
         assert record["state"] == "aborted", record["log"]
         canary = {n["node"] for n in record["node_states"] if n["stage"] == 0}
@@ -211,19 +238,47 @@ def test_edgefleet_drives_deployments_and_rollouts_through_the_service(
         two.write_text(json.dumps(entry(2)["manifest"]))
         five.write_text(json.dumps(entry(5)["manifest"]))
         url = "model.onnx=https://cdn.example/m/x"
-        made = service.edgefleet("deploy", "create", "base", "--manifest", str(two), "--url",
-                         url, "--selector", "site=a", "--priority", "3")  # fmt: skip
+        made = service.edgefleet(
+            "deploy",
+            "create",
+            "base",
+            "--manifest",
+            str(two),
+            "--url",
+            url,
+            "--selector",
+            "site=a",
+            "--priority",
+            "3",
+        )
         assert (made["id"], made["versions"], made["priority"]) == ("base", {MODEL: 2}, 3)
         assert [d["id"] for d in service.edgefleet("deploy", "list")] == ["base"]
         assert service.wait_for(lambda: len(installed(sim, 2)) == 6, 30)
         labelled = service.edgefleet("label", "sim-00000", "ring=canary")
         assert labelled["operator_labels"] == {"ring": "canary"}
         # a rollout of the deployment's next version, paused before it begins, then resumed
-        record = service.edgefleet("rollout", "create", "r5", "--manifest", str(five), "--url",
-                           url, "--deployment", "base", "--stages", "50,100", "--soak", "1",
-                           "--activation-timeout", "60")  # fmt: skip
+        record = service.edgefleet(
+            "rollout",
+            "create",
+            "r5",
+            "--manifest",
+            str(five),
+            "--url",
+            url,
+            "--deployment",
+            "base",
+            "--stages",
+            "50,100",
+            "--soak",
+            "1",
+            "--activation-timeout",
+            "60",
+        )
         assert (record["state"], record["deployment"], record["stages"]) == (
-            "running", "base", [0.5, 1.0])  # fmt: skip
+            "running",
+            "base",
+            [0.5, 1.0],
+        )
         paused = service.edgefleet("rollout", "pause", "r5")
         assert paused["state"] == "paused"
         resumed = service.edgefleet("rollout", "resume", "r5")
@@ -237,8 +292,12 @@ def test_edgefleet_drives_deployments_and_rollouts_through_the_service(
         assert shown["versions"] == {MODEL: 5}  # the deployment gives the new version now
         _, log = service.call("GET", "/v1/audit")
         assert [e["action"] for e in log["entries"]] == [
-            "create deployment", "set labels", "create rollout", "pause rollout",
-            "resume rollout"]  # fmt: skip
+            "create deployment",
+            "set labels",
+            "create rollout",
+            "pause rollout",
+            "resume rollout",
+        ]
     finally:
         sim.stop()
 
@@ -257,24 +316,34 @@ def test_two_replicas_on_postgresql_one_runner_drives_a_rollout_to_the_end(
     try:
         assert sim.wait_connected(timeout=30)
         assert one.wait_for(lambda: len(versions(one)) == 40, 30)
-        body = {"id": "r2", **entry(2), "stages": [0.25, 0.5, 1.0], "soak_s": 3,
-                "max_unavailable": 5, "activation_timeout_s": 60}  # fmt: skip
+        body = {
+            "id": "r2",
+            **entry(2),
+            "stages": [0.25, 0.5, 1.0],
+            "soak_s": 3,
+            "max_unavailable": 5,
+            "activation_timeout_s": 60,
+        }
         assert two.call("POST", "/v1/rollouts", body, role="operator")[0] == 201
         runner = one if one.call("GET", "/healthz")[1]["runner"] else two
         other = two if runner is one else one
         assert runner.wait_for(lambda: runner.call("GET", "/v1/rollouts/r2")[1]["stage"] >= 1, 60)
         runner.kill()
         assert other.wait_for(lambda: other.call("GET", "/healthz")[1]["runner"], 20)
-        done = other.wait_for(lambda: other.call("GET", "/v1/rollouts/r2")[1]["state"] == "done",
-                              90)  # fmt: skip
+        done = other.wait_for(
+            lambda: other.call("GET", "/v1/rollouts/r2")[1]["state"] == "done", 90
+        )
         assert done, other.logs()[-3000:]
         once = installed(sim, 2)
         assert len(once) == 40 and set(once.values()) == {1}
 
         # one runner at a time: the killed one logged stage 1, the other the rest
         def moves(s: FleetService) -> list[str]:
-            return [line.split("rollout r2: ")[1] for line in s.logs().splitlines()
-                    if "rollout r2: " in line and "created by" not in line]  # fmt: skip
+            return [
+                line.split("rollout r2: ")[1]
+                for line in s.logs().splitlines()
+                if "rollout r2: " in line and "created by" not in line
+            ]
 
         before, after = moves(runner), moves(other)
         assert before and after and after[-1].startswith("done")
@@ -303,16 +372,28 @@ def test_a_fleet_ab_test_adds_up_the_nodes_and_every_node_gets_the_winner(
     info = serialization.PublicFormat.SubjectPublicKeyInfo
     pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, info))
     good = {MODEL: 0.95, b_name: 0.8} if better == "a" else {MODEL: 0.8, b_name: 0.95}
-    sim = simulator(broker, 21, labels={"site": ["a"] * 20 + ["b"]}, trust=pub, rps=1.0,
-                    ab_good=good)  # fmt: skip
+    sim = simulator(
+        broker, 21, labels={"site": ["a"] * 20 + ["b"]}, trust=pub, rps=1.0, ab_good=good
+    )
     try:
         assert sim.wait_connected(timeout=30)
         assert service.wait_for(
             lambda: service.call("GET", "/v1/nodes?state=online")[1]["counts"] == {"online": 21},
             30,
         )
-        made = service.edgefleet("ab", "start", "v2", "--model", MODEL, "--b-cloud-name", b_name,
-                                 "--selector", "site=a", "--min-calls", "100")  # fmt: skip
+        made = service.edgefleet(
+            "ab",
+            "start",
+            "v2",
+            "--model",
+            MODEL,
+            "--b-cloud-name",
+            b_name,
+            "--selector",
+            "site=a",
+            "--min-calls",
+            "100",
+        )
         assert made["state"] == "running" and made["arms"]["a"] == {"calls": 0, "good": 0}
         assert (made["b_share"], made["confidence"], made["latency_ms"]) == (0.5, 0.95, None)
         assert service.wait_for(
@@ -329,8 +410,12 @@ def test_a_fleet_ab_test_adds_up_the_nodes_and_every_node_gets_the_winner(
         a, b = test["arms"]["a"], test["arms"]["b"]
         assert min(a["calls"], b["calls"]) >= 100 and a["calls"] + b["calls"] <= 2000, test
         assert test["p_b_better"] >= 0.95 if better == "b" else test["p_b_better"] <= 0.05
-        assert test["why"].startswith({"a": f"arm a is better, arm b ({b_name}) gets no more",
-                                       "b": f"arm b ({b_name}) is better"}[better])  # fmt: skip
+        assert test["why"].startswith(
+            {
+                "a": f"arm a is better, arm b ({b_name}) gets no more",
+                "b": f"arm b ({b_name}) is better",
+            }[better]
+        )
         final = {"b_cloud_name": b_name, "b_share": 1.0} if better == "b" else None
         rows = test["node_states"]
         assert len(rows) == 20 and "sim-00020" not in {r["node"] for r in rows}  # site b

@@ -57,8 +57,7 @@ class Node:
         assert self.client.connect()
         self.topics, self.name, self.seq = Topics("f1", name), name, 0
 
-    def publish(self, topic: str, body: dict[str, Any], retain: bool = False,
-                **extra: Any) -> int:  # fmt: skip
+    def publish(self, topic: str, body: dict[str, Any], retain: bool = False, **extra: Any) -> int:
         self.seq += 1
         ts = int(time.time() * 1000)
         payload = Envelope(self.name, self.seq, body, ts=ts, extra=extra).encode()
@@ -68,24 +67,49 @@ class Node:
         return ts
 
     def birth(self) -> None:
-        self.publish(self.topics.status, {"state": "online", "labels": {"site": "berlin"},
-                     "software": {"cloudsync": "9.9", "edged": "9.9"}}, retain=True)  # fmt: skip
+        self.publish(
+            self.topics.status,
+            {
+                "state": "online",
+                "labels": {"site": "berlin"},
+                "software": {"cloudsync": "9.9", "edged": "9.9"},
+            },
+            retain=True,
+        )
 
     def heartbeat(self, cpu: float, rtt_s: float) -> int:
-        return self.publish(self.topics.heartbeat, {
-            "load": {"cpu_percent": cpu, "memory_total": 8 << 30, "memory_available": 6 << 30},
-            "link": {"up": True, "rtt_s": rtt_s, "rtt_p50_s": rtt_s, "rtt_p95_s": 2 * rtt_s},
-            "breaker": "closed", "cloud_error_ratio": 0.0, "inflight": 1,
-            "models": {"intent-classifier": "1"}, "edged": {"reachable": True, "error": ""},
-            "outbox": {"depth": {"alert": 0, "event": 0, "telemetry": 0}, "bytes": 0,
-                       "budget_bytes": 1 << 20, "dead_letters": 0, "disk_full": False,
-                       "counters": {}, "oldest_age_s": None},
-        })  # fmt: skip
+        return self.publish(
+            self.topics.heartbeat,
+            {
+                "load": {"cpu_percent": cpu, "memory_total": 8 << 30, "memory_available": 6 << 30},
+                "link": {"up": True, "rtt_s": rtt_s, "rtt_p50_s": rtt_s, "rtt_p95_s": 2 * rtt_s},
+                "breaker": "closed",
+                "cloud_error_ratio": 0.0,
+                "inflight": 1,
+                "models": {"intent-classifier": "1"},
+                "edged": {"reachable": True, "error": ""},
+                "outbox": {
+                    "depth": {"alert": 0, "event": 0, "telemetry": 0},
+                    "bytes": 0,
+                    "budget_bytes": 1 << 20,
+                    "dead_letters": 0,
+                    "disk_full": False,
+                    "counters": {},
+                    "oldest_age_s": None,
+                },
+            },
+        )
 
     def telemetry(self, n: int, ident: str) -> None:
-        row = {"model": "intent-classifier", "version": "1", "requests": n, "errors": 0,
-               "outcomes": {"success": n}, "buckets": {"0.01": n // 2, "0.05": n, "+Inf": n},
-               "seconds": 0.02 * n}  # fmt: skip
+        row = {
+            "model": "intent-classifier",
+            "version": "1",
+            "requests": n,
+            "errors": 0,
+            "outcomes": {"success": n},
+            "buckets": {"0.01": n // 2, "0.05": n, "+Inf": n},
+            "seconds": 0.02 * n,
+        }
         body = {"metrics": {"models": [row], "routes": {"intent-classifier": {"local": n}}}}
         self.publish(self.topics.telemetry, body, id=ident, epoch="e1", priority="telemetry")
 
@@ -102,8 +126,13 @@ def sample_ms(prom: Prometheus, expr: str, value: float) -> int | None:
 
 def test_prometheus_sees_each_node_through_the_service(tmp_path: Path, broker: Broker) -> None:
     service = FleetService(tmp_path / "service", broker).start()
-    prom = Prometheus(tmp_path / "prom", f"127.0.0.1:{service.port}", TOKENS["viewer"],
-                      interval_s=1.0, rules=[RULES]).start()  # fmt: skip
+    prom = Prometheus(
+        tmp_path / "prom",
+        f"127.0.0.1:{service.port}",
+        TOKENS["viewer"],
+        interval_s=1.0,
+        rules=[RULES],
+    ).start()
     node = Node(broker)
     try:
         node.birth()
@@ -116,19 +145,30 @@ def test_prometheus_sees_each_node_through_the_service(tmp_path: Path, broker: B
         assert service.call("GET", "/v1/fleet/metrics", role=None)[0] == 401  # a viewer's
         # within one scrape: the first scrape after the heartbeat is in the database has it
         sent = node.heartbeat(97.0, 0.05)
-        wait_for(lambda: service.call("GET", f"/v1/nodes/{NODE}")[1]["heartbeat"]["load"]
-                 ["cpu_percent"] == 97.0, 10, "the heartbeat stored")  # fmt: skip
+        wait_for(
+            lambda: (
+                service.call("GET", f"/v1/nodes/{NODE}")[1]["heartbeat"]["load"]["cpu_percent"]
+                == 97.0
+            ),
+            10,
+            "the heartbeat stored",
+        )
         stored = int(time.time() * 1000)
         wait_for(lambda: sample_ms(prom, loaded, 0.97), 10, "the new load scraped")
         scraped = sample_ms(prom, loaded, 0.97)
         assert scraped is not None and scraped - stored <= 1000 + 250, (sent, stored, scraped)
         rtt = prom.query(f'edged_cloud_link_rtt_seconds{{instance="{NODE}"}}')
         assert {r["metric"]["statistic"]: float(r["value"][1]) for r in rtt} == {
-            "ewma": 0.05, "p50": 0.05, "p95": 0.1}  # fmt: skip
+            "ewma": 0.05,
+            "p50": 0.05,
+            "p95": 0.1,
+        }
         # latency, from telemetry: the histogram the dashboard's quantiles read
         node.telemetry(60, "t2")
-        bucket = (f'edged_inference_request_duration_seconds_bucket{{instance="{NODE}",'
-                  f' model="intent-classifier", version="1", le="0.01"}}')  # fmt: skip
+        bucket = (
+            f'edged_inference_request_duration_seconds_bucket{{instance="{NODE}",'
+            f' model="intent-classifier", version="1", le="0.01"}}'
+        )
         wait_for(lambda: sample_ms(prom, bucket, 50), 10, "two records added up")
         p95 = prom.query(
             "histogram_quantile(0.95, sum by (instance, model, le) (rate("
@@ -144,15 +184,24 @@ def test_prometheus_sees_each_node_through_the_service(tmp_path: Path, broker: B
         assert not prom.query(f'ALERTS{{alertname="NodeOffline", instance="{NODE}"}}')
         # the dashboard's queries, as Grafana sends them for this node, answer
         answered = dashboard_answers(prom)
-        for panel in ("Local load", "CPU and GPU utilization", "Memory used",
-                      "Latency p50 / p95 / p99 by model", "Requests by model and outcome",
-                      "Link round-trip time", "Link and circuit breaker", "Model versions",
-                      "Node status", "Outbox records by priority",
-                      "Decisions by route"):  # fmt: skip
+        for panel in (
+            "Local load",
+            "CPU and GPU utilization",
+            "Memory used",
+            "Latency p50 / p95 / p99 by model",
+            "Requests by model and outcome",
+            "Link round-trip time",
+            "Link and circuit breaker",
+            "Model versions",
+            "Node status",
+            "Outbox records by priority",
+            "Decisions by route",
+        ):
             assert answered[panel], f"{panel}: no series through the service"
         # the node goes: its figures end (no frozen load), its connection says 0
-        node.publish(node.topics.status, {"state": "offline", "reason": "connection lost"},
-                     retain=True)  # fmt: skip
+        node.publish(
+            node.topics.status, {"state": "offline", "reason": "connection lost"}, retain=True
+        )
         wait_for(lambda: not prom.query(loaded), 15, "the load series ended")
         connected = prom.query(f'cloudsync_mqtt_connected{{instance="{NODE}"}}')
         assert [float(r["value"][1]) for r in connected] == [0.0]
@@ -184,10 +233,12 @@ def test_device_alerts_reach_alertmanager_once_and_resolve(
     manager = Alertmanager(tmp_path / "am", pages.url).start()
     ecs = tmp_path / "service" / "events.json"  # in the service's own directory
     service = FleetService(
-        tmp_path / "service", broker, mqtt="session_expiry_s = 3600",  # a broker restart
+        tmp_path / "service",
+        broker,
+        mqtt="session_expiry_s = 3600",  # a broker restart
         sections=f'[alerts]\nalertmanagers = ["{manager.url}"]\nresend_s = 1\n'
-                 f'[events]\necs_file = "{ecs}"\n',
-    )  # fmt: skip
+        f'[events]\necs_file = "{ecs}"\n',
+    )
     service.start_or(manager.stop, pages.close)
     edged = make_daemon()
     agent = Agent(tmp_path / "agent", broker)
@@ -201,8 +252,11 @@ def test_device_alerts_reach_alertmanager_once_and_resolve(
         wait_for(lambda: service.call("GET", "/v1/nodes/n1")[0] == 200, 20, "n1 registered")
         assert service.call("PUT", "/v1/nodes/n1/labels", {"labels": {"site": "lab"}})[0] == 200
         broker.stop()  # the broker goes down; edged is not there either: both alerts fire
-        wait_for(lambda: agent.status()["outbox"]["depth"]["alert"] >= 2, 30,
-                 "NodeOffline and EdgedUnreachable fired offline, in the outbox")  # fmt: skip
+        wait_for(
+            lambda: agent.status()["outbox"]["depth"]["alert"] >= 2,
+            30,
+            "NodeOffline and EdgedUnreachable fired offline, in the outbox",
+        )
         assert manager.alerts() == []
         broker.start()
 
@@ -211,14 +265,21 @@ def test_device_alerts_reach_alertmanager_once_and_resolve(
 
         # the service's own reconnect backs off up to 30 s (paho's, 1 s doubling) while the
         # broker is away: the alert comes after both sessions are back, however long that is
-        wait_for(lambda: named(manager.alerts(), "EdgedUnreachable"), 90,
-                 "EdgedUnreachable in Alertmanager after the reconnect")  # fmt: skip
+        wait_for(
+            lambda: named(manager.alerts(), "EdgedUnreachable"),
+            90,
+            "EdgedUnreachable in Alertmanager after the reconnect",
+        )
         sent = service.counter(SENT)  # three more sends of the service: still one alert
         wait_for(lambda: service.counter(SENT) >= sent + 3, 30, "three more sends")
         [unreachable] = named(manager.alerts(), "EdgedUnreachable")
-        assert unreachable["labels"] == {"alertname": "EdgedUnreachable",
-                                         "severity": "critical", "instance": "n1",
-                                         "fleet": "f1", "site": "lab"}  # fmt: skip
+        assert unreachable["labels"] == {
+            "alertname": "EdgedUnreachable",
+            "severity": "critical",
+            "instance": "n1",
+            "fleet": "f1",
+            "site": "lab",
+        }
         assert unreachable["status"]["state"] == "active"
         assert unreachable["annotations"]["summary"].startswith("cloudsync has not reached")
         assert unreachable.get("generatorURL", "") == ""  # no [api] public_url here
@@ -233,17 +294,27 @@ def test_device_alerts_reach_alertmanager_once_and_resolve(
         wait_for(lambda: not named(manager.alerts(), "NodeOffline"), 15, "and in Alertmanager")
         # edged comes: the device resolves EdgedUnreachable, and Alertmanager with it
         edged.start()
-        wait_for(lambda: not named(manager.alerts(), "EdgedUnreachable"), 60,
-                 "EdgedUnreachable resolved in Alertmanager")  # fmt: skip
-        wait_for(lambda: named(pages.alerts("resolved"), "EdgedUnreachable"), 15,
-                 "the resolution paged")  # fmt: skip
+        wait_for(
+            lambda: not named(manager.alerts(), "EdgedUnreachable"),
+            60,
+            "EdgedUnreachable resolved in Alertmanager",
+        )
+        wait_for(
+            lambda: named(pages.alerts("resolved"), "EdgedUnreachable"), 15, "the resolution paged"
+        )
         fired = named(pages.alerts("firing"), "EdgedUnreachable")
         assert len({a["startsAt"] for a in fired}) == 1  # one alert, however often sent
         # the real node's own series through the service: its real load and models
         load = re.compile(r'^edged_local_load_ratio\{fleet="f1",instance="n1"\} ', re.M)
         wait_for(lambda: load.search(service_metrics(service)), 30, "edged's load, heartbeat")
-        wait_for(lambda: 'edged_model_version_info{fleet="f1",instance="n1",model='
-                 in service_metrics(service), 30, "edged's models in the heartbeat")  # fmt: skip
+        wait_for(
+            lambda: (
+                'edged_model_version_info{fleet="f1",instance="n1",model='
+                in service_metrics(service)
+            ),
+            30,
+            "edged's models in the heartbeat",
+        )
         # ECS lines: the node's events as they came, once each
         lines = [json.loads(line) for line in ecs.read_text().splitlines()]
         alerts = [x for x in lines if x.get("rule", {}).get("name") == "EdgedUnreachable"]

@@ -74,15 +74,17 @@ def test_nodes_through_the_service_for_10000_nodes(service: FleetService, broker
     counted = service.wait_for(
         lambda: service.call("GET", "/v1/nodes?limit=1", role="viewer")[1]["counts"], 60
     )
-    service.wait_for(lambda: service.call("GET", "/v1/nodes?limit=1")[1]["counts"]
-                     .get("online") == 10_000, 60)  # fmt: skip
+    service.wait_for(
+        lambda: service.call("GET", "/v1/nodes?limit=1")[1]["counts"].get("online") == 10_000, 60
+    )
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service", service.url,
-         "nodes"],
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service", service.url, "nodes"],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["viewer"]},
-    )  # fmt: skip
+    )
     took = time.monotonic() - started
     assert done.returncode == 0 and done.stderr == "", done.stderr
     rows = json.loads(done.stdout)
@@ -92,15 +94,19 @@ def test_nodes_through_the_service_for_10000_nodes(service: FleetService, broker
     # no token, or a wrong one: refused, and said so
     refused = subprocess.run(
         [sys.executable, "-m", "cloudsync.fleet.cli", "--service", service.url, "nodes"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={k: v for k, v in os.environ.items() if k != "EDGEFLEET_TOKEN"},
-    )  # fmt: skip
+    )
     assert refused.returncode == 2 and "EDGEFLEET_TOKEN" in refused.stderr
     wrong = subprocess.run(
         [sys.executable, "-m", "cloudsync.fleet.cli", "--service", service.url, "nodes"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "EDGEFLEET_TOKEN": "not-a-token"},
-    )  # fmt: skip
+    )
     assert wrong.returncode == 1 and "401" in wrong.stderr
 
 
@@ -128,12 +134,14 @@ def test_a_node_from_birth_to_will_with_its_heartbeats(
     shutil.copy(key / "fleet-1.pub", work / "trust" / "fleet-1.pub")
     config = work / "cloudsync.toml"
     config.write_text(
-        cloudsync_config(broker, work, "f1", more="[heartbeat]\ninterval_s = 1\n")
-        .replace('name = "n1"', 'name = "n1"\nlabels = { site = "berlin", tier = "camera" }')
-    )  # fmt: skip
+        cloudsync_config(broker, work, "f1", more="[heartbeat]\ninterval_s = 1\n").replace(
+            'name = "n1"', 'name = "n1"\nlabels = { site = "berlin", tier = "camera" }'
+        )
+    )
     with (work / "agent.log").open("wb") as log:
-        agent = subprocess.Popen([sys.executable, "-m", "cloudsync.agent.cli", "--config",
-                                  str(config)], stderr=log)  # fmt: skip
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config)], stderr=log
+        )
     try:
 
         def seen() -> dict[str, object] | None:
@@ -147,8 +155,9 @@ def test_a_node_from_birth_to_will_with_its_heartbeats(
         assert row["hardware"]["machine"] and row["software"]["cloudsync"]
         assert row["heartbeat"]["outbox"]["pending"] >= 0
         # an operator label overlays the node's own
-        status, _ = service.call("PUT", "/v1/nodes/n1/labels", {"labels": {"tier": "gate"}},
-                                 role="operator")  # fmt: skip
+        status, _ = service.call(
+            "PUT", "/v1/nodes/n1/labels", {"labels": {"tier": "gate"}}, role="operator"
+        )
         assert status == 200
         _, row = service.call("GET", "/v1/nodes/n1")
         assert row["labels"] == {"site": "berlin", "tier": "gate"} and row["fleet"] == "f1"
@@ -159,12 +168,29 @@ def test_a_node_from_birth_to_will_with_its_heartbeats(
         # the service's fleet (no --fleet needed; another one is refused before signing)
         def relay(*fleet: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [sys.executable, "-m", "cloudsync.fleet.cli", "--json", *fleet,
-                 "--service", service.url, "--timeout", "30", "cmd", "n1", "ping",
-                 "--sign-key", str(key / "fleet-1.key"), "--kid", "fleet-1"],
-                capture_output=True, text=True, timeout=60,
+                [
+                    sys.executable,
+                    "-m",
+                    "cloudsync.fleet.cli",
+                    "--json",
+                    *fleet,
+                    "--service",
+                    service.url,
+                    "--timeout",
+                    "30",
+                    "cmd",
+                    "n1",
+                    "ping",
+                    "--sign-key",
+                    str(key / "fleet-1.key"),
+                    "--kid",
+                    "fleet-1",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
                 env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["operator"]},
-            )  # fmt: skip
+            )
 
         other = relay("--fleet", "f2")
         assert other.returncode == 2 and "the service serves fleet f1" in other.stderr
@@ -174,18 +200,30 @@ def test_a_node_from_birth_to_will_with_its_heartbeats(
         _, kept = service.call("GET", "/v1/nodes/n1/commands", role="viewer")
         [command] = kept["commands"]
         assert (command["name"], command["kid"], command["actor"]) == (
-            "ping", "fleet-1", "operator-user")  # fmt: skip
+            "ping",
+            "fleet-1",
+            "operator-user",
+        )
         assert command["result"]["ok"] is True and command["result_ts"] >= command["sent_ts"]
-        envelope_doc = {"command": {"v": 1, "id": command["id"], "ts": 1, "node": "op",
-                                    "seq": 1, "body": {}, "kid": "k", "sig": "s"}}  # fmt: skip
-        assert service.call("POST", "/v1/nodes/n1/commands", envelope_doc,
-                            role="viewer")[0] == 403  # fmt: skip
-        status, why = service.call("POST", "/v1/nodes/n1/commands", envelope_doc,
-                                   role="operator")  # fmt: skip
+        envelope_doc = {
+            "command": {
+                "v": 1,
+                "id": command["id"],
+                "ts": 1,
+                "node": "op",
+                "seq": 1,
+                "body": {},
+                "kid": "k",
+                "sig": "s",
+            }
+        }
+        assert service.call("POST", "/v1/nodes/n1/commands", envelope_doc, role="viewer")[0] == 403
+        status, why = service.call("POST", "/v1/nodes/n1/commands", envelope_doc, role="operator")
         assert status == 422 and why["error"].startswith("command.body.target"), why
         _, log = service.call("GET", "/v1/audit")
         assert ("command ping", "n1", "sent") in [
-            (e["action"], e["target"], e["outcome"]) for e in log["entries"]]  # fmt: skip
+            (e["action"], e["target"], e["outcome"]) for e in log["entries"]
+        ]
         # the uplink's egress ledger: every message it published, recorded first; the service
         # keeps its head from a heartbeat, and the node's ledger holds that checkpoint
         _, anchors = service.call("GET", "/v1/nodes/n1/egress-checkpoints", role="viewer")
@@ -199,10 +237,22 @@ def test_a_node_from_birth_to_will_with_its_heartbeats(
         assert all(e["sha256"] and e["bytes"] > 0 and e["broker"] for e in sent)
         assert not verify(work / "uplink", {anchor["seq"]: "0" * 64}).ok  # a rewritten ledger
         lines = subprocess.run(
-            [sys.executable, "-m", "cloudsync.fleet.cli", "--service", service.url,
-             "checkpoints", "n1", "--ledger", "uplink"], capture_output=True, text=True,
-            timeout=60, env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["viewer"]},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "cloudsync.fleet.cli",
+                "--service",
+                service.url,
+                "checkpoints",
+                "n1",
+                "--ledger",
+                "uplink",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "EDGEFLEET_TOKEN": TOKENS["viewer"]},
+        )
         assert lines.stdout.split() == [f"{anchor['seq']}:{anchor['hash']}"], lines.stderr
     finally:
         agent.kill()  # SIGKILL: the broker publishes its will
@@ -229,25 +279,33 @@ def test_roles_and_the_audit_log(service: FleetService, broker: Broker) -> None:
     assert service.call("GET", "/v1/audit", role="viewer")[0] == 403
     assert service.call("PUT", "/v1/nodes/sim-00000/labels", body, role="operator")[0] == 200
     assert service.call("PUT", "/v1/nodes/nobody/labels", body, role="operator")[0] == 404
-    status, why = service.call("POST", "/v1/deployments", {"id": "d", "models": []},
-                               role="operator")  # fmt: skip
+    status, why = service.call(
+        "POST", "/v1/deployments", {"id": "d", "models": []}, role="operator"
+    )
     assert status == 422 and why["error"].startswith("models:")
-    status, why = service.call("PUT", "/v1/nodes/sim-00000/labels", raw=b"{nope",
-                               role="admin")  # fmt: skip
+    status, why = service.call("PUT", "/v1/nodes/sim-00000/labels", raw=b"{nope", role="admin")
     assert status == 400 and why["error"].startswith("body: not JSON")
     _, log = service.call("GET", "/v1/audit", role="operator")
     got = [(e["actor"], e["action"], e["target"], e["outcome"]) for e in log["entries"]]
     assert got == [
-        ("viewer-user", "PUT /v1/nodes/sim-00000/labels", "/v1/nodes/sim-00000/labels",
-         "denied: operator"),
+        (
+            "viewer-user",
+            "PUT /v1/nodes/sim-00000/labels",
+            "/v1/nodes/sim-00000/labels",
+            "denied: operator",
+        ),
         ("viewer-user", "POST /v1/deployments", "/v1/deployments", "denied: operator"),
         ("viewer-user", "DELETE /v1/deployments/d", "d", "denied: operator"),
         ("operator-user", "set labels", "sim-00000", "done"),
         ("operator-user", "set labels", "nobody", "refused: no such node"),
-        ("operator-user", "create deployment", "d", "refused: models: a list of 1 to 32"
-         " entries {manifest, urls}"),
+        (
+            "operator-user",
+            "create deployment",
+            "d",
+            "refused: models: a list of 1 to 32 entries {manifest, urls}",
+        ),
         ("admin-user", "set labels", "sim-00000", "refused: body is not JSON"),
-    ]  # fmt: skip
+    ]
     assert log["entries"][3]["detail"] == {"site": "a"} and log["next"] is None
 
 
@@ -286,10 +344,13 @@ def test_two_replicas_count_every_heartbeat_once_and_hand_over_the_runner(
         time.sleep(1.0)  # anything counted twice would come now
         assert total() == sent == 2000
         split = [
-            sum(float(line.split()[-1]) for line in s.call("GET", "/metrics")[1].splitlines()
-                if line.startswith('edgefleet_messages_total{kind="heartbeat"}'))
+            sum(
+                float(line.split()[-1])
+                for line in s.call("GET", "/metrics")[1].splitlines()
+                if line.startswith('edgefleet_messages_total{kind="heartbeat"}')
+            )
             for s in (one, two)
-        ]  # fmt: skip
+        ]
         print(f"heartbeats written by each replica: {split}")
         assert sum(split) == sent and min(split) > 0  # both took a share
         runners = [s.call("GET", "/healthz")[1]["runner"] for s in (one, two)]

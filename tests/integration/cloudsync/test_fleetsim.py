@@ -35,9 +35,21 @@ FLEET, MODEL, NODES = "f1", "intent-classifier", 30
 NAMES = [f"sim-{i:05d}" for i in range(NODES)]
 BIRTH_KEYS = {"state", "software", "hardware", "models", "capabilities", "edged", "labels"}
 HEARTBEAT_KEYS = {
-    "uptime_s", "load", "link", "breaker", "cloud_error_ratio", "cloud_scale_out", "inflight",
-    "drained", "routing", "models", "edged", "outbox", "poison_messages", "thread_restarts",
-}  # fmt: skip
+    "uptime_s",
+    "load",
+    "link",
+    "breaker",
+    "cloud_error_ratio",
+    "cloud_scale_out",
+    "inflight",
+    "drained",
+    "routing",
+    "models",
+    "edged",
+    "outbox",
+    "poison_messages",
+    "thread_restarts",
+}
 SITES = ["a", "b", "c"]
 
 
@@ -92,12 +104,24 @@ def test_30_simulated_nodes_speak_the_protocol(tmp_path: Path, pki: Path) -> Non
         operator.subscribe(f"edge/v1/{FLEET}/+/cmd/+/result")
         fleet = Fleet(operator)
         config = SimConfig(
-            nodes=NODES, fleet=FLEET, prefix="sim", port=broker.port, pki=pki,
-            cert_name=OPERATOR, heartbeat_s=1.0, telemetry_s=1.0, procs=2,
-            labels={"site": SITES, "tier": ["edge"]}, models={MODEL: 1},
-            install_delay_s=0.2, bad_version=f"{MODEL}=3", bad_fail_rate=1.0,
-            installs=tmp_path / "installs.jsonl", trust=trust, rps=5.0,
-        )  # fmt: skip
+            nodes=NODES,
+            fleet=FLEET,
+            prefix="sim",
+            port=broker.port,
+            pki=pki,
+            cert_name=OPERATOR,
+            heartbeat_s=1.0,
+            telemetry_s=1.0,
+            procs=2,
+            labels={"site": SITES, "tier": ["edge"]},
+            models={MODEL: 1},
+            install_delay_s=0.2,
+            bad_version=f"{MODEL}=3",
+            bad_fail_rate=1.0,
+            installs=tmp_path / "installs.jsonl",
+            trust=trust,
+            rps=5.0,
+        )
         sim = Simulator(config).start()
         assert sim.wait_connected(timeout=30)
 
@@ -172,8 +196,9 @@ def test_30_simulated_nodes_speak_the_protocol(tmp_path: Path, pki: Path) -> Non
 
         # a signed rollback: the version before serves, a rolled-back event and the result
         target = f"{FLEET}/{NAMES[1]}"
-        cmd_id, payload = sign(key, "fleet-1", OPERATOR, target, "rollback",
-                               {"model": MODEL, "from": 2})  # fmt: skip
+        cmd_id, payload = sign(
+            key, "fleet-1", OPERATOR, target, "rollback", {"model": MODEL, "from": 2}
+        )
         sent_ms = Envelope("x", 0, {}).ts
         assert not operator.publish(Topics(FLEET, NAMES[1]).cmd(cmd_id), payload).is_failure
         wait_for(lambda: fleet.result(cmd_id) is not None, 10, "the rollback's result")
@@ -201,8 +226,10 @@ def test_30_simulated_nodes_speak_the_protocol(tmp_path: Path, pki: Path) -> Non
         assert unknown is not None and not unknown["ok"]
         assert unknown["error"].startswith("unknown command 'reboot'")
         refused = fleet.result(forged_id)
-        assert refused == {"ok": False, "error": "refused: the signature does not verify: "
-                                                 "forged or altered"}  # fmt: skip
+        assert refused == {
+            "ok": False,
+            "error": "refused: the signature does not verify: forged or altered",
+        }
 
         # a node dropped: its will (retained offline, connection lost); back: a new birth, and
         # the same retained desired state installs nothing again (nor the rolled-back version)

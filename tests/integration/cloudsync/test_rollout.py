@@ -66,13 +66,18 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
     trust.mkdir()
     for name, path in (("fleet-1", keyfile), ("deploy-1", deploy_keyfile)):
         key = Ed25519PrivateKey.generate()
-        path.write_bytes(key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ))  # fmt: skip
-        (trust / f"{name}.pub").write_bytes(key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        ))  # fmt: skip
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        (trust / f"{name}.pub").write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
     (trust / "deploy-1.commands").write_text("rollback\n")  # a scoped key: rollbacks only
     keys = f'deploy_key = "{deploy_keyfile}"\ntrust_dir = "{trust}"'
     service = FleetService(tmp_path / "service", broker, more=keys).start()
@@ -92,23 +97,33 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
         for name in ("fleet-1.pub", "deploy-1.pub", "deploy-1.commands"):
             (work / "trust" / name).write_bytes((trust / name).read_bytes())
         config = work / "cloudsync.toml"
-        config.write_text(cloudsync_config(
-            broker, work, "f1", node, edgeds[node].socket,
-            more="[heartbeat]\ninterval_s = 1\n[telemetry]\ninterval_s = 1\n[delivery]\n"
-            f'staging_dir = "{edgeds[node].workdir / "state" / "staging"}"\n'  # edged's own
-            f'ca_file = "{pki}/ca.pem"\n'
-            "health_window_s = 0\n",
-        ))  # fmt: skip
+        config.write_text(
+            cloudsync_config(
+                broker,
+                work,
+                "f1",
+                node,
+                edgeds[node].socket,
+                more="[heartbeat]\ninterval_s = 1\n[telemetry]\ninterval_s = 1\n[delivery]\n"
+                f'staging_dir = "{edgeds[node].workdir / "state" / "staging"}"\n'  # edged's own
+                f'ca_file = "{pki}/ca.pem"\n'
+                "health_window_s = 0\n",
+            )
+        )
         (work / "cloudsync.log").touch()
         unit = edgeds[node].account  # cloudsync.service runs as edged's user
         if unit is not None:
             unit.own(work)
             asunit.reachable(pki)
         with (work / "cloudsync.log").open("wb") as log:
-            agents.append(subprocess.Popen(
-                [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config)],
-                stdout=log, stderr=subprocess.STDOUT, **(unit.popen() if unit else {}),
-            ))  # fmt: skip
+            agents.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    **(unit.popen() if unit else {}),
+                )
+            )
 
     stop = threading.Event()
 
@@ -129,22 +144,50 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
         smoke_file = path.with_name("smoke.json")
         smoke_file.write_text(json.dumps(smoke(factor)))
         out = path.with_name("manifest.json")
-        made = edgefleet(broker, "manifest", "--model", MODEL, "--version", str(version),
-                         "--file", str(path), "--sign", f"fleet-1={keyfile}",
-                         "--smoke", str(smoke_file), "--out", str(out))  # fmt: skip
+        made = edgefleet(
+            broker,
+            "manifest",
+            "--model",
+            MODEL,
+            "--version",
+            str(version),
+            "--file",
+            str(path),
+            "--sign",
+            f"fleet-1={keyfile}",
+            "--smoke",
+            str(smoke_file),
+            "--out",
+            str(out),
+        )
         assert made.returncode == 0, made.stderr
         return out
 
     def create(name: str, version: int, soak: float) -> dict[str, Any]:
         return service.edgefleet(
-            "rollout", "create", name, "--manifest", str(tmp_path / "versions" /
-            str(version) / "manifest.json"), "--cdn", cdn.base, "--cdn-prefix",
-            f"/models/{MODEL}/{version}", "--secure-link-secret-file", str(secret),
-            "--stages", "10,100", "--soak", str(soak), "--min-requests", "10",
-            "--activation-timeout", "120",
+            "rollout",
+            "create",
+            name,
+            "--manifest",
+            str(tmp_path / "versions" / str(version) / "manifest.json"),
+            "--cdn",
+            cdn.base,
+            "--cdn-prefix",
+            f"/models/{MODEL}/{version}",
+            "--secure-link-secret-file",
+            str(secret),
+            "--stages",
+            "10,100",
+            "--soak",
+            str(soak),
+            "--min-requests",
+            "10",
+            "--activation-timeout",
+            "120",
             # the shared two-core test machine runs 40 processes: latency is not the gate here
-            "--max-p95-increase", "10",
-        )  # fmt: skip
+            "--max-p95-increase",
+            "10",
+        )
 
     def status(name: str) -> dict[str, Any]:
         _, record = service.call("GET", f"/v1/rollouts/{name}?nodes=1", role="viewer")
@@ -171,8 +214,14 @@ def test_a_canary_over_20_nodes_aborts_a_bad_version_and_promotes_a_good_one(
             return sum(r["state"] == "online" for r in rows) == len(NODES)
 
         wait_for(online, 60, "20 nodes online")
-        wait_for(lambda: service.call("GET", "/v1/nodes?state=online")[1]["counts"].get("online")
-                 == len(NODES), 60, "20 nodes online at the service")  # fmt: skip
+        wait_for(
+            lambda: (
+                service.call("GET", "/v1/nodes?state=online")[1]["counts"].get("online")
+                == len(NODES)
+            ),
+            60,
+            "20 nodes online at the service",
+        )
         manifest(2, 2.0, single_row=True)  # passes its smoke test, fails on two rows
         assert create("r-bad", 2, 60)["state"] == "running"
         record = ended("r-bad", 300)

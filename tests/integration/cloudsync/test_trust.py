@@ -66,9 +66,10 @@ def publish(consumer: SyncClient, doc: dict[str, Any]) -> None:
 def reports(consumer: SyncClient, after: int = 0) -> list[dict[str, Any]]:
     """The node's trust events and refusals, in order."""
     found = [
-        e.body for e in bodies(list(consumer.received), "events")
+        e.body
+        for e in bodies(list(consumer.received), "events")
         if "trust" in e.body or e.body.get("alert") == "trust refused"
-    ]  # fmt: skip
+    ]
     return found[after:]
 
 
@@ -94,10 +95,15 @@ def test_a_trust_document_rotates_the_keys_survives_a_restart_and_revokes_the_br
     refusals = [
         (trust.sign(rotation, {"fleet-1": old}), "by its own keys, 1 needed"),  # no fleet-2
         (trust.sign(rotation, {"fleet-2": new}), "by the keys in force, 1 needed"),
-        ({**trust.sign(rotation, {"fleet-1": old, "fleet-2": new}),
-          "signed": {**rotation, "version": 5}}, "does not verify"),  # altered
+        (
+            {
+                **trust.sign(rotation, {"fleet-1": old, "fleet-2": new}),
+                "signed": {**rotation, "version": 5},
+            },
+            "does not verify",
+        ),  # altered
         (trust.sign({**rotation, "expires": 1}, {"fleet-1": old, "fleet-2": new}), "expired"),
-    ]  # fmt: skip
+    ]
     for doc, says in refusals:
         seen = len(reports(consumer))
         publish(consumer, doc)
@@ -108,8 +114,11 @@ def test_a_trust_document_rotates_the_keys_survives_a_restart_and_revokes_the_br
     seen = len(reports(consumer))
     publish(consumer, trust.sign(rotation, {"fleet-1": old, "fleet-2": new}))
     assert wait_report(consumer, seen)["trust"] == {
-        "version": 1, "keys": ["fleet-2"], "threshold": 1, "revoked": 0,
-    }  # fmt: skip
+        "version": 1,
+        "keys": ["fleet-2"],
+        "threshold": 1,
+        "revoked": 0,
+    }
     assert "is not a trust anchor" in ping(consumer, old, "fleet-1")["error"]
     assert ping(consumer, new, "fleet-2")["ok"]
     (kept,) = json.loads((agent.workdir / "trust.json").read_text())["chain"]
@@ -133,15 +142,34 @@ def test_a_trust_document_rotates_the_keys_survives_a_restart_and_revokes_the_br
     # leaves and refuses that broker; the same broker with a new certificate takes it back
     keys = tmp_path / "keys"
     keys.mkdir()
-    (keys / "fleet-2.key").write_bytes(new.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))  # fmt: skip
-    (keys / "fleet-2.pub").write_bytes(new.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    (keys / "fleet-2.key").write_bytes(
+        new.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    (keys / "fleet-2.pub").write_bytes(
+        new.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     out = tmp_path / "trust-3.json"
-    made = edgefleet(broker, "trust", "make", "--version", "3", "--key",
-                     f"fleet-2={keys / 'fleet-2.pub'}", "--revoke", str(broker.pki / "broker.pem"),
-                     "--sign", f"fleet-2={keys / 'fleet-2.key'}", "--out", str(out))  # fmt: skip
+    made = edgefleet(
+        broker,
+        "trust",
+        "make",
+        "--version",
+        "3",
+        "--key",
+        f"fleet-2={keys / 'fleet-2.pub'}",
+        "--revoke",
+        str(broker.pki / "broker.pem"),
+        "--sign",
+        f"fleet-2={keys / 'fleet-2.key'}",
+        "--out",
+        str(out),
+    )
     assert made.returncode == 0, made.stderr
     assert (
         made.stdout.strip() == f"{out}: trust version 3, keys ['fleet-2'], threshold 1, 1 revoked"
@@ -152,8 +180,11 @@ def test_a_trust_document_rotates_the_keys_survives_a_restart_and_revokes_the_br
     assert wait_report(consumer, seen)["trust"]["revoked"] == 1
     broker.stop()  # the session ends; at the next connection the certificate is checked
     broker.start()
-    wait_for(lambda: "is revoked by the fleet's trust document" in agent.log.read_text(), 20,
-             "the node refusing the revoked broker")  # fmt: skip
+    wait_for(
+        lambda: "is revoked by the fleet's trust document" in agent.log.read_text(),
+        20,
+        "the node refusing the revoked broker",
+    )
     assert not agent.status()["connected"]
     ca = x509.load_pem_x509_certificate((broker.pki / "ca.pem").read_bytes())
     ca_key = serialization.load_pem_private_key((broker.pki / "ca.key").read_bytes(), None)

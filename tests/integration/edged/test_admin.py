@@ -24,8 +24,10 @@ CLOUD_RULE = {"name": "cloud-first", "task_type": "text-classification", "action
 def edgectl(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "edged.edgectl", "--socket", str(daemon.socket), *args],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_routing_overrides_and_drain_outlive_restarts_and_the_cloud_takes_drained_work(

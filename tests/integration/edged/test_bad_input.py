@@ -36,58 +36,158 @@ def infer_doc(name: str, datatype: str, shape: list[int], data: list[object]) ->
 CASES = [
     ("malformed JSON", "/v2/models/text-embedding/infer", b'{"inputs": [', 400, "not valid JSON"),
     ("not an object", "/v2/models/text-embedding/infer", b"[1]", 400, "JSON object"),
-    ("wrong dtype", "/v2/models/text-encoder/infer",
-     infer_doc("input_ids", "FP32", [1, 2], [1.0, 2.0]), 400, "must be INT64, got FP32"),
-    ("wrong shape", "/v2/models/intent-classifier/infer",
-     infer_doc("embedding", "FP32", [1, 3], [0.1, 0.2, 0.3]), 400, "the model expects [-1, 384]"),
-    ("unknown input", "/v2/models/text-embedding/infer",
-     infer_doc("txt", "BYTES", [1], ["a"]), 400, "has no input 'txt'"),
-    ("unknown model", "/v2/models/no-such-model/infer",
-     json.dumps(GOOD_TEXT).encode(), 404, "unknown model 'no-such-model'"),
-    ("unknown version", "/v2/models/text-embedding/versions/42/infer",
-     json.dumps(GOOD_TEXT).encode(), 404, "no version 42"),
-    ("bad version", "/v2/models/text-embedding/versions/latest/infer",
-     json.dumps(GOOD_TEXT).encode(), 400, "positive integer"),
+    (
+        "wrong dtype",
+        "/v2/models/text-encoder/infer",
+        infer_doc("input_ids", "FP32", [1, 2], [1.0, 2.0]),
+        400,
+        "must be INT64, got FP32",
+    ),
+    (
+        "wrong shape",
+        "/v2/models/intent-classifier/infer",
+        infer_doc("embedding", "FP32", [1, 3], [0.1, 0.2, 0.3]),
+        400,
+        "the model expects [-1, 384]",
+    ),
+    (
+        "unknown input",
+        "/v2/models/text-embedding/infer",
+        infer_doc("txt", "BYTES", [1], ["a"]),
+        400,
+        "has no input 'txt'",
+    ),
+    (
+        "unknown model",
+        "/v2/models/no-such-model/infer",
+        json.dumps(GOOD_TEXT).encode(),
+        404,
+        "unknown model 'no-such-model'",
+    ),
+    (
+        "unknown version",
+        "/v2/models/text-embedding/versions/42/infer",
+        json.dumps(GOOD_TEXT).encode(),
+        404,
+        "no version 42",
+    ),
+    (
+        "bad version",
+        "/v2/models/text-embedding/versions/latest/infer",
+        json.dumps(GOOD_TEXT).encode(),
+        400,
+        "positive integer",
+    ),
     ("non-image bytes to OCR", "/v1/ocr", b"%PDF-1.4 certainly not a picture", 400, "not an image"),
     ("empty body to OCR", "/v1/ocr", b"", 400, "empty"),
     ("non-WAV bytes to VAD", "/v1/vad", b"RIFX0000WAVEjunk", 400, "WAV"),
     ("task API without texts", "/v1/embed", b'{"words": ["a"]}', 400, "needs 'texts'"),
     ("task API with numbers", "/v1/intent", b'{"texts": [1, 2]}', 400, "list of strings"),
-    ("task API with another model", "/v1/embed", b'{"texts": ["a"], "model": "ocr"}', 400,
-     "'model' must be one of"),
+    (
+        "task API with another model",
+        "/v1/embed",
+        b'{"texts": ["a"], "model": "ocr"}',
+        400,
+        "'model' must be one of",
+    ),
     ("bad VAD parameter", "/v1/vad?threshold=7", b"RIFF", 400, "threshold"),
-    ("huge shape, no data", "/v2/models/intent-classifier/infer",
-     infer_doc("embedding", "FP32", [0, 2**63], []), 400, "'shape' must be a list"),
-    ("boolean in a shape", "/v2/models/intent-classifier/infer",
-     infer_doc("embedding", "FP32", [True], [1.0]), 400, "'shape' must be a list"),
-    ("non-ASCII digit version", "/v2/models/text-embedding/versions/%C2%B2/infer",
-     json.dumps(GOOD_TEXT).encode(), 400, "positive integer"),
-    ("output parameters not an object", "/v2/models/text-embedding/infer",
-     json.dumps({**GOOD_TEXT, "outputs": [{"name": "embedding", "parameters": [1]}]}).encode(),
-     400, "'parameters' must be an object"),
-    ("output requested twice", "/v2/models/text-embedding/infer",
-     json.dumps({**GOOD_TEXT, "outputs": [{"name": "embedding"}, {"name": "embedding"}]}).encode(),
-     400, "requested twice"),
-    ("non-string id", "/v2/models/text-embedding/infer",
-     json.dumps({**GOOD_TEXT, "id": {"a": 1}}).encode(), 400, "'id' must be a string"),
-    ("lone surrogate in BYTES", "/v2/models/text-embedding/infer",
-     b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}',
-     400, "not valid Unicode"),
-    ("lone surrogate in the task API", "/v1/embed", b'{"texts": ["\\ud800"]}', 400,
-     "not valid Unicode"),
+    (
+        "huge shape, no data",
+        "/v2/models/intent-classifier/infer",
+        infer_doc("embedding", "FP32", [0, 2**63], []),
+        400,
+        "'shape' must be a list",
+    ),
+    (
+        "boolean in a shape",
+        "/v2/models/intent-classifier/infer",
+        infer_doc("embedding", "FP32", [True], [1.0]),
+        400,
+        "'shape' must be a list",
+    ),
+    (
+        "non-ASCII digit version",
+        "/v2/models/text-embedding/versions/%C2%B2/infer",
+        json.dumps(GOOD_TEXT).encode(),
+        400,
+        "positive integer",
+    ),
+    (
+        "output parameters not an object",
+        "/v2/models/text-embedding/infer",
+        json.dumps({**GOOD_TEXT, "outputs": [{"name": "embedding", "parameters": [1]}]}).encode(),
+        400,
+        "'parameters' must be an object",
+    ),
+    (
+        "output requested twice",
+        "/v2/models/text-embedding/infer",
+        json.dumps(
+            {**GOOD_TEXT, "outputs": [{"name": "embedding"}, {"name": "embedding"}]}
+        ).encode(),
+        400,
+        "requested twice",
+    ),
+    (
+        "non-string id",
+        "/v2/models/text-embedding/infer",
+        json.dumps({**GOOD_TEXT, "id": {"a": 1}}).encode(),
+        400,
+        "'id' must be a string",
+    ),
+    (
+        "lone surrogate in BYTES",
+        "/v2/models/text-embedding/infer",
+        b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}',
+        400,
+        "not valid Unicode",
+    ),
+    (
+        "lone surrogate in the task API",
+        "/v1/embed",
+        b'{"texts": ["\\ud800"]}',
+        400,
+        "not valid Unicode",
+    ),
     ("JSON nested too deeply", "/v1/embed", b"[" * 100000, 400, "nested too deeply"),
-    ("classification of a string output", "/v2/models/intent/infer",
-     json.dumps({**GOOD_TEXT, "outputs": [{"name": "intent", "parameters": {"classification": 1}}]})
-     .encode(), 400, "numeric output"),
-    ("too many texts", "/v1/embed", json.dumps({"texts": ["a"] * 257}).encode(), 400,
-     "at most 256"),
-    ("too many texts through OIP", "/v2/models/text-embedding/infer",
-     infer_doc("text", "BYTES", [257], ["a"] * 257), 400, "at most 256 per request"),
-    ("too long for the encoder", "/v2/models/text-encoder/infer",
-     json.dumps({"inputs": [{"name": n, "datatype": "INT64", "shape": [1, 600], "data": [1] * 600}
-                            for n in ("input_ids", "attention_mask", "token_type_ids")]}).encode(),
-     400, "rejected the input"),
-]  # fmt: skip
+    (
+        "classification of a string output",
+        "/v2/models/intent/infer",
+        json.dumps(
+            {**GOOD_TEXT, "outputs": [{"name": "intent", "parameters": {"classification": 1}}]}
+        ).encode(),
+        400,
+        "numeric output",
+    ),
+    (
+        "too many texts",
+        "/v1/embed",
+        json.dumps({"texts": ["a"] * 257}).encode(),
+        400,
+        "at most 256",
+    ),
+    (
+        "too many texts through OIP",
+        "/v2/models/text-embedding/infer",
+        infer_doc("text", "BYTES", [257], ["a"] * 257),
+        400,
+        "at most 256 per request",
+    ),
+    (
+        "too long for the encoder",
+        "/v2/models/text-encoder/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": n, "datatype": "INT64", "shape": [1, 600], "data": [1] * 600}
+                    for n in ("input_ids", "attention_mask", "token_type_ids")
+                ]
+            }
+        ).encode(),
+        400,
+        "rejected the input",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -112,9 +212,17 @@ def test_body_over_the_limit_gets_413(client: Client) -> None:
 
 def test_truncated_binary_payload_gets_400(client: Client) -> None:
     header = json.dumps(
-        {"inputs": [{"name": "embedding", "datatype": "FP32", "shape": [1, 384],
-                     "parameters": {"binary_data_size": 384 * 4}}]}
-    ).encode()  # fmt: skip
+        {
+            "inputs": [
+                {
+                    "name": "embedding",
+                    "datatype": "FP32",
+                    "shape": [1, 384],
+                    "parameters": {"binary_data_size": 384 * 4},
+                }
+            ]
+        }
+    ).encode()
     body = header + np.zeros(100, np.float32).tobytes()
     status, message = post(
         client,

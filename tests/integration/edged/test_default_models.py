@@ -104,12 +104,16 @@ def test_intent_classifier_supports_the_classification_extension(client: Client)
         "/v2/models/intent-classifier/infer",
         {
             "inputs": [
-                {"name": "embedding", "datatype": "FP32", "shape": [1, 384],
-                 "data": embedding.reshape(-1).tolist()}
+                {
+                    "name": "embedding",
+                    "datatype": "FP32",
+                    "shape": [1, 384],
+                    "data": embedding.reshape(-1).tolist(),
+                }
             ],
             "outputs": [{"name": "probabilities", "parameters": {"classification": 2}}],
         },
-    )  # fmt: skip
+    )
     top = reply["outputs"][0]["data"]
     assert len(top) == 2
     assert top[0].split(":")[2] == "image-report"
@@ -157,10 +161,20 @@ def test_vad_on_noise_and_silence_finds_no_speech(client: Client) -> None:
 
 def test_curl_works_on_the_socket(daemon: Daemon) -> None:
     out = subprocess.run(
-        ["curl", "-sS", "--unix-socket", str(daemon.socket), "-d", '{"texts": ["hello"]}',
-         "http://localhost/v1/intent"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+        [
+            "curl",
+            "-sS",
+            "--unix-socket",
+            str(daemon.socket),
+            "-d",
+            '{"texts": ["hello"]}',
+            "http://localhost/v1/intent",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert '"intent"' in out.stdout
 
 

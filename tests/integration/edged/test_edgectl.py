@@ -16,8 +16,10 @@ def edgectl(
 ) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [sys.executable, "-m", "edged.edgectl", "--socket", str(socket), *args],
-        input=stdin, capture_output=True, timeout=120,
-    )  # fmt: skip
+        input=stdin,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def test_status_and_models_list(daemon: Daemon) -> None:

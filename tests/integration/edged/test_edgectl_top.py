@@ -68,8 +68,16 @@ def terminal(tmp_path: Path) -> Iterator[Terminal]:
 
 
 def top_command(socket: Path) -> list[str]:
-    return [sys.executable, "-m", "edged.edgectl", "--socket", str(socket), "top",
-            "--interval", "0.5"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "edged.edgectl",
+        "--socket",
+        str(socket),
+        "top",
+        "--interval",
+        "0.5",
+    ]
 
 
 def model_row(screen: str, model: str) -> list[str] | None:

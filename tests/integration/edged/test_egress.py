@@ -36,8 +36,14 @@ def hashing(cloud: Cloud) -> Iterator[HashProxy]:
     proxy.stop()
 
 
-def start(make_daemon: type[Daemon], proxy: HashProxy, routing: str = "", extra: str = "",
-          repository: Path | None = None, grpc_url: str = "") -> Daemon:  # fmt: skip
+def start(
+    make_daemon: type[Daemon],
+    proxy: HashProxy,
+    routing: str = "",
+    extra: str = "",
+    repository: Path | None = None,
+    grpc_url: str = "",
+) -> Daemon:
     from tests.conftest import MODELS
 
     config = f"""
@@ -94,8 +100,12 @@ def test_every_cloud_call_is_one_entry_whose_hash_is_what_the_cloud_received(
         assert entry["uid"] == os.getuid() and entry["labels"] == {"embedding": "public"}
         assert entry["route"] in ("cloud", "hedged") and entry["reason"]
     # the answer's trace points to its entry
-    _, explained = client.infer_answer(MODEL, {"embedding": np_embedding()}, request_id="x-1",
-                                       parameters={"route": "cloud", "explain": True})  # fmt: skip
+    _, explained = client.infer_answer(
+        MODEL,
+        {"embedding": np_embedding()},
+        request_id="x-1",
+        parameters={"route": "cloud", "explain": True},
+    )
     (step,) = json.loads(explained["route_trace"])
     (entry,) = [e for e in sent(daemon) if e["request_id"] == "x-1"]
     assert step["egress"] == [entry["seq"]]
@@ -138,8 +148,9 @@ def test_over_grpc_each_call_is_recorded_once_with_the_messages_hash(
     that takes each message as raw bytes hashes what it received."""
     grpc_proxy = GrpcHashProxy(cloud.peer.grpc_url).start()
     try:
-        daemon = start(make_daemon, hashing, routing=ALWAYS_CLOUD,
-                       grpc_url=f"grpc://{grpc_proxy.address}")  # fmt: skip
+        daemon = start(
+            make_daemon, hashing, routing=ALWAYS_CLOUD, grpc_url=f"grpc://{grpc_proxy.address}"
+        )
         answers = [ask(daemon.client, 33000 + i) for i in range(5)]
         assert all(a["route"] == "cloud" for a in answers), answers
         entries = sent(daemon)
@@ -147,7 +158,8 @@ def test_over_grpc_each_call_is_recorded_once_with_the_messages_hash(
         assert [e["request_id"] for e in entries] == [f"req-{33000 + i}" for i in range(5)]
         assert all(e["protocol"] == "grpc" for e in entries)
         assert [(e["sha256"], e["bytes"]) for e in entries] == [
-            (r["sha256"], r["bytes"]) for r in received]  # fmt: skip
+            (r["sha256"], r["bytes"]) for r in received
+        ]
     finally:
         grpc_proxy.stop()
 
@@ -227,8 +239,15 @@ def test_edgectl_and_the_admin_api_list_and_verify_the_ledger(
     assert refused.value.status == 400 and "'bogus' is no filter" in refused.value.message
     # superscript two and Arabic-Indic one: str.isdigit takes both, int() refuses the first
     # (was a 500) and reads the second as 1: neither is a whole number here
-    for key, value in (("after", "x"), ("uid", "-1"), ("since_ms", "9" * 17), ("limit", 0),
-                       ("limit", 1001), ("limit", "\u00b2"), ("uid", "\u0661")):  # fmt: skip
+    for key, value in (
+        ("after", "x"),
+        ("uid", "-1"),
+        ("since_ms", "9" * 17),
+        ("limit", 0),
+        ("limit", 1001),
+        ("limit", "\u00b2"),
+        ("uid", "\u0661"),
+    ):
         with pytest.raises(ClientError) as refused:
             client.egress(**{key: value})
         assert refused.value.status == 400 and f"'{key}'" in refused.value.message, key
@@ -246,13 +265,31 @@ def test_edgectl_and_the_admin_api_list_and_verify_the_ledger(
     assert [e["request_id"] for e in json.loads(listed.stdout)["entries"]] == ["req-36002"]
     table = edgectl("egress", "list", "--model", MODEL)
     assert table.returncode == 0 and "req-36000" in table.stdout and "cloud-infer" in table.stdout
-    document = {"id": "x-explained", "inputs": [{"name": "embedding", "shape": [1, 384],
-                "datatype": "FP32", "data": [0.01] * 384}]}  # fmt: skip
+    document = {
+        "id": "x-explained",
+        "inputs": [
+            {"name": "embedding", "shape": [1, 384], "datatype": "FP32", "data": [0.01] * 384}
+        ],
+    }
     explained = subprocess.run(
-        [sys.executable, "-m", "edged.edgectl", "--socket", str(daemon.socket), "--explain",
-         "--route", "cloud", "infer", MODEL, "-"], input=json.dumps(document),
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edged.edgectl",
+            "--socket",
+            str(daemon.socket),
+            "--explain",
+            "--route",
+            "cloud",
+            "infer",
+            MODEL,
+            "-",
+        ],
+        input=json.dumps(document),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     (entry,) = client.egress(request_id="x-explained")["entries"]
     assert f"sent: egress ledger entry {entry['seq']} (edgectl egress list)" in explained.stdout
     head = client.egress(limit=1)["head"]
@@ -289,8 +326,9 @@ name = "{ANSWER_MODEL}"
 answer_model = "{ANSWER_MODEL}"
 """
     daemon = make_daemon(MODELS, config=config).start()
-    wait_for(lambda: ANSWER_MODEL in cloud_state(daemon.client)["catalog"], 10,
-             "the cloud's catalog")  # fmt: skip
+    wait_for(
+        lambda: ANSWER_MODEL in cloud_state(daemon.client)["catalog"], 10, "the cloud's catalog"
+    )
     return daemon
 
 
@@ -306,8 +344,9 @@ def test_a_task_graphs_cloud_node_is_recorded(
     from tests.media import text_image
 
     daemon = image_report_daemon(make_daemon, hashing)
-    answer = tasks(daemon.client, {"template": "image-report",
-                                   "inputs": {"image": b64(text_image(INVOICE))}})  # fmt: skip
+    answer = tasks(
+        daemon.client, {"template": "image-report", "inputs": {"image": b64(text_image(INVOICE))}}
+    )
     assert answer["status"] == "ok"
     (entry,) = sent(daemon)
     (post,) = [p for p in hashing.posts() if p["path"].endswith("/infer")]

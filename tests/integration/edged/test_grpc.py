@@ -142,8 +142,9 @@ def test_a_stream_answers_each_request_by_id_and_goes_on_after_an_error(
                 tensor = grpcclient.InferInput("embedding", [1, 3], "FP32")
             tensor.set_data_from_numpy(embedding)
             sent[f"r{i}"] = embedding
-            triton.async_stream_infer("intent-classifier", [tensor], request_id=f"r{i}",
-                                      priority=1 + i % 2)  # fmt: skip
+            triton.async_stream_infer(
+                "intent-classifier", [tensor], request_id=f"r{i}", priority=1 + i % 2
+            )
         got = [answers.get(timeout=30) for _ in range(40)]
     finally:
         triton.stop_stream()
@@ -221,10 +222,15 @@ def test_a_decoupled_model_answers_each_speech_segment_on_the_stream(
     triton.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
         triton.async_stream_infer("vad-segments", audio(wav), request_id="speech")
-        triton.async_stream_infer("vad-segments", audio(wav), request_id="speech-end",
-                                  enable_empty_final_response=True)  # fmt: skip
-        triton.async_stream_infer("vad-segments", audio(wav_bytes(pause)), request_id="quiet",
-                                  enable_empty_final_response=True)  # fmt: skip
+        triton.async_stream_infer(
+            "vad-segments", audio(wav), request_id="speech-end", enable_empty_final_response=True
+        )
+        triton.async_stream_infer(
+            "vad-segments",
+            audio(wav_bytes(pause)),
+            request_id="quiet",
+            enable_empty_final_response=True,
+        )
         triton.async_stream_infer("vad-segments", audio(b"RIFF not a wav"), request_id="bad")
         triton.async_stream_infer("intent", [text], request_id="intent")
     finally:
@@ -298,7 +304,7 @@ def test_live_audio_in_a_sequence_gives_the_whole_files_segments(
     )
     # 41 chunks, from a few samples to half the audio (over 64 KiB, decoded in a thread: the
     # chunks after it must still wait for it)
-    chunks = np.split(pcm16, np.sort(cuts))  # fmt: skip
+    chunks = np.split(pcm16, np.sort(cuts))
 
     def chunk(samples: np.ndarray, datatype: str = "INT16") -> list[grpcclient.InferInput]:
         tensor = grpcclient.InferInput("pcm", [len(samples)], datatype)
@@ -311,17 +317,29 @@ def test_live_audio_in_a_sequence_gives_the_whole_files_segments(
         for i, part in enumerate(chunks):
             for sequence in (11, "second"):  # the same audio twice, interleaved
                 triton.async_stream_infer(
-                    "vad-live", chunk(part), request_id=f"{sequence}-{i}",
-                    sequence_id=sequence, sequence_start=i == 0,
+                    "vad-live",
+                    chunk(part),
+                    request_id=f"{sequence}-{i}",
+                    sequence_id=sequence,
+                    sequence_start=i == 0,
                     sequence_end=i == len(chunks) - 1,
-                )  # fmt: skip
+                )
             if i == 3:
-                triton.async_stream_infer("vad-live", chunk(part), request_id="stray",
-                                          sequence_id=99)  # fmt: skip
-                triton.async_stream_infer("vad-live", chunk(part.astype(np.float32), "FP32"),
-                                          request_id="float", sequence_id=11)  # fmt: skip
-                triton.async_stream_infer("vad-live", chunk(np.zeros(16000 * 11, np.int16)),
-                                          request_id="long", sequence_id=11)  # fmt: skip
+                triton.async_stream_infer(
+                    "vad-live", chunk(part), request_id="stray", sequence_id=99
+                )
+                triton.async_stream_infer(
+                    "vad-live",
+                    chunk(part.astype(np.float32), "FP32"),
+                    request_id="float",
+                    sequence_id=11,
+                )
+                triton.async_stream_infer(
+                    "vad-live",
+                    chunk(np.zeros(16000 * 11, np.int16)),
+                    request_id="long",
+                    sequence_id=11,
+                )
     finally:
         triton.stop_stream()
     segments: dict[str, list[list[float]]] = {"11": [], "second": []}

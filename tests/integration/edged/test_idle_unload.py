@@ -86,8 +86,10 @@ def test_an_idle_model_gives_its_memory_back_and_the_next_call_loads_it(
     wait_for(lambda: not metric(client, "edged_worker_resident_memory_bytes"), 10, "no worker")
     unloaded = tree_rss(daemon.proc.pid)
     model_size = (repo / "text-encoder" / "1" / "model.onnx").stat().st_size
-    print(f"{isolation}: RSS loaded {loaded / 2**20:.0f} MiB, idle {unloaded / 2**20:.0f} MiB,"
-          f" model file {model_size / 2**20:.0f} MiB")  # fmt: skip
+    print(
+        f"{isolation}: RSS loaded {loaded / 2**20:.0f} MiB, idle {unloaded / 2**20:.0f} MiB,"
+        f" model file {model_size / 2**20:.0f} MiB"
+    )
     assert loaded - unloaded > model_size / 2, "unloading gave back less than half the model"
     wait_for(lambda: (tmp_path / "mode").read_text().strip() == "2", 30, "the idle power mode")
 

@@ -295,8 +295,9 @@ def test_at_the_default_level_the_access_line_is_kept_for_errors_or_every_reques
     ).start()
     daemon.client.infer_answer("intent-classifier", EMBEDDING, request_id="ok-1")
     with pytest.raises(ClientError):
-        daemon.client.infer_answer("intent-classifier", {"wrong": EMBEDDING["embedding"]},
-                                   request_id="bad-1")  # fmt: skip
+        daemon.client.infer_answer(
+            "intent-classifier", {"wrong": EMBEDDING["embedding"]}, request_id="bad-1"
+        )
     assert daemon.stop() == 0, daemon.logs()
     rows = [json.loads(line) for line in daemon.logs().splitlines() if line.startswith("{")]
     lines = [

@@ -171,10 +171,19 @@ def test_a_milvus_server_by_uri(make_daemon: type[Daemon], tmp_path: Path) -> No
     machine."""
     port = free_port()
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "milvus-lite"), "server", "--data-dir",
-         str(tmp_path / "milvus"), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(Path(sys.executable).parent / "milvus-lite"),
+            "server",
+            "--data-dir",
+            str(tmp_path / "milvus"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         uri = f"http://127.0.0.1:{port}"
         config = f'[models]\nload = ["text-embedding"]\n[knowledge]\nuri = "{uri}"\n'
@@ -220,8 +229,14 @@ class ChatServer(LoopThread):
         raw = await request.read()
         body = json.loads(raw)
         sha256 = hashlib.sha256(raw).hexdigest()
-        self.seen.append({"auth": request.headers.get("Authorization"), **body,
-                          "sha256": sha256, "bytes": len(raw)})  # fmt: skip
+        self.seen.append(
+            {
+                "auth": request.headers.get("Authorization"),
+                **body,
+                "sha256": sha256,
+                "bytes": len(raw),
+            }
+        )
         await asyncio.sleep(self.delay)
         if self.status != 200:
             error = {"error": {"message": "model overloaded", "type": "server_error"}}
@@ -230,8 +245,14 @@ class ChatServer(LoopThread):
         first = user.split("[1] ", 1)[1].split("\n\n", 1)[0]
         message = {"role": "assistant", "content": f"From the manual: {first}"}
         choice = {"index": 0, "message": message, "finish_reason": "stop"}
-        return web.json_response({"id": "chatcmpl-1", "object": "chat.completion",
-                                  "model": body["model"], "choices": [choice]})  # fmt: skip
+        return web.json_response(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [choice],
+            }
+        )
 
 
 def test_ask_escalates_to_an_openai_compatible_endpoint(
@@ -289,11 +310,15 @@ answer_token_file = "{token}"
         ledger = Ledger(daemon.workdir / "state" / "egress")
         entries = ledger.entries(match=lambda e: e["kind"] == "answer-model")
         assert [(e["sha256"], e["bytes"]) for e in entries] == [
-            (s["sha256"], s["bytes"]) for s in server.seen]  # fmt: skip
+            (s["sha256"], s["bytes"]) for s in server.seen
+        ]
         assert f"(egress ledger entry {entries[0]['seq']})" in reply["reason"]
-        assert all(e["endpoint"] == f"http://127.0.0.1:{server.port}/v1/chat/completions"
-                   and e["model"] == "llama-3.1-8b-instruct" and e["uid"] == os.getuid()
-                   for e in entries)  # fmt: skip
+        assert all(
+            e["endpoint"] == f"http://127.0.0.1:{server.port}/v1/chat/completions"
+            and e["model"] == "llama-3.1-8b-instruct"
+            and e["uid"] == os.getuid()
+            for e in entries
+        )
         assert daemon.stop() == 0
     finally:
         server.stop()

@@ -263,10 +263,21 @@ def test_socket_is_0660_and_callers_are_checked_by_peer_credentials(
 def test_a_second_daemon_refuses_a_socket_in_use(make_daemon: type[Daemon], tmp_path: Path) -> None:
     first = make_daemon(linked_repository(tmp_path / "repo", SMALL)).start()
     second = subprocess.run(
-        [sys.executable, "-m", "edged", "--socket", str(first.socket),
-         "--models", str(first.models), "--state-dir", str(tmp_path / "s2")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edged",
+            "--socket",
+            str(first.socket),
+            "--models",
+            str(first.models),
+            "--state-dir",
+            str(tmp_path / "s2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert second.returncode == 1
     assert "already serving" in second.stderr
     assert first.client.ready()
@@ -286,8 +297,10 @@ def test_start_up_fails_fast_with_a_clear_error(
     base = ["--socket", str(tmp_path / "e.sock"), "--models", str(MODELS)]
     done = subprocess.run(
         [sys.executable, "-m", "edged", *base, "--state-dir", str(tmp_path / "state"), *args],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert message in done.stderr
 
@@ -373,8 +386,12 @@ def test_a_hung_daemon_stops_its_watchdog_pings(make_daemon: type[Daemon], tmp_p
     WatchdogSec without a ping, which is when systemd kills and restarts the service."""
     sock = notify_socket(tmp_path / "notify.sock")
     daemon = make_daemon(linked_repository(tmp_path / "repo", SMALL))
-    env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000",
-           "EDGED_TEST_HOOKS": "1", "EDGED_TEST_HANG_S": "3"}  # fmt: skip
+    env = {
+        "NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
+        "WATCHDOG_USEC": "1000000",
+        "EDGED_TEST_HOOKS": "1",
+        "EDGED_TEST_HANG_S": "3",
+    }
     daemon.start(env=env, wait=False)
     receive_until(sock, "READY=1")
     pings: list[float] = []

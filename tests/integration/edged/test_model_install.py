@@ -193,8 +193,11 @@ def configured(
 
 def rows(client: Client, model: str, count: int) -> tuple[str, list[float]]:
     """``count`` rows of ones in one request: (the version that answered, the values)."""
-    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [count, 2],
-                       "data": [1.0] * (2 * count)}]}  # fmt: skip
+    doc = {
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [count, 2], "data": [1.0] * (2 * count)}
+        ]
+    }
     reply = client.infer_json(model, doc)
     return reply["model_version"], reply["outputs"][0]["data"]
 

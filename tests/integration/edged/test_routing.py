@@ -212,8 +212,7 @@ def test_the_scale_out_signal_rises_with_the_clouds_errors_and_falls_after(
     assert metric(client, "edged_cloud_scale_out") == 1
     assert metric(client, "edged_cloud_scale_out_error_ratio") == 0.25
     state = cloud_state(client)["scale_out"]
-    assert state == {"needed": True, "calls": 12, "failures": 3, "window_s": 4.0,
-                     "threshold": 0.05}  # fmt: skip
+    assert state == {"needed": True, "calls": 12, "failures": 3, "window_s": 4.0, "threshold": 0.05}
     said = [e["message"] for e in client.events()["events"] if "scale" in e["message"]]
     assert said == [
         f"cloud http://{cloud.proxy.address}: scale out: 3 of 12 calls failed in the last 4 s,"
@@ -447,8 +446,10 @@ def test_work_that_can_wait_goes_to_the_cheap_tier_and_moves_when_it_is_killed(
     in the middle of 80 calls that can wait: every one is answered by the cloud within its
     time, those after the kill by on-demand."""
     cloud, (peer, proxy, journal) = faults_cleared, spot
-    extra = (f'name = "on-demand"\ncost = 1.0\n[[cloud.tiers]]\nname = "spot"\n'
-             f'url = "http://{proxy.address}"\ncost = 0.3\n')  # fmt: skip
+    extra = (
+        f'name = "on-demand"\ncost = 1.0\n[[cloud.tiers]]\nname = "spot"\n'
+        f'url = "http://{proxy.address}"\ncost = 0.3\n'
+    )
     daemon = edged_with_cloud(make_daemon, cloud, extra=extra)
     client = daemon.client
 
@@ -466,11 +467,15 @@ def test_work_that_can_wait_goes_to_the_cheap_tier_and_moves_when_it_is_killed(
     split = {"tier": "spot", "b_cloud_name": MODEL_B, "b_share": 0.2}
     ab = {"b_cloud_name": MODEL_B, "b_share": 0.2}
     assert client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab", split) == {
-        "model": MODEL, "ab": ab, "tier": "spot"}  # fmt: skip
+        "model": MODEL,
+        "ab": ab,
+        "tier": "spot",
+    }
     with pytest.raises(ClientError) as refused:
         client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab", {**split, "tier": "moon"})
     assert refused.value.status == 400 and "'tier' must name a cloud tier: on-demand, spot" in (
-        refused.value.message)  # fmt: skip
+        refused.value.message
+    )
     assert daemon.stop() == 0
     daemon.start()
     client = daemon.client
@@ -549,8 +554,9 @@ def test_a_cloud_ab_split_sends_a_share_to_arm_b_with_metrics_per_arm(
     for arm, count in arms.items():  # the metrics per arm agree with the server's own journal
         assert metric(client, "edged_cloud_requests_total", cloud_model=arm) == count
     assert metric(client, "edged_cloud_request_duration_seconds_count", cloud_model=MODEL_B) > 0
-    explained = client.infer_answer(MODEL, {"embedding": embedding(1)}, parameters={
-        "route": "cloud", "explain": True})[1]  # fmt: skip
+    explained = client.infer_answer(
+        MODEL, {"embedding": embedding(1)}, parameters={"route": "cloud", "explain": True}
+    )[1]
     assert json.loads(explained["route_trace"])[0]["cloud_model"] in (MODEL, MODEL_B)
 
     assert client.set_ab(MODEL, MODEL_B, 1.0)["ab"] == {"b_cloud_name": MODEL_B, "b_share": 1.0}
@@ -577,9 +583,11 @@ def test_an_ab_test_stops_a_worse_arm_b_and_promotes_a_better_one(
     to a) or promoted (all to b), with an event naming the evidence, the status, and the
     decision kept across a restart."""
     cloud = faults_cleared
-    split = (f"ab_min_calls = 30\nab_min_confidence = 0.25\n"
-             f'[[cloud.models]]\nname = "{MODEL}"\nb_cloud_name = "{MODEL_B}"\n'
-             f"b_share = 0.5\n")  # fmt: skip
+    split = (
+        f"ab_min_calls = 30\nab_min_confidence = 0.25\n"
+        f'[[cloud.models]]\nname = "{MODEL}"\nb_cloud_name = "{MODEL_B}"\n'
+        f"b_share = 0.5\n"
+    )
     daemon = edged_with_cloud(make_daemon, cloud, extra=split)
     client = daemon.client
     arm = [MODEL_B if worse == "b" else MODEL]
@@ -600,8 +608,10 @@ def test_an_ab_test_stops_a_worse_arm_b_and_promotes_a_better_one(
     assert min(test["a"]["calls"], test["b"]["calls"]) >= 30
     assert test["p_b_better"] >= 0.95 if better == "b" else test["p_b_better"] <= 0.05
     said = [e["message"] for e in client.events()["events"] if "A/B" in e["message"]]
-    verdict = {"a": f"arm a is better: arm b ({MODEL_B}) gets no more calls",
-               "b": f"arm b ({MODEL_B}) is better: it gets every call"}[better]  # fmt: skip
+    verdict = {
+        "a": f"arm a is better: arm b ({MODEL_B}) gets no more calls",
+        "b": f"arm b ({MODEL_B}) is better: it gets every call",
+    }[better]
     assert said[-1].startswith(f"cloud A/B of {MODEL} decided: {verdict} (good calls: a ")
     cloud.fail_every(0)
     after = [ask(client, first + 500 + i, route="cloud") for i in range(10)]
@@ -629,7 +639,9 @@ def test_an_ab_split_the_fleet_decides_counts_each_arm_and_decides_nothing_here(
     client = daemon.client
     split = {"b_cloud_name": MODEL_B, "b_share": 0.5, "decided_by": "fleet", "latency_ms": 60000}
     assert client.call("PUT", f"/v1/admin/cloud/{MODEL}/ab", split)["ab"] == {
-        "b_cloud_name": MODEL_B, "b_share": 0.5}  # fmt: skip
+        "b_cloud_name": MODEL_B,
+        "b_share": 0.5,
+    }
     cloud.fail_every(3, status=503, models=[MODEL_B])
     for i in range(160):
         ask(client, 12000 + i, route="cloud")
@@ -663,8 +675,10 @@ def test_an_operators_scores_decide_an_ab_test(
     arm scored; calls are waiting meanwhile, not counted. Scores for a model whose test takes
     none are a 409; a bad score a 400 naming it."""
     cloud = faults_cleared
-    extra = (f"ab_min_calls = 30\nab_min_score = 0.5\n[[cloud.models]]\nname = \"{MODEL}\"\n"
-             f'b_cloud_name = "{MODEL_B}"\nb_share = 0.5\n')  # fmt: skip
+    extra = (
+        f'ab_min_calls = 30\nab_min_score = 0.5\n[[cloud.models]]\nname = "{MODEL}"\n'
+        f'b_cloud_name = "{MODEL_B}"\nb_share = 0.5\n'
+    )
     daemon = edged_with_cloud(make_daemon, cloud, extra=extra)
     client = daemon.client
     first, calls = 20000, 0
@@ -673,8 +687,10 @@ def test_an_operators_scores_decide_an_ab_test(
             ask(client, first + i, route="cloud")
         ids = {f"req-{first + i}" for i in range(calls, calls + 20)}
         waiting = cloud_state(client)["ab_tests"][MODEL]
-        assert waiting["waiting_for_score"] == 20 and waiting["a"]["calls"] + waiting["b"][
-            "calls"] == calls  # fmt: skip
+        assert (
+            waiting["waiting_for_score"] == 20
+            and waiting["a"]["calls"] + waiting["b"]["calls"] == calls
+        )
         arm = {s["id"]: s["model"] for s in cloud.seen() if s["id"] in ids}
         scores = {i: 0.3 if model == MODEL_B else 0.9 for i, model in arm.items()}
         reply = client.score_ab(MODEL, {**scores, "req-none": 1.0})
@@ -692,9 +708,11 @@ def test_an_operators_scores_decide_an_ab_test(
     with pytest.raises(ClientError) as refused:
         client.score_ab(MODEL, {"req-1": 1.5})
     assert refused.value.status == 400 and "'scores[0].score'" in refused.value.message
-    for bad, field in (({f"r{i}": 0.5 for i in range(1001)}, "'scores'"),
-                       ({"x" * 257: 0.5}, "'scores[0].request_id'"),
-                       ({"r": float("nan")}, "")):  # fmt: skip
+    for bad, field in (
+        ({f"r{i}": 0.5 for i in range(1001)}, "'scores'"),
+        ({"x" * 257: 0.5}, "'scores[0].request_id'"),
+        ({"r": float("nan")}, ""),
+    ):
         with pytest.raises(ClientError) as refused:
             client.score_ab(MODEL, bad)
         assert refused.value.status == 400 and field in refused.value.message
@@ -706,8 +724,9 @@ def test_a_decoupled_model_is_not_sent_to_the_cloud(
     """A decoupled model's responses stream from the device: with the cloud up, a request that
     asks for the cloud runs locally as one that leaves the choice does, and both say why;
     nothing reaches the cloud."""
-    daemon = edged_with_cloud(make_daemon, faults_cleared,
-                              models=(MODEL, "vad-segments", "vad-silero"))  # fmt: skip
+    daemon = edged_with_cloud(
+        make_daemon, faults_cleared, models=(MODEL, "vad-segments", "vad-silero")
+    )
     triton = grpcclient.InferenceServerClient(
         f"unix://{daemon.socket.with_name('edged-grpc.sock')}"
     )
@@ -717,12 +736,20 @@ def test_a_decoupled_model_is_not_sent_to_the_cloud(
     seen = len(faults_cleared.seen())
     triton.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
-        triton.async_stream_infer("vad-segments", [audio], request_id="cloud",
-                                  enable_empty_final_response=True,
-                                  parameters={"route": "cloud"})  # fmt: skip
-        triton.async_stream_infer("vad-segments", [audio], request_id="auto",
-                                  enable_empty_final_response=True,
-                                  parameters={"explain": True})  # fmt: skip
+        triton.async_stream_infer(
+            "vad-segments",
+            [audio],
+            request_id="cloud",
+            enable_empty_final_response=True,
+            parameters={"route": "cloud"},
+        )
+        triton.async_stream_infer(
+            "vad-segments",
+            [audio],
+            request_id="auto",
+            enable_empty_final_response=True,
+            parameters={"explain": True},
+        )
     finally:
         triton.stop_stream()
     got = {}

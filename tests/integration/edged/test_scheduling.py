@@ -126,8 +126,10 @@ def test_a_timeout_behind_a_busy_queue_is_refused_or_expires_never_answered_late
 
 
 def test_priority_and_timeout_parameters_are_checked(client: Client) -> None:
-    for params, wanted in (({"priority": 7}, "priority 7 is outside 1..2"),
-                           ({"timeout": -5}, "parameter 'timeout'")):  # fmt: skip
+    for params, wanted in (
+        ({"priority": 7}, "priority 7 is outside 1..2"),
+        ({"timeout": -5}, "parameter 'timeout'"),
+    ):
         try:
             client.infer(ENCODER, token_batch(1, 8, 3), parameters=params)
             raise AssertionError(f"{params} was accepted")

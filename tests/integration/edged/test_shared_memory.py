@@ -73,8 +73,9 @@ def test_tritons_grpc_client_passes_tensors_through_shared_memory(
     try:
         status = client.get_system_shared_memory_status().regions
         assert {n: (r.key, r.byte_size) for n, r in status.items()} == {
-            "in": (f"/{tag}_in", IN_BYTES), "out": (f"/{tag}_out", OUT_BYTES)
-        }  # fmt: skip
+            "in": (f"/{tag}_in", IN_BYTES),
+            "out": (f"/{tag}_out", OUT_BYTES),
+        }
         tensor = grpcclient.InferInput("embedding", [1, 384], "FP32")
         tensor.set_shared_memory("in", IN_BYTES)
         wanted = grpcclient.InferRequestedOutput("probabilities")
@@ -113,8 +114,9 @@ def test_tritons_http_client_through_a_relay_does_the_same(
             wanted.set_shared_memory("out", OUT_BYTES)
             result = client.infer(MODEL, [tensor], outputs=[wanted])
             assert result.get_output("probabilities")["parameters"] == {
-                "shared_memory_region": "out", "shared_memory_byte_size": OUT_BYTES
-            }  # fmt: skip
+                "shared_memory_region": "out",
+                "shared_memory_byte_size": OUT_BYTES,
+            }
             got = shm.get_contents_as_numpy(regions["out"], np.float32, [1, 6])
             np.testing.assert_allclose(got, probabilities, atol=1e-6)
             assert [r["name"] for r in client.get_system_shared_memory_status()] == ["in", "out"]
@@ -141,23 +143,32 @@ def test_the_error_cases_name_the_region_and_the_limit(
         assert error.value.status() == "StatusCode.INVALID_ARGUMENT", error.value
         assert says in error.value.message(), error.value.message()
 
-    refused(lambda: client.register_system_shared_memory("big", f"/{tag}_in", IN_BYTES, 8),
-            "offset 8 + byte_size 1536 is past the end")  # fmt: skip
-    refused(lambda: client.register_system_shared_memory("x", "/no_such_key_here", 4),
-            "no such shared-memory file")  # fmt: skip
-    refused(lambda: client.register_system_shared_memory("x", "/../etc/passwd", 4),
-            "one path component")  # fmt: skip
+    refused(
+        lambda: client.register_system_shared_memory("big", f"/{tag}_in", IN_BYTES, 8),
+        "offset 8 + byte_size 1536 is past the end",
+    )
+    refused(
+        lambda: client.register_system_shared_memory("x", "/no_such_key_here", 4),
+        "no such shared-memory file",
+    )
+    refused(
+        lambda: client.register_system_shared_memory("x", "/../etc/passwd", 4), "one path component"
+    )
     os.symlink(f"/dev/shm/{tag}_in", f"/dev/shm/{tag}_link")
     try:
-        refused(lambda: client.register_system_shared_memory("x", f"/{tag}_link", 4),
-                "a link is refused")  # fmt: skip
+        refused(
+            lambda: client.register_system_shared_memory("x", f"/{tag}_link", 4),
+            "a link is refused",
+        )
     finally:
         os.unlink(f"/dev/shm/{tag}_link")
     client.register_system_shared_memory("in", f"/{tag}_in", IN_BYTES)
     client.register_system_shared_memory("tiny", f"/{tag}_out", 4)
     try:
-        refused(lambda: client.register_system_shared_memory("in", f"/{tag}_in", IN_BYTES),
-                "registered already")  # fmt: skip
+        refused(
+            lambda: client.register_system_shared_memory("in", f"/{tag}_in", IN_BYTES),
+            "registered already",
+        )
         tensor = grpcclient.InferInput("embedding", [1, 384], "FP32")
         tensor.set_shared_memory("nope", IN_BYTES)
         refused(lambda: client.infer(MODEL, [tensor]), "no shared-memory region 'nope'")
@@ -166,8 +177,10 @@ def test_the_error_cases_name_the_region_and_the_limit(
         tensor.set_shared_memory("in", IN_BYTES)
         wanted = grpcclient.InferRequestedOutput("probabilities")
         wanted.set_shared_memory("tiny", 4)
-        refused(lambda: client.infer(MODEL, [tensor], outputs=[wanted]),
-                "the output is 24 bytes, the request gave 4")  # fmt: skip
+        refused(
+            lambda: client.infer(MODEL, [tensor], outputs=[wanted]),
+            "the output is 24 bytes, the request gave 4",
+        )
         # the file made smaller under a registered region: an error, not a crash
         os.truncate(f"/dev/shm/{tag}_in", 100)
         refused(lambda: client.infer(MODEL, [tensor]), "its file is smaller than registered")
@@ -216,10 +229,22 @@ def test_another_uid_neither_reads_a_file_kept_from_it_nor_sees_anothers_region(
         path.chmod(0o666)
         try:
             done = subprocess.run(
-                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                 "-c", OTHER_UID, str(path), f"/{tag}_in"],
-                capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": "/"},
-            )  # fmt: skip
+                [
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    sys.executable,
+                    "-c",
+                    OTHER_UID,
+                    str(path),
+                    f"/{tag}_in",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "HOME": "/"},
+            )
         finally:
             path.chmod(mode)
             for directory, before in closed:
@@ -243,8 +268,12 @@ print(len(client.get_system_shared_memory_status().regions))
 
 def test_a_processes_regions_go_when_it_exits(daemon: Daemon, regions: dict[str, Any]) -> None:
     path = daemon.socket.with_name("edged-grpc.sock")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(path), f"/{regions['tag']}_in"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), f"/{regions['tag']}_in"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
     client = grpc_of(daemon)
     deadline = time.monotonic() + 10

@@ -25,8 +25,10 @@ MODEL = "text-encoder"
 def clients(daemon: Daemon) -> Iterator[tuple[grpcclient.InferenceServerClient, Any]]:
     grpc_path = daemon.socket.with_name("edged-grpc.sock")
     with tcp_relay(daemon.socket) as address:
-        yield (grpcclient.InferenceServerClient(url=f"unix://{grpc_path}"),
-               httpclient.InferenceServerClient(url=address))  # fmt: skip
+        yield (
+            grpcclient.InferenceServerClient(url=f"unix://{grpc_path}"),
+            httpclient.InferenceServerClient(url=address),
+        )
 
 
 def stats(client: grpcclient.InferenceServerClient, version: str = "") -> dict[str, Any]:
@@ -46,8 +48,11 @@ def number(row: dict[str, Any], *path: str) -> int:
 def call(client: grpcclient.InferenceServerClient, rows: int) -> None:
     ids = np.tile(np.array([[101, 7592, 2088, 102]], dtype=np.int64), (rows, 1))
     inputs = []
-    for name, array in (("input_ids", ids), ("attention_mask", np.ones_like(ids)),
-                        ("token_type_ids", np.zeros_like(ids))):  # fmt: skip
+    for name, array in (
+        ("input_ids", ids),
+        ("attention_mask", np.ones_like(ids)),
+        ("token_type_ids", np.zeros_like(ids)),
+    ):
         tensor = grpcclient.InferInput(name, list(array.shape), "INT64")
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

@@ -91,8 +91,9 @@ def test_an_image_report_reads_on_the_device_and_reports_in_the_cloud_without_th
 
     # even when the caller wants the cloud for all of it, the private image stays
     before = len(cloud.seen())
-    forced = tasks(client, {"template": "image-report", "inputs": {"image": b64(image)}},
-                   "?route=cloud")  # fmt: skip
+    forced = tasks(
+        client, {"template": "image-report", "inputs": {"image": b64(image)}}, "?route=cloud"
+    )
     text_node = next(n for n in forced["nodes"] if n["id"] == "text")
     assert text_node["route"] == "local" and "private" in text_node["reason"], text_node
     assert [s["model"] for s in cloud.seen()[before:]] == [ANSWER_MODEL]
@@ -100,8 +101,9 @@ def test_an_image_report_reads_on_the_device_and_reports_in_the_cloud_without_th
     # a request that marks everything private: nothing leaves, the report cannot be made
     before = len(cloud.seen())
     with pytest.raises(ClientError) as kept:
-        tasks(client, {"template": "image-report", "inputs": {"image": b64(image)}},
-              "?private=true")  # fmt: skip
+        tasks(
+            client, {"template": "image-report", "inputs": {"image": b64(image)}}, "?private=true"
+        )
     assert kept.value.status in (404, 503) and "node 'report'" in kept.value.message
     assert cloud.seen()[before:] == []
 
@@ -115,8 +117,12 @@ def test_free_text_is_mapped_to_its_template_on_the_held_out_split(
     client = daemon.client
     heldout = MODELS / ".build" / "intent-heldout.tsv"
     rows = list(csv.DictReader(heldout.open(), delimiter="\t"))
-    mapping = {"image-report": "image-report", "voice-command": "voice-command", "ask": "ask",
-               "search": "search"}  # fmt: skip
+    mapping = {
+        "image-report": "image-report",
+        "voice-command": "voice-command",
+        "ask": "ask",
+        "search": "search",
+    }
     dummies = {"image": b64(b"\x89PNG"), "audio": b64(b"RIFF")}
     right = 0
     for row in rows:
@@ -131,8 +137,9 @@ def test_free_text_is_mapped_to_its_template_on_the_held_out_split(
         if got != expected:
             print(f"miss: {row['text']!r} {expected} -> {got}")
     # the free text fills the template's inputs: marked private once, every copy is private
-    planned = tasks(client, {"text": "how do I restart the unit?", "private": ["text"],
-                             "run": False})["planned"]  # fmt: skip
+    planned = tasks(
+        client, {"text": "how do I restart the unit?", "private": ["text"], "run": False}
+    )["planned"]
     assert planned["task"] == "ask" and planned["nodes"][0]["private"] is True, planned
     assert planned["private_inputs"] == ["query", "question", "text"]
     accuracy = right / len(rows)
@@ -143,14 +150,24 @@ def test_free_text_is_mapped_to_its_template_on_the_held_out_split(
 def test_bad_graphs_are_refused_before_anything_runs(edged_with_cloud: Daemon) -> None:
     client = edged_with_cloud.client
     for graph, says in [
-        ({"nodes": [{"id": "a", "task": "extract", "inputs": {"text": "b.fields"}},
-                    {"id": "b", "task": "extract", "inputs": {"text": "a.fields"}}]},
-         "the graph has a cycle: a -> b -> a"),
-        ({"nodes": [{"id": "a", "task": "summarize", "inputs": {"text": "$t"}}]},
-         "node 'a': unknown task type 'summarize'"),
-        ({"nodes": [{"id": "a", "task": "report", "inputs": {"text": "read.text"}}]},
-         "node 'a' input 'text' refers to 'read.text': there is no node 'read'"),
-    ]:  # fmt: skip
+        (
+            {
+                "nodes": [
+                    {"id": "a", "task": "extract", "inputs": {"text": "b.fields"}},
+                    {"id": "b", "task": "extract", "inputs": {"text": "a.fields"}},
+                ]
+            },
+            "the graph has a cycle: a -> b -> a",
+        ),
+        (
+            {"nodes": [{"id": "a", "task": "summarize", "inputs": {"text": "$t"}}]},
+            "node 'a': unknown task type 'summarize'",
+        ),
+        (
+            {"nodes": [{"id": "a", "task": "report", "inputs": {"text": "read.text"}}]},
+            "node 'a' input 'text' refers to 'read.text': there is no node 'read'",
+        ),
+    ]:
         error = refused(client, {"graph": graph, "inputs": {"t": "x"}})
         assert error.status == 400 and says in error.message, error
     for doc, says in [
@@ -173,11 +190,15 @@ def test_independent_nodes_run_together_and_an_optional_failure_degrades_the_ans
         "nodes": [
             {"id": "first", "task": "ocr", "inputs": {"image": "$a"}},
             {"id": "second", "task": "ocr", "inputs": {"image": "$b"}},
-            {"id": "both", "task": "report", "inputs": {"text": "first.text"},
-             "constraints": {"optional": True}},
+            {
+                "id": "both",
+                "task": "report",
+                "inputs": {"text": "first.text"},
+                "constraints": {"optional": True},
+            },
             {"id": "kind", "task": "intent", "inputs": {"text": "second.text"}},
         ]
-    }  # fmt: skip
+    }
     inputs = {"a": b64(text_image(INVOICE)), "b": b64(text_image(["Scan this receipt"]))}
     answer = tasks(client, {"graph": graph, "inputs": inputs})
     by_id = {n["id"]: n for n in answer["nodes"]}
@@ -195,12 +216,23 @@ def test_independent_nodes_run_together_and_an_optional_failure_degrades_the_ans
     assert why.startswith("node 'both' failed:"), why
     # a required node whose input comes from an optional one that failed, through a skipped one:
     # the task fails with the first failure's status and words
-    chain = {"nodes": [
-        {"id": "a", "task": "ocr", "inputs": {"image": "$a"}, "constraints": {"optional": True}},
-        {"id": "b", "task": "extract", "inputs": {"text": "a.text"},
-         "constraints": {"optional": True}},
-        {"id": "c", "task": "extract", "inputs": {"text": "b.fields"}},
-    ]}  # fmt: skip
+    chain = {
+        "nodes": [
+            {
+                "id": "a",
+                "task": "ocr",
+                "inputs": {"image": "$a"},
+                "constraints": {"optional": True},
+            },
+            {
+                "id": "b",
+                "task": "extract",
+                "inputs": {"text": "a.text"},
+                "constraints": {"optional": True},
+            },
+            {"id": "c", "task": "extract", "inputs": {"text": "b.fields"}},
+        ]
+    }
     error = refused(client, {"graph": chain, "inputs": {"a": b64(b"not an image")}})
     assert error.status == 400 and "node 'c' (extract) its input from 'b' is missing" in (
         error.message

@@ -74,9 +74,13 @@ def listen(
                 pcm = grpcclient.InferInput("pcm", [len(chunk)], "INT16")
                 pcm.set_data_from_numpy(chunk)
                 triton.async_stream_infer(
-                    "wake-word", [pcm], request_id=f"{name}@{offset}", sequence_id=name,
-                    sequence_start=offset == 0, sequence_end=offset + CHUNK > len(audio),
-                )  # fmt: skip
+                    "wake-word",
+                    [pcm],
+                    request_id=f"{name}@{offset}",
+                    sequence_id=name,
+                    sequence_start=offset == 0,
+                    sequence_end=offset + CHUNK > len(audio),
+                )
     finally:
         triton.stop_stream()
     heard: dict[str, list[tuple[str, float, float]]] = {name: [] for name in streams}
@@ -97,16 +101,22 @@ def test_the_wake_phrase_is_heard_where_it_was_said_and_not_elsewhere(
     of other speech only, as four sequences on one stream: each phrase heard once, its start
     within 0.15 s of where it was said, in the sequence's own time; nothing in the other."""
     script = [
-        "Good morning, this is a test of the speech system.", "hey jetson",
-        "the weather is nice today", "hey jetson", "please call my brother tomorrow",
-    ]  # fmt: skip
+        "Good morning, this is a test of the speech system.",
+        "hey jetson",
+        "the weather is nice today",
+        "hey jetson",
+        "please call my brother tomorrow",
+    ]
     streams, truth = {}, {}
     for seed, voice in enumerate(["en-us", "en-us+f3", "en+m7"]):
         streams[voice], truth[voice] = recording(script, voice, seed)
     others = [
-        "Good morning, this is a test of the speech system.", "turn on the lights",
-        "the weather is nice today", "what time is it", "play some music please",
-    ]  # fmt: skip
+        "Good morning, this is a test of the speech system.",
+        "turn on the lights",
+        "the weather is nice today",
+        "what time is it",
+        "play some music please",
+    ]
     streams["other"], truth["other"] = recording(others, "en-us", 9)
     heard = listen(triton, streams)
     print({name: [(p, round(s, 2)) for p, s, _ in found] for name, found in heard.items()})
@@ -134,9 +144,13 @@ def test_wake_word_refusals_name_their_reason(
             pcm = grpcclient.InferInput("pcm", [CHUNK], "INT16")
             pcm.set_data_from_numpy(np.zeros(CHUNK, np.int16))
             triton.async_stream_infer(
-                "wake-word", [pcm], request_id=str(sid), sequence_id=sid, sequence_start=True,
+                "wake-word",
+                [pcm],
+                request_id=str(sid),
+                sequence_id=sid,
+                sequence_start=True,
                 enable_empty_final_response=True,
-            )  # fmt: skip
+            )
         long = grpcclient.InferInput("pcm", [11 * RATE], "INT16")
         long.set_data_from_numpy(np.zeros(11 * RATE, np.int16))
         triton.async_stream_infer("wake-word", [long], request_id="long", sequence_id=1)
@@ -157,9 +171,14 @@ def test_wake_word_refusals_name_their_reason(
             pcm = grpcclient.InferInput("pcm", [CHUNK], "INT16")
             pcm.set_data_from_numpy(np.zeros(CHUNK, np.int16))
             triton.async_stream_infer(
-                "wake-word", [pcm], request_id=str(sid), sequence_id=sid, sequence_start=True,
-                sequence_end=True, enable_empty_final_response=True,
-            )  # fmt: skip
+                "wake-word",
+                [pcm],
+                request_id=str(sid),
+                sequence_id=sid,
+                sequence_start=True,
+                sequence_end=True,
+                enable_empty_final_response=True,
+            )
     finally:
         triton.stop_stream()
     again = [answers.get_nowait() for _ in range(answers.qsize())]
@@ -331,14 +350,17 @@ def test_callers_who_stop_sending_do_not_hold_the_model(
     repo = linked_repository(tmp_path / "models", ["wake-word"])
     model = copy_model(repo, "wake-word")
     config = (model / "config.pbtxt").read_text()
-    config = config.replace("max_sequence_idle_microseconds: 10000000",
-                            "max_sequence_idle_microseconds: 1000000")  # fmt: skip
+    config = config.replace(
+        "max_sequence_idle_microseconds: 10000000", "max_sequence_idle_microseconds: 1000000"
+    )
     (model / "config.pbtxt").write_text(config.replace('string_value: "4"', 'string_value: "1"'))
     daemon = make_daemon(models=repo).start()
     url = f"unix://{daemon.socket.with_name('edged-grpc.sock')}"
     quiet_client, other_client = (grpcclient.InferenceServerClient(url) for _ in range(2))
-    answers: dict[str, queue.Queue[tuple[Any, Any]]] = {"quiet": queue.Queue(),
-                                                        "other": queue.Queue()}  # fmt: skip
+    answers: dict[str, queue.Queue[tuple[Any, Any]]] = {
+        "quiet": queue.Queue(),
+        "other": queue.Queue(),
+    }
 
     def chunk() -> list[grpcclient.InferInput]:
         pcm = grpcclient.InferInput("pcm", [CHUNK], "INT16")
@@ -346,8 +368,14 @@ def test_callers_who_stop_sending_do_not_hold_the_model(
         return [pcm]
 
     def one(client: grpcclient.InferenceServerClient, name: str, **sequence: Any) -> Any:
-        client.async_stream_infer("wake-word", chunk(), request_id=name, sequence_id=1,
-                                  enable_empty_final_response=True, **sequence)  # fmt: skip
+        client.async_stream_infer(
+            "wake-word",
+            chunk(),
+            request_id=name,
+            sequence_id=1,
+            enable_empty_final_response=True,
+            **sequence,
+        )
         return answers[name.split("-")[0]].get(timeout=30)
 
     quiet_client.start_stream(callback=lambda result, error: answers["quiet"].put((result, error)))
@@ -381,9 +409,13 @@ def test_the_voice_assistant_hears_the_wake_phrase_then_the_command(daemon: Daem
     then "scan this receipt": a wake event, then a command event with its transcript and
     intent, all on the device; a second "hey jetson" with nothing said after it: a wake
     event and an empty command once 2 s have passed quietly; other speech: nothing."""
-    said = [("Good morning, this is the kitchen speaker.", 11000), ("hey jetson", 5000),
-            ("scan this receipt", 24000), ("the weather is nice today", 8000),
-            ("hey jetson", 40000)]  # (what, then samples of silence)  # fmt: skip
+    said = [
+        ("Good morning, this is the kitchen speaker.", 11000),
+        ("hey jetson", 5000),
+        ("scan this receipt", 24000),
+        ("the weather is nice today", 8000),
+        ("hey jetson", 40000),
+    ]  # (what, then samples of silence)
     audio = np.concatenate([p for text, gap in said for p in (espeak(text), np.zeros(gap))])
     audio += 0.003 * np.random.default_rng(0).standard_normal(len(audio))
     data = (np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes()

@@ -16,9 +16,15 @@ from edged.common.abtest import MAX_PENDING, ABTest, Arm, p_b_better
 
 @pytest.mark.parametrize(
     ("a", "b"),
-    [((50, 40), (50, 45)), ((100, 90), (100, 80)), ((3000, 2900), (2000, 1950)),
-     ((7, 7), (3, 0)), ((0, 0), (0, 0)), ((400, 12), (380, 30))],
-)  # fmt: skip
+    [
+        ((50, 40), (50, 45)),
+        ((100, 90), (100, 80)),
+        ((3000, 2900), (2000, 1950)),
+        ((7, 7), (3, 0)),
+        ((0, 0), (0, 0)),
+        ((400, 12), (380, 30)),
+    ],
+)
 def test_p_b_better_is_what_sampling_the_posteriors_says(
     a: tuple[int, int], b: tuple[int, int]
 ) -> None:
@@ -78,9 +84,14 @@ def test_a_decided_test_counts_no_more() -> None:
     before = test.as_dict()
     assert test.record("b", True, 0.01) is None
     assert test.as_dict() == before and before["decided"] == "a"
-    assert before["rule"] == {"min_calls": 5, "confidence": 0.95, "max_calls": 5000,
-                              "latency_s": None, "min_confidence": None,
-                              "min_score": None}  # fmt: skip
+    assert before["rule"] == {
+        "min_calls": 5,
+        "confidence": 0.95,
+        "max_calls": 5000,
+        "latency_s": None,
+        "min_confidence": None,
+        "min_score": None,
+    }
 
 
 @settings(max_examples=200, deadline=None)

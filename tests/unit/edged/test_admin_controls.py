@@ -31,8 +31,9 @@ class FakeTier:
         self.splits: dict[str, tuple[Any, ...]] = {}
         self.on_decided: Any = None
 
-    def set_split(self, model: str, b: str | None, share: float, fleet: bool = False,
-                  **rule: Any) -> None:  # fmt: skip
+    def set_split(
+        self, model: str, b: str | None, share: float, fleet: bool = False, **rule: Any
+    ) -> None:
         self.splits[model] = (b, share, fleet, rule)
 
     def state(self) -> dict[str, Any]:
@@ -70,7 +71,11 @@ def test_kept_state_round_trips_and_a_file_of_another_shape_is_left_alone(kept: 
     again = Kept(kept.path)
     assert again.restore() is True
     assert (again.overrides, again.history, again.drained, again.splits) == (
-        {"local_threshold_ms": 50}, {"m": [1, 2]}, None, {})  # fmt: skip
+        {"local_threshold_ms": 50},
+        {"m": [1, 2]},
+        None,
+        {},
+    )
     shapes = (
         '{"routing_overrides": []}',
         '{"drained": "yes"}',
@@ -109,8 +114,10 @@ def test_routing_overrides_patch_merge_validate_whole_and_reset(kept: Kept) -> N
     assert shown["overrides"] == {"local_threshold_ms": 50}
     assert router.config.local_threshold_ms == 50 and shown["kept_in"] == str(kept.path)
     assert json.loads(kept.path.read_text())["routing_overrides"] == {"local_threshold_ms": 50}
-    for bad, field in (({"local_threshold_ms": "soon"}, "local_threshold_ms"),
-                       ({"no_such_key": 1}, "no_such_key")):  # fmt: skip
+    for bad, field in (
+        ({"local_threshold_ms": "soon"}, "local_threshold_ms"),
+        ({"no_such_key": 1}, "no_such_key"),
+    ):
         with pytest.raises(InvalidRequest) as refused:
             routing.patch(bad)
         assert field in refused.value.message
@@ -141,9 +148,15 @@ def test_overrides_that_no_longer_fit_a_reloaded_file_leave_the_file_alone_in_fo
 def test_drain_checks_its_body_is_kept_and_holds_after_a_restart(kept: Kept) -> None:
     router, manager = FakeRouter(), FakeManager()
     drain = Drain(kept, router, manager)  # type: ignore[arg-type]
-    for bad, field in (([], "body"), ({"reason": 5}, "reason"), ({"reason": "x" * 201}, "reason"),
-                       ({"timeout_s": True}, "timeout_s"), ({"timeout_s": 3601}, "timeout_s"),
-                       ({"timeout_s": -1}, "timeout_s"), ({"why": "x"}, "body")):  # fmt: skip
+    for bad, field in (
+        ([], "body"),
+        ({"reason": 5}, "reason"),
+        ({"reason": "x" * 201}, "reason"),
+        ({"timeout_s": True}, "timeout_s"),
+        ({"timeout_s": 3601}, "timeout_s"),
+        ({"timeout_s": -1}, "timeout_s"),
+        ({"why": "x"}, "body"),
+    ):
         with pytest.raises(InvalidRequest) as refused:
             asyncio.run(drain.drain(bad))
         assert field in refused.value.message, (bad, refused.value.message)
@@ -164,13 +177,16 @@ def test_a_split_names_the_field_it_refuses_and_a_good_one_is_kept(kept: Kept) -
     router = FakeRouter([first, second])
     splits = CloudSplits(kept, router, FakeManager())  # type: ignore[arg-type]
     assert first.on_decided is not None  # a test's decision comes back here
-    for bad, field in (({"b_share": 2}, "b_share"), ({"b_share": True}, "b_share"),
-                       ({"b_share": 0.5}, "b_cloud_name"),
-                       ({"b_share": 0.5, "b_cloud_name": "x" * 129}, "b_cloud_name"),
-                       ({"b_share": 0, "decided_by": "me"}, "decided_by"),
-                       ({"b_share": 0, "latency_ms": -1}, "latency_ms"),
-                       ({"b_share": 0, "min_confidence": 2}, "min_confidence"),
-                       ({"b_share": 0, "tier": "nowhere"}, "tier")):  # fmt: skip
+    for bad, field in (
+        ({"b_share": 2}, "b_share"),
+        ({"b_share": True}, "b_share"),
+        ({"b_share": 0.5}, "b_cloud_name"),
+        ({"b_share": 0.5, "b_cloud_name": "x" * 129}, "b_cloud_name"),
+        ({"b_share": 0, "decided_by": "me"}, "decided_by"),
+        ({"b_share": 0, "latency_ms": -1}, "latency_ms"),
+        ({"b_share": 0, "min_confidence": 2}, "min_confidence"),
+        ({"b_share": 0, "tier": "nowhere"}, "tier"),
+    ):
         with pytest.raises(InvalidRequest) as refused:
             splits.set_split("m", bad)
         assert field in refused.value.message, (bad, refused.value.message)
@@ -178,7 +194,9 @@ def test_a_split_names_the_field_it_refuses_and_a_good_one_is_kept(kept: Kept) -
     with pytest.raises(NotFound):
         splits.set_split("unknown-model", {"b_share": 0.5, "b_cloud_name": "m2"})
     assert splits.set_split("m", {"b_share": 0.25, "b_cloud_name": "m2"}) == {
-        "model": "m", "ab": {"b": "m2", "share": 0.25}}  # fmt: skip
+        "model": "m",
+        "ab": {"b": "m2", "share": 0.25},
+    }
     far = splits.set_split("m", {"b_share": 0.5, "b_cloud_name": "m3", "tier": "far"})
     assert far["tier"] == "far" and second.splits["m"][:2] == ("m3", 0.5)
     assert json.loads(kept.path.read_text())["cloud_ab"] == {
@@ -204,10 +222,16 @@ def test_versions_and_egress_refuse_what_is_not_theirs() -> None:
 def test_admin_restores_each_part_in_order(tmp_path: Path) -> None:
     path = tmp_path / "state" / "admin.json"
     path.parent.mkdir()
-    path.write_text(json.dumps({
-        "routing_overrides": {"local_threshold_ms": 40}, "drained": {"reason": "why"},
-        "models": {"m": [1, 3]}, "cloud_ab": {},
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "routing_overrides": {"local_threshold_ms": 40},
+                "drained": {"reason": "why"},
+                "models": {"m": [1, 3]},
+                "cloud_ab": {},
+            }
+        )
+    )
     router, manager = FakeRouter(), FakeManager()
 
     async def reload() -> str | None:

@@ -117,13 +117,17 @@ def test_an_old_section_name_is_read_and_noted(
     still says [load] keeps its setting for a release, with a note; both names are refused."""
     cfg = config.parse({"load": {"interval_s": 2.5}})
     assert cfg.device.interval_s == 2.5
-    assert renamed(cfg) == ["load is now device: rename it (the old name is read in this"
-                            " release only)"]  # fmt: skip
+    assert renamed(cfg) == [
+        "load is now device: rename it (the old name is read in this release only)"
+    ]
     assert renamed(config.parse({"device": {"interval_s": 2.5}})) == []
     cfg.state_dir = tmp_path  # an assignment validates again: the note stays, the value too
     assert cfg.device.interval_s == 2.5 and len(renamed(cfg)) == 1
-    with pytest.raises(ConfigError, match=r"^config: load and device: load is the old name of"
-                                          r" device; keep device$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^config: load and device: load is the old name of"
+        r" device; keep device$",
+    ):
         config.parse({"load": {}, "device": {}})
     with pytest.raises(ConfigError, match=r"^config: device.interval_s: .*greater than 0"):
         config.parse({"load": {"interval_s": 0}})

@@ -73,8 +73,9 @@ def test_private_input_stays_local_even_against_a_rule_and_an_override() -> None
 
 
 def test_the_brief_rule_local_under_80_percent_else_cloud() -> None:
-    rule = Rule("local", task_type="text-classification", when=parse("local_load < 80%"),
-                otherwise="cloud")  # fmt: skip
+    rule = Rule(
+        "local", task_type="text-classification", when=parse("local_load < 80%"), otherwise="cloud"
+    )
     policy = Policy(rules=(rule,))
     request = RouteRequest("m", task_type="text-classification")
     calm = decide(request, UP, FAST_CLOUD, {"local_load": 30.0}, policy)
@@ -89,18 +90,28 @@ def test_cost_model_deadline_threshold_and_hedging() -> None:
     policy = Policy()
     slow_cloud = Path(True, predicted_s=0.45)
     # local over the threshold, the cloud does not fit a 300 ms deadline: local
-    d = decide(RouteRequest("m", deadline_s=0.3), Path(True, predicted_s=0.2), slow_cloud, {},
-               policy)  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=0.3), Path(True, predicted_s=0.2), slow_cloud, {}, policy
+    )
     assert d.route == "local" and "only local fits" in d.reason
     # local over the threshold, cloud faster: cloud, with local as fallback
     d = decide(RouteRequest("m"), Path(True, predicted_s=0.2), FAST_CLOUD, {}, policy)
     assert (d.route, d.fallback) == ("cloud", "local")
     # local near the deadline: both
-    d = decide(RouteRequest("m", deadline_s=0.25), Path(True, predicted_s=0.22), FAST_CLOUD, {},
-               policy)  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=0.25), Path(True, predicted_s=0.22), FAST_CLOUD, {}, policy
+    )
     assert d.route == "hedged"
-    assert decide(RouteRequest("m", deadline_s=0.25), Path(True, predicted_s=0.22), FAST_CLOUD,
-                  {}, Policy(hedging=False)).route == "cloud"  # fmt: skip
+    assert (
+        decide(
+            RouteRequest("m", deadline_s=0.25),
+            Path(True, predicted_s=0.22),
+            FAST_CLOUD,
+            {},
+            Policy(hedging=False),
+        ).route
+        == "cloud"
+    )
     # a cloud cost weight tips a close call to the device
     costly = Path(True, predicted_s=0.15, cost=1.0)
     assert decide(RouteRequest("m"), Path(True, predicted_s=0.2), costly, {}, policy).route == (
@@ -125,10 +136,16 @@ def test_the_reason_names_the_limit_that_decided(
 ) -> None:
     """With the cloud not measured yet, the reason said "over the local threshold 100.0 ms"
     for a 12.3 ms estimate against a 12 ms deadline (issue 31)."""
-    d = decide(RouteRequest("m", deadline_s=deadline_s), Path(True, predicted_s=local_s),
-               Path(True), {}, Policy())  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=deadline_s),
+        Path(True, predicted_s=local_s),
+        Path(True),
+        {},
+        Policy(),
+    )
     assert d.route == "cloud" and d.reason == (
-        f"local estimate {local_s * 1000:.1f} ms {named} cloud not measured yet")  # fmt: skip
+        f"local estimate {local_s * 1000:.1f} ms {named} cloud not measured yet"
+    )
 
 
 # ---- decide() by property -------------------------------------------------------------------
@@ -246,15 +263,26 @@ def test_the_local_reserve_of_a_cloud_call() -> None:
 
 def test_a_false_rule_without_otherwise_passes_to_the_next_rule() -> None:
     """(``continue`` -> ``break``): the second rule still decides."""
-    policy = Policy(rules=(Rule("cloud", when=parse("rtt > 1s"), name="slow-link"),
-                           Rule("local", name="stay")))  # fmt: skip
+    policy = Policy(
+        rules=(Rule("cloud", when=parse("rtt > 1s"), name="slow-link"), Rule("local", name="stay"))
+    )
     d = decide(RouteRequest("m"), Path(True, predicted_s=0.01), FAST_CLOUD, {"rtt": 0.02}, policy)
     assert d == Decision(
-        "local", "rule 'stay': 'always' holds -> local", "cloud", 0.01, 0.01,
-        FAST_CLOUD.predicted_s, 0.5, "rule", "rule 'stay'",
-        ("rule 'slow-link': 'rtt > 1s' is false", "rule 'stay': 'always' is true",
-         "-> local: rule 'stay': 'always' holds -> local"),
-    )  # fmt: skip
+        "local",
+        "rule 'stay': 'always' holds -> local",
+        "cloud",
+        0.01,
+        0.01,
+        FAST_CLOUD.predicted_s,
+        0.5,
+        "rule",
+        "rule 'stay'",
+        (
+            "rule 'slow-link': 'rtt > 1s' is false",
+            "rule 'stay': 'always' is true",
+            "-> local: rule 'stay': 'always' holds -> local",
+        ),
+    )
 
 
 def test_a_rule_for_one_model_applies_to_that_model_only() -> None:
@@ -271,17 +299,36 @@ def test_a_rule_for_one_model_applies_to_that_model_only() -> None:
 
 def test_a_rule_whose_tier_misses_the_deadline_gives_way_to_the_other() -> None:
     policy = Policy(rules=(Rule("local", name="keep-local"),))
-    d = decide(RouteRequest("m", deadline_s=0.1), Path(True, predicted_s=0.3),
-               Path(True, predicted_s=0.05), {}, policy)  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=0.1),
+        Path(True, predicted_s=0.3),
+        Path(True, predicted_s=0.05),
+        {},
+        policy,
+    )
     assert (d.route, d.fallback, d.predicted_s, d.basis, d.rule) == (
-        "cloud", "local", 0.05, "rule", "rule 'keep-local'")  # fmt: skip
-    assert d.reason == ("rule 'keep-local': 'always' holds -> local, but its estimate 300.0 ms"
-                        " is over the deadline 100.0 ms and cloud may fit (50.0 ms)")  # fmt: skip
+        "cloud",
+        "local",
+        0.05,
+        "rule",
+        "rule 'keep-local'",
+    )
+    assert d.reason == (
+        "rule 'keep-local': 'always' holds -> local, but its estimate 300.0 ms"
+        " is over the deadline 100.0 ms and cloud may fit (50.0 ms)"
+    )
     # neither fits: the rule stands
-    both_late = decide(RouteRequest("m", deadline_s=0.01), Path(True, predicted_s=0.3),
-                       Path(True, predicted_s=0.05), {}, policy)  # fmt: skip
-    assert (both_late.route, both_late.reason) == ("local", "rule 'keep-local': 'always' holds"
-                                                   " -> local")  # fmt: skip
+    both_late = decide(
+        RouteRequest("m", deadline_s=0.01),
+        Path(True, predicted_s=0.3),
+        Path(True, predicted_s=0.05),
+        {},
+        policy,
+    )
+    assert (both_late.route, both_late.reason) == (
+        "local",
+        "rule 'keep-local': 'always' holds -> local",
+    )
 
 
 @pytest.mark.parametrize("override", ["local", "cloud", "hedged"])
@@ -291,9 +338,17 @@ def test_the_callers_override_is_the_route_with_every_field(override: str) -> No
     predicted = {"local": 0.02, "cloud": 0.04, "hedged": 0.02}[override]
     fallback = {"local": "cloud", "cloud": "local", "hedged": None}[override]
     assert d == Decision(
-        override, f"the request asked for {override}", fallback, predicted, 0.02, 0.04, 0.5,
-        "request", None, (f"-> {override}: the request asked for {override}",),
-    )  # type: ignore[arg-type]  # fmt: skip
+        override,
+        f"the request asked for {override}",
+        fallback,
+        predicted,
+        0.02,
+        0.04,
+        0.5,
+        "request",
+        None,
+        (f"-> {override}: the request asked for {override}",),
+    )  # type: ignore[arg-type]
 
 
 # ---- decide(): every field of every branch (issue 32, second pass) ---------------------------
@@ -305,33 +360,68 @@ def test_when_no_tier_can_serve_the_route_is_none_with_both_reasons() -> None:
     d = decide(RouteRequest("m"), local, cloud, {}, Policy())
     why = "no tier can serve: local not loaded; cloud link down"
     assert d == Decision(
-        "none", why, None, None, 0.01, 0.02, 0.5, "unavailable", None,
+        "none",
+        why,
+        None,
+        None,
+        0.01,
+        0.02,
+        0.5,
+        "unavailable",
+        None,
         ("cloud excluded: link down", "local excluded: not loaded", f"-> none: {why}"),
-    )  # fmt: skip
+    )
     private = decide(RouteRequest("m", private=True), local, FAST_CLOUD, {}, Policy())
     assert private.reason == "no tier can serve: local not loaded; cloud the input is private"
     assert private.trace[0] == "cloud excluded: the input is private"
 
 
 def test_only_the_cloud_serves_when_the_device_cannot() -> None:
-    d = decide(RouteRequest("m", deadline_s=0.3), Path(False, "not loaded"), FAST_CLOUD, {},
-               Policy(rules=(Rule("local"),)))  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=0.3),
+        Path(False, "not loaded"),
+        FAST_CLOUD,
+        {},
+        Policy(rules=(Rule("local"),)),
+    )
     why = "only the cloud can serve: local not loaded"
     assert d == Decision(
-        "cloud", why, None, 0.02, None, 0.02, 0.3, "unavailable", None,
+        "cloud",
+        why,
+        None,
+        0.02,
+        None,
+        0.02,
+        0.3,
+        "unavailable",
+        None,
         ("local excluded: not loaded", f"-> cloud: {why}"),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(("private", "basis"), [(False, "unavailable"), (True, "private")])
 def test_without_the_cloud_the_device_serves_and_says_why(private: bool, basis: str) -> None:
     cloud = Path(False, "circuit open", predicted_s=0.02) if not private else FAST_CLOUD
     why = "cloud excluded: " + ("the input is private" if private else "circuit open")
-    d = decide(RouteRequest("m", private=private), Path(True, predicted_s=0.3), cloud, {},
-               Policy(default_deadline_s=0.25))  # fmt: skip
+    d = decide(
+        RouteRequest("m", private=private),
+        Path(True, predicted_s=0.3),
+        cloud,
+        {},
+        Policy(default_deadline_s=0.25),
+    )
     assert d == Decision(
-        "local", why, None, 0.3, 0.3, 0.02, 0.25, basis, None, (why, f"-> local: {why}"),
-    )  # fmt: skip
+        "local",
+        why,
+        None,
+        0.3,
+        0.3,
+        0.02,
+        0.25,
+        basis,
+        None,
+        (why, f"-> local: {why}"),
+    )
 
 
 @pytest.mark.parametrize(
@@ -341,48 +431,76 @@ def test_without_the_cloud_the_device_serves_and_says_why(private: bool, basis: 
 def test_a_hedged_call_is_predicted_at_the_faster_measured_tier(
     local_s: float | None, cloud_s: float | None, predicted: float | None
 ) -> None:
-    d = decide(RouteRequest("m", override="hedged"), Path(True, predicted_s=local_s),
-               Path(True, predicted_s=cloud_s), {}, Policy())  # fmt: skip
+    d = decide(
+        RouteRequest("m", override="hedged"),
+        Path(True, predicted_s=local_s),
+        Path(True, predicted_s=cloud_s),
+        {},
+        Policy(),
+    )
     assert (d.route, d.predicted_s, d.fallback) == ("hedged", predicted, None)
 
 
 def test_a_rule_that_holds_sends_the_request_with_every_field() -> None:
     rule = Rule("cloud", when=parse("rtt < 50ms"), otherwise="local")
-    d = decide(RouteRequest("m", deadline_s=0.25), UP, FAST_CLOUD, {"rtt": 20.0},
-               Policy(rules=(rule,)))  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=0.25), UP, FAST_CLOUD, {"rtt": 20.0}, Policy(rules=(rule,))
+    )
     why = "rule 1: 'rtt < 50ms' holds -> cloud"
     assert d == Decision(
-        "cloud", why, "local", 0.02, 0.01, 0.02, 0.25, "rule", "rule 1",
+        "cloud",
+        why,
+        "local",
+        0.02,
+        0.01,
+        0.02,
+        0.25,
+        "rule",
+        "rule 1",
         ("rule 1: 'rtt < 50ms' is true", f"-> cloud: {why}"),
-    )  # fmt: skip
-    slow = decide(RouteRequest("m", deadline_s=0.25), UP, FAST_CLOUD, {"rtt": 80.0},
-                  Policy(rules=(rule,)))  # fmt: skip
+    )
+    slow = decide(
+        RouteRequest("m", deadline_s=0.25), UP, FAST_CLOUD, {"rtt": 80.0}, Policy(rules=(rule,))
+    )
     assert (slow.route, slow.reason, slow.fallback, slow.trace[0]) == (
-        "local", "rule 1: 'rtt < 50ms' does not hold -> local", "cloud",
+        "local",
+        "rule 1: 'rtt < 50ms' does not hold -> local",
+        "cloud",
         "rule 1: 'rtt < 50ms' is false",
-    )  # fmt: skip
+    )
 
 
 def test_unnamed_rules_are_numbered_from_one_in_their_order() -> None:
-    policy = Policy(rules=(Rule("cloud", model="other"), Rule("local", when=parse("gpu > 90%")),
-                           Rule("cloud")))  # fmt: skip
+    policy = Policy(
+        rules=(Rule("cloud", model="other"), Rule("local", when=parse("gpu > 90%")), Rule("cloud"))
+    )
     d = decide(RouteRequest("m"), UP, FAST_CLOUD, {"gpu": 10.0}, policy)
     assert (d.route, d.rule, d.reason) == ("cloud", "rule 3", "rule 3: 'always' holds -> cloud")
-    assert d.trace == ("rule 2: 'gpu > 90%' is false", "rule 3: 'always' is true",
-                       "-> cloud: rule 3: 'always' holds -> cloud")  # fmt: skip
+    assert d.trace == (
+        "rule 2: 'gpu > 90%' is false",
+        "rule 3: 'always' is true",
+        "-> cloud: rule 3: 'always' holds -> cloud",
+    )
 
 
 def test_a_rule_needs_both_its_task_type_and_its_model_to_match() -> None:
     policy = Policy(rules=(Rule("cloud", task_type="ocr", model="m"),))
-    for request in (RouteRequest("n", task_type="ocr"), RouteRequest("m", task_type="asr"),
-                    RouteRequest("m")):  # fmt: skip
+    for request in (
+        RouteRequest("n", task_type="ocr"),
+        RouteRequest("m", task_type="asr"),
+        RouteRequest("m"),
+    ):
         assert decide(request, UP, FAST_CLOUD, {}, policy).basis == "estimate"
     assert decide(RouteRequest("m", task_type="ocr"), UP, FAST_CLOUD, {}, policy).route == "cloud"
 
 
 def test_an_auto_rule_hands_the_choice_to_the_cost_model_and_ends_the_rules() -> None:
-    policy = Policy(rules=(Rule("auto", when=parse("cpu < 50%"), otherwise="auto", name="a"),
-                           Rule("cloud", name="later")))  # fmt: skip
+    policy = Policy(
+        rules=(
+            Rule("auto", when=parse("cpu < 50%"), otherwise="auto", name="a"),
+            Rule("cloud", name="later"),
+        )
+    )
     for cpu in (10.0, 90.0):
         d = decide(RouteRequest("m"), UP, FAST_CLOUD, {"cpu": cpu}, policy)
         assert (d.route, d.basis, d.rule) == ("local", "estimate", None)
@@ -405,8 +523,13 @@ def test_a_rule_gives_way_only_when_its_tier_is_over_and_the_other_fits(
     action: str, local_s: float | None, cloud_s: float | None, route: str
 ) -> None:
     policy = Policy(rules=(Rule(action, name="r"),))  # type: ignore[arg-type]
-    d = decide(RouteRequest("m", deadline_s=0.125), Path(True, predicted_s=local_s),
-               Path(True, predicted_s=cloud_s), {}, policy)  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=0.125),
+        Path(True, predicted_s=local_s),
+        Path(True, predicted_s=cloud_s),
+        {},
+        policy,
+    )
     assert (d.route, d.basis, d.rule) == (route, "rule", "rule 'r'")
     assert d.predicted_s == (local_s if route == "local" else cloud_s)
     assert d.fallback == ("cloud" if route == "local" else "local")
@@ -415,18 +538,25 @@ def test_a_rule_gives_way_only_when_its_tier_is_over_and_the_other_fits(
 
 
 def test_a_rule_gives_way_to_an_unmeasured_tier_and_says_so() -> None:
-    d = decide(RouteRequest("m", deadline_s=0.125), Path(True), Path(True, predicted_s=0.5), {},
-               Policy(rules=(Rule("cloud", name="r"),)))  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=0.125),
+        Path(True),
+        Path(True, predicted_s=0.5),
+        {},
+        Policy(rules=(Rule("cloud", name="r"),)),
+    )
     assert d.route == "local" and d.reason == (
         "rule 'r': 'always' holds -> cloud, but its estimate 500.0 ms is over the deadline"
-        " 125.0 ms and local may fit (unmeasured)")  # fmt: skip
+        " 125.0 ms and local may fit (unmeasured)"
+    )
 
 
 def test_with_no_local_estimate_the_device_goes_first() -> None:
     why = "no local estimate yet: the device goes first"
     d = decide(RouteRequest("m"), Path(True), FAST_CLOUD, {}, Policy())
-    assert d == Decision("local", why, "cloud", None, None, 0.02, 0.5, "estimate", None,
-                         (f"-> local: {why}",))  # fmt: skip
+    assert d == Decision(
+        "local", why, "cloud", None, None, 0.02, 0.5, "estimate", None, (f"-> local: {why}",)
+    )
 
 
 @pytest.mark.parametrize(("local_s", "deadline_s"), [(0.125, 0.5), (0.0625, 0.0625)])
@@ -434,11 +564,26 @@ def test_local_within_the_threshold_and_the_deadline_stays_local_at_the_limits(
     local_s: float, deadline_s: float
 ) -> None:
     policy = Policy(local_threshold_s=0.125)
-    d = decide(RouteRequest("m", deadline_s=deadline_s), Path(True, predicted_s=local_s),
-               Path(True, predicted_s=0.03125), {}, policy)  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=deadline_s),
+        Path(True, predicted_s=local_s),
+        Path(True, predicted_s=0.03125),
+        {},
+        policy,
+    )
     why = f"local estimate {local_s * 1000:.1f} ms within the local threshold 125.0 ms"
-    assert d == Decision("local", why, "cloud", local_s, local_s, 0.03125, deadline_s,
-                         "estimate", None, (f"-> local: {why}",))  # fmt: skip
+    assert d == Decision(
+        "local",
+        why,
+        "cloud",
+        local_s,
+        local_s,
+        0.03125,
+        deadline_s,
+        "estimate",
+        None,
+        (f"-> local: {why}",),
+    )
 
 
 @pytest.mark.parametrize(
@@ -451,20 +596,43 @@ def test_local_within_the_threshold_and_the_deadline_stays_local_at_the_limits(
 def test_a_limit_the_estimate_is_exactly_on_is_not_named(
     local_s: float, deadline_s: float, named: str
 ) -> None:
-    d = decide(RouteRequest("m", deadline_s=deadline_s), Path(True, predicted_s=local_s),
-               Path(True), {}, Policy(local_threshold_s=0.125))  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=deadline_s),
+        Path(True, predicted_s=local_s),
+        Path(True),
+        {},
+        Policy(local_threshold_s=0.125),
+    )
     why = f"local estimate {local_s * 1000:.1f} ms over {named}; cloud not measured yet"
-    assert d == Decision("cloud", why, "local", None, local_s, None, deadline_s, "estimate",
-                         None, (f"-> cloud: {why}",))  # fmt: skip
+    assert d == Decision(
+        "cloud",
+        why,
+        "local",
+        None,
+        local_s,
+        None,
+        deadline_s,
+        "estimate",
+        None,
+        (f"-> cloud: {why}",),
+    )
 
 
 def test_hedging_runs_both_with_every_field() -> None:
-    d = decide(RouteRequest("m", deadline_s=0.5), Path(True, predicted_s=0.5),
-               Path(True, predicted_s=0.25), {}, Policy(hedge_margin=0.25))  # fmt: skip
-    why = ("local estimate 500.0 ms close to the deadline 500.0 ms, cloud 250.0 ms:"
-           " both run, the first answer wins")  # fmt: skip
-    assert d == Decision("hedged", why, None, 0.25, 0.5, 0.25, 0.5, "estimate", None,
-                         (f"-> hedged: {why}",))  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=0.5),
+        Path(True, predicted_s=0.5),
+        Path(True, predicted_s=0.25),
+        {},
+        Policy(hedge_margin=0.25),
+    )
+    why = (
+        "local estimate 500.0 ms close to the deadline 500.0 ms, cloud 250.0 ms:"
+        " both run, the first answer wins"
+    )
+    assert d == Decision(
+        "hedged", why, None, 0.25, 0.5, 0.25, 0.5, "estimate", None, (f"-> hedged: {why}",)
+    )
 
 
 @pytest.mark.parametrize(
@@ -481,11 +649,21 @@ def test_hedging_needs_local_close_to_the_deadline_and_the_cloud_within_it(
     local_s: float, cloud_s: float, route: str
 ) -> None:
     policy = Policy(hedge_margin=0.25)
-    d = decide(RouteRequest("m", deadline_s=0.5), Path(True, predicted_s=local_s),
-               Path(True, predicted_s=cloud_s), {}, policy)  # fmt: skip
+    d = decide(
+        RouteRequest("m", deadline_s=0.5),
+        Path(True, predicted_s=local_s),
+        Path(True, predicted_s=cloud_s),
+        {},
+        policy,
+    )
     assert (d.route, d.basis) == (route, "estimate")
-    unhedged = decide(RouteRequest("m", deadline_s=0.5), Path(True, predicted_s=local_s),
-                      Path(True, predicted_s=cloud_s), {}, Policy(hedging=False))  # fmt: skip
+    unhedged = decide(
+        RouteRequest("m", deadline_s=0.5),
+        Path(True, predicted_s=local_s),
+        Path(True, predicted_s=cloud_s),
+        {},
+        Policy(hedging=False),
+    )
     assert unhedged.route != "hedged"
 
 
@@ -508,12 +686,25 @@ def test_the_cost_model_names_the_winner_and_the_figures(
     route = reason.split()[1] if reason.startswith("only") else reason.split()[0]
     fallback = "cloud" if route == "local" else "local"
     predicted = local_s if route == "local" else cloud_s
-    d = decide(RouteRequest("m"), Path(True, predicted_s=local_s),
-               Path(True, predicted_s=cloud_s), {}, Policy(hedging=False))  # fmt: skip
+    d = decide(
+        RouteRequest("m"),
+        Path(True, predicted_s=local_s),
+        Path(True, predicted_s=cloud_s),
+        {},
+        Policy(hedging=False),
+    )
     assert d == Decision(
-        route, reason, fallback, predicted, local_s, cloud_s, 0.5, "estimate", None,  # type: ignore[arg-type]
+        route,
+        reason,
+        fallback,
+        predicted,
+        local_s,
+        cloud_s,
+        0.5,
+        "estimate",
+        None,  # type: ignore[arg-type]
         (f"-> {route}: {reason}",),
-    )  # fmt: skip
+    )
 
 
 def test_the_cloud_cost_weight_adds_seconds_to_the_cloud_and_is_named() -> None:
@@ -527,8 +718,10 @@ def test_the_cloud_cost_weight_adds_seconds_to_the_cloud_and_is_named() -> None:
     )
     d = decide(RouteRequest("m"), Path(True, predicted_s=0.3), cloud, {}, policy)
     assert (d.route, d.predicted_s) == ("cloud", 0.125)
-    assert d.reason == ("cloud is faster: local 300.0 ms, cloud 125.0 ms + cost 0.125 s"
-                        " (both fit the deadline 500.0 ms)")  # fmt: skip
+    assert d.reason == (
+        "cloud is faster: local 300.0 ms, cloud 125.0 ms + cost 0.125 s"
+        " (both fit the deadline 500.0 ms)"
+    )
 
 
 # ---- conditions: the messages and the units, exactly ------------------------------------------
@@ -586,18 +779,41 @@ def test_and_and_or_are_read_in_any_case() -> None:
 
 @pytest.mark.parametrize(
     ("load", "band"),
-    [(None, 0), (-5.0, 0), (0.0, 0), (24.9, 0), (25.0, 1), (49.9, 1), (50.0, 2), (74.9, 2),
-     (75.0, 3), (80.0, 3), (100.0, 3), (250.0, 3)],
-)  # fmt: skip
+    [
+        (None, 0),
+        (-5.0, 0),
+        (0.0, 0),
+        (24.9, 0),
+        (25.0, 1),
+        (49.9, 1),
+        (50.0, 2),
+        (74.9, 2),
+        (75.0, 3),
+        (80.0, 3),
+        (100.0, 3),
+        (250.0, 3),
+    ],
+)
 def test_the_load_bands_are_quarters_and_clamped(load: float | None, band: int) -> None:
     assert load_band(load) == band
 
 
 @pytest.mark.parametrize(
     ("payload", "band"),
-    [(0, 0), (1, 0), (3, 0), (4, 1), (15, 1), (16, 2), (63, 2), (64, 3), (4**8 - 1, 7),
-     (4**8, 8), (10**6, 9)],
-)  # fmt: skip
+    [
+        (0, 0),
+        (1, 0),
+        (3, 0),
+        (4, 1),
+        (15, 1),
+        (16, 2),
+        (63, 2),
+        (64, 3),
+        (4**8 - 1, 7),
+        (4**8, 8),
+        (10**6, 9),
+    ],
+)
 def test_the_size_bands_are_powers_of_four(payload: int, band: int) -> None:
     assert size_band(payload) == band
 
@@ -687,11 +903,32 @@ def test_the_table_lists_every_band_sorted_with_readable_bands() -> None:
     est.observe("m", "cloud", 0.04, payload=0, rtt=0.01)
     est.observe("a", "local", 0.001, load=None)
     assert est.as_list() == [
-        {"model": "a", "path": "local", "load_band": "0-25%", "size_band": "<4 B",
-         "mean_ms": 1.0, "deviation_ms": 0.0, "count": 1},
-        {"model": "m", "path": "cloud", "load_band": None, "size_band": "<4 B",
-         "mean_ms": 30.0, "deviation_ms": 0.0, "count": 1},
-        {"model": "m", "path": "local", "load_band": "50-75%", "size_band": "<64 B",
-         "mean_ms": 22.963, "deviation_ms": 10.617, "count": 2},
-    ]  # fmt: skip
+        {
+            "model": "a",
+            "path": "local",
+            "load_band": "0-25%",
+            "size_band": "<4 B",
+            "mean_ms": 1.0,
+            "deviation_ms": 0.0,
+            "count": 1,
+        },
+        {
+            "model": "m",
+            "path": "cloud",
+            "load_band": None,
+            "size_band": "<4 B",
+            "mean_ms": 30.0,
+            "deviation_ms": 0.0,
+            "count": 1,
+        },
+        {
+            "model": "m",
+            "path": "local",
+            "load_band": "50-75%",
+            "size_band": "<64 B",
+            "mean_ms": 22.963,
+            "deviation_ms": 10.617,
+            "count": 2,
+        },
+    ]
     assert Estimates().as_list() == []

@@ -6,8 +6,17 @@ from __future__ import annotations
 
 from edged.device.jtop import Jtop, from_jtop
 
-STATS = {"time": 0, "uptime": 100, "CPU1": 20, "CPU2": 40, "CPU3": "OFF", "CPU4": 60,
-         "RAM": 0.5, "GPU": 30.0, "nvp model": "MAXN"}  # fmt: skip
+STATS = {
+    "time": 0,
+    "uptime": 100,
+    "CPU1": 20,
+    "CPU2": 40,
+    "CPU3": "OFF",
+    "CPU4": 60,
+    "RAM": 0.5,
+    "GPU": 30.0,
+    "nvp model": "MAXN",
+}
 GPU = {
     "ga10b": {
         "type": "integrated",
@@ -17,8 +26,11 @@ GPU = {
     }
 }
 MEMORY = {"RAM": {"tot": 16_000_000, "used": 6_000_000, "free": 8_000_000, "shared": 1_000_000}}
-TEMPERATURE = {"cpu": {"temp": 45.5, "online": True}, "cv0": {"temp": -256, "online": False},
-               "tj": {"temp": 47.0, "online": True}}  # fmt: skip
+TEMPERATURE = {
+    "cpu": {"temp": 45.5, "online": True},
+    "cv0": {"temp": -256, "online": False},
+    "tj": {"temp": 47.0, "online": True},
+}
 POWER = {
     "rail": {"VDD_CPU_GPU_CV": {"volt": 5032, "curr": 320, "power": 1610, "online": True}},
     "tot": {"volt": 5040, "curr": 1500, "power": 7560, "online": True, "name": "VDD_IN"},

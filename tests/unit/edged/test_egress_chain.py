@@ -39,8 +39,10 @@ def test_a_ledger_chains_its_entries_and_goes_on_after_a_restart(tmp_path: Path)
     report = verify(tmp_path)
     assert report.ok and report.entries == 8 and report.first_seq == 1, report
     assert report.last == again.head and report.torn == 0
-    first, *rest = [json.loads(raw) for raw in tmp_path.joinpath(
-        "egress-000000000001.jsonl").read_bytes().splitlines()]  # fmt: skip
+    first, *rest = [
+        json.loads(raw)
+        for raw in tmp_path.joinpath("egress-000000000001.jsonl").read_bytes().splitlines()
+    ]
     assert first["kind"] == "genesis" and first["prev"] == ZERO and len(first["ledger"]) == 32
     assert [e["kind"] for e in rest] == ["cloud-infer"] * 5 + ["started", "telemetry"]
     assert rest[0]["request_id"] == "r0" and rest[0]["bytes"] == 100
@@ -155,10 +157,12 @@ def test_a_full_disk_refuses_the_entry_and_leaves_no_torn_line(tmp_path: Path) -
 
 
 ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=200)  # lone surrogates too
-KEYS = st.text(min_size=1, max_size=20).filter(lambda k: k not in ("seq", "ts", "prev", "hash",
-                                                                   "kind"))  # fmt: skip
-VALUES = st.one_of(ANY_TEXT, st.integers(-(2**53), 2**53), st.none(),
-                   st.lists(ANY_TEXT, max_size=5))  # fmt: skip
+KEYS = st.text(min_size=1, max_size=20).filter(
+    lambda k: k not in ("seq", "ts", "prev", "hash", "kind")
+)
+VALUES = st.one_of(
+    ANY_TEXT, st.integers(-(2**53), 2**53), st.none(), st.lists(ANY_TEXT, max_size=5)
+)
 
 
 @settings(max_examples=60, deadline=None)

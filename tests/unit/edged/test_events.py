@@ -50,10 +50,15 @@ def test_a_huge_message_is_cut_with_a_marker_in_edged_and_again_in_cloudsync() -
     assert event["message"].endswith(f"... [{420_000 + 17 - MAX_MESSAGE} more characters]")
     # what an edged of another make could send: every field oversize, odd values, bad text
     hostile = {
-        "id": 7, "ts": 1, "level": "error", "source": "edged.x\ud800",
-        "message": "m" * 500_000, "table": {"rows": ["x" * 100] * 5000},
-        "nan": float("nan"), "ok": True,
-    }  # fmt: skip
+        "id": 7,
+        "ts": 1,
+        "level": "error",
+        "source": "edged.x\ud800",
+        "message": "m" * 500_000,
+        "table": {"rows": ["x" * 100] * 5000},
+        "nan": float("nan"),
+        "ok": True,
+    }
     item = event_item("e" * 32, hostile)
     size = len(canonical(item.body))
     assert size < MAX_BODY_BYTES and item.priority == "alert" and item.id == f"edged-{'e' * 16}-7"
@@ -61,8 +66,11 @@ def test_a_huge_message_is_cut_with_a_marker_in_edged_and_again_in_cloudsync() -
     assert item.body["source"] == "edged.x\\ud800" and item.body["nan"] == "NaN"
     assert item.body["message"].startswith("m" * 100) and item.body["ok"] is True
     giant = event_item("e", {"id": 8, "level": "info", **{f"k{i}": "v" * 9000 for i in range(40)}})
-    assert giant.body == {"from": "edged", "id": 8, "level": "info", "truncated": giant.body[
-        "truncated"]} and len(giant.body["truncated"]) == 40  # fmt: skip
+    assert (
+        giant.body
+        == {"from": "edged", "id": 8, "level": "info", "truncated": giant.body["truncated"]}
+        and len(giant.body["truncated"]) == 40
+    )
 
 
 def test_a_result_too_large_for_a_record_says_so() -> None:

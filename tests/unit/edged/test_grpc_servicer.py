@@ -52,10 +52,17 @@ class FakePlane:
             raise NotFound(f"no model '{name}'")
         return True
 
-    async def infer(self, name: str, version: str | None, request: InferRequest,
-                    deadline: float | None = None, *rest: Any) -> Any:  # fmt: skip
-        self.calls.append(("infer", name, version, {k: v.tolist() for k, v in
-                                                     request.inputs.items()}))  # fmt: skip
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        deadline: float | None = None,
+        *rest: Any,
+    ) -> Any:
+        self.calls.append(
+            ("infer", name, version, {k: v.tolist() for k, v in request.inputs.items()})
+        )
         if self.fail is not None:
             raise self.fail
         return InferResponse(
@@ -128,7 +135,9 @@ def test_errors_become_grpc_codes_and_a_bug_says_nothing_of_itself(tmp_path: Pat
     async def body(stub: pb_grpc.GRPCInferenceServiceStub, caller: list[Peer | None]) -> None:
         plane.fail = NotFound("no version 2 of 'm'")
         assert await code_of(stub.ModelInfer(infer_request("m", [1]))) == (
-            grpc.StatusCode.NOT_FOUND, "no version 2 of 'm'")  # fmt: skip
+            grpc.StatusCode.NOT_FOUND,
+            "no version 2 of 'm'",
+        )
         plane.fail = Overloaded("queue full", retry_after=1.2)
         call = stub.ModelInfer(infer_request("m", [1]))
         code, _ = await code_of(call)

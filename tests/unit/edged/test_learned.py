@@ -163,14 +163,18 @@ def test_the_prior_is_a_normal_around_the_estimate(
 def test_a_draw_exactly_good_enough_keeps_the_device_and_asks_nothing_of_the_cloud() -> None:
     learner, draws, _ = scripted(0.9)
     assert learner.choose(REQUEST, UNMEASURED, LIKELY, 0.1) == (
-        "local", "learned: P(in time) drawn local 0.90, good enough")  # fmt: skip
+        "local",
+        "learned: P(in time) drawn local 0.90, good enough",
+    )
     assert draws.asked == [(6.0, 6.0)]  # one draw, from the even prior
 
 
 def test_a_device_likely_in_time_stays_local_whatever_the_draw() -> None:
     learner, draws, _ = scripted(0.1)
     assert learner.choose(REQUEST, LIKELY, LIKELY, 0.1) == (
-        "local", "learned: P(in time) drawn local 0.10, good enough")  # fmt: skip
+        "local",
+        "learned: P(in time) drawn local 0.10, good enough",
+    )
     assert len(draws.asked) == 1
 
 
@@ -216,7 +220,9 @@ def test_a_hunch_goes_to_the_cloud_once_per_interval_per_model() -> None:
     hunch = "learned: P(in time) drawn local 0.10, cloud 0.80"
     assert learner.choose(REQUEST, HOPELESS, HOPELESS, 0.1) == ("cloud", hunch + " (exploring)")
     assert learner.choose(REQUEST, HOPELESS, HOPELESS, 0.1) == (
-        "local", hunch + " (exploration spent)")  # fmt: skip
+        "local",
+        hunch + " (exploration spent)",
+    )
     clock.now = 9.5
     assert learner.choose(REQUEST, HOPELESS, HOPELESS, 0.1)[0] == "local"
     other = RouteRequest("n", deadline_s=0.1)  # another model has its own ration
@@ -229,7 +235,9 @@ def test_even_odds_for_the_cloud_are_not_a_hunch() -> None:
     learner, _, _ = scripted(0.1, 0.8, 0.1, 0.8)
     for _ in range(2):  # not rationed
         assert learner.choose(REQUEST, HOPELESS, UNMEASURED, 0.1) == (
-            "cloud", "learned: P(in time) drawn local 0.10, cloud 0.80")  # fmt: skip
+            "cloud",
+            "learned: P(in time) drawn local 0.10, cloud 0.80",
+        )
 
 
 def test_the_posterior_is_the_prior_plus_evidence_faded_by_its_half_life() -> None:
@@ -291,9 +299,17 @@ def test_refine_puts_the_learners_choice_in_every_field_and_keeps_the_rules_trac
     learner, _, _ = scripted(0.95)
     why = "learned: P(in time) drawn local 0.95, good enough"
     assert learner.refine(decision, REQUEST, local, cloud) == Decision(
-        "local", why, "cloud", 0.3, 0.3, 0.03, 0.1, "learned", None,
+        "local",
+        why,
+        "cloud",
+        0.3,
+        0.3,
+        0.03,
+        0.1,
+        "learned",
+        None,
         ("rule 1: 'gpu > 90%' is false", "rule 2: 'always' is true", f"-> local: {why}"),
-    )  # fmt: skip
+    )
 
 
 def test_refine_can_send_to_the_cloud_what_the_cost_model_kept_local() -> None:

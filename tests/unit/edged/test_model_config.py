@@ -65,8 +65,10 @@ def test_escalation_needs_a_numeric_confidence_output(tmp_path: Path) -> None:
     """escalate_below compares a score with its threshold: an output of text cannot be one (it
     failed every escalated request with a 500 before it was refused at load)."""
     text_out = 'output [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] } ]'
-    base = CONFIG.replace('output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ]'
-                          ' label_filename: "labels.txt" } ]', text_out)  # fmt: skip
+    base = CONFIG.replace(
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt" } ]',
+        text_out,
+    )
     escalate = 'parameters { key: "escalate_below" value { string_value: "0.5" } }'
     places = [tmp_path / str(i) for i in range(4)]
     for place in places:
@@ -80,9 +82,12 @@ def test_escalation_needs_a_numeric_confidence_output(tmp_path: Path) -> None:
     assert read_config(write(places[1], base % "")).outputs[0].datatype == "BYTES"
     assert read_config(write(places[2], CONFIG % escalate)).confidence_output == "y"
     # text first, then a classification output: the router scores the one with labels
-    both = base.replace(text_out, 'output [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] },'
-                        ' { name: "y" data_type: TYPE_FP32 dims: [ -1 ] label_filename:'
-                        ' "labels.txt" } ]')  # fmt: skip
+    both = base.replace(
+        text_out,
+        'output [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] },'
+        ' { name: "y" data_type: TYPE_FP32 dims: [ -1 ] label_filename:'
+        ' "labels.txt" } ]',
+    )
     assert read_config(write(places[3], both % escalate)).confidence_output == "y"
 
 

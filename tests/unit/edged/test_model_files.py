@@ -23,10 +23,14 @@ from tests.unit.edged.test_repository import manager_for, run, unload_when_idle
 def rows(directory: Path) -> list[dict[str, Any]]:
     """The manifest's list of the files in ``directory`` (what an install checks and keeps)."""
     return [
-        {"path": p.name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
-         "length": p.stat().st_size}
-        for p in sorted(directory.iterdir()) if not p.name.startswith(RECORD)
-    ]  # fmt: skip
+        {
+            "path": p.name,
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+            "length": p.stat().st_size,
+        }
+        for p in sorted(directory.iterdir())
+        if not p.name.startswith(RECORD)
+    ]
 
 
 def installed(repo: Path, name: str, version: int) -> Path:

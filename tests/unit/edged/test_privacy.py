@@ -39,8 +39,15 @@ def privacy(entries: dict[str, Entry], private_models: tuple[str, ...] = ()) -> 
 
 
 def test_the_operators_list_and_a_configs_word() -> None:
-    p = privacy({"open": Entry(), "own": Entry(PRIVATE), "v2-only": Entry(None, {"2": PRIVATE}),
-                 "listed": Entry()}, ("listed",))  # fmt: skip
+    p = privacy(
+        {
+            "open": Entry(),
+            "own": Entry(PRIVATE),
+            "v2-only": Entry(None, {"2": PRIVATE}),
+            "listed": Entry(),
+        },
+        ("listed",),
+    )
     assert p.why("open") is None
     assert p.why("own") == "model 'own' is private (privacy: private in its config.pbtxt)"
     assert p.why("v2-only") == "model 'v2-only' is private (privacy: private in its config.pbtxt)"
@@ -63,10 +70,16 @@ def test_default_private_holds_unless_the_request_releases_it() -> None:
 
 
 def test_a_private_step_makes_its_pipeline_private_and_the_chain_is_named() -> None:
-    p = privacy({
-        "report": Entry(steps=["ocr", "summary"]), "ocr": Entry(steps=["detector"]),
-        "detector": Entry(PRIVATE), "summary": Entry(), "chat": Entry(steps=["summary"]),
-    }, ("summary-listed",))  # fmt: skip
+    p = privacy(
+        {
+            "report": Entry(steps=["ocr", "summary"]),
+            "ocr": Entry(steps=["detector"]),
+            "detector": Entry(PRIVATE),
+            "summary": Entry(),
+            "chat": Entry(steps=["summary"]),
+        },
+        ("summary-listed",),
+    )
     assert p.why("report") == (
         "model 'detector' is private (privacy: private in its config.pbtxt)"
         " (a step of report -> ocr)"

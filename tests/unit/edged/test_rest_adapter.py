@@ -75,8 +75,9 @@ class FakePlane:
         return {"inflight": self.inflight}
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> Any:
-        self.calls.append(("infer", name, version, {k: v.tolist() for k, v in
-                                                     request.inputs.items()}))  # fmt: skip
+        self.calls.append(
+            ("infer", name, version, {k: v.tolist() for k, v in request.inputs.items()})
+        )
         self._raise()
         doubled = {k: v * 2 for k, v in request.inputs.items()}
         return InferResponse(name, version or "1", doubled), {}
@@ -137,8 +138,15 @@ def test_create_app_is_a_route_table_of_endpoint_methods() -> None:
         handler = route.handler
         owner = getattr(handler, "__self__", None)
         owners.add(type(owner).__name__ if owner is not None else handler.__qualname__)
-    assert owners == {"Inference", "SharedMemory", "Daemon", "DefaultModels", "Knowledge",
-                      "Tasks", "metrics_handler.<locals>.handler"}  # fmt: skip
+    assert owners == {
+        "Inference",
+        "SharedMemory",
+        "Daemon",
+        "DefaultModels",
+        "Knowledge",
+        "Tasks",
+        "metrics_handler.<locals>.handler",
+    }
     assert routes.__doc__ and "route table" in routes.__doc__
 
 
@@ -175,7 +183,10 @@ def test_errors_become_their_statuses_and_a_bug_a_500_that_says_nothing_of_it(
         plane.fail = Unavailable("loading")
         async with session.get(base + "/v2") as r:
             assert (r.status, r.headers["Retry-After"], await r.json()) == (
-                503, "1", {"error": "loading"})  # fmt: skip
+                503,
+                "1",
+                {"error": "loading"},
+            )
         plane.fail = KeyError("secret detail")
         async with session.get(base + "/v2") as r:
             doc = await r.json()
@@ -214,7 +225,9 @@ def test_what_is_refused_before_the_plane_is_asked(plane: FakePlane, sock: Path)
             assert r.status == 400
         async with session.post(base + "/v1/embed?private=maybe", json={"texts": ["a"]}) as r:
             assert (r.status, await r.json()) == (
-                400, {"error": "query parameter 'private' must be true or false"})  # fmt: skip
+                400,
+                {"error": "query parameter 'private' must be true or false"},
+            )
         async with session.get(base + "/v2/cudasharedmemory/status") as r:
             assert r.status == 400 and "CUDA shared memory" in (await r.json())["error"]
 

@@ -413,11 +413,21 @@ def test_request_parameters_give_priority_and_timeout() -> None:
 
 
 def settings(levels: int = 1, timeout_s: float = 0.0, override: bool = True) -> Settings:
-    policy = QueuePolicy(max_queue_size=8, default_timeout_s=timeout_s, reject_on_timeout=True,
-                         allow_timeout_override=override)  # fmt: skip
-    return Settings(max_batch_size=4, preferred=(), max_delay_s=0.0, levels=levels,
-                    default_level=levels, policies=dict.fromkeys(range(1, levels + 1), policy),
-                    instances=1)  # fmt: skip
+    policy = QueuePolicy(
+        max_queue_size=8,
+        default_timeout_s=timeout_s,
+        reject_on_timeout=True,
+        allow_timeout_override=override,
+    )
+    return Settings(
+        max_batch_size=4,
+        preferred=(),
+        max_delay_s=0.0,
+        levels=levels,
+        default_level=levels,
+        policies=dict.fromkeys(range(1, levels + 1), policy),
+        instances=1,
+    )
 
 
 def held(settings: Settings) -> tuple[Scheduler, asyncio.Event, list[Tensors]]:
@@ -485,8 +495,9 @@ def test_a_refusal_names_the_timeout_and_the_work_ahead_in_milliseconds() -> Non
         queued = asyncio.ensure_future(call(scheduler, {"x": np.ones((3, 2))}, RequestQos()))
         await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:  # 3 rows x 10 s + half of 100 ms ahead
-            await call(scheduler, {"x": np.ones((1, 2))},
-                       RequestQos(deadline=time.monotonic() + 10))  # fmt: skip
+            await call(
+                scheduler, {"x": np.ones((1, 2))}, RequestQos(deadline=time.monotonic() + 10)
+            )
         timeout, ahead = re.findall(r"([\d.]+) ms", refused.value.message)
         assert 9990.0 <= float(timeout) <= 10000.0, refused.value.message  # what was left of it
         assert ahead == "30050.0", refused.value.message
@@ -550,8 +561,7 @@ def test_requests_of_other_shapes_never_share_an_execution() -> None:
         answers = await asyncio.gather(first, narrow, wide, none)
         assert [a["y"].shape for a in answers[:3]] == [(1, 2), (1, 2), (1, 3)]
         assert answers[3] == {}
-        assert sorted(feeds["x"].shape for feeds in ran if "x" in feeds) == [
-            (1, 2), (1, 2), (1, 3)]  # fmt: skip
+        assert sorted(feeds["x"].shape for feeds in ran if "x" in feeds) == [(1, 2), (1, 2), (1, 3)]
         await scheduler.close()
 
     asyncio.run(scenario())
@@ -579,27 +589,61 @@ def test_the_queue_policies_and_batching_are_read_from_the_config_field_by_field
         " priority_queue_policy { key: 1 value { default_timeout_microseconds: 250000 } }"
         " priority_queue_policy { key: 3 value { max_queue_size: 7 } } }"
     )
-    default = QueuePolicy(max_queue_size=5, default_timeout_s=1.5, reject_on_timeout=False,
-                          allow_timeout_override=True)  # fmt: skip
+    default = QueuePolicy(
+        max_queue_size=5,
+        default_timeout_s=1.5,
+        reject_on_timeout=False,
+        allow_timeout_override=True,
+    )
     assert settings_of(tmp_path, 4, config) == Settings(
-        max_batch_size=4, preferred=(1, 4), max_delay_s=0.0025, levels=3, default_level=2,
+        max_batch_size=4,
+        preferred=(1, 4),
+        max_delay_s=0.0025,
+        levels=3,
+        default_level=2,
         policies={
             # a level's own policy: its unset fields are proto defaults, no override
-            1: QueuePolicy(max_queue_size=64, default_timeout_s=0.25, reject_on_timeout=True,
-                           allow_timeout_override=False),
+            1: QueuePolicy(
+                max_queue_size=64,
+                default_timeout_s=0.25,
+                reject_on_timeout=True,
+                allow_timeout_override=False,
+            ),
             2: default,
-            3: QueuePolicy(max_queue_size=7, default_timeout_s=0.0, reject_on_timeout=True,
-                           allow_timeout_override=False),
+            3: QueuePolicy(
+                max_queue_size=7,
+                default_timeout_s=0.0,
+                reject_on_timeout=True,
+                allow_timeout_override=False,
+            ),
         },
         instances=1,
-    )  # fmt: skip
+    )
     # without dynamic batching, or without a batch dimension: one row, no delay, no preference
-    plain = QueuePolicy(max_queue_size=64, default_timeout_s=0.0, reject_on_timeout=True,
-                        allow_timeout_override=True)  # fmt: skip
-    alone = Settings(max_batch_size=1, preferred=(), max_delay_s=0.0, levels=1, default_level=1,
-                     policies={1: plain}, instances=1)  # fmt: skip
-    assert settings_of(tmp_path, 0, "dynamic_batching { max_queue_delay_microseconds: 900"
-                       " preferred_batch_size: [ 1 ] }", "unbatched") == alone  # fmt: skip
+    plain = QueuePolicy(
+        max_queue_size=64,
+        default_timeout_s=0.0,
+        reject_on_timeout=True,
+        allow_timeout_override=True,
+    )
+    alone = Settings(
+        max_batch_size=1,
+        preferred=(),
+        max_delay_s=0.0,
+        levels=1,
+        default_level=1,
+        policies={1: plain},
+        instances=1,
+    )
+    assert (
+        settings_of(
+            tmp_path,
+            0,
+            "dynamic_batching { max_queue_delay_microseconds: 900 preferred_batch_size: [ 1 ] }",
+            "unbatched",
+        )
+        == alone
+    )
     assert settings_of(tmp_path, 4, "", "none") == alone
     one = settings_of(tmp_path, 1, "dynamic_batching { max_queue_delay_microseconds: 900 }", "one")
     assert (one.max_batch_size, one.max_delay_s) == (1, 0.0009)  # batching, of one row
@@ -608,18 +652,26 @@ def test_the_queue_policies_and_batching_are_read_from_the_config_field_by_field
 @pytest.mark.parametrize(
     ("batching", "message"),
     [
-        ("dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
-         "model 'bad': default_priority_level 3 is outside 1..2"),
-        ("dynamic_batching { priority_levels: 2 default_priority_level: 1"
-         " priority_queue_policy { key: 0 value { } } }",
-         "model 'bad': priority_queue_policy 0 is outside 1..2"),
-        ("dynamic_batching { priority_levels: 2 default_priority_level: 1"
-         " priority_queue_policy { key: 3 value { } } }",
-         "model 'bad': priority_queue_policy 3 is outside 1..2"),
-        ("dynamic_batching { preferred_batch_size: [ 5 ] }",
-         "model 'bad': preferred_batch_size 5 is over max_batch_size 4"),
+        (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+            "model 'bad': default_priority_level 3 is outside 1..2",
+        ),
+        (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 1"
+            " priority_queue_policy { key: 0 value { } } }",
+            "model 'bad': priority_queue_policy 0 is outside 1..2",
+        ),
+        (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 1"
+            " priority_queue_policy { key: 3 value { } } }",
+            "model 'bad': priority_queue_policy 3 is outside 1..2",
+        ),
+        (
+            "dynamic_batching { preferred_batch_size: [ 5 ] }",
+            "model 'bad': preferred_batch_size 5 is over max_batch_size 4",
+        ),
     ],
-)  # fmt: skip
+)
 def test_queue_settings_outside_their_range_are_refused_naming_them(
     tmp_path: Path, batching: str, message: str
 ) -> None:

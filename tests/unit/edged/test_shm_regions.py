@@ -51,10 +51,12 @@ def test_the_files_mode_decides_for_the_caller(
         ({"shared_memory_region": "a/b", "shared_memory_byte_size": 4}, "region's name"),
         ({"shared_memory_region": "r"}, "shared_memory_byte_size must be an integer >= 0"),
         ({"shared_memory_region": "r", "shared_memory_byte_size": True}, "byte_size must be"),
-        ({"shared_memory_region": "r", "shared_memory_byte_size": 4,
-          "shared_memory_offset": -1}, "shared_memory_offset must be an integer >= 0"),
+        (
+            {"shared_memory_region": "r", "shared_memory_byte_size": 4, "shared_memory_offset": -1},
+            "shared_memory_offset must be an integer >= 0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_parameters_name_the_tensor_and_the_field(params: dict[str, object], says: str) -> None:
     with pytest.raises(InvalidRequest, match=f"input 'x': .*{says}"):
         use_of("input 'x'", params)
@@ -62,8 +64,10 @@ def test_bad_parameters_name_the_tensor_and_the_field(params: dict[str, object],
 
 def test_parameters_without_a_region_are_no_use() -> None:
     assert use_of("input 'x'", {"binary_data_size": 4}) is None
-    assert use_of("input 'x'", {"shared_memory_region": "r", "shared_memory_byte_size": 8,
-                                "shared_memory_offset": 2}) == Use("r", 8, 2)  # fmt: skip
+    assert use_of(
+        "input 'x'",
+        {"shared_memory_region": "r", "shared_memory_byte_size": 8, "shared_memory_offset": 2},
+    ) == Use("r", 8, 2)
 
 
 def test_regions_are_per_uid_and_checked_against_region_and_file(tmp_path: Path) -> None:
@@ -92,8 +96,7 @@ def test_regions_are_per_uid_and_checked_against_region_and_file(tmp_path: Path)
     regions.unregister(BOB, None)
     with pytest.raises(InvalidRequest, match="no shared-memory region 'r'"):
         regions.read(BOB, Use("r", 1), limit=100)
-    assert regions.status(ALICE, "r") == [{"name": "r", "key": "/k", "offset": 16,
-                                           "byte_size": 32}]  # fmt: skip
+    assert regions.status(ALICE, "r") == [{"name": "r", "key": "/k", "offset": 16, "byte_size": 32}]
     regions.close()
     assert regions.status(ALICE, None) == []
 

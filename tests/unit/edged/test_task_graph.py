@@ -21,34 +21,57 @@ def node(node_id: str, task: str, **inputs: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("nodes", "says"),
     [
-        ([node("a", "extract", text="b.fields"), node("b", "extract", text="a.fields")],
-         "the graph has a cycle: a -> b -> a"),
-        ([node("a", "extract", text="c.fields"), node("b", "extract", text="a.fields"),
-          node("c", "extract", text="b.fields")],
-         "the graph has a cycle: a -> b -> c -> a"),
+        (
+            [node("a", "extract", text="b.fields"), node("b", "extract", text="a.fields")],
+            "the graph has a cycle: a -> b -> a",
+        ),
+        (
+            [
+                node("a", "extract", text="c.fields"),
+                node("b", "extract", text="a.fields"),
+                node("c", "extract", text="b.fields"),
+            ],
+            "the graph has a cycle: a -> b -> c -> a",
+        ),
         ([node("a", "translate", text="$text")], "unknown task type 'translate'"),
-        ([node("a", "extract", text="ocr.text")],
-         "node 'a' input 'text' refers to 'ocr.text': there is no node 'ocr'"),
-        ([node("a", "ocr", image="$image"), node("b", "extract", text="a.words")],
-         "a ocr node has no output 'words' (its outputs: lines, text)"),
+        (
+            [node("a", "extract", text="ocr.text")],
+            "node 'a' input 'text' refers to 'ocr.text': there is no node 'ocr'",
+        ),
+        (
+            [node("a", "ocr", image="$image"), node("b", "extract", text="a.words")],
+            "a ocr node has no output 'words' (its outputs: lines, text)",
+        ),
         ([node("a", "report")], "node 'a' (report) needs input(s) text"),
         ([node("a", "intent", text="$t", image="$i")], "takes no input(s) image"),
         ([node("a", "extract", text="text")], "use '$input' for a request input"),
-        ([node("a", "extract", text="$t"), node("a", "extract", text="$t")],
-         "two nodes have the id 'a'"),
+        (
+            [node("a", "extract", text="$t"), node("a", "extract", text="$t")],
+            "two nodes have the id 'a'",
+        ),
         ([], "the graph has no nodes"),
-        ([{**node("a", "search", query="$q"), "params": {"limit": 3}}],
-         "unknown params limit; it takes namespace, k"),
-        ([{**node("a", "search", query="$q"), "params": {"k": "5"}}],
-         "node 'a': param 'k' must be an integer, 1 to 100"),
-        ([{**node("a", "report", text="$t"), "params": {"question": ""}}],
-         "node 'a': param 'question' must be non-empty text"),
-        ([{**node("a", "extract", text="$t"), "constraints": {"deadline_share": 2}}],
-         "'deadline_share' must be a number in (0, 1]"),
-        ([{**node("a", "extract", text="$t"), "constraints": {"route": "edge"}}],
-         "'route' must be one of auto, local, cloud, hedged"),
+        (
+            [{**node("a", "search", query="$q"), "params": {"limit": 3}}],
+            "unknown params limit; it takes namespace, k",
+        ),
+        (
+            [{**node("a", "search", query="$q"), "params": {"k": "5"}}],
+            "node 'a': param 'k' must be an integer, 1 to 100",
+        ),
+        (
+            [{**node("a", "report", text="$t"), "params": {"question": ""}}],
+            "node 'a': param 'question' must be non-empty text",
+        ),
+        (
+            [{**node("a", "extract", text="$t"), "constraints": {"deadline_share": 2}}],
+            "'deadline_share' must be a number in (0, 1]",
+        ),
+        (
+            [{**node("a", "extract", text="$t"), "constraints": {"route": "edge"}}],
+            "'route' must be one of auto, local, cloud, hedged",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_graph_is_refused_naming_the_problem(nodes: list[Any], says: str) -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse_graph({"nodes": nodes})
@@ -97,8 +120,7 @@ def test_an_input_the_caller_labels_private_is_never_released() -> None:
     assert Plan("g", graph, values, {"image"}, 5.0, explicit={"image"}).labels()["report"]
     # another input's label does not reach nodes that do not take it
     mixed = {"nodes": [*DEFAULTS["image-report"]["nodes"], node("i", "intent", text="$t")]}
-    plan = Plan("g", parse_graph(mixed), {**values, "t": "hi"}, {"image", "t"}, 5.0,
-                explicit={"t"})  # fmt: skip
+    plan = Plan("g", parse_graph(mixed), {**values, "t": "hi"}, {"image", "t"}, 5.0, explicit={"t"})
     assert plan.labels() == {"text": True, "fields": False, "report": False, "i": True}
 
 

@@ -178,16 +178,23 @@ def test_classification_returns_top_k_with_labels() -> None:
 def test_the_requested_outputs_decode_with_their_names_flags_and_classification() -> None:
     x = triton.InferInput("x", [1], "FP32")
     x.set_data_from_numpy(np.array([1.0], dtype=np.float32), binary_data=False)
-    wanted = [triton.InferRequestedOutput("probabilities", binary_data=True),
-              triton.InferRequestedOutput("label", binary_data=False, class_count=3)]  # fmt: skip
+    wanted = [
+        triton.InferRequestedOutput("probabilities", binary_data=True),
+        triton.InferRequestedOutput("label", binary_data=False, class_count=3),
+    ]
     body, size = triton.InferenceServerClient.generate_request_body(
         [x], outputs=wanted, request_id="r2", parameters={"route": "local"}
     )
     request = decode_request(body, size)
     assert [(o.name, o.binary, o.classification, o.shm) for o in request.outputs] == [
-        ("probabilities", True, 0, None), ("label", False, 3, None)]  # fmt: skip
-    assert (request.id, request.parameters, request.binary_output) == ("r2", {"route": "local"},
-                                                                       False)  # fmt: skip
+        ("probabilities", True, 0, None),
+        ("label", False, 3, None),
+    ]
+    assert (request.id, request.parameters, request.binary_output) == (
+        "r2",
+        {"route": "local"},
+        False,
+    )
     inputs = [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]
     plain = decode_request(json.dumps({"inputs": inputs}).encode())
     assert (plain.outputs, plain.binary_output, plain.id, plain.parameters) == ([], False, None, {})
@@ -204,8 +211,16 @@ def test_the_answer_names_its_model_version_and_id() -> None:
 def test_a_truncated_bytes_length_header_is_named() -> None:
     """Two BYTES elements: the second's 4-byte length header cut to 2 bytes."""
     chunk = struct.pack("<I", 3) + b"abc" + b"\x05\x00"
-    doc = {"inputs": [{"name": "t", "datatype": "BYTES", "shape": [2],
-                       "parameters": {"binary_data_size": len(chunk)}}]}  # fmt: skip
+    doc = {
+        "inputs": [
+            {
+                "name": "t",
+                "datatype": "BYTES",
+                "shape": [2],
+                "parameters": {"binary_data_size": len(chunk)},
+            }
+        ]
+    }
     header = json.dumps(doc).encode()
     with pytest.raises(InvalidRequest, match="binary BYTES element header is truncated"):
         decode_request(header + chunk, len(header))
@@ -213,9 +228,16 @@ def test_a_truncated_bytes_length_header_is_named() -> None:
 
 @pytest.mark.parametrize(
     ("shape", "ok"),
-    [([0], True), ([2, 0, 3], True), ([1] * 32, True), ([1] * 33, False), ([2**31 - 1], False),
-     ([2**31], False), ([True], False)],
-)  # fmt: skip
+    [
+        ([0], True),
+        ([2, 0, 3], True),
+        ([1] * 32, True),
+        ([1] * 33, False),
+        ([2**31 - 1], False),
+        ([2**31], False),
+        ([True], False),
+    ],
+)
 def test_shape_boundaries(shape: list[int], ok: bool) -> None:
     """A dimension of 0 (no elements), the most dimensions (32) and one more, the largest
     dimension (taken as a shape, refused as too many elements for data that is not there)."""
@@ -229,8 +251,9 @@ def test_shape_boundaries(shape: list[int], ok: bool) -> None:
 
 
 def test_a_header_length_of_zero_or_the_whole_body() -> None:
-    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
-                                   "data": [1]}]}).encode()  # fmt: skip
+    body = json.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}
+    ).encode()
     assert decode_request(body, len(body)).inputs["x"].tolist() == [1.0]
     with pytest.raises(InvalidRequest, match="JSON"):
         decode_request(body, 0)  # no header at all: nothing to decode
@@ -282,15 +305,19 @@ def bound(fake: FakeShm) -> Bound:
     ("body", "message"),
     [
         (b"NaN", "request body holds NaN: JSON has no NaN or Infinity (RFC 8259)"),
-        (b'{"a": -Infinity}',
-         "request body holds -Infinity: JSON has no NaN or Infinity (RFC 8259)"),
-        (b"{", "request body is not valid JSON: unexpected end of data: line 1 column 2"
-               " (char 1)"),
-        (b"\xff", "request body is not valid JSON: str is not valid UTF-8: surrogates not"
-                  " allowed: line 1 column 1 (char 0)"),
+        (
+            b'{"a": -Infinity}',
+            "request body holds -Infinity: JSON has no NaN or Infinity (RFC 8259)",
+        ),
+        (b"{", "request body is not valid JSON: unexpected end of data: line 1 column 2 (char 1)"),
+        (
+            b"\xff",
+            "request body is not valid JSON: str is not valid UTF-8: surrogates not"
+            " allowed: line 1 column 1 (char 0)",
+        ),
         (b"[" * 100_000, "request body is JSON nested too deeply"),
     ],
-)  # fmt: skip
+)
 def test_a_body_that_is_not_json_is_refused_with_what_is_wrong(body: bytes, message: str) -> None:
     assert refusal(lambda: parse_json(body)) == message
 
@@ -315,9 +342,19 @@ def test_numbers_json_cannot_carry_are_written_as_null_wherever_they_are() -> No
 
 @pytest.mark.parametrize(
     ("text", "ok"),
-    [("12", True), ("0", True), ("9" * 18, True), ("9" * 19, False), ("", False), ("-1", False),
-     ("²", False), ("١٢", False), ("1.5", False), (" 1", False)],
-)  # fmt: skip
+    [
+        ("12", True),
+        ("0", True),
+        ("9" * 18, True),
+        ("9" * 19, False),
+        ("", False),
+        ("-1", False),
+        ("²", False),
+        ("١٢", False),
+        ("1.5", False),
+        (" 1", False),
+    ],
+)
 def test_a_count_is_plain_ascii_digits_of_at_most_18(text: str, ok: bool) -> None:
     assert is_count(text) is ok
 
@@ -325,8 +362,11 @@ def test_a_count_is_plain_ascii_digits_of_at_most_18(text: str, ok: bool) -> Non
 def test_text_becomes_utf8_bytes_tensors_and_a_lone_surrogate_is_named() -> None:
     assert encode_utf8("q", "wörld") == "wörld".encode()
     tensor = text_tensor("q", ["a", "é", ""])
-    assert (tensor.dtype, tensor.shape, tensor.tolist()) == (np.dtype(object), (3,),
-                                                             [b"a", "é".encode(), b""])  # fmt: skip
+    assert (tensor.dtype, tensor.shape, tensor.tolist()) == (
+        np.dtype(object),
+        (3,),
+        [b"a", "é".encode(), b""],
+    )
     assert refusal(lambda: text_tensor("query", ["ok", "\ud800"])) == (
         "'query' holds a string that is not valid Unicode"
     )
@@ -494,12 +534,20 @@ def test_json_data_at_each_datatypes_limits_is_taken_exactly(
         ("FP32", [-3.5e38], "tensor 't': a value is out of range for FP32"),
         ("FP16", [65505.0], "tensor 't': a value is out of range for FP16"),
         ("FP64", [10**400], "tensor 't': a value is out of range for FP64"),
-        ("FP32", [float("nan")], "tensor 't': FP32 data must be finite numbers (JSON has no NaN"
-                                 " or Infinity; send such values as binary data)"),
-        ("FP64", [float("-inf")], "tensor 't': FP64 data must be finite numbers (JSON has no NaN"
-                                  " or Infinity; send such values as binary data)"),
+        (
+            "FP32",
+            [float("nan")],
+            "tensor 't': FP32 data must be finite numbers (JSON has no NaN"
+            " or Infinity; send such values as binary data)",
+        ),
+        (
+            "FP64",
+            [float("-inf")],
+            "tensor 't': FP64 data must be finite numbers (JSON has no NaN"
+            " or Infinity; send such values as binary data)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_json_data_outside_its_datatype_is_refused_by_name(
     datatype: str, data: list[Any], message: str
 ) -> None:
@@ -722,47 +770,85 @@ def test_a_header_length_outside_the_body_is_refused_with_both_numbers() -> None
         ({"inputs": [{"datatype": "FP32"}]}, "each input must be an object with a 'name'"),
         ({"inputs": [{"name": 1}]}, "each input must be an object with a 'name'"),
         ({"inputs": [X, X]}, "tensor 'x' is given twice"),
-        ({"inputs": [{**X, "datatype": "fp32"}]},
-         "tensor 'x': datatype 'fp32' is not one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8,"
-         " INT16, INT32, INT64, FP16, FP32, FP64, BYTES"),
-        ({"inputs": [{"name": "x", "shape": [1], "data": [1]}]},
-         "tensor 'x': datatype None is not one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8,"
-         " INT16, INT32, INT64, FP16, FP32, FP64, BYTES"),
+        (
+            {"inputs": [{**X, "datatype": "fp32"}]},
+            "tensor 'x': datatype 'fp32' is not one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8,"
+            " INT16, INT32, INT64, FP16, FP32, FP64, BYTES",
+        ),
+        (
+            {"inputs": [{"name": "x", "shape": [1], "data": [1]}]},
+            "tensor 'x': datatype None is not one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8,"
+            " INT16, INT32, INT64, FP16, FP32, FP64, BYTES",
+        ),
         ({"inputs": [{**X, "shape": None}]}, f"tensor 'x': {SHAPE_RULE}"),
-        ({"inputs": [{**X, "datatype": "BYTES", "shape": [65537], "data": []}]},
-         "tensor 'x': shape [65537] is over the limit of 65536 BYTES elements"),
+        (
+            {"inputs": [{**X, "datatype": "BYTES", "shape": [65537], "data": []}]},
+            "tensor 'x': shape [65537] is over the limit of 65536 BYTES elements",
+        ),
         ({"inputs": [{**X, "parameters": [1]}]}, "input 'x': 'parameters' must be an object"),
-        ({"inputs": [{**X, "parameters": {"binary_data_size": -1}}]},
-         "tensor 'x': binary_data_size must be an integer >= 0"),
-        ({"inputs": [{**X, "parameters": {"binary_data_size": True}}]},
-         "tensor 'x': binary_data_size must be an integer >= 0"),
-        ({"inputs": [{**X, "parameters": {"binary_data_size": 4.0}}]},
-         "tensor 'x': binary_data_size must be an integer >= 0"),
-        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "parameters": {}}]},
-         "tensor 'x' has neither 'data' nor binary_data_size"),
-        ({"inputs": [{**X, "parameters": {"shared_memory_region": "r",
-                                          "shared_memory_byte_size": -4}}]},
-         "input 'x': shared_memory_byte_size must be an integer >= 0"),
+        (
+            {"inputs": [{**X, "parameters": {"binary_data_size": -1}}]},
+            "tensor 'x': binary_data_size must be an integer >= 0",
+        ),
+        (
+            {"inputs": [{**X, "parameters": {"binary_data_size": True}}]},
+            "tensor 'x': binary_data_size must be an integer >= 0",
+        ),
+        (
+            {"inputs": [{**X, "parameters": {"binary_data_size": 4.0}}]},
+            "tensor 'x': binary_data_size must be an integer >= 0",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "parameters": {}}]},
+            "tensor 'x' has neither 'data' nor binary_data_size",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        **X,
+                        "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": -4},
+                    }
+                ]
+            },
+            "input 'x': shared_memory_byte_size must be an integer >= 0",
+        ),
         ({"inputs": [X], "outputs": {"name": "y"}}, "request 'outputs' must be a list"),
-        ({"inputs": [X], "outputs": ["y"]},
-         "each requested output must be an object with a 'name'"),
-        ({"inputs": [X], "outputs": [{"name": None}]},
-         "each requested output must be an object with a 'name'"),
-        ({"inputs": [X], "outputs": [{"name": "y"}, {"name": "z"}, {"name": "y"}]},
-         "output 'y' is requested twice"),
-        ({"inputs": [X], "outputs": [{"name": "y", "parameters": 3}]},
-         "output 'y': 'parameters' must be an object"),
-        ({"inputs": [X], "outputs": [{"name": "y", "parameters": {"classification": -1}}]},
-         "output 'y': classification must be an integer >= 0"),
-        ({"inputs": [X], "outputs": [{"name": "y", "parameters": {"classification": True}}]},
-         "output 'y': classification must be an integer >= 0"),
-        ({"inputs": [X], "outputs": [{"name": "y", "parameters": {"classification": "2"}}]},
-         "output 'y': classification must be an integer >= 0"),
-        ({"inputs": [X], "outputs": [{"name": "y", "parameters": {"shared_memory_region": 5}}]},
-         "output 'y': shared_memory_region must be a region's name"),
+        (
+            {"inputs": [X], "outputs": ["y"]},
+            "each requested output must be an object with a 'name'",
+        ),
+        (
+            {"inputs": [X], "outputs": [{"name": None}]},
+            "each requested output must be an object with a 'name'",
+        ),
+        (
+            {"inputs": [X], "outputs": [{"name": "y"}, {"name": "z"}, {"name": "y"}]},
+            "output 'y' is requested twice",
+        ),
+        (
+            {"inputs": [X], "outputs": [{"name": "y", "parameters": 3}]},
+            "output 'y': 'parameters' must be an object",
+        ),
+        (
+            {"inputs": [X], "outputs": [{"name": "y", "parameters": {"classification": -1}}]},
+            "output 'y': classification must be an integer >= 0",
+        ),
+        (
+            {"inputs": [X], "outputs": [{"name": "y", "parameters": {"classification": True}}]},
+            "output 'y': classification must be an integer >= 0",
+        ),
+        (
+            {"inputs": [X], "outputs": [{"name": "y", "parameters": {"classification": "2"}}]},
+            "output 'y': classification must be an integer >= 0",
+        ),
+        (
+            {"inputs": [X], "outputs": [{"name": "y", "parameters": {"shared_memory_region": 5}}]},
+            "output 'y': shared_memory_region must be a region's name",
+        ),
         ({"inputs": [X], "id": 7}, "request 'id' must be a string"),
     ],
-)  # fmt: skip
+)
 def test_each_malformed_request_is_refused_with_its_exact_reason(doc: Any, message: str) -> None:
     assert refusal(lambda: decode_request(json.dumps(doc).encode())) == message
 
@@ -771,7 +857,11 @@ def test_absent_or_null_or_empty_fields_take_their_defaults() -> None:
     doc = {"inputs": [{**X, "parameters": None}], "parameters": None, "outputs": None, "id": None}
     request = decode_request(json.dumps(doc).encode())
     assert (request.id, request.parameters, request.outputs, request.binary_output) == (
-        None, {}, [], False)  # fmt: skip
+        None,
+        {},
+        [],
+        False,
+    )
     assert request.inputs["x"].tolist() == [1.0]
     empty = decode_request(request_body([{**X, "parameters": {}}], parameters={}, outputs=[]))
     assert (empty.parameters, empty.outputs) == ({}, [])
@@ -786,9 +876,15 @@ def test_requested_output_flags_are_decoded_per_output() -> None:
         {"name": "c", "parameters": {"binary_data": 0, "classification": 5}},
         {"name": "d", "parameters": None},
         {"name": "e", "parameters": {"binary_data": None}},
-        {"name": "f", "parameters": {"shared_memory_region": "r1", "shared_memory_byte_size": 8,
-                                     "shared_memory_offset": 16}},
-    ]  # fmt: skip
+        {
+            "name": "f",
+            "parameters": {
+                "shared_memory_region": "r1",
+                "shared_memory_byte_size": 8,
+                "shared_memory_offset": 16,
+            },
+        },
+    ]
     request = decode_request(request_body([X], outputs=outputs, id="q"))
     assert request.outputs == [
         RequestedOutput("a", None, 0, None),
@@ -822,9 +918,13 @@ def test_binary_inputs_are_sliced_in_order_between_json_ones() -> None:
         {"name": "a", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}},
         {"name": "b", "datatype": "INT8", "shape": [1], "data": [3]},
         {"name": "e", "datatype": "INT8", "shape": [0], "parameters": {"binary_data_size": 0}},
-        {"name": "c", "datatype": "BYTES", "shape": [2],
-         "parameters": {"binary_data_size": len(c)}},
-    ]  # fmt: skip
+        {
+            "name": "c",
+            "datatype": "BYTES",
+            "shape": [2],
+            "parameters": {"binary_data_size": len(c)},
+        },
+    ]
     body, size = binary_request(inputs, [a, c])
     request = decode_request(body, size)
     assert list(request.inputs) == ["a", "b", "e", "c"]
@@ -873,8 +973,7 @@ def test_a_body_without_a_header_length_is_all_json() -> None:
 def test_an_input_in_shared_memory_is_decoded_through_the_callers_regions() -> None:
     values = np.array([[7, -8]], dtype=np.int32)
     fake = fake_shm(b"\0" * 8 + values.tobytes())
-    params = {"shared_memory_region": "in", "shared_memory_byte_size": 8,
-              "shared_memory_offset": 8}  # fmt: skip
+    params = {"shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 8}
     doc = [{"name": "x", "datatype": "INT32", "shape": [1, 2], "parameters": params}]
     request = decode_request(request_body(doc), shm=bound(fake))
     np.testing.assert_array_equal(request.inputs["x"], values)
@@ -887,7 +986,11 @@ def test_json_output_data_is_flat_and_typed() -> None:
     assert to_json(np.array([], dtype=np.float64)) == []
     nan = float("nan")
     assert to_json(np.array([[nan, 1.5], [np.inf, -np.inf]], dtype=np.float16)) == [
-        None, 1.5, None, None]  # fmt: skip
+        None,
+        1.5,
+        None,
+        None,
+    ]
 
 
 def test_json_output_strings_are_text_and_bad_utf8_is_replaced() -> None:
@@ -950,8 +1053,12 @@ def test_the_response_document_names_only_what_it_has() -> None:
     assert (doc["id"], doc["parameters"], chunks) == ("", {"route": "cloud"}, [])
     placed = {"y": {"shared_memory_region": "r", "shared_memory_byte_size": 1}}
     doc, chunks = response_document(InferResponse("m", "2", outputs), None, placed)
-    assert doc["outputs"][0] == {"name": "y", "datatype": "INT8", "shape": [1],
-                                 "parameters": placed["y"]}  # fmt: skip
+    assert doc["outputs"][0] == {
+        "name": "y",
+        "datatype": "INT8",
+        "shape": [1],
+        "parameters": placed["y"],
+    }
 
 
 def test_an_encoded_response_is_compact_json_then_its_binary_data() -> None:
@@ -994,17 +1101,23 @@ def test_classification_is_per_row_of_a_batch_and_flattens_the_rest() -> None:
 
 def test_classification_labels_apply_where_there_are_enough_of_them() -> None:
     scores = np.array([[0.1, 0.9, 0.5]])
-    assert classify(scores, 5, ["a", "b"]).tolist() == [[b"0.900000:1:b", b"0.500000:2",
-                                                         b"0.100000:0:a"]]  # fmt: skip
+    assert classify(scores, 5, ["a", "b"]).tolist() == [
+        [b"0.900000:1:b", b"0.500000:2", b"0.100000:0:a"]
+    ]
     assert classify(scores, 1, []).tolist() == [[b"0.900000:1"]]
     assert classify(scores, 0, None).shape == (1, 0)
 
 
 @pytest.mark.parametrize(
     "scores",
-    [np.array([b"a"], dtype=object), np.array([True]), np.array([], dtype=np.float32),
-     np.zeros((2, 0)), np.array(["1.0"])],
-)  # fmt: skip
+    [
+        np.array([b"a"], dtype=object),
+        np.array([True]),
+        np.array([], dtype=np.float32),
+        np.zeros((2, 0)),
+        np.array(["1.0"]),
+    ],
+)
 def test_classification_needs_numbers(scores: np.ndarray) -> None:
     assert refusal(lambda: classify(scores, 1, None)) == (
         "classification needs a numeric output with at least one class"
@@ -1032,8 +1145,9 @@ def test_classification_ranks_by_score_and_ties_by_index(row: list[int], k: int)
 
 
 def test_binary_errors_of_a_request_name_the_tensor() -> None:
-    inputs = [{"name": "img", "datatype": "FP32", "shape": [3],
-               "parameters": {"binary_data_size": 8}}]  # fmt: skip
+    inputs = [
+        {"name": "img", "datatype": "FP32", "shape": [3], "parameters": {"binary_data_size": 8}}
+    ]
     body, size = binary_request(inputs, [b"\0" * 8])
     assert refusal(lambda: decode_request(body, size)) == (
         "tensor 'img': shape [3] of FP32 needs 12 bytes, binary_data_size gives 8"

@@ -45,8 +45,9 @@ def test_a_long_text_is_cut_and_a_text_of_long_words_is_read_further(
     embedding: TextEmbedding,
 ) -> None:
     rng = random.Random(7)
-    prose = " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9)))
-                     for _ in range(4000))  # fmt: skip
+    prose = " ".join(
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(4000)
+    )
     assert len(embedding.head(prose)) <= HEAD_CHARS
     long_words = " ".join("x" * 101 for _ in range(400))  # over 100 characters: one [UNK]
     head = embedding.head(long_words)

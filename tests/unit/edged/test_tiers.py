@@ -38,8 +38,10 @@ def test_the_cheapest_in_time_else_the_fastest() -> None:
     # urgent: a cheaper tier only when expected within half the time
     assert names(order([on_demand, spot], False, 1.0)) == ["spot", "on-demand"]
     ordered = order([on_demand, spot], False, 0.05)
-    assert ordered == [(on_demand, "cheapest expected within half the time"),
-                       (spot, "fastest, none cheaper expected in time")]  # fmt: skip
+    assert ordered == [
+        (on_demand, "cheapest expected within half the time"),
+        (spot, "fastest, none cheaper expected in time"),
+    ]
     assert order([on_demand, spot], True, 1.0)[0][1] == "cheapest expected in time"
     # not measured yet: tried when it can wait (else it never would be), last when urgent
     new = Option("new", 0.1, None)

@@ -245,14 +245,21 @@ def test_segments_rules() -> None:
 
 
 def reference_segments(
-    probs: list[float], rate: int, size: int, total: int, threshold: float,
-    min_speech_ms: float, min_silence_ms: float, pad_ms: float,
-) -> list[list[float]]:  # fmt: skip
+    probs: list[float],
+    rate: int,
+    size: int,
+    total: int,
+    threshold: float,
+    min_speech_ms: float,
+    min_silence_ms: float,
+    pad_ms: float,
+) -> list[list[float]]:
     """The segment rules as one pass over the whole audio, then the padding (the form of
     silero-vad's get_speech_timestamps): the oracle for the streaming Segmenter."""
     neg = max(threshold - 0.15, 0.01)
-    min_speech, min_silence, pad = (rate * ms / 1000 for ms in (min_speech_ms, min_silence_ms,
-                                                                 pad_ms))  # fmt: skip
+    min_speech, min_silence, pad = (
+        rate * ms / 1000 for ms in (min_speech_ms, min_silence_ms, pad_ms)
+    )
     found: list[list[float]] = []
     start = silence_from = None
     for i, prob in enumerate(probs):
@@ -292,9 +299,12 @@ def reference_segments(
     short_tail=st.integers(0, 511),
 )
 def test_segmenter_streams_the_batch_rules_early(
-    runs: list[tuple[float, int]], min_speech_ms: int, min_silence_ms: int, pad_ms: int,
+    runs: list[tuple[float, int]],
+    min_speech_ms: int,
+    min_silence_ms: int,
+    pad_ms: int,
     short_tail: int,
-) -> None:  # fmt: skip
+) -> None:
     """Fed chunk by chunk, the Segmenter gives out exactly the one-pass rules' segments, each
     final when given (never revised), and none held longer than its padding needs: once the
     audio is two pads past a closed segment's end with no speech since, it is out."""
@@ -320,7 +330,10 @@ def test_segmenter_streams_the_batch_rules_early(
         # min_silence (to close it) and two pads (no later speech could split the gap) past
         # it, it was out.
         quiet_from = max(0, int((end * rate - pad) // size))
-        late = [j for j in range(quiet_from, len(probs))
-                if j * size >= end * rate + max(silence + size, 2 * pad)]  # fmt: skip
+        late = [
+            j
+            for j in range(quiet_from, len(probs))
+            if j * size >= end * rate + max(silence + size, 2 * pad)
+        ]
         if late and all(p < 0.35 for p in probs[quiet_from : late[0] + 1]):
             assert i <= late[0], (i, late[0])

@@ -130,10 +130,19 @@ def test_what_cannot_be_had_at_start_is_one_line(tmp_path: Path, what: str, says
         f'[local]\nsocket = "{socket}"\n[mqtt]\nhost = "127.0.0.1"\nport = 1\n'
     )
     done = subprocess.run(
-        [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(config), "--log-level",
-         "error"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cloudsync.agent.cli",
+            "--config",
+            str(config),
+            "--log-level",
+            "error",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"cloudsync: {says}") and "Traceback" not in done.stderr, line

@@ -167,27 +167,46 @@ def test_the_rules_on_the_fleet_services_series(tmp_path: Path) -> None:
 
     def alert(name: str, severity: str) -> list[dict[str, object]]:
         summary, description = texts[name]
-        return [{"exp_labels": {**labels, "severity": severity},
-                 "exp_annotations": {"summary": summary, "description": description}}]  # fmt: skip
+        return [
+            {
+                "exp_labels": {**labels, "severity": severity},
+                "exp_annotations": {"summary": summary, "description": description},
+            }
+        ]
 
     checks = [
         {"eval_time": "4m", "alertname": "EdgedLocalLoadHigh", "exp_alerts": []},
-        {"eval_time": "5m", "alertname": "EdgedLocalLoadHigh",
-         "exp_alerts": alert("EdgedLocalLoadHigh", "warning")},
+        {
+            "eval_time": "5m",
+            "alertname": "EdgedLocalLoadHigh",
+            "exp_alerts": alert("EdgedLocalLoadHigh", "warning"),
+        },
         {"eval_time": "7m", "alertname": "EdgedLocalLoadHigh", "exp_alerts": []},
         {"eval_time": "11m", "alertname": "NodeOffline", "exp_alerts": []},
-        {"eval_time": "12m", "alertname": "NodeOffline",
-         "exp_alerts": alert("NodeOffline", "critical")},
-    ]  # fmt: skip
+        {
+            "eval_time": "12m",
+            "alertname": "NodeOffline",
+            "exp_alerts": alert("NodeOffline", "critical"),
+        },
+    ]
     spec = tmp_path / "fleet.test.yml"
-    spec.write_text(json.dumps({"rule_files": [str(RULES_FILE)], "tests": [{
-        "interval": "1m",
-        "input_series": [
-            {"series": f"edged_local_load_ratio{{{node}}}", "values": load},
-            {"series": f"cloudsync_mqtt_connected{{{node}}}", "values": connected},
-        ],
-        "alert_rule_test": checks,
-    }]}))  # fmt: skip
+    spec.write_text(
+        json.dumps(
+            {
+                "rule_files": [str(RULES_FILE)],
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": [
+                            {"series": f"edged_local_load_ratio{{{node}}}", "values": load},
+                            {"series": f"cloudsync_mqtt_connected{{{node}}}", "values": connected},
+                        ],
+                        "alert_rule_test": checks,
+                    }
+                ],
+            }
+        )
+    )
     result = subprocess.run(
         [promtool(), "test", "rules", spec], capture_output=True, text=True, timeout=60
     )

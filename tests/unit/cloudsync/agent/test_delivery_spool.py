@@ -30,8 +30,9 @@ def delivery(tmp_path: Path) -> Iterator[Delivery]:
     where.mkdir(mode=0o750)
     outbox = Outbox(tmp_path / "outbox.db")
     config = DeliveryConfig(spool_dir=where, staging_dir=tmp_path / "staging")
-    yield Delivery(config, "f1", "n1", lambda: {"fleet-1": KEY.public_key()}, outbox,
-                   lambda _timeout: None)  # type: ignore[arg-type,return-value]  # fmt: skip
+    yield Delivery(
+        config, "f1", "n1", lambda: {"fleet-1": KEY.public_key()}, outbox, lambda _timeout: None
+    )  # type: ignore[arg-type,return-value]
     outbox.close()
 
 
@@ -65,14 +66,22 @@ def test_each_outcome_is_its_step_and_state(
 ) -> None:
     manifest = release(7)
     (delivery.config.spool_dir / manifest.files[0].path).write_bytes(b"x" * 10)
-    path = answer(delivery, {"version": 7, "outcome": outcome, "why": "because\udcff",
-                             "from": "1.0", "to": "1.0+1"})  # fmt: skip
+    path = answer(
+        delivery,
+        {"version": 7, "outcome": outcome, "why": "because\udcff", "from": "1.0", "to": "1.0+1"},
+    )
     assert delivery.answered(manifest) is then
     assert not path.exists()  # taken once
     [row] = reports(delivery)
-    assert row == {"model": "package:edged", "version": 7, "step": step, "stage": "update",
-                   "outcome": outcome, "why": "because\\udcff",
-                   "deb_version": "1.0+1"}  # fmt: skip
+    assert row == {
+        "model": "package:edged",
+        "version": 7,
+        "step": step,
+        "stage": "update",
+        "outcome": outcome,
+        "why": "because\\udcff",
+        "deb_version": "1.0+1",
+    }
     assert delivery.state("package:edged") == state
     # the package is gone from the spool once committed, kept for another try otherwise
     assert (delivery.config.spool_dir / manifest.files[0].path).exists() is (outcome != "committed")

@@ -243,7 +243,11 @@ def test_the_byte_count_follows_acks_dead_letters_and_evictions_without_a_reopen
     assert box.bytes == stored() == sum(r.size for r in records[3:])
     counters = box.stats()["counters"]
     assert {k: counters[k] for k in ("put", "acked", "dead", "dropped_budget")} == {
-        "put": 6, "acked": 2, "dead": 1, "dropped_budget": 0}  # fmt: skip
+        "put": 6,
+        "acked": 2,
+        "dead": 1,
+        "dropped_budget": 0,
+    }
     assert all(isinstance(v, int) for v in counters.values())
 
 
@@ -288,10 +292,14 @@ def test_a_new_outbox_is_empty_with_its_documented_defaults(tmp_path: Path) -> N
     zero = dict.fromkeys(COUNTERS, 0)
     assert box.counters == zero and on_disk(box) == zero
     assert box.stats() == {
-        "depth": {"alert": 0, "event": 0, "telemetry": 0}, "pending": 0, "bytes": 0,
-        "budget_bytes": 256 * 1024 * 1024, "dead_letters": 0, "disk_full": False,
+        "depth": {"alert": 0, "event": 0, "telemetry": 0},
+        "pending": 0,
+        "bytes": 0,
+        "budget_bytes": 256 * 1024 * 1024,
+        "dead_letters": 0,
+        "disk_full": False,
         "counters": zero,
-    }  # fmt: skip
+    }
     assert box.peek() == [] and box.oldest_age_s() is None
     assert box.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert box.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
@@ -316,20 +324,35 @@ def test_a_record_keeps_every_field_and_its_envelope_is_the_record(
     clock.now += 10
     (record,) = box.peek(10, exclude=[1])
     assert record == Record(
-        2, "r-1", 1, "result/cmd-7", {"ok": True, "é": "ü"}, 1_700_000_000_000,
-        len(canonical({"ok": True, "é": "ü"})) + 64, 1, box.epoch,
-    )  # fmt: skip
+        2,
+        "r-1",
+        1,
+        "result/cmd-7",
+        {"ok": True, "é": "ü"},
+        1_700_000_000_000,
+        len(canonical({"ok": True, "é": "ü"})) + 64,
+        1,
+        box.epoch,
+    )
     expires = box.db.execute("SELECT created_ms, expires_ms FROM outbox WHERE id = 'r-1'")
     assert expires.fetchone() == (1_700_000_000_000, 1_700_000_001_500)
     assert box.db.execute("SELECT expires_ms FROM outbox WHERE seq = 1").fetchone() == (None,)
     env = record.envelope("node-9")
     assert env == Envelope(
-        "node-9", 1, {"ok": True, "é": "ü"}, "r-1", 1_700_000_000_000,
+        "node-9",
+        1,
+        {"ok": True, "é": "ü"},
+        "r-1",
+        1_700_000_000_000,
         extra={"epoch": box.epoch, "priority": "event"},
-    )  # fmt: skip
+    )
     default = box.peek(10)[1]
     assert (default.priority, default.kind, default.stream_seq, default.size) == (
-        2, "telemetry", 1, len('{"n":1}') + 64)  # fmt: skip
+        2,
+        "telemetry",
+        1,
+        len('{"n":1}') + 64,
+    )
     assert default.envelope("n").extra["priority"] == "telemetry"
     assert Item("telemetry", {}) == Item("telemetry", {}, "telemetry", None, None)
 
@@ -423,9 +446,16 @@ def test_a_dead_letter_keeps_the_record_and_why(
     box.dead_letter(12345, "never stored")
     rows = box.db.execute("SELECT seq, id, priority, kind, body, reason, at_ms FROM dead")
     assert rows.fetchall() == [
-        (2, "res-1", 1, "result/cmd-1", '{"ok":false}', "broker: not authorized",
-         1_700_000_000_250),
-    ]  # fmt: skip
+        (
+            2,
+            "res-1",
+            1,
+            "result/cmd-1",
+            '{"ok":false}',
+            "broker: not authorized",
+            1_700_000_000_250,
+        ),
+    ]
     assert box.counters["dead"] == 1 and on_disk(box)["dead"] == 1
     assert box.bytes == len('{"n":1}') + 64 and box.stats()["dead_letters"] == 1
     assert box.put("result/cmd-1", {"ok": False}, "event", id="res-1") == "res-1"
@@ -452,8 +482,14 @@ def test_counters_missing_from_an_older_file_count_from_zero(tmp_path: Path) -> 
     box.dead_letter(seqs[2], "refused")
     assert box.counters == {"dropped_ttl": 1, "acked": 1, "dead": 2}
     box.put("telemetry", {"n": 9})
-    assert box.counters == {"put": 1, "duplicate": 0, "acked": 1, "dropped_budget": 0,
-                            "dropped_ttl": 1, "dead": 2}  # fmt: skip
+    assert box.counters == {
+        "put": 1,
+        "duplicate": 0,
+        "acked": 1,
+        "dropped_budget": 0,
+        "dropped_ttl": 1,
+        "dead": 2,
+    }
     assert on_disk(box) == {}  # (no row to count in: the figures since this start)
 
 
@@ -502,9 +538,18 @@ def test_room_is_made_from_the_least_urgent_oldest_records_exactly_as_needed(
     assert box.put("a", big, "alert") is not None  # both events go, and only they
     assert kept() == [("alert", 1), ("alert", 1), ("alert", 2)]
     assert box.counters["dropped_budget"] == 6 and box.bytes == 4 * size
-    assert on_disk(box) == box.counters == {
-        "put": 9, "duplicate": 0, "acked": 0, "dropped_budget": 6, "dropped_ttl": 0, "dead": 0,
-    }  # fmt: skip
+    assert (
+        on_disk(box)
+        == box.counters
+        == {
+            "put": 9,
+            "duplicate": 0,
+            "acked": 0,
+            "dropped_budget": 6,
+            "dropped_ttl": 0,
+            "dead": 0,
+        }
+    )
     huge = Outbox(tmp_path / "other.db", budget_bytes=4 * size)
     huge.put_many([Item("t", {"n": i}) for i in range(3)])
     assert huge.put("a", big, "alert") is not None  # 3 + 2 sizes in 4: the oldest one goes
@@ -591,12 +636,27 @@ def test_an_outbox_error_is_not_a_full_disk_unless_it_says_so() -> None:
 
 def test_every_put_is_counted_once_as_stored_duplicate_or_dropped(tmp_path: Path) -> None:
     box = Outbox(tmp_path / "outbox.db", budget_bytes=2 * (len('{"n":0}') + 64))
-    box.put_many([Item("t", {"n": 1}, id="a"), Item("t", {"n": 2}, id="a"),
-                  Item("t", {"n": 3}, "alert"), Item("t", {"n": 4}, "alert"),
-                  Item("t", {"n": 5})])  # fmt: skip
-    assert box.counters == on_disk(box) == {
-        "put": 5, "duplicate": 1, "acked": 0, "dropped_budget": 2, "dropped_ttl": 0, "dead": 0,
-    }  # fmt: skip
+    box.put_many(
+        [
+            Item("t", {"n": 1}, id="a"),
+            Item("t", {"n": 2}, id="a"),
+            Item("t", {"n": 3}, "alert"),
+            Item("t", {"n": 4}, "alert"),
+            Item("t", {"n": 5}),
+        ]
+    )
+    assert (
+        box.counters
+        == on_disk(box)
+        == {
+            "put": 5,
+            "duplicate": 1,
+            "acked": 0,
+            "dropped_budget": 2,
+            "dropped_ttl": 0,
+            "dead": 0,
+        }
+    )
     assert [r.body["n"] for r in box.peek()] == [3, 4]
 
 
@@ -626,16 +686,28 @@ def test_the_file_holds_the_tables_other_cloudsync_versions_open(tmp_path: Path)
     box = Outbox(tmp_path / "outbox.db")
     tables = [t for (t,) in box.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
     assert sorted(tables) == [
-        "counters", "dead", "outbox", "settled", "sqlite_sequence", "state", "streams"]  # fmt: skip
+        "counters",
+        "dead",
+        "outbox",
+        "settled",
+        "sqlite_sequence",
+        "state",
+        "streams",
+    ]
 
     def columns(table: str) -> list[tuple[str, str, int]]:
         return [(r[1], r[2], r[5]) for r in box.db.execute(f"PRAGMA table_info({table})")]
 
     assert columns("counters") == [("name", "TEXT", 1), ("value", "INTEGER", 0)]
     assert columns("dead") == [
-        ("seq", "INTEGER", 1), ("id", "TEXT", 0), ("priority", "INTEGER", 0), ("kind", "TEXT", 0),
-        ("body", "TEXT", 0), ("reason", "TEXT", 0), ("at_ms", "INTEGER", 0),
-    ]  # fmt: skip
+        ("seq", "INTEGER", 1),
+        ("id", "TEXT", 0),
+        ("priority", "INTEGER", 0),
+        ("kind", "TEXT", 0),
+        ("body", "TEXT", 0),
+        ("reason", "TEXT", 0),
+        ("at_ms", "INTEGER", 0),
+    ]
 
 
 def test_the_budget_counts_a_bodys_bytes_not_its_characters(tmp_path: Path) -> None:

@@ -33,16 +33,23 @@ class Fleet:
         self.store, self.clock, self.seq = store, NOW, 0
         self.sent: list[tuple[str, str, dict[str, Any]]] = []  # node, command id, args
         self.verifier = Verifier("", {"deploy-1": KEY.public_key()}, tmp_path / "nonces.db")
-        self.tests = ABTests(store, "f1", self.send, ("deploy-1", KEY), "edgefleet",
-                             lambda: self.clock, 30_000)  # fmt: skip
+        self.tests = ABTests(
+            store, "f1", self.send, ("deploy-1", KEY), "edgefleet", lambda: self.clock, 30_000
+        )
         self.registry = Registry(store, offline_after_s=30)
         for i in range(count):
             self.born(f"n{i}", {"site": site if i < count - 1 else "other"})
 
     def message(self, kind: str, node: str, body: dict[str, Any], cmd_id: str = "") -> None:
         self.seq += 1
-        env = Envelope(node, self.seq, body, ts=self.clock, id=f"r{self.seq}",
-                       extra={"priority": "telemetry", "epoch": "e1"})  # fmt: skip
+        env = Envelope(
+            node,
+            self.seq,
+            body,
+            ts=self.clock,
+            id=f"r{self.seq}",
+            extra={"priority": "telemetry", "epoch": "e1"},
+        )
         done = self.registry.ingest([Message(kind, node, env.encode(), self.clock, cmd_id)])
         assert done.poison == 0
 
@@ -69,8 +76,14 @@ class Fleet:
 
 
 def start(fleet: Fleet, **more: Any) -> Any:
-    doc = {"id": "t1", "model": MODEL, "b_cloud_name": B, "selector": {"site": "a"},
-           "min_calls": 100, **more}  # fmt: skip
+    doc = {
+        "id": "t1",
+        "model": MODEL,
+        "b_cloud_name": B,
+        "selector": {"site": "a"},
+        "min_calls": 100,
+        **more,
+    }
     return fleet.tests.create(check(doc), "alice")
 
 
@@ -85,9 +98,18 @@ def test_a_fleet_test_splits_adds_the_nodes_up_decides_and_promotes(
     fleet.tests.turn()
     # the three nodes of site a (not the fourth) get the split, counted by the fleet's rule
     assert [(n, args) for n, _, args in fleet.sent] == [
-        (f"n{i}", {"model": MODEL, "b_cloud_name": B, "b_share": 0.5, "decided_by": "fleet",
-                   "latency_ms": 250.0}) for i in range(3)
-    ]  # fmt: skip
+        (
+            f"n{i}",
+            {
+                "model": MODEL,
+                "b_cloud_name": B,
+                "b_share": 0.5,
+                "decided_by": "fleet",
+                "latency_ms": 250.0,
+            },
+        )
+        for i in range(3)
+    ]
     fleet.answer()
     fleet.tests.turn()
     assert {r["node"]: r["state"] for r in fleet.tests.nodes("t1")} == dict.fromkeys(
@@ -108,8 +130,11 @@ def test_a_fleet_test_splits_adds_the_nodes_up_decides_and_promotes(
     assert (got.p_b_better > 0.95) if better == "b" else (got.p_b_better < 0.05)
     evidence = f"good calls: a {3 * good} of 120, b {3 * bad} of 120; P(b better) = "
     assert evidence in got.why and got.log[-1].endswith(f"decided: {got.why}")
-    final = ({"model": MODEL, "b_cloud_name": B, "b_share": 1.0} if better == "b"
-             else {"model": MODEL, "b_cloud_name": None, "b_share": 0.0})  # fmt: skip
+    final = (
+        {"model": MODEL, "b_cloud_name": B, "b_share": 1.0}
+        if better == "b"
+        else {"model": MODEL, "b_cloud_name": None, "b_share": 0.0}
+    )
     assert [args for _, _, args in fleet.sent[3:]] == [final] * 3
     fleet.calls("n0", (5, 5), (5, 0))  # late counts change nothing decided
     fleet.answer()
@@ -167,8 +192,10 @@ def test_what_cannot_start_is_refused(store: Store, tmp_path: Path) -> None:
     fleet = Fleet(store, tmp_path)
     start(fleet)
     with pytest.raises(Conflict, match="exists"):
-        fleet.tests.create(check({"id": "t1", "model": "other", "b_cloud_name": "x",
-                                  "selector": {"site": "a"}}), "alice")  # fmt: skip
+        fleet.tests.create(
+            check({"id": "t1", "model": "other", "b_cloud_name": "x", "selector": {"site": "a"}}),
+            "alice",
+        )
     with pytest.raises(Conflict, match="n0 is in another A/B test of intent"):
         start(fleet, id="t2")
     with pytest.raises(Conflict, match="no online node"):
@@ -198,7 +225,7 @@ def test_what_cannot_start_is_refused(store: Store, tmp_path: Path) -> None:
         ({"id": "t", "model": "m", "b_cloud_name": "b", "min_confidence": 2}, "min_confidence"),
         ({"id": "t", "model": "m", "b_cloud_name": "b", "selector": {"a b": "c"}}, "selector"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_request_is_refused_naming_the_field(doc: Any, field: str) -> None:
     with pytest.raises(Invalid, match=f"^{field}"):
         check(doc)

@@ -20,8 +20,9 @@ def test_the_shipped_config_loads_and_names_every_key() -> None:
     for section, field in FleetServiceConfig.model_fields.items():
         assert f"[{section}]" in text, section
         for key in field.annotation.model_fields:  # type: ignore[union-attr]
-            named = re.search(rf"^# {key} = |^\[\[{section}\.{key}\]\]|^# \[\[{section}\.{key}\]\]",
-                              text, re.M)  # fmt: skip
+            named = re.search(
+                rf"^# {key} = |^\[\[{section}\.{key}\]\]|^# \[\[{section}\.{key}\]\]", text, re.M
+            )
             assert named, f"{section}.{key} is not in {SHIPPED.name}"
 
 
@@ -37,9 +38,11 @@ def test_an_unknown_key_is_named(tmp_path: Path) -> None:
 
 def test_the_brokers_acl_needs_its_rules_and_is_not_them(tmp_path: Path) -> None:
     path = tmp_path / "edgefleet.toml"
-    for text, why in (('acl_file = "/a"', "both or neither"),
-                      ('acl_base = "/a"', "both or neither"),
-                      ('acl_file = "/a"\nacl_base = "/a"', "not acl_base itself")):  # fmt: skip
+    for text, why in (
+        ('acl_file = "/a"', "both or neither"),
+        ('acl_base = "/a"', "both or neither"),
+        ('acl_file = "/a"\nacl_base = "/a"', "not acl_base itself"),
+    ):
         path.write_text(f"[enrolment]\n{text}\n")
         with pytest.raises(ConfigError, match=why):
             load(path)
@@ -64,9 +67,15 @@ def test_a_bad_key_file_is_a_start_error_that_names_it(
     (tmp_path / name).write_bytes(content)
     deploy = f'deploy_key = "{tmp_path / name}"' if name == "deploy.key" else ""
     config = tmp_path / "edgefleet.toml"
-    config.write_text(f'[service]\nstate_dir = "{tmp_path / "state"}"\n'
-                      f'trust_dir = "{tmp_path / "trust"}"\n{deploy}\n')  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "cloudsync.fleet.cli", "serve", "--config",
-                           str(config)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    config.write_text(
+        f'[service]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'trust_dir = "{tmp_path / "trust"}"\n{deploy}\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "cloudsync.fleet.cli", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and "edgefleet: cannot start" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

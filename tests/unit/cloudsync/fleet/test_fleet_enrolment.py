@@ -51,8 +51,14 @@ def enrolments(request: pytest.FixtureRequest, tmp_path: Path, ca: Path) -> Iter
     store.close()
 
 
-def ask(enrolments: Enrolments, node: str, csr: str, token: str | None = None,
-        rid: str = "", at: int = NOW) -> tuple[str, dict[str, object]]:  # fmt: skip
+def ask(
+    enrolments: Enrolments,
+    node: str,
+    csr: str,
+    token: str | None = None,
+    rid: str = "",
+    at: int = NOW,
+) -> tuple[str, dict[str, object]]:
     rid = rid or new_request_id()
     body: dict[str, object] = {"csr": csr} | ({"token": token} if token else {})
     with enrolments.store.transaction() as tx:
@@ -60,8 +66,9 @@ def ask(enrolments: Enrolments, node: str, csr: str, token: str | None = None,
     return rid, done.answer.body()
 
 
-def test_a_token_is_good_once_for_its_name_until_it_expires(enrolments: Enrolments,
-                                                            ca: Path) -> None:  # fmt: skip
+def test_a_token_is_good_once_for_its_name_until_it_expires(
+    enrolments: Enrolments, ca: Path
+) -> None:
     key = new_key()
     token = enrolments.make_token("n9", 600, "alice", NOW)
     _, wrong_name = ask(enrolments, "n8", make_csr(new_key(), "n8"), token)
@@ -72,7 +79,8 @@ def test_a_token_is_good_once_for_its_name_until_it_expires(enrolments: Enrolmen
     got = read_answer(answer, key, "n9", trusted)
     cert = x509.load_pem_x509_certificate(got.cert.encode())
     assert cert.not_valid_after_utc - cert.not_valid_before_utc == datetime.timedelta(
-        days=30, minutes=5)  # fmt: skip
+        days=30, minutes=5
+    )
     _, twice = ask(enrolments, "n9", make_csr(new_key(), "n9"), token)
     why = "the token is unknown, used, expired or for another name"
     assert twice == {"state": "refused", "error": why}
@@ -81,7 +89,10 @@ def test_a_token_is_good_once_for_its_name_until_it_expires(enrolments: Enrolmen
     assert expired["state"] == "refused"
     rows = {r["rid"]: r for r in enrolments.list()}
     assert (rows[rid]["state"], rows[rid]["how"], rows[rid]["decided_by"]) == (
-        "issued", "token", "token")  # fmt: skip
+        "issued",
+        "token",
+        "token",
+    )
     assert rows[rid]["serial"] == format(cert.serial_number, "x")
 
 
@@ -107,8 +118,10 @@ def test_without_a_token_an_operator_decides_once(enrolments: Enrolments) -> Non
     assert enrolments.decide(rid, False, "bob", NOW + 6) is None  # decided already
     rid2, _ = ask(enrolments, "n11", make_csr(new_key(), "n11"))
     refused = enrolments.decide(rid2, False, "bob", NOW + 7, "not ours")
-    assert refused is not None and refused.answer.body() == {"state": "refused",
-                                                             "error": "not ours"}  # fmt: skip
+    assert refused is not None and refused.answer.body() == {
+        "state": "refused",
+        "error": "not ours",
+    }
     _, again = ask(enrolments, "n11", "", rid=rid2)
     assert again["state"] == "refused"  # another CSR under the id
     assert {r["state"] for r in enrolments.list()} == {"issued", "refused"}
@@ -124,9 +137,11 @@ def test_a_bad_csr_is_refused_naming_why(enrolments: Enrolments) -> None:
     assert "at most 16384" in str(huge["error"])
     weak = ec.generate_private_key(ec.SECP192R1()) if hasattr(ec, "SECP192R1") else None
     if weak is not None:
-        csr = (x509.CertificateSigningRequestBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "n9")]))
-               .sign(weak, hashes.SHA256()))  # fmt: skip
+        csr = (
+            x509.CertificateSigningRequestBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "n9")]))
+            .sign(weak, hashes.SHA256())
+        )
         pem = csr.public_bytes(serialization.Encoding.PEM).decode()
         _, small = ask(enrolments, "n9", pem)
         assert "its key must be" in str(small["error"])
@@ -160,15 +175,19 @@ def test_the_device_checks_what_it_is_given(enrolments: Enrolments, ca: Path) ->
     assert check_csr(make_csr(key, "n9"), "n9").is_signature_valid
 
 
-def test_a_renewal_cut_short_settles_on_the_pair_that_goes_together(tmp_path: Path,
-                                                                     ca: Path) -> None:  # fmt: skip
+def test_a_renewal_cut_short_settles_on_the_pair_that_goes_together(
+    tmp_path: Path, ca: Path
+) -> None:
     issuer = Issuer(ca / "ca.pem", ca / "ca.key", 1)
     now = datetime.datetime.now(datetime.timezone.utc)
     old_key, new = new_key(), new_key()
 
     def pem_of(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption())  # fmt: skip
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
 
     def cert_of(key: ec.EllipticCurvePrivateKey) -> bytes:
         csr = check_csr(make_csr(key, "n9"), "n9")
@@ -182,8 +201,9 @@ def test_a_renewal_cut_short_settles_on_the_pair_that_goes_together(tmp_path: Pa
     nxt.write_bytes(cert_of(new))
     settle(config)
     assert not nxt.exists() and cert.read_bytes() != cert_of(old_key)
-    assert public_der(x509.load_pem_x509_certificate(cert.read_bytes()).public_key()) == \
-        public_der(new.public_key())  # fmt: skip
+    assert public_der(x509.load_pem_x509_certificate(cert.read_bytes()).public_key()) == public_der(
+        new.public_key()
+    )
     # cut before the key: the old pair stays, the stray certificate goes
     kept = cert_of(old_key)
     cert.write_bytes(kept)
@@ -201,8 +221,9 @@ def renew(enrolments: Enrolments, node: str, at: int = NOW, seq: int = 1) -> dic
 
 def issued(enrolments: Enrolments, node: str) -> str:
     """A certificate for ``node`` by token: its serial."""
-    _, answer = ask(enrolments, node, make_csr(new_key(), node),
-                    enrolments.make_token(node, 600, "alice", NOW))  # fmt: skip
+    _, answer = ask(
+        enrolments, node, make_csr(new_key(), node), enrolments.make_token(node, 600, "alice", NOW)
+    )
     assert answer["state"] == "issued", answer
     cert = x509.load_pem_x509_certificate(str(answer["cert"]).encode())
     return format(cert.serial_number, "x")
@@ -216,8 +237,10 @@ def test_reserved_names_are_never_issued(enrolments: Enrolments) -> None:
         with pytest.raises(EnrolError, match=f"node '{name}': a reserved name"):
             enrolments.make_token(name, 600, "alice", NOW)
         rid, answer = ask(enrolments, name, make_csr(new_key(), name))
-        assert answer == {"state": "refused", "error": f"node {name!r}: a reserved name"
-                          " (the broker gives it other rights)"}  # fmt: skip
+        assert answer == {
+            "state": "refused",
+            "error": f"node {name!r}: a reserved name (the broker gives it other rights)",
+        }
         assert enrolments.decide(rid, True, "bob", NOW) is None  # nothing pending to approve
     assert renew(enrolments, "operator")["state"] == "refused"
     assert issued(enrolments, "operators") and issued(enrolments, "n-operator")  # not patterns
@@ -235,8 +258,9 @@ def test_a_node_revoked_by_name_gets_nothing_more_until_reinstated(
     waiting, _ = ask(enrolments, "n3", make_csr(new_key(), "n3"))
     assert renew(enrolments, "n3")["state"] == "issued"
     assert len(enrolments.revoke("carol", NOW + 1, node="n3")) == 2  # the first and the renewed
-    barred = ("node 'n3' is revoked: an operator reinstates the name first"
-              " (edgefleet enrol reinstate)")  # fmt: skip
+    barred = (
+        "node 'n3' is revoked: an operator reinstates the name first (edgefleet enrol reinstate)"
+    )
     assert renew(enrolments, "n3", seq=2) == {"state": "refused", "error": barred}
     _, with_token = ask(enrolments, "n3", make_csr(new_key(), "n3"), spare)
     assert with_token == {"state": "refused", "error": barred}
@@ -283,9 +307,10 @@ def test_a_node_whose_newest_certificate_is_revoked_renews_no_more(
     newest = enrolments.list("issued")[0]["serial"]
     assert enrolments.revoke("carol", NOW + 3, serial=newest) == [newest]
     answer = renew(enrolments, "n4", NOW + 4, seq=3)
-    assert answer == {"state": "refused",
-                      "error": f"node 'n4': its certificate {newest} is revoked: it enrols"
-                               " again"}  # fmt: skip
+    assert answer == {
+        "state": "refused",
+        "error": f"node 'n4': its certificate {newest} is revoked: it enrols again",
+    }
     assert issued(enrolments, "n4")  # not barred: a token enrols it again
 
 

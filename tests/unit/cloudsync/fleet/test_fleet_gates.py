@@ -25,8 +25,13 @@ def test_stages_take_a_stable_share_and_grow_without_reshuffling() -> None:
 def figures(
     requests: int, failure: float, p95: float | None, fallback: float, sure: float | None = None
 ) -> dict[str, Any]:
-    return {"requests": requests, "failure_rate": failure, "p95_ms": p95,
-            "fallback_rate": fallback, "confidence": sure}  # fmt: skip
+    return {
+        "requests": requests,
+        "failure_rate": failure,
+        "p95_ms": p95,
+        "fallback_rate": fallback,
+        "confidence": sure,
+    }
 
 
 def test_each_gate_compares_with_the_other_nodes() -> None:
@@ -46,8 +51,13 @@ def test_each_gate_compares_with_the_other_nodes() -> None:
 def test_a_gate_holds_at_its_bound_and_judges_from_the_least_number_of_calls() -> None:
     """Each gate is "worse than the others by more than": exactly at the bound is no breach;
     a canary is judged from exactly min_requests calls. (Values exact in binary.)"""
-    gates = Gates(max_failure=0.25, max_p95_increase=1.0, max_fallback=0.25,
-                  max_confidence_drop=0.25, min_requests=20)  # fmt: skip
+    gates = Gates(
+        max_failure=0.25,
+        max_p95_increase=1.0,
+        max_fallback=0.25,
+        max_confidence_drop=0.25,
+        min_requests=20,
+    )
     others = figures(1000, 0.25, 10.0, 0.25, 0.75)
     assert breached(gates, figures(20, 0.5, 20.0, 0.5, 0.5), others) == ""  # all at the bound
     assert breached(gates, figures(20, 0.625, 20.0, 0.5, 0.5), others) == (

@@ -51,10 +51,22 @@ def test_an_interval_counts_what_happened_in_it_per_model_version() -> None:
     assert row["mean_ms"] == pytest.approx(1000 * (sum(latencies) + 1.5 + 0.002) / 105, abs=1e-3)
     # the interval's histogram, as edged's buckets (cumulative, by le): the fleet's series
     assert row["buckets"] == {
-        "0.0005": 0, "0.001": 2, "0.0025": 2, "0.005": 2, "0.01": 2, "0.025": 97, "0.05": 97,
-        "0.1": 97, "0.25": 97, "0.5": 105, "1.0": 105, "2.5": 105, "5.0": 105, "10.0": 105,
+        "0.0005": 0,
+        "0.001": 2,
+        "0.0025": 2,
+        "0.005": 2,
+        "0.01": 2,
+        "0.025": 97,
+        "0.05": 97,
+        "0.1": 97,
+        "0.25": 97,
+        "0.5": 105,
+        "1.0": 105,
+        "2.5": 105,
+        "5.0": 105,
+        "10.0": 105,
         "+Inf": 105,
-    }  # fmt: skip
+    }
     assert row["seconds"] == pytest.approx(sum(latencies) + 1.5 + 0.002, abs=1e-5)
     assert doc["routes"] == {"intent": {"local": 90, "cloud": 8, "fallback": 2}}
     assert second.route_totals() == {"cloud": 8, "fallback": 2, "local": 91}
@@ -127,8 +139,12 @@ def test_cloud_calls_are_counted_per_arm_of_an_ab_split() -> None:
     body = telemetry(snapshot(metrics, 10.0), first)
     assert body is not None
     arms = body["metrics"]["cloud"]["intent"]
-    assert arms["intent-v1"] == {"requests": 7, "errors": 0, "mean_ms": 10.0,
-                                 "outcomes": {"success": 7}}  # fmt: skip
+    assert arms["intent-v1"] == {
+        "requests": 7,
+        "errors": 0,
+        "mean_ms": 10.0,
+        "outcomes": {"success": 7},
+    }
     assert arms["intent-v2"]["requests"] == 4 and arms["intent-v2"]["errors"] == 1
     assert arms["intent-v2"]["outcomes"] == {"success": 3, "error": 1}
     assert arms["intent-v2"]["mean_ms"] == pytest.approx(1000 * (0.06 + 0.5) / 4, abs=1e-3)

@@ -79,8 +79,9 @@ def at(samples: dict[tuple[str, frozenset[Any]], float], name: str, **labels: st
     return samples[(name, frozenset({"instance": "n1", "fleet": "f1", **labels}.items()))]
 
 
-def test_a_nodes_heartbeat_and_telemetry_are_its_own_series(registry: Registry,
-                                                             store: Store) -> None:  # fmt: skip
+def test_a_nodes_heartbeat_and_telemetry_are_its_own_series(
+    registry: Registry, store: Store
+) -> None:
     body = metrics_body()
     row = body["metrics"]["models"][0]
     assert row["buckets"] == {"0.01": 17, "0.1": 20, "+Inf": 20} and row["seconds"] == 0.7
@@ -104,8 +105,10 @@ def test_a_nodes_heartbeat_and_telemetry_are_its_own_series(registry: Registry,
     assert at(s, "edged_cloud_breaker_error_ratio") == 0.25
     assert at(s, "edged_cloud_scale_out") == 1.0  # from the heartbeat: behind NAT too
     assert at(s, "edged_requests_in_flight") == 3.0
-    assert at(s, "edged_model_version_info", model="intent-classifier", version="2",
-              state="READY") == 1.0  # fmt: skip
+    assert (
+        at(s, "edged_model_version_info", model="intent-classifier", version="2", state="READY")
+        == 1.0
+    )
     assert at(s, "cloudsync_mqtt_connected") == 1.0
     assert at(s, "cloudsync_edged_up") == 1.0
     assert at(s, "cloudsync_outbox_records", priority="telemetry") == 4.0
@@ -122,19 +125,22 @@ def test_a_nodes_heartbeat_and_telemetry_are_its_own_series(registry: Registry,
     assert at(s, "edged_inference_request_duration_seconds_count", **version) == 20
     assert at(s, "edged_inference_request_duration_seconds_sum", **version) == pytest.approx(0.7)
     assert at(s, "edged_route_decisions_total", model="m", route="local") == 20
-    assert at(s, "edged_cloud_requests_total", model="m", cloud_model="m-big",
-              outcome="error") == 3  # fmt: skip
-    assert at(s, "edged_cloud_requests_total", model="m", cloud_model="m-big",
-              outcome="success") == 5  # fmt: skip
+    assert at(s, "edged_cloud_requests_total", model="m", cloud_model="m-big", outcome="error") == 3
+    assert (
+        at(s, "edged_cloud_requests_total", model="m", cloud_model="m-big", outcome="success") == 5
+    )
     # an A/B test's calls per arm, good or not (what the fleet's A/B tests add up)
-    assert body["metrics"]["cloud_ab"] == {"m": {"m-big": {"calls": 8, "good": 5},
-                                                 "m-v2": {"calls": 17, "good": 17}}}  # fmt: skip
+    assert body["metrics"]["cloud_ab"] == {
+        "m": {"m-big": {"calls": 8, "good": 5}, "m-v2": {"calls": 17, "good": 17}}
+    }
     assert at(s, "edged_cloud_ab_calls_total", model="m", cloud_model="m-big", good="true") == 5
     assert at(s, "edged_cloud_ab_calls_total", model="m", cloud_model="m-big", good="false") == 3
     assert at(s, "edged_cloud_ab_calls_total", model="m", cloud_model="m-v2", good="true") == 17
     assert at(s, "edged_cloud_ab_calls_total", model="m", cloud_model="m-v2", good="false") == 0
-    assert at(s, "edgefleet_node_info", state="online", cloudsync_version="1.2",
-              edged_version="1.3") == 1.0  # fmt: skip
+    assert (
+        at(s, "edgefleet_node_info", state="online", cloudsync_version="1.2", edged_version="1.3")
+        == 1.0
+    )
     assert at(s, "edgefleet_node_labels_info", label_site="berlin", label_hw_kind="orin") == 1
     assert ("edged_device_cpu_count", frozenset()) not in s  # not one of edged's gauges
     # a second record adds up
@@ -144,23 +150,38 @@ def test_a_nodes_heartbeat_and_telemetry_are_its_own_series(registry: Registry,
 
 
 def test_an_offline_or_stale_nodes_figures_end(registry: Registry, store: Store) -> None:
-    registry.ingest([status("n1"), heartbeat("n1"),
-                     msg("telemetry", "n1", metrics_body(), ident="t1")])  # fmt: skip
+    registry.ingest(
+        [status("n1"), heartbeat("n1"), msg("telemetry", "n1", metrics_body(), ident="t1")]
+    )
     assert at(scrape(store), "edged_local_load_ratio") == 0.93
     stale = scrape(store, NOW + OFFLINE_MS + 5000)  # no heartbeat for offline_after_s
     mine = {name for name, labels in stale if ("instance", "n1") in labels}
-    assert mine == {"cloudsync_mqtt_connected", "edgefleet_node_info",
-                    "edgefleet_node_labels_info",
-                    "edgefleet_node_last_heartbeat_timestamp_seconds"}  # fmt: skip
+    assert mine == {
+        "cloudsync_mqtt_connected",
+        "edgefleet_node_info",
+        "edgefleet_node_labels_info",
+        "edgefleet_node_last_heartbeat_timestamp_seconds",
+    }
     assert at(stale, "cloudsync_mqtt_connected") == 0.0
-    assert at(stale, "edgefleet_node_info", state="stale", cloudsync_version="1.2",
-              edged_version="1.3") == 1.0  # fmt: skip
-    registry.ingest([msg("status", "n1", {"state": "offline", "reason": "connection lost"},
-                         NOW + 500)])  # fmt: skip
+    assert (
+        at(
+            stale,
+            "edgefleet_node_info",
+            state="stale",
+            cloudsync_version="1.2",
+            edged_version="1.3",
+        )
+        == 1.0
+    )
+    registry.ingest(
+        [msg("status", "n1", {"state": "offline", "reason": "connection lost"}, NOW + 500)]
+    )
     gone = scrape(store, NOW + 1000)
     assert at(gone, "cloudsync_mqtt_connected") == 0.0
-    assert ("edged_local_load_ratio", frozenset({"instance": "n1", "fleet": "f1"}.items())) \
-        not in gone  # fmt: skip
+    assert (
+        "edged_local_load_ratio",
+        frozenset({"instance": "n1", "fleet": "f1"}.items()),
+    ) not in gone
 
 
 def test_alerts_are_kept_by_identity_and_sent_as_prometheus_sends_them(
@@ -170,45 +191,88 @@ def test_alerts_are_kept_by_identity_and_sent_as_prometheus_sends_them(
     resolved = msg("events", "n1", alert("resolved", NOW + 60_000), ident="a2", priority="alert")
     done = registry.ingest([status("n1"), heartbeat("n1"), firing, firing])
     assert [e.id for e in done.events] == ["a1"]  # the duplicate is not a second event
-    assert at(scrape(store), "cloudsync_alerts_firing", alertname="EdgedLocalLoadHigh",
-              severity="warning") == 1.0  # fmt: skip
-    sender = Alerting(store, "f1", ["http://127.0.0.1:1"], 30, lambda: NOW + 1000,
-                      "https://fleet.example")  # fmt: skip
+    assert (
+        at(
+            scrape(store),
+            "cloudsync_alerts_firing",
+            alertname="EdgedLocalLoadHigh",
+            severity="warning",
+        )
+        == 1.0
+    )
+    sender = Alerting(
+        store, "f1", ["http://127.0.0.1:1"], 30, lambda: NOW + 1000, "https://fleet.example"
+    )
     [sent] = sender.alerts()
     assert sent == {
-        "labels": {"alertname": "EdgedLocalLoadHigh", "severity": "warning", "instance": "n1",
-                   "fleet": "f1", "site": "berlin", "hw_kind": "orin"},
-        "annotations": {"summary": "Local load above 90% for 5m", "description": "busy",
-                        "value": "0.95"},
+        "labels": {
+            "alertname": "EdgedLocalLoadHigh",
+            "severity": "warning",
+            "instance": "n1",
+            "fleet": "f1",
+            "site": "berlin",
+            "hw_kind": "orin",
+        },
+        "annotations": {
+            "summary": "Local load above 90% for 5m",
+            "description": "busy",
+            "value": "0.95",
+        },
         "startsAt": "2027-01-15T07:55:00.000Z",
         "endsAt": "2027-01-15T08:02:01.000Z",  # four resend intervals ahead
         "generatorURL": "https://fleet.example/console/nodes/n1",
-    }  # fmt: skip
+    }
     assert sender.push() == 0  # nothing listens there: logged, tried again next time
     registry.ingest([resolved, firing])  # the older change after the newer: nothing
     [sent] = sender.alerts()
     assert sent["endsAt"] == "2027-01-15T08:01:00.000Z"  # when the device resolved it
-    assert ("cloudsync_alerts_firing", frozenset({"instance": "n1", "fleet": "f1",
-            "alertname": "EdgedLocalLoadHigh", "severity": "warning"}.items())) \
-        not in scrape(store)  # fmt: skip
+    assert (
+        "cloudsync_alerts_firing",
+        frozenset(
+            {
+                "instance": "n1",
+                "fleet": "f1",
+                "alertname": "EdgedLocalLoadHigh",
+                "severity": "warning",
+            }.items()
+        ),
+    ) not in scrape(store)
     later = Alerting(store, "f1", [], 30, lambda: NOW + 60_000 + 16 * 60_000)
     assert later.alerts() == []  # resolved 16 minutes ago: no more sent
     # the same alert with another label set is another alert
-    registry.ingest([msg("events", "n1", alert("firing", NOW + 70_000, model="m"), ident="a3",
-                         priority="alert")])  # fmt: skip
+    registry.ingest(
+        [
+            msg(
+                "events",
+                "n1",
+                alert("firing", NOW + 70_000, model="m"),
+                ident="a3",
+                priority="alert",
+            )
+        ]
+    )
     assert [a["labels"].get("model") for a in sender.alerts()] == [None, "m"] or [
-        a["labels"].get("model") for a in sender.alerts()] == ["m", None]  # fmt: skip
+        a["labels"].get("model") for a in sender.alerts()
+    ] == ["m", None]
 
 
 def test_events_are_ecs_lines_once(registry: Registry, tmp_path: Path) -> None:
     path = tmp_path / "events.json"
     log = EventLog(str(path), "f1")
-    event = {"from": "edged", "id": 7, "ts": NOW, "level": "error",
-             "source": "edged.routing.router", "message": "cloud call failed",
-             "request_id": "req-42", "model": "m"}  # fmt: skip
+    event = {
+        "from": "edged",
+        "id": 7,
+        "ts": NOW,
+        "level": "error",
+        "source": "edged.routing.router",
+        "message": "cloud call failed",
+        "request_id": "req-42",
+        "model": "m",
+    }
     once = msg("events", "n1", event, ident="edged-e-7", priority="alert")
-    step = msg("events", "n1", {"delivery": {"model": "m", "version": 3, "step": "active"}},
-               ident="d1")  # fmt: skip
+    step = msg(
+        "events", "n1", {"delivery": {"model": "m", "version": 3, "step": "active"}}, ident="d1"
+    )
     for batch in ([once, once, step], [once]):
         for e in registry.ingest(batch).events:
             log.write(e)
@@ -231,8 +295,10 @@ def test_events_are_ecs_lines_once(registry: Registry, tmp_path: Path) -> None:
     [
         ({"metrics": {"models": [{"model": "m", "outcomes": {"success": -1}}]}}, "outcomes"),
         ({"metrics": {"models": [{"model": "m", "buckets": {"nan": 1}}]}}, "buckets"),
-        ({"metrics": {"models": [{"model": "m", "buckets": {"+Inf": 1}, "seconds": "x"}]}},
-         "seconds"),
+        (
+            {"metrics": {"models": [{"model": "m", "buckets": {"+Inf": 1}, "seconds": "x"}]}},
+            "seconds",
+        ),
         ({"metrics": {"models": "all"}}, "models"),
         ({"metrics": {"routes": {"m": {"local": 1.5}}}}, "routes"),
         ({"metrics": {"cloud": {"m": {"b": {"outcomes": {"error": True}}}}}}, "cloud"),
@@ -240,11 +306,14 @@ def test_events_are_ecs_lines_once(registry: Registry, tmp_path: Path) -> None:
         ({"metrics": {"cloud_ab": {"m": {"b": {"calls": -1}}}}}, "cloud_ab.calls"),
         ({"metrics": {"cloud_ab": {"m": ["b"]}}}, "cloud_ab[]"),
     ],
-)  # fmt: skip
+)
 def test_telemetry_that_breaks_the_contract_is_poison_naming_the_field(
-    registry: Registry, store: Store, body: dict[str, Any], field: str,
+    registry: Registry,
+    store: Store,
+    body: dict[str, Any],
+    field: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     done = registry.ingest([msg("telemetry", "n1", body, ident="bad")])
     assert done.poison == 1 and f"telemetry.{field}" in caplog.text
     assert store.query("SELECT COUNT(*) AS n FROM counters")[0]["n"] == 0
@@ -260,9 +329,12 @@ def test_telemetry_that_breaks_the_contract_is_poison_naming_the_field(
     ],
 )
 def test_an_alert_that_breaks_the_contract_is_poison(
-    registry: Registry, store: Store, body: dict[str, Any], field: str,
+    registry: Registry,
+    store: Store,
+    body: dict[str, Any],
+    field: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     done = registry.ingest([msg("events", "n1", body, ident="bad", priority="alert")])
     assert done.poison == 1 and field in caplog.text
     assert store.query("SELECT COUNT(*) AS n FROM alerts")[0]["n"] == 0
@@ -278,14 +350,20 @@ def test_a_node_cannot_grow_its_series_without_bound(registry: Registry, store: 
     body = {"metrics": {"models": [{**models[0], "version": "0"}]}}
     registry.ingest([msg("telemetry", "n1", body, ident="again")])
     labels = dumps({"model": "m0", "version": "0", "outcome": "success"})
-    value = store.query("SELECT value FROM counters WHERE node = 'n1' AND labels = ?",
-                        (labels,))[0]["value"]  # fmt: skip
+    value = store.query("SELECT value FROM counters WHERE node = 'n1' AND labels = ?", (labels,))[
+        0
+    ]["value"]
     assert value == 2.0
 
 
 def test_a_label_name_is_prometheus_one() -> None:
     assert [label_name(k) for k in ("site", "hw.kind", "a/b-c", "9lives", "x" * 80)] == [
-        "site", "hw_kind", "a_b_c", "_9lives", "x" * 63]  # fmt: skip
+        "site",
+        "hw_kind",
+        "a_b_c",
+        "_9lives",
+        "x" * 63,
+    ]
 
 
 def test_the_exposition_is_prometheus_clients_own() -> None:
@@ -311,8 +389,11 @@ def test_the_exposition_is_prometheus_clients_own() -> None:
         return [line for line in text.splitlines() if line.startswith("#")]
 
     def samples(text: str) -> set[tuple[str, frozenset[tuple[str, str]], float]]:
-        return {(s.name, frozenset(s.labels.items()), s.value)
-                for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+        return {
+            (s.name, frozenset(s.labels.items()), s.value)
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+        }
 
     assert heads(ours) == heads(theirs)
     assert samples(ours) == samples(theirs) and len(samples(ours)) > 30
@@ -321,8 +402,13 @@ def test_the_exposition_is_prometheus_clients_own() -> None:
 
 def test_shards_cut_the_fleets_series_each_node_in_one(registry: Registry, store: Store) -> None:
     names = [f"sim-{i:05d}" for i in range(40)]
-    registry.ingest([m for n in names for m in (status(n), heartbeat(n),
-                     msg("telemetry", n, metrics_body(), ident=f"t-{n}"))])  # fmt: skip
+    registry.ingest(
+        [
+            m
+            for n in names
+            for m in (status(n), heartbeat(n), msg("telemetry", n, metrics_body(), ident=f"t-{n}"))
+        ]
+    )
     series = NodeSeries(store, "f1", OFFLINE_MS, lambda: NOW + 1000)
     whole = scrape(store)
     parts: dict[tuple[str, frozenset[Any]], float] = {}

@@ -262,8 +262,14 @@ async def answers(app: web.Application) -> None:
             status, page = await call("GET", "/v1/nodes", f"/v1/nodes?state={state}", "viewer")
             assert status == 200 and page == {"nodes": [], "next": None, "counts": {}}
         # "²": str.isdigit takes it, int() does not (was a 500); 5,000 digits: int() refuses
-        for query in ("state=zombie", "limit=abc", "selector=a", "selector=a=b%20c",
-                      "limit=%C2%B2", "limit=" + "1" * 5000):  # fmt: skip
+        for query in (
+            "state=zombie",
+            "limit=abc",
+            "selector=a",
+            "selector=a=b%20c",
+            "limit=%C2%B2",
+            "limit=" + "1" * 5000,
+        ):
             assert (await call("GET", "/v1/nodes", f"/v1/nodes?{query}", "viewer"))[0] == 400
         assert await call("GET", "/v1/nodes/{node}", "/v1/nodes/n1", "viewer") == (
             404,
@@ -272,16 +278,24 @@ async def answers(app: web.Application) -> None:
         got = await call("GET", "/v1/nodes/{node}/history", "/v1/nodes/n1/history", "viewer")
         assert got == (200, {"history": []})
         labels = "/v1/nodes/{node}/labels"
-        assert (await call("PUT", labels, "/v1/nodes/n1/labels", "operator",
-                           json={"labels": {"k": "v"}}))[0] == 404  # fmt: skip
-        assert (await call("PUT", labels, "/v1/nodes/n1/labels", "operator",
-                           json={"labels": {"k": 1}}))[0] == 422  # fmt: skip
-        assert (await call("PUT", labels, "/v1/nodes/n1/labels", "admin",
-                           data=b"{nope"))[0] == 400  # fmt: skip
+        assert (
+            await call(
+                "PUT", labels, "/v1/nodes/n1/labels", "operator", json={"labels": {"k": "v"}}
+            )
+        )[0] == 404
+        assert (
+            await call("PUT", labels, "/v1/nodes/n1/labels", "operator", json={"labels": {"k": 1}})
+        )[0] == 422
+        assert (await call("PUT", labels, "/v1/nodes/n1/labels", "admin", data=b"{nope"))[0] == 400
         got = await call("GET", "/v1/deployments", "/v1/deployments", "viewer")
         assert got == (200, {"deployments": []})
-        status, _ = await call("POST", "/v1/deployments", "/v1/deployments", "operator",
-                               json={"id": "d1", "models": []})  # fmt: skip
+        status, _ = await call(
+            "POST",
+            "/v1/deployments",
+            "/v1/deployments",
+            "operator",
+            json={"id": "d1", "models": []},
+        )
         assert status == 422
         one = "/v1/deployments/{id}"
         assert (await call("GET", one, "/v1/deployments/d1", "viewer"))[0] == 404
@@ -293,8 +307,9 @@ async def answers(app: web.Application) -> None:
         for action in ("pause", "explode"):
             status, _ = await call("POST", act, f"/v1/rollouts/r1/{action}", "operator")
             assert status == 404
-        status, why = await call("POST", "/v1/rollouts", "/v1/rollouts", "operator",
-                                 json={"id": "r1", "stages": [0.5]})  # fmt: skip
+        status, why = await call(
+            "POST", "/v1/rollouts", "/v1/rollouts", "operator", json={"id": "r1", "stages": [0.5]}
+        )
         assert status == 422
         body = {"id": "r1", "manifest": {"signed": signed()}, "urls": {"m.onnx": "https://x/m"}}
         status, why = await call("POST", "/v1/rollouts", "/v1/rollouts", "operator", json=body)

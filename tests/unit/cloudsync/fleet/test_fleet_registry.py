@@ -42,8 +42,14 @@ def registry(store: Store) -> Registry:
 
 
 def test_births_wills_and_history_are_written_once(registry: Registry) -> None:
-    birth = status("n1", NOW, labels={"site": "berlin"}, hardware={"machine": "aarch64"},
-                   software={"cloudsync": "1.0"}, models=[{"name": "m", "version": 2}])  # fmt: skip
+    birth = status(
+        "n1",
+        NOW,
+        labels={"site": "berlin"},
+        hardware={"machine": "aarch64"},
+        software={"cloudsync": "1.0"},
+        models=[{"name": "m", "version": 2}],
+    )
     will = status(
         "n1", NOW - 50, "offline", NOW + 1000, reason="connection lost"
     )  # made at connect
@@ -52,7 +58,11 @@ def test_births_wills_and_history_are_written_once(registry: Registry) -> None:
     row = registry.node("n1", NOW + 1000)
     assert row is not None
     assert (row["state"], row["labels"], row["hardware"], row["software"]) == (
-        "online", {"site": "berlin"}, {"machine": "aarch64"}, {"cloudsync": "1.0"})  # fmt: skip
+        "online",
+        {"site": "berlin"},
+        {"machine": "aarch64"},
+        {"cloudsync": "1.0"},
+    )
     assert row["models"] == [{"name": "m", "version": 2, "state": None}]
     assert (row["since_ms"], row["first_seen_ms"], row["last_seen_ms"]) == (NOW, NOW + 5, NOW + 5)
     registry.ingest([will])  # arrival order rules: the will comes after the birth it follows
@@ -63,15 +73,19 @@ def test_births_wills_and_history_are_written_once(registry: Registry) -> None:
     assert row is not None and row["since_ms"] == NOW + 1000  # when it came
     registry.ingest([will, status("n1", NOW + 9000)])  # the will again (a replay), a birth
     assert [(h["ts"], h["sent_ts"], h["state"]) for h in registry.history("n1")] == [
-        (NOW + 9005, NOW + 9000, "online"), (NOW + 1000, NOW - 50, "offline"),
-        (NOW + 5, NOW, "online")]  # fmt: skip
+        (NOW + 9005, NOW + 9000, "online"),
+        (NOW + 1000, NOW - 50, "offline"),
+        (NOW + 5, NOW, "online"),
+    ]
 
 
 def test_a_version_installed_since_the_birth_shows_from_the_next_heartbeat(
     registry: Registry,
 ) -> None:
-    born = [{"name": "m", "version": 2, "state": "READY"}, {"name": "x", "version": 1,
-                                                          "state": "LOADING"}]  # fmt: skip
+    born = [
+        {"name": "m", "version": 2, "state": "READY"},
+        {"name": "x", "version": 1, "state": "LOADING"},
+    ]
     registry.ingest([status("n1", NOW, models=born)])
     registry.ingest([heartbeat("n1", NOW + 10_000, models={"m": 7, "new": 1})])
     row = registry.node("n1", NOW + 11_000)
@@ -90,8 +104,13 @@ def test_a_version_installed_since_the_birth_shows_from_the_next_heartbeat(
 
 def test_heartbeats_are_counted_once_and_keep_the_node_fresh(registry: Registry) -> None:
     registry.ingest([status("n1", NOW)])
-    done = registry.ingest([heartbeat("n1", NOW + 10_000), heartbeat("n1", NOW + 10_000),
-                            heartbeat("n1", NOW + 20_000, NOW + 20_400)])  # fmt: skip
+    done = registry.ingest(
+        [
+            heartbeat("n1", NOW + 10_000),
+            heartbeat("n1", NOW + 10_000),
+            heartbeat("n1", NOW + 20_000, NOW + 20_400),
+        ]
+    )
     assert done.sent_ms == [NOW + 10_000, NOW + 10_000, NOW + 20_000]
     row = registry.node("n1", NOW + 21_000)
     assert row is not None and row["heartbeats"] == 2  # the QoS 1 duplicate is not counted
@@ -126,8 +145,9 @@ def test_delivery_steps_and_desired_states(registry: Registry) -> None:
         Envelope("n1", i, {"delivery": {"model": "m", "version": 3, "step": s}}, ts=NOW + i)
         for i, s in enumerate(["verified", "active"])
     ]
-    stale = Envelope("n1", 9, {"delivery": {"model": "m", "version": 3, "step": "verified"}},
-                     ts=NOW - 1)  # fmt: skip
+    stale = Envelope(
+        "n1", 9, {"delivery": {"model": "m", "version": 3, "step": "verified"}}, ts=NOW - 1
+    )
     registry.ingest([Message("events", "n1", e.encode(), NOW) for e in [*steps, stale]])
     desired = Envelope("op", 1, {"models": [entry("m", 3)]}).encode()
     done = registry.ingest([Message("desired-models", "n1", desired, NOW)])
@@ -141,8 +161,7 @@ def test_delivery_steps_and_desired_states(registry: Registry) -> None:
 
 
 def test_pages_filters_and_counts(registry: Registry) -> None:
-    births = [status(f"n{i:04d}", NOW, labels={"site": "a" if i % 3 else "b"})
-              for i in range(2500)]  # fmt: skip
+    births = [status(f"n{i:04d}", NOW, labels={"site": "a" if i % 3 else "b"}) for i in range(2500)]
     registry.ingest([*births, status("n0007", NOW + 1, "offline")])
     seen, after, pages = [], "", 0
     while True:
@@ -167,8 +186,9 @@ def test_pages_filters_and_counts(registry: Registry) -> None:
     assert not registry.set_labels("nobody", {"a": "b"})
 
 
-def dep(ident: str, selector: dict[str, str], priority: int, created: int,
-        *entries: dict[str, Any]) -> Deployment:  # fmt: skip
+def dep(
+    ident: str, selector: dict[str, str], priority: int, created: int, *entries: dict[str, Any]
+) -> Deployment:
     return Deployment(ident, selector, priority, list(entries), created_ts=created)
 
 
@@ -235,19 +255,31 @@ def test_egress_checkpoints_come_from_heartbeats_once_an_interval_and_garbage_is
     good = {"seq": 12, "hash": "ab" * 32}
 
     def beat(ts: int, egress: Any) -> Message:
-        return Message("heartbeat", "n1", Envelope("n1", ts, {"egress": egress}, ts=ts).encode(),
-                       ts)  # fmt: skip
+        return Message(
+            "heartbeat", "n1", Envelope("n1", ts, {"egress": egress}, ts=ts).encode(), ts
+        )
 
-    hostile = [None, "x", [], {"edged": "x"}, {"edged": {"seq": True, "hash": "ab" * 32}},
-               {"edged": {"seq": 0, "hash": "ab" * 32}}, {"edged": {"seq": 3, "hash": "AB" * 32}},
-               {"edged": {"seq": 2**60, "hash": "ab" * 32}}, {"other": good},
-               {"edged": {"seq": 3, "hash": "ab" * 31}}]  # fmt: skip
+    hostile = [
+        None,
+        "x",
+        [],
+        {"edged": "x"},
+        {"edged": {"seq": True, "hash": "ab" * 32}},
+        {"edged": {"seq": 0, "hash": "ab" * 32}},
+        {"edged": {"seq": 3, "hash": "AB" * 32}},
+        {"edged": {"seq": 2**60, "hash": "ab" * 32}},
+        {"other": good},
+        {"edged": {"seq": 3, "hash": "ab" * 31}},
+    ]
     done = registry.ingest([beat(NOW + i, egress) for i, egress in enumerate(hostile)])
     assert done.poison == 0 and registry.checkpoints("n1") == []  # kept, but no checkpoint
     registry.ingest([beat(NOW + 100, {"edged": good, "uplink": {**good, "seq": 40}})])
     registry.ingest([beat(NOW + 1_000, {"edged": {**good, "seq": 13}})])  # within a minute
     registry.ingest([beat(NOW + 61_000, {"edged": {**good, "seq": 14}, "uplink": None})])
     assert [(c["ledger"], c["seq"]) for c in registry.checkpoints("n1")] == [
-        ("edged", 14), ("edged", 12), ("uplink", 40)]  # fmt: skip
+        ("edged", 14),
+        ("edged", 12),
+        ("uplink", 40),
+    ]
     assert registry.prune(NOW + 61_000, 86_400_000, 30_000) >= 2
     assert [c["seq"] for c in registry.checkpoints("n1")] == [14]

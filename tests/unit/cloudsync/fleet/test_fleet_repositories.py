@@ -39,9 +39,15 @@ def test_the_audit_log_reads_forward_backward_and_by_a_part_of_a_field(store: St
     log.add(ALICE, "pause rollout", "r_1", "refused: no such rollout")
     log.add(ALICE, "create deployment", "d%1", "done", {"x": "y" * (MAX_DETAIL + 10)})
     first, second, third = log.after(0, 10)
-    assert (first["ts"], first["actor"], first["role"], first["action"], first["target"],
-            first["outcome"], first["detail"]) == (
-        NOW, "alice", "operator", "set labels", "n1", "done", {"site": "berlin"})  # fmt: skip
+    assert (
+        first["ts"],
+        first["actor"],
+        first["role"],
+        first["action"],
+        first["target"],
+        first["outcome"],
+        first["detail"],
+    ) == (NOW, "alice", "operator", "set labels", "n1", "done", {"site": "berlin"})
     assert second["detail"] == {} and second["ts"] == NOW + 1
     assert set(third["detail"]) == {"truncated"} and len(third["detail"]["truncated"]) == MAX_DETAIL
     assert [r["id"] for r in log.after(first["id"], 1)] == [second["id"]]
@@ -63,17 +69,30 @@ def test_a_command_is_kept_once_and_shown_with_its_result(store: Store) -> None:
     clock.ms += 5
     commands.keep({**sent, "id": "c2"}, "n1", "alice")
     with store.transaction() as tx:  # the node's answer, as the registry writes it
-        tx.execute("UPDATE commands SET result = ?, result_ts = ? WHERE id = 'c1'",
-                   ('{"ok": true}', NOW + 9))  # fmt: skip
+        tx.execute(
+            "UPDATE commands SET result = ?, result_ts = ? WHERE id = 'c1'",
+            ('{"ok": true}', NOW + 9),
+        )
     found = commands.get("c1")
     assert found is not None
-    assert {k: found[k] for k in ("node", "name", "issuer", "kid", "actor", "sent_ts",
-                                  "result", "result_ts")} == {
-        "node": "n1", "name": "restart", "issuer": "ops", "kid": "k1", "actor": "alice",
-        "sent_ts": NOW, "result": {"ok": True}, "result_ts": NOW + 9}  # fmt: skip
+    assert {
+        k: found[k]
+        for k in ("node", "name", "issuer", "kid", "actor", "sent_ts", "result", "result_ts")
+    } == {
+        "node": "n1",
+        "name": "restart",
+        "issuer": "ops",
+        "kid": "k1",
+        "actor": "alice",
+        "sent_ts": NOW,
+        "result": {"ok": True},
+        "result_ts": NOW + 9,
+    }
     assert commands.get("c3") is None
     assert [(c["id"], c["result"]) for c in commands.of_node("n1", 10)] == [
-        ("c2", None), ("c1", {"ok": True})]  # fmt: skip
+        ("c2", None),
+        ("c1", {"ok": True}),
+    ]
     assert [c["id"] for c in commands.of_node("n1", 1)] == ["c2"]
     assert commands.of_node("n2", 10) == []
 
@@ -84,7 +103,10 @@ def test_a_session_lasts_its_life_and_ends_when_closed(store: Store) -> None:
     one, two = sessions.open("alice"), sessions.open("bob")
     assert one != two and len(one) >= 43
     assert (sessions.holder(one), sessions.holder(two), sessions.holder("x")) == (
-        "alice", "bob", None)  # fmt: skip
+        "alice",
+        "bob",
+        None,
+    )
     kept = store.query("SELECT sha256 FROM console_sessions ORDER BY holder")
     assert [r["sha256"] for r in kept] == [session_hash(one), session_hash(two)]  # not the ids
     sessions.close(one)
@@ -99,8 +121,10 @@ def test_the_overview_counts_software_serving_models_events_and_alerts(store: St
     registry = Registry(store, offline_after_s=30)
     served: list[Any] = [{"m": "2"}, {"m": "2", "k": "1"}, "not an object"]
     batch = [status(node) for node in ("n1", "n2", "n3")]
-    batch += [msg("heartbeat", node, {"models": models, "outbox": {"pending": 0}})
-              for node, models in zip(("n1", "n2", "n3"), served, strict=True)]  # fmt: skip
+    batch += [
+        msg("heartbeat", node, {"models": models, "outbox": {"pending": 0}})
+        for node, models in zip(("n1", "n2", "n3"), served, strict=True)
+    ]
     batch += [
         msg("events", "n1", alert("firing", NOW), ident="a1", priority="alert"),
         msg(
@@ -120,12 +144,10 @@ def test_the_overview_counts_software_serving_models_events_and_alerts(store: St
     assert {e["node"] for e in registry.events("n1", 10)} == {"n1"}
     assert len(registry.events(None, 2)) == 2
     alerting = Alerting(store, "f1", [], 30, lambda: NOW)
-    assert alerting.firing() == [{"alertname": "EdgedLocalLoadHigh", "severity": "warning",
-                                  "n": 2}]  # fmt: skip
+    assert alerting.firing() == [{"alertname": "EdgedLocalLoadHigh", "severity": "warning", "n": 2}]
     assert [a["node"] for a in alerting.latest()] == ["n2", "n1"]  # the latest to start first
     assert [a["node"] for a in alerting.latest("n1", 5)] == ["n1"]
-    registry.ingest([msg("events", "n1", alert("resolved", NOW + 9), ident="a4",
-                         priority="alert")])  # fmt: skip
+    registry.ingest([msg("events", "n1", alert("resolved", NOW + 9), ident="a4", priority="alert")])
     assert [a["node"] for a in alerting.latest()] == ["n2"]  # firing only
     assert [a["state"] for a in alerting.latest("n1", 5)] == ["resolved"]  # a node's: all
 
@@ -140,8 +162,10 @@ def test_deployments_are_counted_and_their_progress_is_what_was_given_out(store:
         for node, models in (("n1", [entry]), ("n2", []), ("n3", [entry])):
             Registry.desired(tx, node, models, 1, NOW)
         for node in ("n1", "n2"):  # n3's is not the service's (not managed)
-            tx.execute("INSERT INTO managed (node, models, digest, ts) VALUES (?, '[]', '', ?)",
-                       (node, NOW))  # fmt: skip
+            tx.execute(
+                "INSERT INTO managed (node, models, digest, ts) VALUES (?, '[]', '', ?)",
+                (node, NOW),
+            )
     assert deployments.count() == 1
     assert deployments.progress(dep) == {"targeted": 1}
 

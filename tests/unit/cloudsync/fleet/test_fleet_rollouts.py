@@ -60,13 +60,23 @@ class Runner:
         self.down: set[str] = set()  # nodes whose publish the broker does not take
         self.broker = True  # whether the broker takes a command
         self.rollouts = Rollouts(
-            self.store, Deployments(self.store, lambda: self.clock), "f1", self.publish,
-            self.send, ("deploy-1", KEY), "edgefleet", lambda: self.clock, 30_000,
-        )  # fmt: skip
+            self.store,
+            Deployments(self.store, lambda: self.clock),
+            "f1",
+            self.publish,
+            self.send,
+            ("deploy-1", KEY),
+            "edgefleet",
+            lambda: self.clock,
+            30_000,
+        )
         self.desired: dict[str, list[dict[str, Any]]] = {}
-        births = [Message("status", f"n{i}", Envelope(f"n{i}", 1, {"state": "online"},
-                                                       ts=NOW).encode(), NOW)
-                  for i in range(nodes)]  # fmt: skip
+        births = [
+            Message(
+                "status", f"n{i}", Envelope(f"n{i}", 1, {"state": "online"}, ts=NOW).encode(), NOW
+            )
+            for i in range(nodes)
+        ]
         Registry(self.store).ingest(births)
 
     def publish(self, node: str, entries: list[dict[str, Any]]) -> bool:
@@ -96,8 +106,9 @@ class Runner:
 
 def test_a_runner_with_an_old_record_neither_delivers_nor_overwrites(tmp_path: Path) -> None:
     run = Runner(tmp_path)
-    made = run.rollouts.create(check(body(2, stages=[0.2, 1.0], max_unavailable=1), None, NOW),
-                               "alice")  # fmt: skip
+    made = run.rollouts.create(
+        check(body(2, stages=[0.2, 1.0], max_unavailable=1), None, NOW), "alice"
+    )
     assert made.state == "running" and made.max_unavailable == 1
     stale = run.rollouts.get("r1")
     assert stale is not None
@@ -159,8 +170,10 @@ def test_two_rollouts_of_two_models_on_one_node_keep_each_others_entries(tmp_pat
     for model, ident in (("a", "ra"), ("b", "rb")):
         run.rollouts.create(check(body(2, model, ident, stages=[1.0]), None, NOW), "alice")
     run.rollouts.turn()  # both deliver to n0 in one turn
-    models = [(e["manifest"]["signed"]["model"], e["manifest"]["signed"]["version"])
-              for e in run.desired["n0"]]  # fmt: skip
+    models = [
+        (e["manifest"]["signed"]["model"], e["manifest"]["signed"]["version"])
+        for e in run.desired["n0"]
+    ]
     assert models == [("a", 2), ("b", 2)]  # the second publish kept the first's entry
     run.report("n0", "a", 2, "active")
     run.report("n0", "b", 2, "failed")
@@ -168,8 +181,10 @@ def test_two_rollouts_of_two_models_on_one_node_keep_each_others_entries(tmp_pat
     run.rollouts.turn()
     states = {r.id: r.state for r in run.rollouts.all()}
     assert states == {"ra": "done", "rb": "aborted"}, states
-    kept = [(e["manifest"]["signed"]["model"], e["manifest"]["signed"]["version"])
-            for e in run.desired["n0"]]  # fmt: skip
+    kept = [
+        (e["manifest"]["signed"]["model"], e["manifest"]["signed"]["version"])
+        for e in run.desired["n0"]
+    ]
     assert kept == [("a", 2)]  # b's entry before: none; a's stays
 
 
@@ -189,8 +204,12 @@ def test_a_node_offline_does_not_time_out_and_one_offline_at_its_turn_waits(
     for node in sent[1:]:
         run.report(node, "m", 2, "active")
     run.clock += 60_000  # far past the activation timeout, for the offline node too
-    beats = [Message("heartbeat", n, Envelope(n, 3, {"models": {"m": "2"}}, ts=run.clock)
-                     .encode(), run.clock) for n in sent[1:]]  # fmt: skip
+    beats = [
+        Message(
+            "heartbeat", n, Envelope(n, 3, {"models": {"m": "2"}}, ts=run.clock).encode(), run.clock
+        )
+        for n in sent[1:]
+    ]
     Registry(run.store).ingest(beats)
     run.rollouts.turn()
     got = run.rollouts.get("r1")
@@ -207,10 +226,17 @@ def test_a_node_offline_does_not_time_out_and_one_offline_at_its_turn_waits(
 
 def telemetry(node: str, ts: int, version: str, requests: int, fallbacks: int) -> Message:
     metrics = {
-        "models": [{"model": "m", "version": version, "requests": requests,
-                    "outcomes": {"ok": requests}, "p95_ms": 10.0}],
+        "models": [
+            {
+                "model": "m",
+                "version": version,
+                "requests": requests,
+                "outcomes": {"ok": requests},
+                "p95_ms": 10.0,
+            }
+        ],
         "routes": {"m": {"local": requests - fallbacks, "fallback": fallbacks}},
-    }  # fmt: skip
+    }
     return Message("telemetry", node, Envelope(node, 5, {"metrics": metrics}, ts=ts).encode(), ts)
 
 
@@ -275,15 +301,21 @@ def test_a_package_and_a_model_of_the_same_name_are_two_rollouts_on_one_node(
     run = Runner(tmp_path, nodes=1)
     files = [{"path": "edged_0.2.0_arm64.deb", "sha256": "a" * 64, "length": 1}]
     signed = manifest.make("edged", 7, files, lifetime_s=1e9, deb_version="0.2.0")
-    package = {"id": "rp", "manifest": manifest.sign(signed, {"k": KEY}), "stages": [1.0],
-               "urls": {"edged_0.2.0_arm64.deb": "https://cdn/edged.deb"}}  # fmt: skip
+    package = {
+        "id": "rp",
+        "manifest": manifest.sign(signed, {"k": KEY}),
+        "stages": [1.0],
+        "urls": {"edged_0.2.0_arm64.deb": "https://cdn/edged.deb"},
+    }
     made = check(package, None, NOW)
     assert made.model == "package:edged"
     run.rollouts.create(made, "alice")
     run.rollouts.create(check(body(2, "edged", "rm", stages=[1.0]), None, NOW), "alice")
     run.rollouts.turn()
-    kinds = sorted((e["manifest"]["signed"]["type"], e["manifest"]["signed"]["version"])
-                   for e in run.desired["n0"])  # fmt: skip
+    kinds = sorted(
+        (e["manifest"]["signed"]["type"], e["manifest"]["signed"]["version"])
+        for e in run.desired["n0"]
+    )
     assert kinds == [("model", 2), ("package", 7)]
     run.report("n0", "package:edged", 7, "active")  # the updater committed it
     run.report("n0", "edged", 2, "rolled-back")  # the model's version did not hold
@@ -312,20 +344,46 @@ def test_a_body_with_only_its_id_and_entry_gets_the_defaults() -> None:
     doc = body(3)
     made = check(doc, None, NOW)
     assert made.as_dict() == {
-        "id": "r1", "model": "m", "version": 3,
+        "id": "r1",
+        "model": "m",
+        "version": 3,
         "entry": {"manifest": doc["manifest"], "urls": doc["urls"]},
-        "selector": {}, "deployment": None, "stages": [0.1, 1.0], "soak_s": 600.0,
-        "gates": asdict(Gates()), "max_unavailable": 0, "window": None,
-        "activation_timeout_s": 600.0, "state": "running", "stage": 0, "phase": "deliver",
-        "soak_since": 0, "soak_until": 0, "why": "", "created_by": "", "created_ts": 0,
-        "updated_ts": 0, "log": [], "rev": 0,
-    }  # fmt: skip
+        "selector": {},
+        "deployment": None,
+        "stages": [0.1, 1.0],
+        "soak_s": 600.0,
+        "gates": asdict(Gates()),
+        "max_unavailable": 0,
+        "window": None,
+        "activation_timeout_s": 600.0,
+        "state": "running",
+        "stage": 0,
+        "phase": "deliver",
+        "soak_since": 0,
+        "soak_until": 0,
+        "why": "",
+        "created_by": "",
+        "created_ts": 0,
+        "updated_ts": 0,
+        "log": [],
+        "rev": 0,
+    }
 
 
 def test_every_field_of_a_body_is_kept_in_the_rollout() -> None:
-    doc = body(4, "m", "r-2", selector={"site": "a"}, deployment="d1", stages=[0.25, 1],
-               soak_s=0, gates={"max_failure": 0, "min_requests": 5}, max_unavailable=3,
-               window="22:00-04:30", activation_timeout_s=1)  # fmt: skip
+    doc = body(
+        4,
+        "m",
+        "r-2",
+        selector={"site": "a"},
+        deployment="d1",
+        stages=[0.25, 1],
+        soak_s=0,
+        gates={"max_failure": 0, "min_requests": 5},
+        max_unavailable=3,
+        window="22:00-04:30",
+        activation_timeout_s=1,
+    )
     made = check(doc, None, NOW)
     assert (made.id, made.model, made.version) == ("r-2", "m", 4)
     assert made.selector == {"site": "a"} and made.deployment == "d1"
@@ -431,8 +489,17 @@ def test_a_window_is_two_times_of_day_in_minutes() -> None:
     assert parse_window("23:59-00:00") == (1439, 0)
     assert parse_window("19:05-20:10") == (1145, 1210)
     assert parse_window("09:30-10:00") == (570, 600)
-    bad = ("01:00-24:00", "00:60-01:00", "01:00-01:60", " 01:00-02:00", "01:00-02:00 ",
-           "0100-0200", "01:00 02:00", "", "01:00-02:00-03:00")  # fmt: skip
+    bad = (
+        "01:00-24:00",
+        "00:60-01:00",
+        "01:00-01:60",
+        " 01:00-02:00",
+        "01:00-02:00 ",
+        "0100-0200",
+        "01:00 02:00",
+        "",
+        "01:00-02:00-03:00",
+    )
     for text in bad:
         with pytest.raises(ValueError, match=f"^{re.escape(WINDOW)}$"):
             parse_window(text)
@@ -493,8 +560,10 @@ def ranked(nodes: int, ident: str = "r1") -> list[str]:
 
 def alive(run: Runner, nodes: int) -> None:
     """Each node's heartbeat now (it is seen: fresh)."""
-    beats = [Message("heartbeat", f"n{i}", Envelope(f"n{i}", 9, {}, ts=run.clock).encode(),
-                     run.clock) for i in range(nodes)]  # fmt: skip
+    beats = [
+        Message("heartbeat", f"n{i}", Envelope(f"n{i}", 9, {}, ts=run.clock).encode(), run.clock)
+        for i in range(nodes)
+    ]
     Registry(run.store).ingest(beats)
 
 
@@ -508,11 +577,16 @@ def test_a_rollout_is_created_for_its_targets_each_in_its_stage(tmp_path: Path) 
     run.clock = NOW + 5000
     made = make(run, stages=[0.2, 0.5, 1.0])
     assert (made.created_by, made.created_ts, made.updated_ts, made.rev) == (
-        "alice", NOW + 5000, NOW + 5000, 1,
-    )  # fmt: skip
+        "alice",
+        NOW + 5000,
+        NOW + 5000,
+        1,
+    )
     assert made.max_unavailable == 1  # a tenth of ten
-    assert made.log == ["2027-01-15T08:00:05Z created by alice for 10 nodes: version 2 of m,"
-                        " stages of [2, 5, 10] nodes, 1 at a time"]  # fmt: skip
+    assert made.log == [
+        "2027-01-15T08:00:05Z created by alice for 10 nodes: version 2 of m,"
+        " stages of [2, 5, 10] nodes, 1 at a time"
+    ]
     got = run.rollouts.get("r1")
     assert got is not None and got.as_dict() == made.as_dict()
     order = ranked(10)
@@ -588,8 +662,16 @@ def test_targets_are_those_the_manifest_targets(tmp_path: Path) -> None:
 
 def test_a_service_without_a_deploy_key_cannot_create_a_rollout(tmp_path: Path) -> None:
     run = Runner(tmp_path, nodes=1)
-    keyless = Rollouts(run.store, Deployments(run.store, lambda: run.clock), "f1", run.publish,
-                       run.send, None, "edgefleet", lambda: run.clock)  # fmt: skip
+    keyless = Rollouts(
+        run.store,
+        Deployments(run.store, lambda: run.clock),
+        "f1",
+        run.publish,
+        run.send,
+        None,
+        "edgefleet",
+        lambda: run.clock,
+    )
     refused = (
         "the service has no deploy key ([service] deploy_key): it could not sign the rollbacks"
         " an abort needs"
@@ -610,8 +692,11 @@ def test_a_model_a_deployment_gives_rolls_out_through_it(tmp_path: Path) -> None
     born(run, "n1", NOW, labels={"site": "b"})
     deploy(run, "d1", entry("m", 1), entry("x", 1), selector={"site": "a"})
     deploy(run, "d2", entry("y", 1))
-    with pytest.raises(Conflict, match=r"^m is given by deployment d1: roll it out through it"
-                                       r" \(deployment: d1\)$"):  # fmt: skip
+    with pytest.raises(
+        Conflict,
+        match=r"^m is given by deployment d1: roll it out through it"
+        r" \(deployment: d1\)$",
+    ):
         make(run)
     with pytest.raises(Conflict, match=r"^no deployment d9$"):
         make(run, deployment="d9")
@@ -677,8 +762,11 @@ def test_pause_resume_promote_and_abort_apply_only_where_they_can(tmp_path: Path
     run.clock += 5000
     resumed = run.rollouts.act("r1", "resume", "carol")
     assert (resumed.state, resumed.rev, resumed.soak_since, resumed.soak_until) == (
-        "running", 3, 0, 0,
-    )  # fmt: skip
+        "running",
+        3,
+        0,
+        0,
+    )
     assert resumed.log[-1].endswith(" resume by carol") and resumed.updated_ts == NOW + 5000
     assert run.rollouts.act("r1", "pause", "bob").state == "paused"
     aborted = run.rollouts.act("r1", "abort", "dave")
@@ -764,10 +852,14 @@ def test_a_stage_is_delivered_at_most_max_unavailable_nodes_at_a_time(tmp_path: 
     run.rollouts.turn()
     assert [node for node, _ in run.published] == order[:2]
     assert run.rollouts.nodes("r1") == [
-        {"node": n, "stage": 0, "state": "sent" if i < 2 else "pending",
-         "sent_ts": NOW if i < 2 else 0}
+        {
+            "node": n,
+            "stage": 0,
+            "state": "sent" if i < 2 else "pending",
+            "sent_ts": NOW if i < 2 else 0,
+        }
         for i, n in enumerate(order)
-    ]  # fmt: skip
+    ]
     run.clock += 1000
     run.rollouts.turn()
     assert len(run.published) == 2  # both still installing: no third
@@ -776,9 +868,12 @@ def test_a_stage_is_delivered_at_most_max_unavailable_nodes_at_a_time(tmp_path: 
     assert [node for node, _ in run.published] == order[:3]
     got = {r["node"]: (r["state"], r["sent_ts"]) for r in run.rollouts.nodes("r1")}
     assert got == {
-        order[0]: ("active", NOW), order[1]: ("sent", NOW), order[2]: ("sent", NOW + 1000),
-        order[3]: ("pending", 0), order[4]: ("pending", 0),
-    }  # fmt: skip
+        order[0]: ("active", NOW),
+        order[1]: ("sent", NOW),
+        order[2]: ("sent", NOW + 1000),
+        order[3]: ("pending", 0),
+        order[4]: ("pending", 0),
+    }
 
 
 def test_the_stages_soak_in_turn_until_the_last_is_active(tmp_path: Path) -> None:
@@ -796,8 +891,11 @@ def test_the_stages_soak_in_turn_until_the_last_is_active(tmp_path: Path) -> Non
     got = run.rollouts.get("r1")
     assert got is not None
     assert (got.stage, got.phase, got.soak_since, got.soak_until) == (
-        0, "soak", NOW + 1000, NOW + 61_000,
-    )  # fmt: skip
+        0,
+        "soak",
+        NOW + 1000,
+        NOW + 61_000,
+    )
     assert got.log[-1].endswith(" stage 1: 2 nodes active; soaking 60 s")
     assert states(run)[order[0]] == "active" and states(run)[order[1]] == "active"
     run.clock = NOW + 60_999
@@ -1123,8 +1221,16 @@ def test_a_service_without_a_deploy_key_leaves_an_abort_waiting(tmp_path: Path) 
     make(run, stages=[1.0])
     run.rollouts.turn()
     run.rollouts.act("r1", "abort", "bob")
-    keyless = Rollouts(run.store, Deployments(run.store, lambda: run.clock), "f1", run.publish,
-                       run.send, None, "edgefleet", lambda: run.clock)  # fmt: skip
+    keyless = Rollouts(
+        run.store,
+        Deployments(run.store, lambda: run.clock),
+        "f1",
+        run.publish,
+        run.send,
+        None,
+        "edgefleet",
+        lambda: run.clock,
+    )
     keyless.turn()
     got = run.rollouts.get("r1")
     assert got is not None and got.state == "aborting" and run.commands == []
@@ -1169,9 +1275,12 @@ def rows_of_telemetry(run: Runner, *rows: tuple[Any, ...]) -> None:
     """(node, ts, model, version, requests, failed, p95_ms, conf_n, conf_sum, routed,
     fallbacks) as the registry writes them."""
     with run.store.transaction() as tx:
-        tx.executemany("INSERT INTO telemetry (node, ts, model, version, requests, failed, p95_ms,"
-                       " conf_n, conf_sum, routed, fallbacks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                       " ?, ?)", rows)  # fmt: skip
+        tx.executemany(
+            "INSERT INTO telemetry (node, ts, model, version, requests, failed, p95_ms,"
+            " conf_n, conf_sum, routed, fallbacks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?,"
+            " ?, ?)",
+            rows,
+        )
 
 
 def test_the_canary_is_judged_on_its_version_since_the_soak_against_the_others(
@@ -1197,13 +1306,19 @@ def test_the_canary_is_judged_on_its_version_since_the_soak_against_the_others(
     got = run.rollouts.get("r1")
     assert got is not None
     assert run.rollouts.figures(got, True) == {
-        "requests": 19, "failure_rate": 3 / 19, "p95_ms": 80.0, "fallback_rate": 0.25,
+        "requests": 19,
+        "failure_rate": 3 / 19,
+        "p95_ms": 80.0,
+        "fallback_rate": 0.25,
         "confidence": 0.75,
-    }  # fmt: skip
+    }
     assert run.rollouts.figures(got, False) == {
-        "requests": 50, "failure_rate": 4 / 50, "p95_ms": 20.0, "fallback_rate": 0.02,
+        "requests": 50,
+        "failure_rate": 4 / 50,
+        "p95_ms": 20.0,
+        "fallback_rate": 0.02,
         "confidence": 0.9,
-    }  # fmt: skip
+    }
     assert run.rollouts.gates(got) == ""  # 19 calls: too few for the gates (20)
     got.gates = Gates(min_requests=19)
     assert run.rollouts.gates(got) == (
@@ -1215,8 +1330,13 @@ def test_no_telemetry_is_no_figures(tmp_path: Path) -> None:
     run = soaking(tmp_path)
     got = run.rollouts.get("r1")
     assert got is not None
-    none = {"requests": 0, "failure_rate": 0.0, "p95_ms": None, "fallback_rate": 0.0,
-            "confidence": None}  # fmt: skip
+    none = {
+        "requests": 0,
+        "failure_rate": 0.0,
+        "p95_ms": None,
+        "fallback_rate": 0.0,
+        "confidence": None,
+    }
     assert run.rollouts.figures(got, True) == none and run.rollouts.figures(got, False) == none
 
 
@@ -1252,9 +1372,12 @@ def test_telemetry_a_soak_judges_is_kept_older_than_an_hour(tmp_path: Path) -> N
     run = soaking(tmp_path, soak_s=86400)  # soaking since NOW + 1000
     run.clock = NOW + 10_000_000
     rows_of_telemetry(
-        run, *[("n0", ts, "m", "1", 1, 0, None, 0, 0.0, 0, 0) for ts in
-               (NOW + 999, NOW + 1000, NOW + 6_399_999, NOW + 6_400_000)],
-    )  # fmt: skip
+        run,
+        *[
+            ("n0", ts, "m", "1", 1, 0, None, 0, 0.0, 0, 0)
+            for ts in (NOW + 999, NOW + 1000, NOW + 6_399_999, NOW + 6_400_000)
+        ],
+    )
     assert run.rollouts.prune() == 1
     run.rollouts.act("r1", "pause", "bob")  # paused, it judges it still after its resume
     assert run.rollouts.prune() == 0
@@ -1268,8 +1391,11 @@ def test_telemetry_a_soak_judges_is_kept_older_than_an_hour(tmp_path: Path) -> N
 
 def test_a_soak_newer_than_an_hour_keeps_an_hour(tmp_path: Path) -> None:
     run = soaking(tmp_path, soak_s=86400)
-    rows_of_telemetry(run, ("n0", NOW - 3_599_000, "m", "1", 1, 0, None, 0, 0.0, 0, 0),
-                      ("n0", NOW - 3_599_001, "m", "1", 1, 0, None, 0, 0.0, 0, 0))  # fmt: skip
+    rows_of_telemetry(
+        run,
+        ("n0", NOW - 3_599_000, "m", "1", 1, 0, None, 0, 0.0, 0, 0),
+        ("n0", NOW - 3_599_001, "m", "1", 1, 0, None, 0, 0.0, 0, 0),
+    )
     assert run.rollouts.prune() == 1  # cutoff: NOW + 1000 - 3_600_000
     run.clock += 1
     assert run.rollouts.prune() == 1
@@ -1360,8 +1486,16 @@ def by_default(run: Runner) -> Rollouts:
     """The rollouts of ``run`` with the service's default offline time."""
     clock = run.clock
     deployments = Deployments(run.store, lambda: clock)
-    return Rollouts(run.store, deployments, "f1", run.publish, run.send, ("deploy-1", KEY),
-                    "edgefleet", lambda: clock)  # fmt: skip
+    return Rollouts(
+        run.store,
+        deployments,
+        "f1",
+        run.publish,
+        run.send,
+        ("deploy-1", KEY),
+        "edgefleet",
+        lambda: clock,
+    )
 
 
 def test_a_node_is_fresh_for_thirty_seconds_by_default(tmp_path: Path) -> None:

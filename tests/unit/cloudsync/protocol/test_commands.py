@@ -179,8 +179,15 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def signed(key: Ed25519PrivateKey, kid: str = "fleet-1", **fields: Any) -> bytes:
     """A command envelope with any fields, signed as ``sign`` signs."""
     body = {"name": "ping", "args": {}, "target": TARGET, "exp": NOW + 60_000, "nonce": "n-1"}
-    doc: dict[str, Any] = {"v": 1, "id": "cmd-1", "ts": NOW, "node": "operator", "seq": NOW,
-                           "body": body, "kid": kid}  # fmt: skip
+    doc: dict[str, Any] = {
+        "v": 1,
+        "id": "cmd-1",
+        "ts": NOW,
+        "node": "operator",
+        "seq": NOW,
+        "body": body,
+        "kid": kid,
+    }
     for name, value in fields.items():
         if name in body:
             body[name] = value
@@ -206,10 +213,20 @@ def test_sign_makes_exactly_the_documented_command(
     assert len(nonce) == 32 and int(nonce, 16) >= 0
     sig = doc.pop("sig")
     assert doc == {
-        "v": 1, "id": cmd_id, "ts": NOW, "node": "operator", "seq": NOW, "kid": "fleet-1",
-        "body": {"name": "drain", "args": {"s": 5}, "target": TARGET, "exp": NOW + 300_000,
-                 "nonce": nonce},
-    }  # fmt: skip
+        "v": 1,
+        "id": cmd_id,
+        "ts": NOW,
+        "node": "operator",
+        "seq": NOW,
+        "kid": "fleet-1",
+        "body": {
+            "name": "drain",
+            "args": {"s": 5},
+            "target": TARGET,
+            "exp": NOW + 300_000,
+            "nonce": nonce,
+        },
+    }
     fleet_key.public_key().verify(base64.b64decode(sig, validate=True), canonical(doc))
     again_id, again = sign(fleet_key, "k2", "op", "f/n", "ping", lifetime_s=1.5, cmd_id="c-9")
     other = json.loads(again)

@@ -51,8 +51,11 @@ def test_a_signed_manifest_verifies_and_says_what_it_holds(tmp_path: Path) -> No
     assert row == {"path": "model.onnx", "sha256": digest, "length": 10}
     found = verify(sign(manifest(), {"fleet-1": KEYS["fleet-1"]}), ANCHORS)
     assert (found.model, found.version, found.size, found.kids) == (
-        "intent-classifier", 7, 1234, ("fleet-1",),
-    )  # fmt: skip
+        "intent-classifier",
+        7,
+        1234,
+        ("fleet-1",),
+    )
     assert found.for_node("f1", "n1", "x86_64") == ""
     assert "fleet 'f1'" in found.for_node("f2", "n1", "x86_64")
 
@@ -85,9 +88,18 @@ def test_an_expired_manifest_is_refused_as_a_freeze() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["../etc/passwd", "/abs/model.onnx", "a/../../b", ".hidden", "a//b", "", "sub/-x", "a\\b",
-     "model.onnx\n"],
-)  # fmt: skip
+    [
+        "../etc/passwd",
+        "/abs/model.onnx",
+        "a/../../b",
+        ".hidden",
+        "a//b",
+        "",
+        "sub/-x",
+        "a\\b",
+        "model.onnx\n",
+    ],
+)
 def test_file_paths_stay_inside_the_version_directory(path: str) -> None:
     with pytest.raises(ManifestError, match="path"):
         make("m", 1, [{"path": path, "sha256": "ab" * 32, "length": 1}])
@@ -125,10 +137,12 @@ def test_malformed_manifests_name_what_is_wrong(changes: dict[str, Any], says: s
 
 def test_targets_by_hardware_and_nodes() -> None:
     found = verify(
-        sign(manifest(targets={"hardware": ["aarch64"], "nodes": ["n1", "n2"]}),
-             {"fleet-2": KEYS["fleet-2"]}),
+        sign(
+            manifest(targets={"hardware": ["aarch64"], "nodes": ["n1", "n2"]}),
+            {"fleet-2": KEYS["fleet-2"]},
+        ),
         ANCHORS,
-    )  # fmt: skip
+    )
     assert found.for_node("any", "n1", "aarch64") == ""
     assert "hardware aarch64" in found.for_node("any", "n1", "x86_64")
     assert "not among its nodes" in found.for_node("any", "n3", "aarch64")
@@ -184,23 +198,43 @@ def test_edgefleet_signs_a_removal_and_refuses_what_a_node_would_refuse(
         assert says in capsys.readouterr().err, argv
 
 
-FIELD = (st.none() | st.booleans() | st.integers() | st.text(max_size=70)
-         | st.sampled_from(["1.0", "2:1.0+1~rc1", "1.0/..", "model", "package", ""]))  # fmt: skip
+FIELD = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=70)
+    | st.sampled_from(["1.0", "2:1.0+1~rc1", "1.0/..", "model", "package", ""])
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(kind=st.sampled_from(["model", "package", None, "Package"]) | FIELD,
-       remove=FIELD, deb_version=FIELD,
-       path=st.sampled_from(["edged_1.0_amd64.deb", "model.onnx", "a/edged.deb", ".deb",
-                             "edged:1.deb", "edged_1.0_amd64.deb\n"]))  # fmt: skip
+@given(
+    kind=st.sampled_from(["model", "package", None, "Package"]) | FIELD,
+    remove=FIELD,
+    deb_version=FIELD,
+    path=st.sampled_from(
+        [
+            "edged_1.0_amd64.deb",
+            "model.onnx",
+            "a/edged.deb",
+            ".deb",
+            "edged:1.deb",
+            "edged_1.0_amd64.deb\n",
+        ]
+    ),
+)
 def test_any_type_remove_and_deb_version_give_a_consistent_manifest_or_a_refusal(
     kind: Any, remove: Any, deb_version: Any, path: str
 ) -> None:
     """What verify accepts is one of three shapes: a model version (files, no deb_version), a
     removal (no files), or a package (one .deb by a plain name, a Debian version); never a
     package that removes, nor a deb_version on a model."""
-    doc = manifest(files=[{"path": path, "sha256": "0" * 64, "length": 1}], type=kind,
-                   remove=remove, deb_version=deb_version)  # fmt: skip
+    doc = manifest(
+        files=[{"path": path, "sha256": "0" * 64, "length": 1}],
+        type=kind,
+        remove=remove,
+        deb_version=deb_version,
+    )
     try:
         found = verify(sign(doc, {"fleet-1": KEYS["fleet-1"]}), ANCHORS)
     except ManifestError:
@@ -235,8 +269,9 @@ def test_key_rotation_an_unknown_or_bad_signature_first_hides_no_valid_one() -> 
     """Several signatures, the first by a retired key (not an anchor any more) and the second
     forged: the valid ones after them still count (``continue`` -> ``break``)."""
     retired = Ed25519PrivateKey.generate()
-    doc = sign(manifest(), {"fleet-0": retired, "fleet-1": KEYS["fleet-1"],
-                            "fleet-2": KEYS["fleet-2"]})  # fmt: skip
+    doc = sign(
+        manifest(), {"fleet-0": retired, "fleet-1": KEYS["fleet-1"], "fleet-2": KEYS["fleet-2"]}
+    )
     forged = {"kid": "fleet-3", "sig": doc["signatures"][1]["sig"]}  # fleet-1's, not fleet-3's
     doc["signatures"].insert(1, forged)
     found = verify(doc, ANCHORS, threshold=2)
@@ -257,16 +292,23 @@ def test_a_refusal_names_what_an_unverified_manifest_claims_and_nothing_unusable
 
     signed = {"model": "intent-classifier", "version": 7}
     assert claimed({"manifest": {"signed": signed}}) == {
-        "model": "intent-classifier", "version": 7, "unverified": True,
-    }  # fmt: skip
+        "model": "intent-classifier",
+        "version": 7,
+        "unverified": True,
+    }
     package = {"kind": "package", "model": "edged", "version": 3}
     assert claimed({"manifest": {"signed": package}})["model"] == "package:edged"
-    bads: list[Any] = [None, [], {"manifest": []}, {"manifest": {"signed": "x"}},
-                       {"manifest": {"signed": {"model": "a b", "version": 1}}},
-                       {"manifest": {"signed": {"model": "m", "version": True}}},
-                       {"manifest": {"signed": {"model": "m", "version": 0}}},
-                       {"manifest": {"signed": {"model": "m", "version": 2**63}}},
-                       {"manifest": {"signed": {"model": "m", "version": "7"}}}]  # fmt: skip
+    bads: list[Any] = [
+        None,
+        [],
+        {"manifest": []},
+        {"manifest": {"signed": "x"}},
+        {"manifest": {"signed": {"model": "a b", "version": 1}}},
+        {"manifest": {"signed": {"model": "m", "version": True}}},
+        {"manifest": {"signed": {"model": "m", "version": 0}}},
+        {"manifest": {"signed": {"model": "m", "version": 2**63}}},
+        {"manifest": {"signed": {"model": "m", "version": "7"}}},
+    ]
     for bad in bads:
         assert claimed(bad) == {}, bad
 
@@ -284,19 +326,38 @@ def entry(path: str = "model.onnx", length: Any = 1) -> dict[str, Any]:
 def test_make_writes_exactly_the_documented_fields(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(manifest_module, "now_ms", lambda: 1_000_000)
     assert make("m", 2, FILES) == {
-        "type": "model", "spec": 1, "model": "m", "version": 2, "files": FILES, "targets": {},
-        "smoke": [], "expires": 1_000_000 + 7 * 24 * 3600 * 1000,
-    }  # fmt: skip
+        "type": "model",
+        "spec": 1,
+        "model": "m",
+        "version": 2,
+        "files": FILES,
+        "targets": {},
+        "smoke": [],
+        "expires": 1_000_000 + 7 * 24 * 3600 * 1000,
+    }
     smoke: list[dict[str, Any]] = [{"inputs": [], "outputs": []}]
     assert make("m", 2, FILES, lifetime_s=1.5, targets={"nodes": ["n1"]}, smoke=smoke) == {
-        "type": "model", "spec": 1, "model": "m", "version": 2, "files": FILES,
-        "targets": {"nodes": ["n1"]}, "smoke": smoke, "expires": 1_001_500,
-    }  # fmt: skip
+        "type": "model",
+        "spec": 1,
+        "model": "m",
+        "version": 2,
+        "files": FILES,
+        "targets": {"nodes": ["n1"]},
+        "smoke": smoke,
+        "expires": 1_001_500,
+    }
     deb = [entry("edged_1.0_amd64.deb")]
     assert make("edged", 3, deb, deb_version="1.0") == {
-        "type": "package", "deb_version": "1.0", "spec": 1, "model": "edged", "version": 3,
-        "files": deb, "targets": {}, "smoke": [], "expires": 1_000_000 + 604_800_000,
-    }  # fmt: skip
+        "type": "package",
+        "deb_version": "1.0",
+        "spec": 1,
+        "model": "edged",
+        "version": 3,
+        "files": deb,
+        "targets": {},
+        "smoke": [],
+        "expires": 1_000_000 + 604_800_000,
+    }
     assert make("m", 4, [], remove=True)["remove"] is True
     with pytest.raises(ManifestError, match="'version'"):
         make("m", 0, FILES)  # checked as a node checks it
@@ -319,25 +380,37 @@ def test_a_verified_manifest_carries_every_signed_field() -> None:
     smoke = [{"inputs": [{"name": "x"}], "outputs": []}]
     targets = {"fleet": "f1", "hardware": ["aarch64"], "nodes": ["n1"]}
     files = [entry("model.onnx", 0), entry("sub/config.pbtxt", 8 << 30)]
-    doc = sign(make("m.v2_x-y", 2**53 - 1, files, targets=targets, smoke=smoke),
-               {"fleet-2": KEYS["fleet-2"]})  # fmt: skip
+    doc = sign(
+        make("m.v2_x-y", 2**53 - 1, files, targets=targets, smoke=smoke),
+        {"fleet-2": KEYS["fleet-2"]},
+    )
     found = verify(doc, ANCHORS, now=doc["signed"]["expires"] - 1)
     assert found == Manifest(
-        "m.v2_x-y", 2**53 - 1,
+        "m.v2_x-y",
+        2**53 - 1,
         (FileEntry("model.onnx", "0" * 64, 0), FileEntry("sub/config.pbtxt", "0" * 64, 8 << 30)),
-        doc["signed"]["expires"], targets, smoke, ("fleet-2",), False, "model", "",
-    )  # fmt: skip
+        doc["signed"]["expires"],
+        targets,
+        smoke,
+        ("fleet-2",),
+        False,
+        "model",
+        "",
+    )
     assert found.size == 8 << 30 and found.key == "m.v2_x-y" and not found.configured
-    package = parse_signed(make("edged", 1, [entry("e.deb")],
-                                deb_version="2:1.0+b1~rc1"))  # fmt: skip
-    assert (package.kind, package.deb_version, package.key) == ("package", "2:1.0+b1~rc1",
-                                                                 "package:edged")  # fmt: skip
+    package = parse_signed(make("edged", 1, [entry("e.deb")], deb_version="2:1.0+b1~rc1"))
+    assert (package.kind, package.deb_version, package.key) == (
+        "package",
+        "2:1.0+b1~rc1",
+        "package:edged",
+    )
     assert (package.remove, package.kids, package.targets, package.smoke) == (False, (), {}, [])
 
 
 def test_who_a_manifest_is_for_is_said_exactly() -> None:
-    found = parse_signed(manifest(targets={"fleet": "f1", "hardware": ["aarch64", "riscv64"],
-                                           "nodes": ["n1", "n2"]}))  # fmt: skip
+    found = parse_signed(
+        manifest(targets={"fleet": "f1", "hardware": ["aarch64", "riscv64"], "nodes": ["n1", "n2"]})
+    )
     assert found.for_node("f1", "n2", "riscv64") == ""
     assert found.for_node("f2", "n1", "aarch64") == "for fleet 'f1', this node is in 'f2'"
     assert found.for_node("f1", "n1", "x86_64") == (
@@ -360,7 +433,10 @@ def test_a_file_entry_is_named_as_given_or_by_its_file(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"abc")
     digest = hashlib.sha256(b"abc").hexdigest()
     assert file_entry(tmp_path / "weights.bin", "sub/w.bin") == {
-        "path": "sub/w.bin", "sha256": digest, "length": 3}  # fmt: skip
+        "path": "sub/w.bin",
+        "sha256": digest,
+        "length": 3,
+    }
     assert file_entry(tmp_path / "weights.bin")["path"] == "weights.bin"
 
 
@@ -399,20 +475,34 @@ def test_the_bounds_of_versions_files_and_lengths_are_inclusive() -> None:
         ({"files": [entry("a/./b")]}, "file path 'a/./b' is not a plain relative path"),
         ({"files": [entry("a/")]}, "file path 'a/' is not a plain relative path"),
         ({"files": [entry("")]}, "file path '' is not a plain relative path"),
-        ({"files": [entry("a/.b")]}, "file path 'a/.b': '.b' may hold only letters, digits, '_',"
-                                     " '.', '+', '-', and may not start with '.' or '-'"),
-        ({"files": [entry("a/" + "x" * 129)]}, f"file path 'a/{'x' * 129}': '{'x' * 129}' may"
-         " hold only letters, digits, '_', '.', '+', '-', and may not start with '.' or '-'"),
-        ({"files": [{**entry(), "sha256": "A" * 64}]},
-         "file 'model.onnx': 'sha256' must be 64 lowercase hex digits"),
-        ({"files": [{**entry(), "sha256": "0" * 63}]},
-         "file 'model.onnx': 'sha256' must be 64 lowercase hex digits"),
-        ({"files": [{**entry(), "sha256": None}]},
-         "file 'model.onnx': 'sha256' must be 64 lowercase hex digits"),
+        (
+            {"files": [entry("a/.b")]},
+            "file path 'a/.b': '.b' may hold only letters, digits, '_',"
+            " '.', '+', '-', and may not start with '.' or '-'",
+        ),
+        (
+            {"files": [entry("a/" + "x" * 129)]},
+            f"file path 'a/{'x' * 129}': '{'x' * 129}' may"
+            " hold only letters, digits, '_', '.', '+', '-', and may not start with '.' or '-'",
+        ),
+        (
+            {"files": [{**entry(), "sha256": "A" * 64}]},
+            "file 'model.onnx': 'sha256' must be 64 lowercase hex digits",
+        ),
+        (
+            {"files": [{**entry(), "sha256": "0" * 63}]},
+            "file 'model.onnx': 'sha256' must be 64 lowercase hex digits",
+        ),
+        (
+            {"files": [{**entry(), "sha256": None}]},
+            "file 'model.onnx': 'sha256' must be 64 lowercase hex digits",
+        ),
         ({"files": [entry(), entry()]}, "a file is listed twice"),
         ({"targets": []}, "'targets' may hold only 'fleet', 'hardware' and 'nodes'"),
-        ({"targets": {"fleet": "f1", "zone": "z"}},
-         "'targets' may hold only 'fleet', 'hardware' and 'nodes'"),
+        (
+            {"targets": {"fleet": "f1", "zone": "z"}},
+            "'targets' may hold only 'fleet', 'hardware' and 'nodes'",
+        ),
         ({"targets": {"hardware": "aarch64"}}, "'targets.hardware' must be a list of names"),
         ({"targets": {"hardware": [1]}}, "'targets.hardware' must be a list of names"),
         ({"targets": {"nodes": ["n1", None]}}, "'targets.nodes' must be a list of names"),
@@ -421,20 +511,30 @@ def test_the_bounds_of_versions_files_and_lengths_are_inclusive() -> None:
         ({"expires": None}, "'expires' must be ms since the epoch"),
         ({"expires": True}, "'expires' must be ms since the epoch"),
         ({"expires": 1.5}, "'expires' must be ms since the epoch"),
-        ({"type": "package", "deb_version": 1},
-         "'deb_version' must be a Debian version (a package manifest)"),
+        (
+            {"type": "package", "deb_version": 1},
+            "'deb_version' must be a Debian version (a package manifest)",
+        ),
         ({"type": "package"}, "'deb_version' must be a Debian version (a package manifest)"),
-        ({"type": "package", "deb_version": "1." + "x" * 64},
-         "'deb_version' must be a Debian version (a package manifest)"),
-        ({"type": "package", "deb_version": "1.0", "files": [entry("e.deb"), entry("f.deb")]},
-         "a package manifest lists one file, the .deb (a plain name)"),
-        ({"type": "package", "deb_version": "1.0", "files": [entry("_e.deb")]},
-         "a package manifest lists one file, the .deb (a plain name)"),
-        ({"type": "package", "deb_version": "1.0", "files": [], "remove": True},
-         "a package manifest lists one file, the .deb (a plain name)"),
+        (
+            {"type": "package", "deb_version": "1." + "x" * 64},
+            "'deb_version' must be a Debian version (a package manifest)",
+        ),
+        (
+            {"type": "package", "deb_version": "1.0", "files": [entry("e.deb"), entry("f.deb")]},
+            "a package manifest lists one file, the .deb (a plain name)",
+        ),
+        (
+            {"type": "package", "deb_version": "1.0", "files": [entry("_e.deb")]},
+            "a package manifest lists one file, the .deb (a plain name)",
+        ),
+        (
+            {"type": "package", "deb_version": "1.0", "files": [], "remove": True},
+            "a package manifest lists one file, the .deb (a plain name)",
+        ),
         ({"type": "model", "deb_version": ""}, "'deb_version' is for package manifests"),
     ],
-)  # fmt: skip
+)
 def test_each_refusal_names_the_field_exactly(changes: dict[str, Any], says: str) -> None:
     assert refusal(manifest(**changes)) == says
 
@@ -460,9 +560,14 @@ def test_signatures_are_bounded_and_each_bad_one_says_why() -> None:
     with pytest.raises(ManifestError) as refused:
         verify({"signed": signed, "signatures": [good] * 17}, ANCHORS, now=9_999)
     assert str(refused.value) == "more than 16 signatures"
-    rows = ["x", {"kid": 7, "sig": good["sig"]}, {"kid": "fleet-2"},  # a trusted kid, no sig
-            {"kid": "fleet-2", "sig": "!" + good["sig"]},  # not base64: not skipped over
-            {"kid": "fleet-3", "sig": "abc"}, {"kid": "fleet-1", "sig": good["sig"]}]  # fmt: skip
+    rows = [
+        "x",
+        {"kid": 7, "sig": good["sig"]},
+        {"kid": "fleet-2"},  # a trusted kid, no sig
+        {"kid": "fleet-2", "sig": "!" + good["sig"]},  # not base64: not skipped over
+        {"kid": "fleet-3", "sig": "abc"},
+        {"kid": "fleet-1", "sig": good["sig"]},
+    ]
     with pytest.raises(ManifestError) as refused:
         verify({"signed": signed, "signatures": rows}, ANCHORS, threshold=2, now=9_999)
     assert str(refused.value) == (

@@ -97,14 +97,23 @@ EXAMPLE = (
 
 def test_the_documented_envelope_is_exactly_these_bytes_and_decodes_to_its_fields() -> None:
     sent = Envelope(
-        "jetson-17", 4242, {"temp_c": 41.5}, "3f2a9c0e5b7d4e1f8a6b2c4d0e9f1a3b", 1764760000123,
+        "jetson-17",
+        4242,
+        {"temp_c": 41.5},
+        "3f2a9c0e5b7d4e1f8a6b2c4d0e9f1a3b",
+        1764760000123,
         extra={"priority": "telemetry", "epoch": "5c1e0d9a7b3f4e21"},
-    )  # fmt: skip
+    )
     assert sent.v == 1 and sent.encode() == EXAMPLE
     got = envelope.decode(EXAMPLE)
     assert (got.node, got.seq, got.body, got.id, got.ts, got.v) == (
-        "jetson-17", 4242, {"temp_c": 41.5}, "3f2a9c0e5b7d4e1f8a6b2c4d0e9f1a3b", 1764760000123, 1,
-    )  # fmt: skip
+        "jetson-17",
+        4242,
+        {"temp_c": 41.5},
+        "3f2a9c0e5b7d4e1f8a6b2c4d0e9f1a3b",
+        1764760000123,
+        1,
+    )
     assert got.extra == {"epoch": "5c1e0d9a7b3f4e21", "priority": "telemetry"}
 
 
@@ -160,9 +169,13 @@ def test_a_record_body_of_the_documented_limit_fits_one_message_with_the_largest
     body = {"x": "y" * (260_096 - len(envelope.canonical({"x": ""})))}
     assert len(envelope.canonical(body)) == envelope.MAX_BODY_BYTES
     largest = Envelope(
-        "n" * 64, 2**63 - 1, body, "i" * 64, 2**63 - 1,
+        "n" * 64,
+        2**63 - 1,
+        body,
+        "i" * 64,
+        2**63 - 1,
         extra={"epoch": "e" * 16, "priority": "telemetry"},
-    )  # fmt: skip
+    )
     assert envelope.decode(largest.encode()) == largest
 
 
@@ -184,9 +197,19 @@ def test_nesting_of_32_levels_is_taken_and_33_are_refused_even_far_deeper() -> N
 
 @pytest.mark.parametrize(
     ("doc", "depth"),
-    [(1, 0), ("x", 0), (None, 0), ([], 1), ({}, 1), ([1, "a"], 1), ({"a": {"b": 1}}, 2),
-     ([[], [[[]]], {}], 4), ({"a": [1, {"b": []}], "c": {}}, 4), ([{"a": []}, [[[[]]]]], 5)],
-)  # fmt: skip
+    [
+        (1, 0),
+        ("x", 0),
+        (None, 0),
+        ([], 1),
+        ({}, 1),
+        ([1, "a"], 1),
+        ({"a": {"b": 1}}, 2),
+        ([[], [[[]]], {}], 4),
+        ({"a": [1, {"b": []}], "c": {}}, 4),
+        ([{"a": []}, [[[[]]]]], 5),
+    ],
+)
 def test_depth_counts_the_deepest_object_or_list(doc: object, depth: int) -> None:
     assert envelope.depth(doc) == depth
 
@@ -197,22 +220,29 @@ def test_depth_counts_the_deepest_object_or_list(doc: object, depth: int) -> Non
         (b"not json", "not JSON: Expecting value: line 1 column 1 (char 0)"),
         (b'{"x": NaN}', "not JSON: NaN is not JSON"),
         (b'{"x": -Infinity}', "not JSON: -Infinity is not JSON"),
-        (b"\xff\xfe{", "not JSON: 'utf-16-le' codec can't decode byte 0x7b in position 2:"
-                       " truncated data"),
+        (
+            b"\xff\xfe{",
+            "not JSON: 'utf-16-le' codec can't decode byte 0x7b in position 2: truncated data",
+        ),
         (b"[1, 2]", "an envelope is a JSON object"),
         (b'"text"', "an envelope is a JSON object"),
         (b"{}", "missing v, id, ts, node, seq, body"),
         (b'{"v": 1, "id": "a", "node": "n", "body": {}}', "missing ts, seq"),
-        (b'{"v": 2, "id": "a", "ts": 1, "node": "n", "seq": 0, "body": {}}',
-         "envelope version 2: this reader knows 1"),
-        (b'{"v": "1", "id": "a", "ts": 1, "node": "n", "seq": 0, "body": {}}',
-         "envelope version '1': this reader knows 1"),
-        (b'{"v": 1, "id": 7, "ts": 1.0, "node": ["n"], "seq": -1, "body": null}',
-         "bad id, ts, node, seq, body"),
-        (b'{"v": 1, "id": "a", "ts": false, "node": "n", "seq": 0.0, "body": {}}',
-         "bad ts, seq"),
+        (
+            b'{"v": 2, "id": "a", "ts": 1, "node": "n", "seq": 0, "body": {}}',
+            "envelope version 2: this reader knows 1",
+        ),
+        (
+            b'{"v": "1", "id": "a", "ts": 1, "node": "n", "seq": 0, "body": {}}',
+            "envelope version '1': this reader knows 1",
+        ),
+        (
+            b'{"v": 1, "id": 7, "ts": 1.0, "node": ["n"], "seq": -1, "body": null}',
+            "bad id, ts, node, seq, body",
+        ),
+        (b'{"v": 1, "id": "a", "ts": false, "node": "n", "seq": 0.0, "body": {}}', "bad ts, seq"),
     ],
-)  # fmt: skip
+)
 def test_every_refusal_says_exactly_what_is_wrong(doc: bytes, says: str) -> None:
     with pytest.raises(EnvelopeError) as refused:
         envelope.decode(doc)
@@ -228,10 +258,16 @@ def test_the_bounds_of_each_field_are_inclusive() -> None:
     assert (got.id, got.node, got.ts, got.seq, got.body) == ("i" * 64, "n" * 64, 0, 0, {})
     assert envelope.decode(doc(id="i", node="n")).id == "i"
     for fields, bad in (
-        ({"id": "i" * 65}, "bad id"), ({"node": "n" * 65}, "bad node"), ({"id": ""}, "bad id"),
-        ({"node": ""}, "bad node"), ({"ts": -1}, "bad ts"), ({"seq": -1}, "bad seq"),
-        ({"ts": True}, "bad ts"), ({"seq": True}, "bad seq"), ({"body": []}, "bad body"),
-    ):  # fmt: skip
+        ({"id": "i" * 65}, "bad id"),
+        ({"node": "n" * 65}, "bad node"),
+        ({"id": ""}, "bad id"),
+        ({"node": ""}, "bad node"),
+        ({"ts": -1}, "bad ts"),
+        ({"seq": -1}, "bad seq"),
+        ({"ts": True}, "bad ts"),
+        ({"seq": True}, "bad seq"),
+        ({"body": []}, "bad body"),
+    ):
         with pytest.raises(EnvelopeError) as refused:
             envelope.decode(doc(**fields))
         assert str(refused.value) == bad

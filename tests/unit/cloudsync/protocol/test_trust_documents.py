@@ -48,8 +48,9 @@ def test_one_key_under_two_kids_and_scoped_keys_do_not_make_a_threshold() -> Non
         verify(sign(twice, {"a": KEYS["a"], "a2": KEYS["a"]}), one)
     scoped = Trust(0, {"a": PUBLIC["a"], "ops": PUBLIC["d"]}, {"ops": frozenset({"drain"})}, 1)
     with pytest.raises(TrustError, match="0 valid signature"):  # a command key signs no trust
-        verify(sign(make(1, {"d": (PUBLIC["d"], None)}, 1), {"ops": KEYS["d"], "d": KEYS["d"]}),
-               scoped)  # fmt: skip
+        verify(
+            sign(make(1, {"d": (PUBLIC["d"], None)}, 1), {"ops": KEYS["d"], "d": KEYS["d"]}), scoped
+        )
 
 
 def test_a_node_keeps_what_it_took_and_a_file_it_cannot_read_gives_no_keys(
@@ -67,8 +68,10 @@ def test_a_node_keeps_what_it_took_and_a_file_it_cannot_read_gives_no_keys(
     again = TrustState(path, CURRENT)  # a restart
     assert sorted(again.current.anchors) == ["b", "c", "d"] and again.current.version == 2
     assert {raw(k) for k in again.current.anchors.values()} == {
-        raw(PUBLIC["b"]), raw(PUBLIC["c"]), raw(PUBLIC["d"]),
-    }  # fmt: skip
+        raw(PUBLIC["b"]),
+        raw(PUBLIC["c"]),
+        raw(PUBLIC["d"]),
+    }
     chain = json.loads(path.read_text())["chain"]
     for bad in (
         {"version": "one"},
