@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.peer import ensure_venv, start_peer  # noqa: E402
 from bench.routing import table  # noqa: E402
-from bench.serving import stop  # noqa: E402
+from bench.serving import edged_argv, stop  # noqa: E402
 from edged.client import Client  # noqa: E402
 from edged.common.egress import Ledger, digest  # noqa: E402
 from edged.common.stats import percentile  # noqa: E402
@@ -156,23 +156,7 @@ def bench_calls(rate: float, seconds: float, rounds: int, workdir: Path) -> None
                 f"[egress]\nenabled = {enabled}\n"
             )
             socket = work / "edged.sock"
-            procs[name] = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "edged",
-                    "--config",
-                    str(config),
-                    "--socket",
-                    str(socket),
-                    "--models",
-                    str(MODELS),
-                    "--state-dir",
-                    str(work / "state"),
-                    "--log-level",
-                    "warning",
-                ],
-            )
+            procs[name] = subprocess.Popen(edged_argv(work, config))
             clients[name] = Client(str(socket))
         for client in clients.values():
             wait_ready(client)

@@ -43,7 +43,7 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serving import rss_mib, tensor_inputs  # noqa: E402
+from bench.serving import edged_argv, rss_mib, tensor_inputs  # noqa: E402
 from edged.client import Client, UnixHTTPConnection  # noqa: E402
 from edged.common.stats import percentile  # noqa: E402
 from edged.oip.tensors import HEADER_LENGTH, encode_tensors  # noqa: E402
@@ -314,21 +314,7 @@ def start_peers(graphs: list[str], workdir: Path) -> dict[str, Any]:
 
 def start_edged(workdir: Path, models: Path = MODELS) -> tuple[subprocess.Popen[bytes], Path]:
     socket = workdir / "edged.sock"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edged",
-            "--socket",
-            str(socket),
-            "--models",
-            str(models),
-            "--state-dir",
-            str(workdir / "state"),
-            "--log-level",
-            "warning",
-        ],
-    )
+    proc = subprocess.Popen(edged_argv(workdir, models=models))
     client = Client(str(socket))
     while not (socket.exists() and _ready(client)):
         if proc.poll() is not None:

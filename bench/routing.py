@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.peer import ensure_venv, start_peer  # noqa: E402
-from bench.serving import stop  # noqa: E402
+from bench.serving import edged_argv, stop  # noqa: E402
 from edged.client import Client  # noqa: E402
 from edged.common.stats import percentile  # noqa: E402
 from edged.routing.conditions import parse  # noqa: E402
@@ -189,23 +189,7 @@ cloud_name = "text-encoder-int8"
 """
     )
     socket = workdir / "edged.sock"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edged",
-            "--config",
-            str(config),
-            "--socket",
-            str(socket),
-            "--models",
-            str(MODELS),
-            "--state-dir",
-            str(workdir / "state"),
-            "--log-level",
-            "warning",
-        ],
-    )
+    proc = subprocess.Popen(edged_argv(workdir, config))
     client = Client(str(socket))
     try:
         deadline = time.monotonic() + 60

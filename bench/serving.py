@@ -56,24 +56,23 @@ def timed(fn: Callable[[], object], runs: int) -> list[float]:
     return samples
 
 
+def edged_argv(workdir: Path, config: Path | None = None, models: Path = MODELS) -> list[str]:
+    """edged's command line in a benchmark: the socket ``workdir/edged.sock``, its state under
+    ``workdir``, the repository, warnings only; ``config`` when given."""
+    flags = {
+        "--socket": workdir / "edged.sock",
+        "--models": models,
+        "--state-dir": workdir / "state",
+        "--log-level": "warning",
+        **({"--config": config} if config is not None else {}),
+    }
+    return [sys.executable, "-m", "edged", *(str(x) for item in flags.items() for x in item)]
+
+
 def start_daemon(workdir: Path) -> tuple[subprocess.Popen[bytes], Client, float]:
     socket = workdir / "edged.sock"
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edged",
-            "--socket",
-            str(socket),
-            "--models",
-            str(MODELS),
-            "--state-dir",
-            str(workdir / "state"),
-            "--log-level",
-            "warning",
-        ],
-    )
+    proc = subprocess.Popen(edged_argv(workdir))
     client = Client(str(socket))
     while True:
         if proc.poll() is not None:

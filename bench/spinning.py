@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serving import timed  # noqa: E402
+from bench.serving import edged_argv, timed  # noqa: E402
 from edged.client import Client  # noqa: E402
 from tests.media import text_image  # noqa: E402
 
@@ -37,23 +37,7 @@ def median_ms(fn: Callable[[], object], runs: int) -> float:
 def run(spin: bool, feeds: dict[str, np.ndarray], image: bytes) -> str:
     workdir = Path(tempfile.mkdtemp())
     (workdir / "edged.toml").write_text(f"[onnxruntime]\nallow_spinning = {str(spin).lower()}\n")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edged",
-            "--config",
-            str(workdir / "edged.toml"),
-            "--socket",
-            str(workdir / "edged.sock"),
-            "--models",
-            str(MODELS),
-            "--state-dir",
-            str(workdir / "state"),
-            "--log-level",
-            "warning",
-        ],
-    )
+    proc = subprocess.Popen(edged_argv(workdir, workdir / "edged.toml"))
     try:
         client = Client(str(workdir / "edged.sock"))
         while not ((workdir / "edged.sock").exists() and client.ready()):

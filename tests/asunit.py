@@ -52,6 +52,12 @@ class Account:
                 os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
 
 
+def setpriv(uid: int) -> list[str]:
+    """The command prefix that runs a program as ``uid`` (the group of that number, no other
+    groups): a second local user, for the tests of who may call."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+
+
 def _limits() -> None:
     # runs after the switch to the user: a limit may be lowered, never raised
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]

@@ -26,9 +26,10 @@ import pymilvus
 import pytest
 
 from edged.knowledge.store import Chunk, KnowledgeStore
+from tests import asunit
 from tests.conftest import Daemon, require_models
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+NOBODY = asunit.setpriv(65534)
 LISTEN = "0A"  # /proc/net/tcp's st for TCP_LISTEN
 ACCEPTCON = 0x00010000  # /proc/net/unix's Flags bit for a listening socket
 SECRET = "The door code of the server room is 4417, changed every Monday."

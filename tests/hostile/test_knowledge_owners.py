@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests import asunit
 from tests.conftest import MODELS, ROOT, Daemon
 
 ALICE, MALLORY = 65534, 65533
@@ -77,10 +78,7 @@ def daemon() -> Iterator[Daemon]:
 def calls(daemon: Daemon, uid: int, *actions: tuple[str, str, Any]) -> list[list[Any]]:
     probe = subprocess.run(
         [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            "--clear-groups",
+            *asunit.setpriv(uid),
             sys.executable,
             "-c",
             PROBE,

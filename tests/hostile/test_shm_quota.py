@@ -249,10 +249,7 @@ def filled(daemon: Public, uid: int, key: str, most: int) -> Iterator[list[objec
         skip_or_fail("another uid needs setpriv (util-linux)")
     probe = subprocess.Popen(
         [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            "--clear-groups",
+            *asunit.setpriv(uid),
             sys.executable,
             "-c",
             FILL,

@@ -32,9 +32,10 @@ from hypothesis import strategies as st
 from cloudsync.protocol import spool
 from cloudsync.protocol.manifest import file_entry, make, sign
 from cloudsync.updater import Settings, Updater
+from tests import asunit
 from tests.conftest import skip_or_fail
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+NOBODY = asunit.setpriv(65534)
 SECRET = b'{"manifest": "root\'s own file: never read through a link"}'
 
 

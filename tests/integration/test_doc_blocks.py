@@ -185,23 +185,20 @@ class Scene:
         self.device.wait()
         wait_for(lambda: state() == "offline", 30, "jetson-43 offline")
 
+    def cloudsync(self, work: Path) -> subprocess.Popen[bytes]:
+        """cloudsync on ``work/cloudsync.toml``, its output in ``work/cloudsync.log``; stopped
+        with the harness."""
+        with (work / "cloudsync.log").open("wb") as log:
+            argv = [sys.executable, "-m", "cloudsync.agent.cli", "--config"]
+            proc = subprocess.Popen([*argv, str(work / "cloudsync.toml")], stdout=log, stderr=log)
+        self.procs.append(proc)
+        return proc
+
     def start_node(self) -> None:
         """jetson-17, in front of edged, trusting the fleet key the README's keygen made."""
         labels = 'labels = { site = "berlin", tier = "camera" }'
         work = self.node("jetson-17", self.edged.socket, labels)
-        with (work / "cloudsync.log").open("wb") as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "cloudsync.agent.cli",
-                    "--config",
-                    str(work / "cloudsync.toml"),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.procs.append(proc)
+        proc = self.cloudsync(work)
         online = lambda: self.service.call("GET", "/v1/nodes/jetson-17")[1]  # noqa: E731
         # online, with edged's models in a heartbeat: the block lists them (the first heartbeats
         # may come before edged has loaded them, and say "-")
@@ -229,19 +226,7 @@ class Scene:
         text = text.replace(f"{self.pki}/jetson-43.pem", f"{work}/device.pem")
         text = text.replace(f"{self.pki}/jetson-43.key", f"{work}/device.key")
         (work / "cloudsync.toml").write_text(text)
-        with (work / "cloudsync.log").open("wb") as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "cloudsync.agent.cli",
-                    "--config",
-                    str(work / "cloudsync.toml"),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.procs.append(proc)
+        proc = self.cloudsync(work)
         self.device = proc
 
         def pending() -> bool:

@@ -23,6 +23,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from tests import asunit
 from tests.conftest import MODELS, Daemon, skip_or_fail
 from tests.relay import tcp_relay
 
@@ -230,10 +231,7 @@ def test_another_uid_neither_reads_a_file_kept_from_it_nor_sees_anothers_region(
         try:
             done = subprocess.run(
                 [
-                    "setpriv",
-                    "--reuid=65534",
-                    "--regid=65534",
-                    "--clear-groups",
+                    *asunit.setpriv(65534),
                     sys.executable,
                     "-c",
                     OTHER_UID,

@@ -59,17 +59,7 @@ class Runner:
         self.up = True  # whether the broker takes a publish
         self.down: set[str] = set()  # nodes whose publish the broker does not take
         self.broker = True  # whether the broker takes a command
-        self.rollouts = Rollouts(
-            self.store,
-            Deployments(self.store, lambda: self.clock),
-            "f1",
-            self.publish,
-            self.send,
-            ("deploy-1", KEY),
-            "edgefleet",
-            lambda: self.clock,
-            30_000,
-        )
+        self.rollouts = self.engine(("deploy-1", KEY))
         self.desired: dict[str, list[dict[str, Any]]] = {}
         births = [
             Message(
@@ -78,6 +68,20 @@ class Runner:
             for i in range(nodes)
         ]
         Registry(self.store).ingest(births)
+
+    def engine(self, deploy_key: tuple[str, Ed25519PrivateKey] | None) -> Rollouts:
+        """A rollouts engine over this runner's store, clock and broker."""
+        deployments = Deployments(self.store, lambda: self.clock)
+        return Rollouts(
+            self.store,
+            deployments,
+            "f1",
+            self.publish,
+            self.send,
+            deploy_key,
+            "edgefleet",
+            lambda: self.clock,
+        )
 
     def publish(self, node: str, entries: list[dict[str, Any]]) -> bool:
         """As the service publishes: the node's desired state written at once."""
@@ -662,16 +666,7 @@ def test_targets_are_those_the_manifest_targets(tmp_path: Path) -> None:
 
 def test_a_service_without_a_deploy_key_cannot_create_a_rollout(tmp_path: Path) -> None:
     run = Runner(tmp_path, nodes=1)
-    keyless = Rollouts(
-        run.store,
-        Deployments(run.store, lambda: run.clock),
-        "f1",
-        run.publish,
-        run.send,
-        None,
-        "edgefleet",
-        lambda: run.clock,
-    )
+    keyless = run.engine(None)
     refused = (
         "the service has no deploy key ([service] deploy_key): it could not sign the rollbacks"
         " an abort needs"
@@ -1221,16 +1216,7 @@ def test_a_service_without_a_deploy_key_leaves_an_abort_waiting(tmp_path: Path) 
     make(run, stages=[1.0])
     run.rollouts.turn()
     run.rollouts.act("r1", "abort", "bob")
-    keyless = Rollouts(
-        run.store,
-        Deployments(run.store, lambda: run.clock),
-        "f1",
-        run.publish,
-        run.send,
-        None,
-        "edgefleet",
-        lambda: run.clock,
-    )
+    keyless = run.engine(None)
     keyless.turn()
     got = run.rollouts.get("r1")
     assert got is not None and got.state == "aborting" and run.commands == []
