@@ -56,11 +56,10 @@ async def rest_infer(
             except (ValueError, AttributeError):
                 message = data[:200].decode(errors="replace")
             raise InferenceServerException(msg=str(message), status=str(response.status))
+        # aiohttp asks for gzip and has decoded the body already: Triton compresses its answer
+        # when the request accepts it (MLServer does not), so no encoding is left to undo
         return triton_http.InferResult.from_response_body(
-            data,
-            False,
-            response.headers.get("Inference-Header-Content-Length"),
-            response.headers.get("Content-Encoding"),
+            data, False, response.headers.get("Inference-Header-Content-Length"), None
         )
 
 

@@ -20,6 +20,7 @@ import hypothesis  # (imported here, at collection: its pytest plugin would impo
 import pytest  # at the summary, where CPython 3.11's compiler can trip over threads still running)
 
 from bench.peer import Peer, ensure_venv, start_peer
+from bench.triton_peer import ensure_triton, start_triton
 from edged.client import Client, ClientError
 from tests import asunit
 from tests.faultproxy import FaultProxy
@@ -305,6 +306,28 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     )
     port = int(peer.http_url.rsplit(":", 1)[1])
     proxy = FaultProxy("127.0.0.1", port)
+    try:
+        yield Cloud(peer, proxy, journal, faults)
+    finally:
+        proxy.close()
+        peer.stop()
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
+    """Triton Inference Server itself as the cloud (bench/triton_peer.py: 2.51.0 from
+    nvidia-pytriton's wheel, in a venv of the system's Python): the cloud model and its B arm
+    through the python backend, with the journal and the faults; a fault proxy in front."""
+    work = tmp_path_factory.mktemp("triton")
+    try:
+        venv = ensure_triton()
+    except (RuntimeError, OSError) as exc:
+        skip_or_fail(f"cannot install Triton for the cloud tier: {exc}")
+    journal, faults = work / "journal.jsonl", work / "faults.json"
+    source = MODELS / CLOUD_MODEL
+    models = {CLOUD_MODEL: source, CLOUD_MODEL_B: source}
+    peer = start_triton(venv, models, work / "server", journal=journal, faults=faults)
+    proxy = FaultProxy("127.0.0.1", int(peer.http_url.rsplit(":", 1)[1]))
     try:
         yield Cloud(peer, proxy, journal, faults)
     finally:

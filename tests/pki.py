@@ -61,3 +61,14 @@ def alternative_name(host: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
         return x509.DNSName(host)
+
+
+def gateway_pki(directory: Path) -> Path:
+    """An API gateway's PKI in ``directory``: ca, gateway (for localhost), device (from the
+    CA: edge-node-1) and rogue (from another CA)."""
+    ca = issue("fleet CA", None, directory, "ca")
+    issue("localhost", ca, directory, "gateway", server=True)
+    issue("edge-node-1", ca, directory, "device")
+    other = issue("someone else's CA", None, directory, "other-ca")
+    issue("edge-node-rogue", other, directory, "rogue")
+    return directory

@@ -22,21 +22,14 @@ from aiohttp import web
 
 from tests.conftest import CLOUD_MODEL, Cloud, Daemon, LoopThread, wait_for
 from tests.integration.edged.test_routing import ask, cloud_state
-from tests.pki import issue
+from tests.pki import gateway_pki
 
 TOKEN = "Bearer s3cret-fleet-token"
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """ca, gateway (for localhost), device (from the CA) and rogue (from another CA)."""
-    directory = tmp_path_factory.mktemp("pki")
-    ca = issue("fleet CA", None, directory, "ca")
-    issue("localhost", ca, directory, "gateway", server=True)
-    issue("edge-node-1", ca, directory, "device")
-    other = issue("someone else's CA", None, directory, "other-ca")
-    issue("edge-node-rogue", other, directory, "rogue")
-    return directory
+    return gateway_pki(tmp_path_factory.mktemp("pki"))
 
 
 @dataclass
