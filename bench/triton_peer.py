@@ -39,7 +39,7 @@ from bench.peer import Peer, _status, free_port  # noqa: E402
 
 VENV = ROOT / ".bench-venv" / "triton"
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # the python backend's stub links its libpython
-PACKAGES = ("nvidia-pytriton==0.7.0", "onnxruntime==1.32.0", "numpy")
+PACKAGES = ("nvidia-pytriton==0.7.0", "onnxruntime==1.32.0", "numpy", "pocketsphinx==5.1.1")
 STAMP = ".triton-installed"
 
 # The python backend's model: ONNX Runtime on the version's model.onnx; the journal and the
@@ -111,6 +111,130 @@ class TritonPythonModel:
             tensors = [pb_utils.Tensor(n, np.asarray(r)) for n, r in zip(self.outputs, results)]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
+"""
+
+
+# The tests' question-answering and speech models (bench/peer.py's ANSWER_RUNTIME and
+# SPEECH_RUNTIME, the same logic) as python-backend models: a passage's sentence that shares the
+# most words with the question; pocketsphinx's open-vocabulary English recogniser.
+PRELUDE = """\
+import io
+import json
+import re
+import sys
+import wave
+
+sys.path.insert(0, {site!r})
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+JOURNAL = {journal!r}
+
+
+def journal(line):
+    if JOURNAL:
+        with open(JOURNAL, "a") as f:
+            f.write(json.dumps({{**line, "server": "triton"}}) + "\\n")
+
+
+def text(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    values = [] if tensor is None else tensor.as_numpy().ravel().tolist()
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
+def strings(name, values):
+    return pb_utils.Tensor(name, np.array([v.encode() for v in values], dtype=np.object_))
+"""
+ANSWER_PY = """
+WORD = re.compile(r"[a-z0-9]+")
+SENTENCE = re.compile(r"(?<=[.!?])\\s+")
+COMMON = set("a an and are as at be by do does for from how i in is it my of on or the to what"
+             " when where which who why with you your".split())
+
+
+def words(text):
+    return {{w for w in WORD.findall(text.lower()) if w not in COMMON}}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_name"]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            question, context = text(request, "question")[0], text(request, "context")
+            journal({{"id": request.request_id(), "model": self.name, "question": question,
+                      "context": context}})
+            asked = words(question)
+            sentences = [s for p in context for s in SENTENCE.split(p) if s.strip()]
+            best = max(sentences, key=lambda s: len(asked & words(s)), default="")
+            answer = strings("answer", [best or "I do not know."])
+            responses.append(pb_utils.InferenceResponse(output_tensors=[answer]))
+        return responses
+"""
+SPEECH_PY = """
+from pocketsphinx import Decoder
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_name"]
+        self.decoder = Decoder(loglevel="FATAL")  # its default: US English, open vocabulary
+
+    def hear(self, data):
+        try:
+            with wave.open(io.BytesIO(data)) as wav:
+                shape = (wav.getframerate(), wav.getnchannels(), wav.getsampwidth())
+                samples = wav.readframes(wav.getnframes())
+        except (wave.Error, EOFError) as exc:
+            raise ValueError(f"audio: not a WAV file: {{exc}}") from None
+        if shape != (16000, 1, 2):
+            raise ValueError(f"audio: 16 kHz mono 16-bit only, not {{shape}}")
+        self.decoder.start_utt()
+        self.decoder.process_raw(samples, False, True)
+        self.decoder.end_utt()
+        hypothesis = self.decoder.hyp()
+        return " ".join(hypothesis.hypstr.split()) if hypothesis is not None else ""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "audio").as_numpy().ravel()[0]
+            data = bytes(data)
+            journal({{"id": request.request_id(), "model": self.name, "audio_bytes": len(data)}})
+            try:
+                heard = self.hear(data)
+            except ValueError as exc:
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+                continue
+            sure = pb_utils.Tensor("confidence", np.array([1.0 if heard else 0.0], np.float32))
+            outputs = [strings("text", [heard]), sure]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+"""
+ANSWER_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "question" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "context" data_type: TYPE_STRING dims: [ -1 ] optional: true }
+]
+output [ { name: "answer" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+SPEECH_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "audio" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [
+  { name: "text" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "confidence" data_type: TYPE_FP32 dims: [ 1 ] }
+]
+instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 
@@ -196,6 +320,18 @@ def write_model(
     return model
 
 
+def write_python_model(
+    repository: Path, name: str, config: str, source: str, site: Path, journal: Path | None
+) -> None:
+    """A python-backend model of ours (``config`` without its name, ``source`` after the
+    shared prelude)."""
+    model = repository / name
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(f'name: "{name}"' + config)
+    prelude = PRELUDE.format(site=str(site), journal=str(journal) if journal else None)
+    (model / "1" / "model.py").write_text(prelude + source.format())
+
+
 def start_triton(
     venv: Path,
     models: dict[str, Path],
@@ -203,16 +339,25 @@ def start_triton(
     *,
     journal: Path | None = None,
     faults: Path | None = None,
+    answer_model: str | None = None,
+    speech_model: str | None = None,
     timeout: float = 120.0,
 ) -> Peer:
     """``tritonserver`` on loopback (HTTP and gRPC on free ports, no metrics port) serving
-    ``models`` (name -> a model directory of our repository), ready when it returns."""
+    ``models`` (name -> a model directory of our repository), and the question-answering and
+    speech models under the names given; ready when it returns."""
     server = server_dir(venv)
     site = server.parents[1]
     repository = workdir / "repository"
     repository.mkdir(parents=True)
     for name, source in models.items():
         write_model(repository, name, source, site, journal, faults)
+    for name, config, code in (
+        (answer_model, ANSWER_CONFIG, ANSWER_PY),
+        (speech_model, SPEECH_CONFIG, SPEECH_PY),
+    ):
+        if name is not None:
+            write_python_model(repository, name, config, code, site, journal)
     http_port, grpc_port = free_port(), free_port()
     log = workdir / "tritonserver.log"
     argv = [

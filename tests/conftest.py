@@ -246,7 +246,7 @@ def copy_model(repository: Path, name: str) -> Path:
     return link
 
 
-# ---- the cloud tier: MLServer on loopback, behind a fault-injecting proxy --------------------
+# ---- the cloud tier: Triton on loopback, behind a fault-injecting proxy ----------------------
 
 
 @dataclass
@@ -284,55 +284,64 @@ class Cloud:
         self.faults.write_text(json.dumps(faults))
 
 
+# the cloud of the cloud-tier tests: Triton Inference Server itself (the brief's cloud), or
+# MLServer (EDGED_TEST_CLOUD=mlserver: the cloud of the suite before issue 46)
+CLOUD_SERVER = os.environ.get("EDGED_TEST_CLOUD", "triton")
+
+
+def start_cloud(server: str, work: Path) -> Cloud:
+    """``server`` ("triton" or "mlserver") serving the cloud model, its B arm, the answer and
+    speech models, with the journal and the faults; a fault proxy in front of its REST port."""
+    try:
+        venv = ensure_triton() if server == "triton" else ensure_venv()
+    except (RuntimeError, OSError) as exc:
+        skip_or_fail(f"cannot install {server} for the cloud tier: {exc}")
+    journal, faults = work / "journal.jsonl", work / "faults.json"
+    served = {"answer_model": ANSWER_MODEL, "speech_model": SPEECH_MODEL}
+    if server == "triton":
+        models = {CLOUD_MODEL: MODELS / CLOUD_MODEL, CLOUD_MODEL_B: MODELS / CLOUD_MODEL}
+        peer = start_triton(venv, models, work / "triton", journal=journal, faults=faults, **served)
+    else:
+        onnx = MODELS / CLOUD_MODEL / "1" / "model.onnx"
+        peer = start_peer(
+            venv,
+            onnx,
+            CLOUD_MODEL,
+            work / "mlserver",
+            journal=journal,
+            faults=faults,
+            more_models={CLOUD_MODEL_B: onnx},
+            **served,
+        )
+    return Cloud(
+        peer, FaultProxy("127.0.0.1", int(peer.http_url.rsplit(":", 1)[1])), journal, faults
+    )
+
+
 @pytest.fixture(scope="session")
 def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
-    work = tmp_path_factory.mktemp("cloud")
+    """The cloud tier of the tests (CLOUD_SERVER), on loopback behind a fault proxy."""
+    found = start_cloud(CLOUD_SERVER, tmp_path_factory.mktemp("cloud"))
     try:
-        venv = ensure_venv()
-    except (RuntimeError, OSError) as exc:
-        skip_or_fail(f"cannot install MLServer for the cloud tier: {exc}")
-    journal, faults = work / "journal.jsonl", work / "faults.json"
-    onnx = MODELS / CLOUD_MODEL / "1" / "model.onnx"
-    peer = start_peer(
-        venv,
-        onnx,
-        CLOUD_MODEL,
-        work / "mlserver",
-        journal=journal,
-        faults=faults,
-        answer_model=ANSWER_MODEL,
-        speech_model=SPEECH_MODEL,
-        more_models={CLOUD_MODEL_B: onnx},  # a second version on the server, for A/B
-    )
-    port = int(peer.http_url.rsplit(":", 1)[1])
-    proxy = FaultProxy("127.0.0.1", port)
-    try:
-        yield Cloud(peer, proxy, journal, faults)
+        yield found
     finally:
-        proxy.close()
-        peer.stop()
+        found.proxy.close()
+        found.peer.stop()
 
 
 @pytest.fixture(scope="session")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
-    """Triton Inference Server itself as the cloud (bench/triton_peer.py: 2.51.0 from
-    nvidia-pytriton's wheel, in a venv of the system's Python): the cloud model and its B arm
-    through the python backend, with the journal and the faults; a fault proxy in front."""
-    work = tmp_path_factory.mktemp("triton")
+def triton(cloud: Cloud, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
+    """Triton Inference Server itself (bench/triton_peer.py: 2.51.0 from nvidia-pytriton's
+    wheel, in a venv of the system's Python): the cloud when it is Triton, else one more."""
+    if CLOUD_SERVER == "triton":
+        yield cloud
+        return
+    found = start_cloud("triton", tmp_path_factory.mktemp("triton"))
     try:
-        venv = ensure_triton()
-    except (RuntimeError, OSError) as exc:
-        skip_or_fail(f"cannot install Triton for the cloud tier: {exc}")
-    journal, faults = work / "journal.jsonl", work / "faults.json"
-    source = MODELS / CLOUD_MODEL
-    models = {CLOUD_MODEL: source, CLOUD_MODEL_B: source}
-    peer = start_triton(venv, models, work / "server", journal=journal, faults=faults)
-    proxy = FaultProxy("127.0.0.1", int(peer.http_url.rsplit(":", 1)[1]))
-    try:
-        yield Cloud(peer, proxy, journal, faults)
+        yield found
     finally:
-        proxy.close()
-        peer.stop()
+        found.proxy.close()
+        found.peer.stop()
 
 
 def answer_model_config(cloud: Cloud) -> str:

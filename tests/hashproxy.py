@@ -17,7 +17,14 @@ from aiohttp import web
 
 from tests.conftest import LoopThread
 
-KEPT_HEADERS = ("Content-Type", "Inference-Header-Content-Length", "Content-Encoding")
+# forwarded both ways; the bodies pass as they are (no decompression: Triton gzips its answers
+# when the request accepts gzip, and the Content-Encoding must go with the bytes it describes)
+KEPT_HEADERS = (
+    "Content-Type",
+    "Inference-Header-Content-Length",
+    "Content-Encoding",
+    "Accept-Encoding",
+)
 
 
 class Recording(LoopThread):
@@ -48,7 +55,7 @@ class HashProxy(Recording):
             return [s for s in self.seen if s["method"] == "POST"]
 
     async def _serve(self) -> None:
-        self.session = aiohttp.ClientSession()
+        self.session = aiohttp.ClientSession(auto_decompress=False)
         app = web.Application(client_max_size=256 << 20)
         app.router.add_route("*", "/{tail:.*}", self.forward)
         self.runner = web.AppRunner(app, access_log=None)

@@ -25,6 +25,8 @@ from tests.integration.edged.test_routing import ask, cloud_state
 from tests.pki import gateway_pki
 
 TOKEN = "Bearer s3cret-fleet-token"
+# what the gateway passes on, both ways (binary tensors' JSON header length: Triton takes them)
+PASSED = ("Content-Type", "Inference-Header-Content-Length")
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +78,12 @@ class Gateway(LoopThread):
             request.method,
             f"{self.upstream}/{request.match_info['tail']}",
             data=await request.read(),
-            headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
+            headers={k: v for k, v in request.headers.items() if k in PASSED},
         ) as upstream:
-            body = await upstream.read()
-            return web.Response(
-                body=body, status=upstream.status, content_type=upstream.content_type
-            )
+            body = await upstream.read()  # decoded, if Triton gzipped it
+            headers = {k: v for k, v in upstream.headers.items() if k in PASSED}
+            headers.pop("Content-Encoding", None)
+            return web.Response(body=body, status=upstream.status, headers=headers)
 
 
 @pytest.fixture
