@@ -6,9 +6,12 @@ What a Triton user measures: ``tritonclient.grpc`` on edged's gRPC socket (it ta
 ``unix://``), ``tritonclient.http`` on edged's REST socket through a loopback relay (its HTTP
 client takes only TCP: socat when installed, as docs/API.md shows, else a Python relay in this
 process), and the same two clients on MLServer's ports (its own venv, bench/peer.py; without and
-with its adaptive batching, since edged batches). Binary tensors on REST where the server has
-the extension (edged), JSON otherwise (MLServer). One client per thread, closed loop; QPS and
-p50/p95 in ms, and QPS against MLServer gRPC (no batching) in the same run.
+with its adaptive batching, since edged batches) and on Triton Inference Server's
+(bench/triton_peer.py: 2.51.0, the python backend running ONNX Runtime, behind Triton's dynamic
+batcher). Binary tensors on REST where the server has the extension (edged, Triton), JSON
+otherwise (MLServer). One client per thread, closed loop; QPS, p50/p95 in ms, the server's CPU
+per call (from /proc), and QPS against MLServer gRPC (no batching) and against Triton over the
+same protocol, in the same run.
 
 Then the floors of the two protocol stacks on this machine: a bare ``grpc.aio`` servicer and a
 bare aiohttp handler on Unix sockets, each answering a fixed response with no model, called by
@@ -40,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.load import (  # noqa: E402
+    MODELS,
     Call,
     Result,
     _datatype,
@@ -51,6 +55,7 @@ from bench.load import (  # noqa: E402
     table,
     tensor_inputs,
 )
+from bench.triton_peer import ensure_triton, metadata, start_triton  # noqa: E402
 
 Tensors = dict[str, np.ndarray]
 
@@ -111,9 +116,19 @@ def relay(target: Path) -> Iterator[tuple[str, str]]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User and system CPU time of a process and its descendants (Triton's python-backend
+    stubs are processes of their own), from /proc."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def run(make: Callable[[], Call], c: int, seconds: float, pid: int) -> tuple[Result, float]:
@@ -197,7 +212,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--no-peer", action="store_true", help="skip MLServer")
+    parser.add_argument("--no-peer", action="store_true", help="skip MLServer and Triton")
     args = parser.parse_args()
     inputs = tensor_inputs()
     graphs = {"intent-classifier": "intent head", "text-encoder": "text encoder"}
@@ -212,6 +227,7 @@ def main() -> None:
         "errors",
         "server CPU µs/call",
         "QPS / MLServer gRPC",
+        "QPS / Triton, same protocol",
     ]
     rows: list[list[str]] = []
     peers: dict[str, Any] = {}
@@ -221,6 +237,9 @@ def main() -> None:
         try:
             if not args.no_peer:
                 peers = start_peers(list(graphs), work)
+                models = {graph: MODELS / graph for graph in graphs}
+                peers["triton"] = start_triton(ensure_triton(), models, work / "triton")
+                print(f"Triton {metadata(peers['triton'])['version']} (python backend, ORT)")
             with relay(sock) as (address, relayed_by):
                 print(f"tritonclient.http reaches edged's socket through {relayed_by}")
                 for graph, label in graphs.items():
@@ -255,6 +274,20 @@ def main() -> None:
                             ),
                             peer.proc.pid,
                         )
+                    triton = peers.get("triton")
+                    if triton is not None:
+                        targets["Triton gRPC/TCP"] = (
+                            "tritonclient.grpc",
+                            grpc_client(triton.grpc_url, graph, feeds),
+                            triton.proc.pid,
+                        )
+                        targets["Triton REST/TCP"] = (
+                            "tritonclient.http",
+                            http_client(
+                                triton.http_url.removeprefix("http://"), graph, feeds, binary=True
+                            ),
+                            triton.proc.pid,
+                        )
                     for c in args.concurrency:
                         measured = {}
                         for target, (client, make, pid) in targets.items():
@@ -262,6 +295,9 @@ def main() -> None:
                         base = measured.get("MLServer gRPC/TCP")
                         for target, (client, r, cpu) in measured.items():
                             ratio = f"{r.qps / base[1].qps:.2f}x" if base and base[1].qps else "-"
+                            protocol = target.split()[-1].split("/")[0]  # gRPC or REST
+                            same = measured.get(f"Triton {protocol}/TCP")
+                            versus = f"{r.qps / same[1].qps:.2f}x" if same and same[1].qps else "-"
                             rows.append(
                                 [
                                     label,
@@ -274,6 +310,7 @@ def main() -> None:
                                     str(r.errors),
                                     f"{cpu:.0f}",
                                     ratio,
+                                    versus,
                                 ]
                             )
                             print(" | ".join(rows[-1]), flush=True)

@@ -66,8 +66,9 @@ class TritonPythonModel:
     def initialize(self, args):
         self.name = args["model_name"]
         here = os.path.join(args["model_repository"], args["model_version"])
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
+        options = ort.SessionOptions()  # threads that do not spin, as edged's sessions
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self.session = ort.InferenceSession(
             os.path.join(here, "model.onnx"), options, providers=["CPUExecutionProvider"]
         )

@@ -22,7 +22,7 @@ import contextvars
 import importlib
 import logging
 import os
-import secrets
+import random
 import sys
 from collections.abc import Iterator, Mapping
 from typing import IO, Any, Literal
@@ -112,8 +112,9 @@ def bound() -> Mapping[str, str]:
 
 
 def short_id() -> str:
-    """A request id for requests that came without one (12 hex digits)."""
-    return secrets.token_hex(6)
+    """A request id for requests that came without one (12 hex digits): a name in the logs,
+    not a secret (random's generator: a tenth of the cost of a getrandom call per request)."""
+    return f"{random.getrandbits(48):012x}"
 
 
 class ContextFilter(logging.Filter):

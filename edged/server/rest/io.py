@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -46,10 +47,22 @@ def error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+# each connection's caller: the kernel fixed it at connect() (SO_PEERCRED and SO_PEERGROUPS
+# give the credentials of that moment), so it is read once per connection, not per request
+_PEERS: weakref.WeakKeyDictionary[asyncio.BaseTransport, Peer] = weakref.WeakKeyDictionary()
+
+
 def peer_credentials(request: web.Request) -> Peer | None:
     """The process at the other end of the Unix socket (SO_PEERCRED, SO_PEERGROUPS)."""
     transport = request.transport
-    return peer_of(transport.get_extra_info("socket") if transport else None)
+    if transport is None:
+        return None
+    peer = _PEERS.get(transport)
+    if peer is None:
+        peer = peer_of(transport.get_extra_info("socket"))
+        if peer is not None:
+            _PEERS[transport] = peer
+    return peer
 
 
 def check_admin(request: web.Request) -> None:
