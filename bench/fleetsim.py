@@ -113,6 +113,7 @@ from cloudsync.protocol.manifest import Manifest, ManifestError, parse_signed, v
 from cloudsync.protocol.mqtt import tls_context  # noqa: E402
 from cloudsync.protocol.topics import TopicError, Topics, parse  # noqa: E402
 from edged.common.backoff import backoff_delay  # noqa: E402
+from edged.common.stats import LATENCY_BUCKETS  # noqa: E402
 
 log = logging.getLogger("fleetsim")
 
@@ -122,22 +123,6 @@ MAX_PACKET = MAX_BYTES + 4096  # session.MAX_PACKET: what a node takes (CONNECT'
 CONNACK_S = 10.0  # session.CONNACK_S: a connection with no CONNACK by then is tried again
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1.0, 64.0  # [mqtt] reconnect_min_s, reconnect_max_s
 MAX_DESIRED = 256  # delivery.MAX_DESIRED: models in one desired state
-LATENCY_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)  # edged.metrics.LATENCY_BUCKETS
 PRIORITIES = {"alert": 0, "event": 1, "telemetry": 2}  # outbox.PRIORITIES
 OUTBOX_COUNTERS = ("put", "duplicate", "acked", "dropped_budget", "dropped_ttl", "dead")
 BUDGET_BYTES = 256 << 20  # [outbox] budget_mb's default

@@ -26,28 +26,13 @@ from prometheus_client.registry import Collector
 from edged.common.errors import EdgedError
 from edged.common.gauges import cloud_families, device_families, gauge, tier_families
 from edged.common.load import LoadSnapshot
+from edged.common.stats import LATENCY_BUCKETS
 from edged.scheduler import Observer, Scheduler
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 disable_created_metrics()  # no *_created series: they double the series of every counter
 
-LATENCY_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 

@@ -5,6 +5,25 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+# the latency histograms' buckets, in seconds: edged's metrics, and the fleet simulator's
+# nodes (bench/fleetsim.py), whose series the fleet service reads as edged's
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
 
 def ewma(old: float | None, new: float, alpha: float = 0.2) -> float:
     """Exponentially weighted moving average; the first sample starts it."""
