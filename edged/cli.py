@@ -66,12 +66,16 @@ def effective_config(args: argparse.Namespace) -> config_module.Config:
     return config
 
 
-def reread(args: argparse.Namespace) -> config_module.Config:
-    """The config again (SIGHUP), an old name in it logged as when edged started."""
-    config = effective_config(args)
+def warn_renamed(config: config_module.Config) -> config_module.Config:
+    """``config``, each key it gave by an old name logged (at start and on SIGHUP)."""
     for note in renamed(config):
         logging.getLogger("edged").warning("config: %s", note)
     return config
+
+
+def reread(args: argparse.Namespace) -> config_module.Config:
+    """The config again (SIGHUP)."""
+    return warn_renamed(effective_config(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print("edged: configuration is valid", file=sys.stderr)
         return 0
     logs.setup_logging(config.log.level, config.log.format, socket.gethostname(), "edged")
-    for note in renamed(config):
-        logging.getLogger("edged").warning("config: %s", note)
+    warn_renamed(config)
     from edged.app import Daemon  # heavy imports (onnxruntime) only when serving
 
     faulthandler.enable()  # a hang killed by the watchdog leaves its stacks in the journal

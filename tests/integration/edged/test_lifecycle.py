@@ -437,3 +437,24 @@ def test_the_watchdogs_sigabrt_leaves_the_hung_stack_in_the_log(
     assert "Fatal Python error: Aborted" in log
     stack = log[log.index("Current thread") :]
     assert "asyncio/events.py" in stack and "run_forever" in stack and "edged/cli.py" in stack
+
+
+def test_an_old_section_name_is_served_and_warned_at_start_and_on_sighup(
+    make_daemon: type[Daemon], tmp_path: Path
+) -> None:
+    """A file that still says [load] (now [device]) starts edged, with a warning in its log; a
+    reload of it warns again; the file renamed, the warnings stop."""
+    sock = notify_socket(tmp_path / "notify.sock")
+    daemon = make_daemon(config="[load]\ninterval_s = 0.5\n")
+    daemon.start(env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    receive_until(sock, "READY=1")
+    warning = '"message":"config: load is now device: rename it'  # a JSON log line's message
+    assert daemon.logs().count(warning) == 1, daemon.logs()
+    daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    receive_until(sock, "READY=1")
+    assert daemon.logs().count(warning) == 2
+    daemon.config.write_text("[device]\ninterval_s = 0.5\n")
+    daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    receive_until(sock, "READY=1")
+    assert daemon.logs().count(warning) == 2 and "keeping the previous" not in daemon.logs()
+    assert daemon.stop() == 0
