@@ -66,7 +66,7 @@ help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
 	@echo "make test   - set up everything and run lint, unit and integration tests"
 	@echo "make unit-pythons - the unit suite on Python $(PYTHONS) too (JetPack 6 and 7), a venv each"
-	@echo "make bench  - run the serving benchmark (bench/serving.py)"
+	@echo "make bench  - the serving benchmark (bench/serving.py) and the per-call cost guard (bench/percall.py)"
 	@echo "make bench-load - load benchmark vs in-process ONNX Runtime and MLServer (bench/load.py)"
 	@echo "make bench-routing - decide() cost and hedging on an erratic link (bench/routing.py)"
 	@echo "make bench-lab  - the routing lab: policies over traces, tables and plots (bench/lab/run.py, tiers.py)"
@@ -304,6 +304,7 @@ test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(DEB_FLEET) $(DEB_BA
 
 bench: $(STAMPS)/models
 	$(PY) bench/serving.py
+	$(PY) bench/percall.py
 
 bench-load: $(STAMPS)/models
 	$(PY) bench/load.py
