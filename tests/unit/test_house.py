@@ -523,6 +523,24 @@ def console_scripts() -> dict[str, str]:
     return scripts
 
 
+def misnamed(root: Path) -> list[str]:
+    """One word per idea: each module called ``cli`` or ``config`` outside a program's package
+    (a console script's), and each package name two packages share."""
+    entries = [target.split(":")[0] for target in console_scripts().values()]
+    homes = {entry.rpartition(".")[0] for entry in entries}
+    found, packages = [], {}
+    for path in [*(root / "edged").rglob("*.py"), *(root / "cloudsync").rglob("*.py")]:
+        module = module_of(path, root)
+        if path.stem in ("cli", "config") and module.rpartition(".")[0] not in homes:
+            found.append(f"{module}: cli or config outside a program's package")
+        if path.name == "__init__.py":
+            packages.setdefault(path.parent.name, []).append(module)
+    found += [
+        f"{', '.join(sorted(m))}: one package name twice" for m in packages.values() if len(m) > 1
+    ]
+    return found
+
+
 def test_one_word_per_idea_in_the_names_of_modules() -> None:
     """A module called ``cli`` or ``config`` is a program's (its command line, its config
     file), in the package of a console script (issue 45: a model's config.pbtxt, the tools'
@@ -530,16 +548,20 @@ def test_one_word_per_idea_in_the_names_of_modules() -> None:
     two packages share a name (there were two ``protocol/``)."""
     entries = [target.split(":")[0] for target in console_scripts().values()]
     assert {"edged.cli", "cloudsync.agent.cli", "cloudsync.fleet.cli"} <= set(entries), entries
-    homes = {entry.rpartition(".")[0] for entry in entries}
-    strays, packages = [], {}
-    for path in [*(ROOT / "edged").rglob("*.py"), *(ROOT / "cloudsync").rglob("*.py")]:
-        module = module_of(path, ROOT)
-        if path.stem in ("cli", "config") and module.rpartition(".")[0] not in homes:
-            strays.append(module)
-        if path.name == "__init__.py":
-            packages.setdefault(path.parent.name, []).append(module)
-    assert not strays, f"cli or config outside a program's package: {strays}"
-    assert not {name: found for name, found in packages.items() if len(found) > 1}
+    assert misnamed(ROOT) == []
+
+
+def test_a_second_word_put_back_on_purpose_is_named(tmp_path: Path) -> None:
+    """Over a copy of the tree: a model's config as ``config.py`` again, and a second package
+    called ``protocol``: both named, and nothing else."""
+    copy_tree(tmp_path)
+    (tmp_path / "edged" / "models" / "config.py").write_text("")
+    (tmp_path / "edged" / "protocol").mkdir()
+    (tmp_path / "edged" / "protocol" / "__init__.py").write_text("")
+    assert sorted(misnamed(tmp_path)) == [
+        "cloudsync.protocol, edged.protocol: one package name twice",
+        "edged.models.config: cli or config outside a program's package",
+    ]
 
 
 def test_the_formatter_wins() -> None:
