@@ -15,6 +15,7 @@ edged's own metrics). Baseline in the same run: the warm call.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.serving import process_tree  # noqa: E402
 from edged.client import Client  # noqa: E402
 from tests.conftest import Daemon, linked_repository, wait_for  # noqa: E402
 
@@ -34,15 +36,10 @@ PAGE = 4096
 
 def tree_rss(pid: int) -> int:
     """Resident bytes of ``pid`` and all its descendants."""
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
+    total = 0
+    for current in process_tree(pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
             total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * PAGE
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
     return total
 
 

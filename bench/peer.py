@@ -201,16 +201,22 @@ class SpeechModel(MLModel):
 """
 
 
-def ensure_venv(path: Path = DEFAULT_VENV) -> Path:
-    """Create ``path`` with ``PACKAGES``; skipped when its stamp lists them all."""
-    stamp = path / STAMP
-    if stamp.exists() and all(p in stamp.read_text() for p in PACKAGES):
+def ensure_venv(
+    path: Path = DEFAULT_VENV,
+    packages: tuple[str, ...] = PACKAGES,
+    python: Path = Path(sys.executable),
+    stamp_name: str = STAMP,
+) -> Path:
+    """Create ``path`` (a venv of ``python``) with ``packages``; skipped when its stamp lists
+    them all."""
+    stamp = path / stamp_name
+    if stamp.exists() and all(p in stamp.read_text() for p in packages):
         return path
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
+    subprocess.run([str(python), "-m", "venv", "--clear", str(path)], check=True)
     log = path / "pip-install.log"
     with log.open("wb") as out:
         rc = subprocess.call(
-            [str(path / "bin" / "pip"), "install", "--quiet", *PACKAGES], stdout=out, stderr=out
+            [str(path / "bin" / "pip"), "install", "--quiet", *packages], stdout=out, stderr=out
         )
     if rc != 0:
         sys.stderr.write(log.read_text(errors="replace")[-4000:])

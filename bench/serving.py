@@ -93,6 +93,20 @@ def rss_mib(pid: int | str = "self") -> float:
     return float("nan")
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants alive now (a process gone meanwhile is left out)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        found.append(current)
+    return found
+
+
 def tensor_inputs() -> dict[str, Tensors]:
     """Batch-1 inputs for each tensor model."""
     from tokenizers import Tokenizer

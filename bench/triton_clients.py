@@ -55,6 +55,7 @@ from bench.load import (  # noqa: E402
     table,
     tensor_inputs,
 )
+from bench.serving import process_tree  # noqa: E402
 from bench.triton_peer import ensure_triton, metadata, start_triton  # noqa: E402
 
 Tensors = dict[str, np.ndarray]
@@ -118,16 +119,11 @@ def relay(target: Path) -> Iterator[tuple[str, str]]:
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time of a process and its descendants (Triton's python-backend
     stubs are processes of their own), from /proc."""
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
+    total = 0
+    for current in process_tree(pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
             fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
     return total / os.sysconf("SC_CLK_TCK")
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from google.protobuf import text_format  # noqa: E402
 from tritonclient.grpc import model_config_pb2 as pb  # noqa: E402
 
-from bench.peer import Peer, _status, free_port  # noqa: E402
+from bench.peer import Peer, _status, ensure_venv, free_port  # noqa: E402
 
 VENV = ROOT / ".bench-venv" / "triton"
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # the python backend's stub links its libpython
@@ -239,14 +239,6 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 
-def _run(argv: list[str], log: Path) -> None:
-    with log.open("ab") as out:
-        rc = subprocess.call(argv, stdout=out, stderr=out)
-    if rc != 0:
-        sys.stderr.write(log.read_text(errors="replace")[-4000:])
-        raise RuntimeError(f"{argv[0]} {argv[1]} failed (rc={rc}); log: {log}")
-
-
 def server_dir(venv: Path) -> Path:
     """The wheel's ``tritonserver`` directory (bin/, backends/, the stubs) in ``venv``."""
     found = sorted(venv.glob("lib/python3.*/site-packages/pytriton/tritonserver"))
@@ -256,34 +248,20 @@ def server_dir(venv: Path) -> Path:
 
 
 def ensure_triton(path: Path = VENV, python: Path = SYSTEM_PYTHON) -> Path:
-    """The venv with Triton (made from ``python``, the system's); skipped when its stamp
-    lists every package."""
-    stamp = path / STAMP
-    if stamp.exists() and all(p in stamp.read_text() for p in PACKAGES):
-        return path
+    """The venv with Triton (made from ``python``, the system's; bench/peer.py's
+    ``ensure_venv``), with the python backend's stub for its Python in place."""
     if not python.exists():
         raise RuntimeError(f"{python} is missing: Triton's python backend needs the system's")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log = path.parent / "triton-install.log"
-    log.unlink(missing_ok=True)
-    _run([str(python), "-m", "venv", "--clear", str(path)], log)
-    _run([str(path / "bin" / "pip"), "install", "--quiet", *PACKAGES], log)
+    ensure_venv(path, PACKAGES, python, STAMP)
     server = server_dir(path)
-    version = subprocess.run(
-        [str(path / "bin" / "python"), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    version = server.parents[2].name.removeprefix("python")  # lib/python3.X/site-packages
     stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.exists():
-        raise RuntimeError(f"the wheel has no python-backend stub for Python {version}")
-    # beside the backend, at the depth its $ORIGIN run path expects (the wheel's libraries)
-    shutil.copy2(stub, server / "backends" / "python" / stub.name)
-    freeze = subprocess.run(
-        [str(path / "bin" / "pip"), "freeze"], check=True, capture_output=True, text=True
-    ).stdout
-    stamp.write_text(freeze)
+    placed = server / "backends" / "python" / stub.name
+    if not placed.exists():
+        if not stub.exists():
+            raise RuntimeError(f"the wheel has no python-backend stub for Python {version}")
+        # beside the backend, at the depth its $ORIGIN run path expects (the wheel's libraries)
+        shutil.copy2(stub, placed)
     return path
 
 

@@ -330,11 +330,14 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
 
 
 @pytest.fixture(scope="session")
-def triton(cloud: Cloud, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
+def triton(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cloud]:
     """Triton Inference Server itself (bench/triton_peer.py: 2.51.0 from nvidia-pytriton's
-    wheel, in a venv of the system's Python): the cloud when it is Triton, else one more."""
+    wheel, in a venv of the system's Python): the cloud when it is Triton, else one of its own
+    (no MLServer started for it)."""
     if CLOUD_SERVER == "triton":
-        yield cloud
+        yield request.getfixturevalue("cloud")
         return
     found = start_cloud("triton", tmp_path_factory.mktemp("triton"))
     try:

@@ -27,7 +27,8 @@ from tests.mosquitto import wait_listening
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 SECRET = "test-cdn-secret"
 
-# what every nginx here has: in the foreground, its files in its working directory
+# what every nginx here has: in the foreground, its files in its working directory; the
+# ``http`` block it opens is closed by the config of its kind (CONFIG, GATEWAY)
 COMMON = """
 {user}
 worker_processes 1;
@@ -35,8 +36,7 @@ daemon off;
 pid {work}/nginx.pid;
 error_log {work}/error.log info;
 events {{ worker_connections 256; }}
-"""
-TEMPORARY = """
+http {{
     client_body_temp_path {work}/tmp/body;
     proxy_temp_path {work}/tmp/proxy;
     fastcgi_temp_path {work}/tmp/fastcgi;
@@ -44,7 +44,6 @@ TEMPORARY = """
     scgi_temp_path {work}/tmp/scgi;
 """
 CONFIG = """
-http {{
     log_format served '$uri $status $body_bytes_sent "$http_range"';
     access_log {work}/access.log served;
     types {{ application/octet-stream onnx; }}
@@ -80,7 +79,6 @@ MODELS = """location /models/ {{
 
 
 GATEWAY = """
-http {{
     log_format seen '$server_port $request_uri $status $ssl_protocol "$ssl_client_s_dn"'
                     ' "$http_authorization"';
     access_log {work}/access.log seen;
@@ -137,10 +135,7 @@ class Nginx:
     def write_config(self) -> None:
         # as root the workers would be nobody, who cannot read pytest's directories (0700)
         user = "user root;" if os.geteuid() == 0 else ""
-        common = COMMON.format(user=user, work=self.workdir)
-        temporary = TEMPORARY.format(work=self.workdir)
-        http = self.text().replace("http {\n", "http {\n" + temporary, 1)
-        self.config.write_text(common + http)
+        self.config.write_text(COMMON.format(user=user, work=self.workdir) + self.text())
 
     def start(self: N, timeout: float = 10.0) -> N:
         self.write_config()

@@ -41,9 +41,9 @@ def gateway(
         pytest.skip(missing)
     upstream = triton.peer.http_url.removeprefix("http://")
     work = tmp_path_factory.mktemp("gateway")
-    gw = Gateway(work, pki, http_upstream=upstream, grpc_upstream=triton.peer.grpc_url)
-    gw.token = TOKEN
-    gw.start()
+    gw = Gateway(
+        work, pki, http_upstream=upstream, grpc_upstream=triton.peer.grpc_url, token=TOKEN
+    ).start()
     yield gw
     gw.stop()
 
