@@ -12,7 +12,10 @@ run, batch 1, sequential calls (medians and p95 of ``--runs`` calls):
 - ``gRPC + shared memory``: tritonclient.grpc, the frame written into a registered system
   shared-memory region (tritonclient.utils.shared_memory) before each call, as a camera loop
   does; the write is counted in the call's time;
-- ``REST + shared memory``: the same region named in a JSON request on the REST socket.
+- ``REST + shared memory``: the same region named in a JSON request on the REST socket;
+- ``... + sealed memfd``: the same two, through a region edged made (the region socket,
+  ``Client.shared_region``) and reads in place: the frame copied into it before each call as
+  above, and, in the last row, not copied (a camera that writes its frames into the region).
 
 ``overhead`` is a row's p50 minus in-process p50.
 
@@ -193,6 +196,26 @@ def main() -> None:
                 grpc.unregister_system_shared_memory()
             finally:
                 shm.destroy_shared_memory_region(region)
+            with client.shared_region("frame", frame.nbytes) as sealed:
+                view = sealed.array(SHAPE)
+
+                def sealed_grpc() -> None:
+                    view[...] = frame
+                    grpc.infer("frame", [by_region])
+
+                def sealed_rest(copy: bool = True) -> None:
+                    if copy:
+                        view[...] = frame
+                    post("/v2/models/frame/infer", rest_body, {"Content-Type": "application/json"})
+
+                rows.append(("gRPC + sealed memfd", timed(sealed_grpc, args.runs)))
+                rows.append(("REST + sealed memfd", timed(sealed_rest, args.runs)))
+                rows.append(
+                    (
+                        "REST + sealed memfd, written in place",
+                        timed(lambda: sealed_rest(False), args.runs),
+                    )
+                )
         finally:
             proc.terminate()
             proc.wait(60)

@@ -46,6 +46,7 @@ from edged.runtimes.tensorrt import TensorRtRuntime, TensorRtSettings, wants_ten
 from edged.server.access import Access
 from edged.server.grpc.relay import GrpcServer
 from edged.server.grpc.relay import start_server as start_grpc
+from edged.server.regions import RegionSocket
 from edged.server.rest.endpoints import metrics_handler
 from edged.server.rest.routes import create_app
 from edged.server.services import Services
@@ -77,10 +78,10 @@ def clear_socket_path(path: Path) -> None:
             probe.close()
 
 
-def bind_unix(path: Path, mode: int) -> socket.socket:
+def bind_unix(path: Path, mode: int, kind: int = socket.SOCK_STREAM) -> socket.socket:
     """Create the listening socket with ``mode`` from the first instant (no chmod race)."""
     clear_socket_path(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_UNIX, kind)
     old = os.umask(0o777 & ~mode)
     try:
         sock.bind(str(path))
@@ -221,6 +222,7 @@ class Daemon:
         # who may call and who is admin, on both sockets
         self.access = Access(self.server_settings)
         self.grpc: GrpcServer | None = None
+        self.regions: RegionSocket | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
         self.reloads: set[asyncio.Task[str | None]] = set()
@@ -520,6 +522,11 @@ class Daemon:
                     raise ConfigError(f"cannot serve gRPC on {path}: {exc}") from None
                 raise
             log.info("gRPC (GRPCInferenceService) on unix:%s", path)
+        if server.shm_regions:
+            path = server.shm_path()
+            self.regions = RegionSocket(self.plane.shm, self.access, self.server_settings)
+            self.regions.start(bind_unix(path, server.socket_mode, socket.SOCK_SEQPACKET))
+            log.info("sealed shared-memory regions on unix:%s (seqpacket)", path)
         metrics = self.config.metrics
         if metrics.port:
             app = web.Application()
@@ -540,6 +547,11 @@ class Daemon:
             self.grpc = None
             with contextlib.suppress(FileNotFoundError):
                 self.config.server.grpc_path().unlink()
+        if self.regions is not None:
+            await self.regions.stop()
+            self.regions = None
+            with contextlib.suppress(FileNotFoundError):
+                self.config.server.shm_path().unlink()
         if self.metrics_runner is not None:
             await self.metrics_runner.cleanup()
             self.metrics_runner = None

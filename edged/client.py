@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import mmap
 import os
 import socket
 import threading
@@ -55,6 +56,62 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         sock.settimeout(self.timeout)
         sock.connect(self.path)
         self.sock = sock
+
+
+class SharedRegion:
+    """A sealed shared-memory region edged made for this process (``Client.shared_region``):
+    write tensors into ``array(...)`` and name the region in an input instead of sending data
+    (``input(...)``, or tritonclient's ``set_shared_memory(region.name, size)``); edged reads
+    them in place, with no copy. Do not write a part of it while a call that reads that part
+    runs. ``close()`` unregisters and unmaps it; it also goes when this process exits."""
+
+    def __init__(self, client: Client, name: str, byte_size: int, fd: int) -> None:
+        self.client, self.name, self.byte_size = client, name, byte_size
+        try:
+            self.buffer = mmap.mmap(fd, byte_size)
+        finally:
+            os.close(fd)
+
+    def array(self, shape: Iterable[int], dtype: Any = np.uint8, offset: int = 0) -> np.ndarray:
+        """A numpy view of the region from ``offset``: what is written there, edged reads."""
+        shape = tuple(shape)
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(self.buffer, dtype, count, offset).reshape(shape)
+
+    def input(
+        self, name: str, datatype: str, shape: Iterable[int], byte_size: int, offset: int = 0
+    ) -> dict[str, Any]:
+        """An OIP input (for ``Client.infer_json``) read from this region."""
+        return {
+            "name": name,
+            "datatype": datatype,
+            "shape": list(shape),
+            "parameters": {
+                "shared_memory_region": self.name,
+                "shared_memory_byte_size": byte_size,
+                "shared_memory_offset": offset,
+            },
+        }
+
+    def close(self) -> None:
+        with contextlib.suppress(ClientError):
+            self.client.call("POST", f"/v2/systemsharedmemory/region/{self.name}/unregister")
+        with contextlib.suppress(BufferError):  # a view still held: unmapped when it goes
+            self.buffer.close()
+
+    def __enter__(self) -> SharedRegion:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def region_socket(rest_socket: str) -> str:
+    """The region socket beside a REST socket (edged's default: <name>-shm.sock)."""
+    head, _, tail = rest_socket.rpartition("/")
+    stem, dot, suffix = tail.rpartition(".")
+    stem, suffix = (stem, suffix) if dot else (tail, "sock")
+    return f"{head}/{stem}-shm.{suffix}" if head else f"{stem}-shm.{suffix}"
 
 
 class Client:
@@ -279,6 +336,26 @@ class Client:
     def unload(self, model: str) -> None:
         """POST /v2/repository/models/{m}/unload."""
         self.call("POST", f"/v2/repository/models/{model}/unload", {})
+
+    def shared_region(
+        self, name: str, byte_size: int, socket_path: str | None = None
+    ) -> SharedRegion:
+        """A sealed memfd of ``byte_size`` bytes that edged makes, registers as this uid's
+        region ``name`` and reads with no copy (the region socket, ``socket_path``: by default
+        beside this client's socket). ClientError with edged's status and reason if refused."""
+        path = socket_path or region_socket(self.socket_path)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(path)
+                sock.send(json.dumps({"name": name, "byte_size": byte_size}).encode())
+                message, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+            except OSError as exc:
+                raise ClientError(0, f"the region socket {path}: {exc}") from None
+        reply: dict[str, Any] = json.loads(message) if message else {"error": "no answer"}
+        if not fds:
+            raise ClientError(int(reply.get("status", 0)), str(reply.get("error")))
+        return SharedRegion(self, name, byte_size, fds[0])
 
     def infer_json(self, model: str, doc: Any, version: str | None = None) -> dict[str, Any]:
         """Send an OIP request document as it is; the JSON response."""

@@ -109,11 +109,23 @@ class ServerConfig(Section):
         None, description="the gRPC socket (default: beside socket, named <name>-grpc.sock)"
     )
 
+    shm_socket: Path | None = Field(
+        None,
+        description="the region socket, where a local caller gets a sealed memfd region that"
+        " edged reads with no copy (default: beside socket, named <name>-shm.sock; none while"
+        " shm_regions is 0)",
+    )
+
     def grpc_path(self) -> Path:
         """Where the gRPC socket goes."""
-        if self.grpc_socket is not None:
-            return self.grpc_socket
-        return self.socket.with_name(f"{self.socket.stem}-grpc{self.socket.suffix or '.sock'}")
+        return self.grpc_socket or self._beside("grpc")
+
+    def shm_path(self) -> Path:
+        """Where the region socket goes (edged.server.regions)."""
+        return self.shm_socket or self._beside("shm")
+
+    def _beside(self, what: str) -> Path:
+        return self.socket.with_name(f"{self.socket.stem}-{what}{self.socket.suffix or '.sock'}")
 
     @field_validator("socket_mode", mode="before")
     @classmethod

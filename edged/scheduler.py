@@ -410,6 +410,9 @@ class Scheduler:
             async with self.forming:
                 batch = await self._form()
             await self._run(batch)
+            # not held while the next is awaited: its inputs are a caller's (a view of its
+            # region; a frame of 6 MB) and the answer has gone
+            del batch
             await asyncio.sleep(0)  # let timers and arrivals run between inline executions
 
     async def _run(self, batch: list[Pending]) -> None:

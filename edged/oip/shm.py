@@ -23,6 +23,12 @@ What edged holds is bounded and the caller's own:
 - Tensors are read and written with ``pread``/``pwrite`` on the file, not through a mapping: a
   client that truncates its file under a mapping would kill edged (SIGBUS). That is one copy
   by the kernel, the same one a mapping's page faults would do, and none through the socket.
+- A region that cannot shrink is read in place, with no copy: a **sealed memfd** that edged
+  makes (``create``, asked for on the region socket, ``edged.server.regions``) and hands to
+  its caller with SCM_RIGHTS. Its seals (shrink, grow, and seal: no other seal can be added)
+  are set before the caller has it, so nothing the caller does can take a page from under
+  edged's mapping; an input is a view of the mapping, an output written into it. Its pages are
+  charged to whoever first touches them (the caller, writing its frames): edged only reads.
 - A process's regions go when it exits (a pidfd watched by the event loop): nothing is left
   open for a client that crashed. The pidfd is closed as soon as the process has no region
   left (unregistered by itself or by another process of its uid), not only when it exits: an
@@ -34,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import mmap
 import os
 import re
 import stat
@@ -53,6 +61,8 @@ SHM_ROOT = Path("/dev/shm")
 KEY = re.compile(r"/?[A-Za-z0-9_.@+=-]{1,200}")
 NAME = re.compile(r"[A-Za-z0-9_.@+=-]{1,128}")
 PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+# a memfd edged makes: it cannot shrink or grow, and no seal can be added (nor write refused)
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 @dataclass
@@ -65,6 +75,7 @@ class Region:
     writable: bool
     uid: int
     pid: int
+    mapping: mmap.mmap | None = None  # a sealed memfd of edged's: read in place (fd is -1)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -129,30 +140,12 @@ class Regions:
 
     def register(self, caller: Any, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         """``caller``: a ``Peer`` (uid, gids, pid); InvalidRequest names what is wrong."""
-        if caller is None:
-            raise InvalidRequest("shared memory is for local callers on edged's Unix sockets")
-        if self.max_regions == 0:
-            raise InvalidRequest("system shared memory is off here (server.shm_regions = 0)")
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise InvalidRequest("region name: 1 to 128 letters, digits or _.@+=-")
+        self._admit(caller, name)
         if not isinstance(key, str) or not KEY.fullmatch(key) or key.strip("/.") == "":
             raise InvalidRequest("key: a shared-memory name (/name, one path component)")
         for what, value in (("offset", offset), ("byte_size", byte_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidRequest(f"{what}: an integer >= 0")
-        if (caller.uid, name) in self.regions:
-            raise InvalidRequest(f"region '{name}' is registered already: unregister it first")
-        held = sum(1 for uid, _ in self.regions if uid == caller.uid)
-        if held >= self.per_uid:
-            raise InvalidRequest(
-                f"uid {caller.uid} has {held} shared-memory regions registered, as many as one"
-                f" uid may (server.shm_regions_per_uid = {self.per_uid}): unregister one first"
-            )
-        if len(self.regions) >= self.max_regions and caller.uid != 0:  # root: its quota only
-            raise InvalidRequest(
-                f"{len(self.regions)} regions are registered, all callers together: at most"
-                f" that many (server.shm_regions = {self.max_regions})"
-            )
         path = self.root / key.lstrip("/")
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -181,12 +174,62 @@ class Regions:
         except BaseException:
             os.close(fd)
             raise
-        with self.lock:
-            self.regions[(caller.uid, name)] = Region(
-                name, key, offset, byte_size, fd, writable, caller.uid, caller.pid
+        self._add(Region(name, key, offset, byte_size, fd, writable, caller.uid, caller.pid))
+
+    def create(self, caller: Any, name: Any, byte_size: Any, limit: int) -> int:
+        """A sealed memfd of ``byte_size`` bytes, registered as the caller's region ``name``
+        and mapped here: the returned descriptor is for the caller (the one who passes it on
+        closes it); edged keeps the mapping. ``limit``: the most bytes a region may have."""
+        self._admit(caller, name)
+        if (
+            isinstance(byte_size, bool)
+            or not isinstance(byte_size, int)
+            or not (0 < byte_size <= limit)
+        ):
+            raise InvalidRequest(
+                f"byte_size: an integer from 1 to {limit} (server.max_request_bytes)"
             )
+        fd = os.memfd_create(f"edged:{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, byte_size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+            mapping = mmap.mmap(fd, byte_size)  # its own descriptor: fd goes to the caller
+            self.watch(caller.pid)
+        except BaseException:
+            os.close(fd)
+            raise
+        key = f"memfd:{name}"
+        self._add(Region(name, key, 0, byte_size, -1, True, caller.uid, caller.pid, mapping))
+        return fd
+
+    def _admit(self, caller: Any, name: Any) -> None:
+        """Refuse a new region of ``caller`` named ``name`` past a quota or by a bad name."""
+        if caller is None:
+            raise InvalidRequest("shared memory is for local callers on edged's Unix sockets")
+        if self.max_regions == 0:
+            raise InvalidRequest("system shared memory is off here (server.shm_regions = 0)")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise InvalidRequest("region name: 1 to 128 letters, digits or _.@+=-")
+        if (caller.uid, name) in self.regions:
+            raise InvalidRequest(f"region '{name}' is registered already: unregister it first")
+        held = sum(1 for uid, _ in self.regions if uid == caller.uid)
+        if held >= self.per_uid:
+            raise InvalidRequest(
+                f"uid {caller.uid} has {held} shared-memory regions registered, as many as one"
+                f" uid may (server.shm_regions_per_uid = {self.per_uid}): unregister one first"
+            )
+        if len(self.regions) >= self.max_regions and caller.uid != 0:  # root: its quota only
+            raise InvalidRequest(
+                f"{len(self.regions)} regions are registered, all callers together: at most"
+                f" that many (server.shm_regions = {self.max_regions})"
+            )
+
+    def _add(self, region: Region) -> None:
+        with self.lock:
+            self.regions[(region.uid, region.name)] = region
         log.info(
-            "shared memory: %s registered region %s (%s, %d bytes)", caller, name, key, byte_size
+            "shared memory: uid %d registered region %s (%s, %d bytes)",
+            *(region.uid, region.name, region.key, region.byte_size),
         )
 
     @staticmethod
@@ -235,7 +278,9 @@ class Regions:
             )
         if write and not region.writable:
             raise InvalidRequest(f"region '{use.region}': not writable by {caller} and edged")
-        if os.fstat(region.fd).st_size < region.offset + use.offset + use.byte_size:
+        if region.mapping is None and (
+            os.fstat(region.fd).st_size < region.offset + use.offset + use.byte_size
+        ):
             raise InvalidRequest(f"region '{use.region}': its file is smaller than registered")
         return region
 
@@ -247,6 +292,8 @@ class Regions:
             )
         with self.lock:
             region = self._region(caller, use, write=False)  # checked before allocating
+            if region.mapping is not None:  # sealed: a view, kept valid while it is held
+                return memoryview(region.mapping)[use.offset : use.offset + use.byte_size]
             data = np.empty(use.byte_size, np.uint8).data  # not zeroed: all read over
             got = os.preadv(region.fd, [data], region.offset + use.offset)
         if got != use.byte_size:
@@ -266,7 +313,16 @@ class Regions:
             )
         with self.lock:
             region = self._region(caller, use, write=True)
+            if region.mapping is not None:
+                region.mapping[use.offset : use.offset + len(data)] = data
+                return
             os.pwrite(region.fd, data, region.offset + use.offset)
+
+    def copies(self, caller: Any) -> bool:
+        """Whether reading the caller's regions copies (a file of its own: ``pread``), so
+        that a request naming one is decoded off the event loop; a memfd's is a view."""
+        uid = getattr(caller, "uid", None)
+        return any(r.mapping is None for (owner, _), r in self.regions.items() if owner == uid)
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -313,6 +369,11 @@ class Regions:
             )
 
     def _drop(self, region: Region) -> None:
+        if region.mapping is not None:
+            # A request still reading a view keeps the mapping: unmapped when the last goes.
+            with contextlib.suppress(BufferError):
+                region.mapping.close()
+            return
         with contextlib.suppress(OSError):
             os.close(region.fd)
 
@@ -338,6 +399,10 @@ class Bound:
 
     def check(self, use: Use) -> None:
         self.regions.check(self.caller, use)
+
+    @property
+    def copies(self) -> bool:
+        return self.regions.copies(self.caller)
 
     def write(self, use: Use, data: bytes) -> None:
         self.regions.write(self.caller, use, data)

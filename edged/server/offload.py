@@ -14,6 +14,15 @@ from edged.oip.tensors import InferResponse, RequestedOutput, place
 OFFLOAD_BYTES = 64 * 1024
 
 
+def decode_size(size: int, names_region: bool, shm: Bound) -> int:
+    """The size ``offload`` weighs for decoding a request of ``size`` bytes: past the limit
+    when it names a region whose reading copies (a file's: ``pread``), since the region's bytes
+    are read in the decoding; a sealed memfd's are a view, read on the loop."""
+    if names_region and size <= OFFLOAD_BYTES and shm.copies:
+        return OFFLOAD_BYTES + 1
+    return size
+
+
 async def offload(size: int, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` on the loop for a small body, else in a thread (off the event loop)."""
     if size <= OFFLOAD_BYTES:

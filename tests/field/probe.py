@@ -4,7 +4,8 @@
     probe.py rest N     N fresh connections to the REST socket, each one call (/v2/health/live)
     probe.py grpc N     N fresh tritonclient gRPC channels, each one ServerLive
     probe.py admin      GET /v1/admin/routing: the status it gets (200, 403, or 0: no access)
-    probe.py infer      the intent and embedding models over REST, text-embedding over gRPC
+    probe.py infer      the intent and embedding models over REST, text-embedding over gRPC,
+                        the intent classifier reading a sealed memfd region (the region socket)
     probe.py missing    an inference with a request id for a model that does not exist
     probe.py versions MODEL   the model's versions (an admin call: active, serving, damaged...)
     probe.py records PREFIX N  N telemetry records to cloudsync's local API, ids PREFIX-0...,
@@ -114,6 +115,27 @@ def infer() -> dict[str, Any]:
         answers["grpc"] = list(result.as_numpy("embedding").shape)
     finally:
         triton.close()
+    # the embedding through a region edged made and reads in place; the answer written there
+    embedding = vector[:1].astype(np.float32)
+    direct = client.infer("intent-classifier", {"embedding": embedding})["probabilities"]
+    with client.shared_region("field", embedding.nbytes + direct.nbytes) as region:
+        region.array(embedding.shape, np.float32)[...] = embedding
+        doc = {
+            "inputs": [region.input("embedding", "FP32", embedding.shape, embedding.nbytes)],
+            "outputs": [
+                {
+                    "name": "probabilities",
+                    "parameters": {
+                        "shared_memory_region": "field",
+                        "shared_memory_byte_size": direct.nbytes,
+                        "shared_memory_offset": embedding.nbytes,
+                    },
+                }
+            ],
+        }
+        timed("region", lambda: client.infer_json("intent-classifier", doc))
+        placed = region.array(direct.shape, np.float32, embedding.nbytes)
+        answers["region"] = bool(np.allclose(placed, direct, atol=1e-6))
     return {"answers": answers, "seconds": timings}
 
 

@@ -83,6 +83,7 @@ def test_the_default_models_answer_through_the_packages_clients(field: Field) ->
     assert found["answers"]["intent"]["intent"] == "image-report"
     assert found["answers"]["embed"] == [1, 384]
     assert found["answers"]["grpc"] == [1, 384]
+    assert found["answers"]["region"] is True  # a sealed memfd, under the unit's filters
 
 
 def test_the_journal_carries_the_documented_fields(field: Field) -> None:

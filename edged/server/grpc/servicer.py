@@ -38,7 +38,7 @@ from edged.oip.tensors import (
 )
 from edged.request import CALLER, Sequences
 from edged.server.access import Access, Peer
-from edged.server.offload import OFFLOAD_BYTES, offload, place_outputs
+from edged.server.offload import decode_size, offload, place_outputs
 
 log = logging.getLogger("edged.server.grpc")  # the log's name, as before the split
 T = TypeVar("T")
@@ -294,9 +294,11 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         shm = self.plane.shared_memory(self.peers(context.peer()), self.limit)
-        size = sum(len(chunk) for chunk in request.raw_input_contents)
-        if any("shared_memory_region" in t.parameters for t in request.inputs):
-            size = OFFLOAD_BYTES + 1  # a region's bytes are read off the event loop too
+        size = decode_size(
+            sum(len(chunk) for chunk in request.raw_input_contents),
+            any("shared_memory_region" in t.parameters for t in request.inputs),
+            shm,
+        )
         decoded = await offload(size, decode_infer, request, shm)  # as REST bodies are
 
         async def reply(response: InferResponse) -> pb.ModelInferResponse:

@@ -31,7 +31,7 @@ from edged.oip.tensors import (
     response_document,
 )
 from edged.request import Sequences
-from edged.server.offload import OFFLOAD_BYTES, offload, place_outputs
+from edged.server.offload import decode_size, offload, place_outputs
 from edged.server.rest.io import (
     Handler,
     Lines,
@@ -91,9 +91,7 @@ class Inference:
         body = await read_body(request)
         check_json_size(len(body) if header is None else None, settings)
         shm = plane.shared_memory(peer_credentials(request), settings.max_request_bytes)
-        size = len(body)
-        if size <= OFFLOAD_BYTES and b"shared_memory_region" in body:
-            size = OFFLOAD_BYTES + 1  # a region's bytes are read off the event loop too
+        size = decode_size(len(body), b"shared_memory_region" in body, shm)
         decoded = await offload(
             size, decode_request, body, int(header) if header is not None else None, shm
         )

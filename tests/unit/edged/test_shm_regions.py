@@ -1,10 +1,13 @@
 """System shared memory's rules without a daemon (edged.oip.shm): who may read a file by
 its mode, what an input's parameters may say, regions by (uid, name), bounds checked against
 the region and the file before anything is read. Files in a temporary directory stand in for
-/dev/shm (the same kind of file: regular, on a tmpfs or not)."""
+/dev/shm (the same kind of file: regular, on a tmpfs or not). The sealed memfds edged makes
+(read in place): the caller cannot shrink, grow or further seal them; a read is a view."""
 
 from __future__ import annotations
 
+import fcntl
+import mmap
 import os
 from pathlib import Path
 
@@ -127,3 +130,80 @@ def test_what_a_key_may_not_be(tmp_path: Path) -> None:
         regions.register(None, "r", "/k", 0, 1)
     with pytest.raises(InvalidRequest, match="off here"):
         Regions(max_regions=0, root=tmp_path).register(ALICE, "r", "/k", 0, 1)
+
+
+def test_a_sealed_memfd_is_read_in_place_and_cannot_shrink_or_grow() -> None:
+    regions = Regions(max_regions=4, per_uid=2)
+    fd = regions.create(ALICE, "frame", 64, limit=64)
+    mine = mmap.mmap(fd, 64)  # what the caller maps
+    try:
+        for size in (32, 128):  # the caller can neither shrink nor grow it
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, size)
+        with pytest.raises(PermissionError):  # nor add a seal (F_SEAL_WRITE would stop edged)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+        mine[:8] = bytes(range(8))
+        view = regions.read(ALICE, Use("frame", 4, 2), limit=64)
+        assert bytes(view) == bytes([2, 3, 4, 5])
+        mine[2] = 99  # a view of the mapping, not a copy
+        assert view[0] == 99
+        regions.write(ALICE, Use("frame", 3, 60), b"abc")
+        assert mine[60:63] == b"abc"
+        assert regions.status(ALICE, "frame") == [
+            {"name": "frame", "key": "memfd:frame", "offset": 0, "byte_size": 64}
+        ]
+        assert not regions.copies(ALICE) and not regions.copies(BOB)
+        with pytest.raises(InvalidRequest, match="offset 62 \\+ 4 bytes is past its 64 bytes"):
+            regions.read(ALICE, Use("frame", 4, 62), limit=64)
+        with pytest.raises(InvalidRequest, match="more than 3 for a request"):
+            regions.read(ALICE, Use("frame", 4), limit=3)
+        regions.unregister(ALICE, "frame")  # a view held: the mapping stays until it goes
+        assert bytes(view) == bytes([99, 3, 4, 5])
+        with pytest.raises(InvalidRequest, match="no shared-memory region 'frame'"):
+            regions.read(ALICE, Use("frame", 1), limit=64)
+        del view
+    finally:
+        mine.close()
+        os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "says"),
+    [
+        ("f", 0, "byte_size: an integer from 1 to 64"),
+        ("f", 65, "byte_size: an integer from 1 to 64"),
+        ("f", True, "byte_size: an integer"),
+        ("f", "8", "byte_size: an integer"),
+        ("f", None, "byte_size: an integer"),
+        ("../f", 8, "region name"),
+        (7, 8, "region name"),
+        ("x" * 129, 8, "region name"),
+    ],
+)
+def test_a_memfds_name_and_size_are_checked_before_it_is_made(
+    name: object, size: object, says: str
+) -> None:
+    regions = Regions()
+    with pytest.raises(InvalidRequest, match=says):
+        regions.create(ALICE, name, size, limit=64)
+    assert regions.regions == {}
+
+
+def test_memfds_count_against_the_quotas_and_files_make_reads_copy(tmp_path: Path) -> None:
+    (tmp_path / "k").write_bytes(b"x" * 8)
+    os.chmod(tmp_path / "k", 0o666)
+    regions = Regions(max_regions=3, per_uid=2, root=tmp_path)
+    fds = [regions.create(ALICE, "a", 8, 8), regions.create(ALICE, "b", 8, 8)]
+    with pytest.raises(InvalidRequest, match="uid 1000 has 2 shared-memory regions"):
+        regions.create(ALICE, "c", 8, 8)
+    with pytest.raises(InvalidRequest, match="region 'a' is registered already"):
+        regions.create(ALICE, "a", 8, 8)
+    regions.register(BOB, "f", "/k", 0, 8)
+    with pytest.raises(InvalidRequest, match="3 regions are registered"):
+        regions.create(BOB, "g", 8, 8)
+    assert regions.copies(BOB) and not regions.copies(ALICE)
+    with pytest.raises(InvalidRequest, match="for local callers"):
+        regions.create(None, "a", 8, 8)
+    regions.close()
+    for fd in fds:
+        os.close(fd)
