@@ -15,7 +15,8 @@ run, batch 1, sequential calls (medians and p95 of ``--runs`` calls):
 - ``REST + shared memory``: the same region named in a JSON request on the REST socket;
 - ``... + sealed memfd``: the same two, through a region edged made (the region socket,
   ``Client.shared_region``) and reads in place: the frame copied into it before each call as
-  above, and, in the last row, not copied (a camera that writes its frames into the region).
+  above, and, in the last rows, not copied (a camera that writes its frames into the region),
+  called over the region socket itself (``SharedRegion.infer``: no HTTP) and over REST.
 
 ``overhead`` is a row's p50 minus in-process p50.
 
@@ -210,6 +211,13 @@ def main() -> None:
 
                 rows.append(("gRPC + sealed memfd", timed(sealed_grpc, args.runs)))
                 rows.append(("REST + sealed memfd", timed(sealed_rest, args.runs)))
+                over_socket = {"inputs": [sealed.input("image", "UINT8", SHAPE, frame.nbytes)]}
+                rows.append(
+                    (
+                        "region socket + sealed memfd, written in place",
+                        timed(lambda: sealed.infer("frame", over_socket), args.runs),
+                    )
+                )
                 rows.append(
                     (
                         "REST + sealed memfd, written in place",

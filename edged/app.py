@@ -524,7 +524,7 @@ class Daemon:
             log.info("gRPC (GRPCInferenceService) on unix:%s", path)
         if server.shm_regions:
             path = server.shm_path()
-            self.regions = RegionSocket(self.plane.shm, self.access, self.server_settings)
+            self.regions = RegionSocket(self.plane, self.access, self.server_settings)
             self.regions.start(bind_unix(path, server.socket_mode, socket.SOCK_SEQPACKET))
             log.info("sealed shared-memory regions on unix:%s (seqpacket)", path)
         metrics = self.config.metrics

@@ -414,7 +414,11 @@ def decode_request(
                 f"{HEADER_LENGTH} is {header_length} but the body has only {len(body)} bytes"
             )
         header, binary = bytes(view[:header_length]), view[header_length:]
-    doc = parse_json(header)
+    return decode_document(parse_json(header), binary, shm)
+
+
+def decode_document(doc: Any, binary: memoryview, shm: Bound | None = None) -> InferRequest:
+    """``decode_request`` of a parsed JSON document and the binary data after it."""
     if not isinstance(doc, dict):
         raise InvalidRequest("request body must be a JSON object with an 'inputs' list")
     raw_inputs = doc.get("inputs")

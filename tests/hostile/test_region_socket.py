@@ -1,14 +1,15 @@
 """Issue 46: the region socket, where a local caller gets a sealed memfd that edged reads in
-place (edged.server.regions), as a way in that an adversary uses.
+place and calls models over (edged.server.regions), as a way in that an adversary uses.
 
 A real edged as its unit runs it (its own user, 1,024 descriptors), its sockets mode 0666 in a
 world-traversable directory so that uid 65534 (``setpriv``) reaches them and every refusal seen
-is edged's own. uid 65534 gets a region, writes a tensor into it and has it read by REST and by
-tritonclient over gRPC, the output written back into the region; root does not see it, and it
-goes when its process exits. Garbage, a message past 4 KiB, deep nesting, unknown keys, sizes
-past the limit and descriptors sent to edged each get a refusal naming the field, and leave edged
-no descriptor; an idle connection is closed after ``server.read_timeout_s``; the connection past
-64 gets a 503; a caller not on ``server.allowed_uids`` gets a 403.
+is edged's own. uid 65534 gets a region, writes a tensor into it and has it read by REST, by
+tritonclient over gRPC and by the region socket itself, the output written back into the
+region; root does not see it, and it goes when its process exits. Garbage, a message past
+64 KiB, deep nesting, unknown keys, sizes past the limit and descriptors sent to edged each get a
+refusal naming the field, and leave edged no descriptor; an idle connection is closed after
+``server.read_timeout_s``; the connection past 64 gets a 503; a caller not on
+``server.allowed_uids`` gets a 403.
 """
 
 from __future__ import annotations
@@ -51,7 +52,19 @@ x = grpcclient.InferInput("x", [1, 2], "FP32")
 x.set_shared_memory("mine", 8)
 by_grpc = triton.infer("scale", [x]).as_numpy("y").tolist()
 listed = [r["name"] for r in client.call("GET", "/v2/systemsharedmemory/status")]
-print(json.dumps([answer["outputs"][0]["parameters"], placed, by_grpc, listed]), flush=True)
+region.array([1, 2], np.float32)[...] = [3.0, 4.0]
+doc = {"inputs": [region.input("x", "FP32", [1, 2], 8)], "outputs": [region.output("y", 8, 8)]}
+over_socket = region.infer("scale", doc)
+refused = []
+for model, bad in (("scale", {"inputs": [region.input("x", "FP32", [1, 2], 8, 12)]}),
+                   ("nothing-here", doc), ("", doc)):
+    try:
+        region.infer(model, bad)
+    except Exception as exc:
+        refused.append([exc.status, exc.message])
+print(json.dumps([answer["outputs"][0]["parameters"], placed, by_grpc, listed,
+                  over_socket["outputs"][0]["parameters"],
+                  region.array([1, 2], np.float32, offset=8).tolist(), refused]), flush=True)
 sys.stdin.read()
 """
 
@@ -94,10 +107,15 @@ def test_nobody_gets_a_region_edged_reads_in_place_and_root_does_not_see_it(
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line, child.stderr.read() if child.stderr else ""
-        parameters, placed, by_grpc, listed = json.loads(line)
+        parameters, placed, by_grpc, listed, by_socket, placed_2, refused = json.loads(line)
         assert parameters == {"shared_memory_region": "mine", "shared_memory_byte_size": 8}
         assert placed == [[1.0, 2.0]] and by_grpc == [[1.0, 2.0]]  # the scale model's y = x
         assert listed == ["mine"]
+        # the same over the region socket itself, with no HTTP
+        assert by_socket == parameters and placed_2 == [[3.0, 4.0]]
+        assert refused[0][0] == 400 and "offset 12 + 8 bytes is past its 16 bytes" in refused[0][1]
+        assert refused[1][0] == 404 and "nothing-here" in refused[1][1]
+        assert refused[2] == [400, "model: a model's name"]
         assert daemon.client.call("GET", "/v2/systemsharedmemory/status") == []  # root's view
         held = descriptors(pid)  # the mapping's and the pidfd
         assert held.count("/memfd:edged:mine (deleted)") == 1 and "anon_inode:[pidfd]" in held
@@ -110,11 +128,14 @@ def test_nobody_gets_a_region_edged_reads_in_place_and_root_does_not_see_it(
 
 
 HOSTILE: list[tuple[bytes, int, str]] = [
-    (b"\xff\xfe garbage", 400, "one JSON object"),
+    (b"\xff\xfe garbage", 400, "not valid JSON"),
     (b"[1, 2]", 400, "one JSON object"),
-    (b"[" * 4000, 400, "one JSON object"),
-    (b"{}" + b" " * 4096, 413, "at most 4096 bytes"),
+    (b"[" * 4000, 400, "nested too deeply"),
+    (b'{"a": NaN}', 400, "JSON has no NaN"),
+    (b"{}" + b" " * 65536, 413, "at most 65536 bytes"),
     (json.dumps({"name": "a", "byte_size": 8, "fd": 3}).encode(), 400, "'fd': not a key here"),
+    (json.dumps({"model": 5, "inputs": []}).encode(), 400, "model: a model's name"),
+    (json.dumps({"model": "scale", "inputs": []}).encode(), 400, "non-empty 'inputs'"),
     (json.dumps({"name": "a/b", "byte_size": 8}).encode(), 400, "region name"),
     (json.dumps({"name": "a", "byte_size": 1 << 40}).encode(), 400, "byte_size: an integer"),
     (json.dumps({"name": "a", "byte_size": -1}).encode(), 400, "byte_size: an integer"),
