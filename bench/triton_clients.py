@@ -9,7 +9,7 @@ process), and the same two clients on MLServer's ports (its own venv, bench/peer
 with its adaptive batching, since edged batches) and on Triton Inference Server's
 (bench/triton_peer.py: 2.51.0, the python backend running ONNX Runtime, behind Triton's dynamic
 batcher). Binary tensors on REST where the server has the extension (edged, Triton), JSON
-otherwise (MLServer). One client per thread, closed loop; QPS, p50/p95 in ms, the server's CPU
+otherwise (MLServer). One client per thread, closed loop; QPS, p50/p95/p99 in ms, the server's CPU
 per call (from /proc), and QPS against MLServer gRPC (no batching) and against Triton over the
 same protocol, in the same run.
 
@@ -220,6 +220,7 @@ def main() -> None:
         "QPS",
         "p50 ms",
         "p95 ms",
+        "p99 ms",
         "errors",
         "server CPU µs/call",
         "QPS / MLServer gRPC",
@@ -303,6 +304,7 @@ def main() -> None:
                                     f"{r.qps:,.0f}",
                                     f"{r.pct(0.5):.2f}",
                                     f"{r.pct(0.95):.2f}",
+                                    f"{r.pct(0.99):.2f}",
                                     str(r.errors),
                                     f"{cpu:.0f}",
                                     ratio,

@@ -18,7 +18,10 @@ limit here (the gRPC deadline too). Around the calls:
   (``arm_fault`` says which failures are an arm's): a failing arm is refused on its own, its
   share going to the other arm, while the tier's breaker counts only the tier's failures;
 - the catalog: the models the server lists in its repository index (re-read every
-  ``catalog_refresh_s`` and when the link comes back), plus those the config names.
+  ``catalog_refresh_s`` and when the link comes back), plus those the config names;
+- the server's own service time per model, from its statistics (``stats_interval_s``,
+  edged.served), told to the router (``on_service``) for the models edged did not call
+  meanwhile.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import logging
 import random
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +55,7 @@ from edged.common.errors import ConfigError
 from edged.config import CloudConfig
 from edged.link import LinkMonitor
 from edged.oip.tensors import confidence
+from edged.served import ServiceTimes
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,13 @@ GRPC_STATUS = {
 }
 JSON = "application/json"
 GATEWAY_STATUS = {502, 504}  # a gateway's word that the server behind it did not answer
+
+
+def http_status(exc: InferenceServerException) -> int | None:
+    """The HTTP status of tritonclient's error (a gRPC code as the status that means the same;
+    None: neither)."""
+    code = str(exc.status() or "")
+    return GRPC_STATUS.get(code) or whole(code, 3)
 
 
 def arm_fault(status: int | None, grpc: bool) -> bool:
@@ -240,6 +252,11 @@ class CloudEndpoint(Background):
             min_calls=config.scale_out_min_calls,
         )
         self._scale_watch: asyncio.Task[None] | None = None
+        # the server's service time (its statistics), and the calls edged made meanwhile
+        self.service = ServiceTimes()
+        self.called: Counter[str] = Counter()
+        self.on_service: Callable[[str, float, int], None] | None = None
+        self._stats_watch: asyncio.Task[None] | None = None
         self.link = LinkMonitor(
             self.url,
             self._probe,
@@ -283,17 +300,20 @@ class CloudEndpoint(Background):
             )
         self.link.start()
         super().start()
+        loop = asyncio.get_running_loop()
         if self._scale_watch is None:
-            loop = asyncio.get_running_loop()
             self._scale_watch = loop.create_task(self._watch_scale(), name="scale-out")
+        if self._stats_watch is None and self.config.stats_interval_s > 0:
+            self._stats_watch = loop.create_task(self._watch_service(), name="cloud statistics")
 
     async def stop(self) -> None:
         await super().stop()
-        if self._scale_watch is not None:
-            self._scale_watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._scale_watch
-            self._scale_watch = None
+        for task in (self._scale_watch, self._stats_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._scale_watch = self._stats_watch = None
         await self.link.stop()
         if self.client is not None:
             await self.client.close()
@@ -500,6 +520,7 @@ class CloudEndpoint(Background):
                 f"the circuit to {self.url} is open", endpoint_fault=False, refused=True
             )
         entry = self.catalog.get(model)
+        self.called[model] += 1
         binary = bool(self.binary)
         module = self.module
         request = []
@@ -570,7 +591,7 @@ class CloudEndpoint(Background):
             )
         except InferenceServerException as exc:
             code = str(exc.status() or "")
-            status = GRPC_STATUS.get(code) or whole(code, 3)
+            status = http_status(exc)
             error = CloudError(
                 f"the cloud answered {code or 'an error'}: {exc.message()}",
                 status=status,
@@ -723,6 +744,44 @@ class CloudEndpoint(Background):
             except Exception:  # a bug here must not end the watch (nor take the loop down)
                 log.exception("cloud %s: the scale-out watch failed", self.url)
 
+    async def _watch_service(self) -> None:
+        """Read the server's statistics every ``stats_interval_s`` while the link is up; a
+        server that does not serve them (MLServer) is left alone after the first refusal."""
+        kwargs = {"as_json": True} if self.grpc else {}
+        while True:
+            await self.link.wait_until(True)
+            try:
+                doc = await asyncio.wait_for(
+                    self.client.get_inference_statistics(headers=self.headers, **kwargs),
+                    self.config.catalog_timeout_s,
+                )
+                self._served(doc)
+            except InferenceServerException as exc:
+                if http_status(exc) in (400, 404, 405, 501):
+                    log.info(
+                        "cloud %s serves no statistics (%s): routing learns its service time"
+                        " from edged's own calls only",
+                        self.url,
+                        exc.message(),
+                    )
+                    return
+                log.debug("cloud %s: its statistics: %s", self.url, exc)
+            except Exception as exc:  # a hiccup: the next read
+                log.debug("cloud %s: its statistics: %s", self.url, exc)
+            await asyncio.sleep(self.config.stats_interval_s)
+
+    def _served(self, doc: Any) -> None:
+        """Tell the router each model's service time since the last read, where edged did not
+        call the model there meanwhile (its own calls, which include the transfer, teach it)."""
+        times = self.service.update(doc)
+        called, self.called = self.called, Counter()
+        if self.on_service is None:
+            return
+        for model, entry in list(self.catalog.items()):
+            found = times.get(entry.cloud_name)
+            if found is not None and not called[model]:
+                self.on_service(model, *found)
+
     def _scaled(self, raised: bool | None) -> None:
         """Say (an event, which reaches the fleet) that the scale-out signal changed."""
         if raised is None:
@@ -757,6 +816,7 @@ class CloudEndpoint(Background):
             "error_rate": round(self.breaker.failure_rate(), 4),
             "scale_out": self._scale_state(),
             "catalog": sorted(self.catalog),
+            "service_ms": self.service.as_ms(),
             "ab": {m: {"b_cloud_name": b, "b_share": s} for m, (b, s) in self.splits.items()},
             "ab_tests": {
                 m: self._test_state(m, t) for m, t in {**self.decisions, **self.tests}.items()

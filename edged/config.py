@@ -451,6 +451,13 @@ class CloudConfig(Section):
         20, gt=0, description="calls in the window before the scale-out signal changes"
     )
     catalog_refresh_s: float = Field(60.0, gt=0, description="re-read the cloud's model index")
+    stats_interval_s: float = Field(
+        10.0,
+        ge=0,
+        description="read the cloud's statistics (Triton's extension) this often: its service"
+        " time per inference, whoever called it, teaches the routing estimate of a model edged"
+        " did not call there meanwhile; 0: never (a server without the extension is asked once)",
+    )
     models: list[CloudModelConfig] = Field(
         default_factory=list, description="catalog entries added to the cloud's model index"
     )

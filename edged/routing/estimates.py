@@ -66,16 +66,20 @@ class Estimates:
         load: float | None = None,
         payload: int = 0,
         rtt: float | None = None,
+        times: int = 1,
     ) -> None:
-        """A request on ``path`` took ``seconds``; for the cloud, ``rtt`` is the link's RTT then."""
-        if path == "cloud" and rtt is not None:
+        """A request on ``path`` took ``seconds``; for the cloud, ``rtt`` is the link's RTT then.
+        ``times``: so many requests took that on average (a server's statistics), learned as
+        that many observations of it would be."""
+        if path.startswith("cloud") and rtt is not None:  # a tier's too ("cloud:<name>")
             seconds = max(0.0, seconds - rtt)
         key = self._key(model, path, load, payload)
         found = self.table.get(key)
         if found is None:
-            self.table[key] = Estimate(seconds)
+            self.table[key] = Estimate(seconds, count=max(1, times))
         else:
-            found.update(seconds, self.alpha)
+            found.update(seconds, 1 - (1 - self.alpha) ** max(1, times))
+            found.count += max(1, times) - 1
 
     def lookup(self, model: str, path: str, load: float | None, payload: int) -> Estimate | None:
         """The estimate of this band, else the nearest measured one."""
@@ -119,7 +123,7 @@ class Estimates:
         if found is None:
             return None
         seconds = found.mean + self.spread * found.deviation
-        if path == "cloud":
+        if path.startswith("cloud"):
             seconds += rtt or 0.0
             if bandwidth:
                 seconds += payload / bandwidth

@@ -20,6 +20,7 @@ plane returns it with the answer. Privacy is checked again right before a cloud 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import pathlib
@@ -94,9 +95,10 @@ class Router:
         self.clouds: list[CloudEndpoint] = [cloud, *tiers] if cloud is not None else []
         self.monitor = monitor
         self.metrics = metrics
+        self.estimates = Estimates()
         for tier in self.clouds:
             tier.on_counted = metrics.ab_call
-        self.estimates = Estimates()
+            tier.on_service = functools.partial(self._served, tier)
         self.learner: Learner | None = Learner() if config.policy == "learned" else None
         self.drained: str | None = None  # why the local tier takes no new work (edged.admin)
 
@@ -234,6 +236,12 @@ class Router:
         """The path a tier's latency is learned under: the first tier's is "cloud"."""
         return "cloud" if tier is self.cloud else f"cloud:{tier.name}"
 
+    def _served(self, tier: CloudEndpoint, model: str, seconds: float, served: int) -> None:
+        """The tier's server says what ``model`` took it lately, over ``served`` inferences
+        (its statistics): its service time, the network not in it (a prediction adds the RTT
+        of the moment); learned as that many calls would teach it."""
+        self.estimates.observe(model, self._key(tier), seconds, times=served)
+
     # ---- the capability registry -----------------------------------------------------------
 
     def tiers(self, name: str) -> tuple[dict[str, Any], str | None]:
@@ -266,6 +274,7 @@ class Router:
                 "cloud_name": entry.cloud_name,
                 "cost": entry.cost,
                 **measured("cloud"),
+                "service_ms": self.cloud.service.as_ms().get(entry.cloud_name),
             }
             task = task or entry.task_type
         return row, task

@@ -54,6 +54,7 @@ EDGED_LAYERS = [
             "edged.routing",
             "edged.background",
             "edged.breaker",
+            "edged.served",
             "edged.request",
             "edged.wire",
         ],

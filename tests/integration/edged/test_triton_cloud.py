@@ -11,6 +11,7 @@ cloud of the other tests), the test says so.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ def clean(triton: Cloud) -> Iterator[Cloud]:
     triton.fail_every(0)
 
 
-def behind(make_daemon: type[Daemon], url: str, pki: Path) -> Daemon:
+def behind(make_daemon: type[Daemon], url: str, pki: Path, more: str = "") -> Daemon:
     """edged with the gateway at ``url`` as its cloud: the CA, the device's certificate and the
     token (0600, edged's)."""
     token = pki / "token"
@@ -70,7 +71,7 @@ def behind(make_daemon: type[Daemon], url: str, pki: Path) -> Daemon:
         "token_file": str(token),
     }
     lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
-    daemon = make_daemon(config=f'[models]\nload = ["{CLOUD_MODEL}"]\n[cloud]\n{lines}\n')
+    daemon = make_daemon(config=f'[models]\nload = ["{CLOUD_MODEL}"]\n[cloud]\n{lines}\n{more}')
     daemon.give(pki)
     daemon.start()
     wait_for(lambda: CLOUD_MODEL in cloud_state(daemon.client)["catalog"], 15, "the catalog")
@@ -143,3 +144,53 @@ def test_a_triton_error_is_answered_on_the_device(
     assert str(status) in answer["reason"] and "injected fault" in answer["reason"], answer
     statuses = [s["status"] for s in gateway.seen() if s["uri"].endswith("/infer")]
     assert statuses[-1] == str(status), statuses
+
+
+def cloud_row(daemon: Daemon) -> dict[str, Any]:
+    """The intent classifier's cloud tier as the capability registry shows it."""
+    for task in daemon.client.capabilities():
+        for row in task.get("models", []):
+            if row["model"] == CLOUD_MODEL and row.get("cloud"):
+                return dict(row["cloud"])
+    return {}
+
+
+@pytest.mark.parametrize("transport", ["https", "grpcs"])
+def test_tritons_statistics_teach_edged_the_clouds_service_time(
+    make_daemon: type[Daemon], gateway: Gateway, pki: Path, clean: Cloud, transport: str
+) -> None:
+    """Other callers make the cloud's model slow (0.25 s a call, Triton's python backend told
+    to wait); edged, which sends nothing there, learns it from Triton's statistics through the
+    gateway (REST, and gRPC's statistics as JSON), and learns that it is quick again."""
+    import tritonclient.http as httpclient
+
+    url = (
+        f"https://localhost:{gateway.port}/api/v1"
+        if transport == "https"
+        else f"grpcs://localhost:{gateway.grpc_port}"
+    )
+    daemon = behind(make_daemon, url, pki, "stats_interval_s = 0.2\n")
+    other = httpclient.InferenceServerClient(clean.peer.http_url.removeprefix("http://"))
+    vector = httpclient.InferInput("embedding", [1, 384], "FP32")
+    vector.set_data_from_numpy(np.ones((1, 384), np.float32))
+
+    def others_call(times: int) -> None:
+        for _ in range(times):
+            other.infer(CLOUD_MODEL, [vector])
+
+    before = len(journal(clean))
+    clean.fail_every(0, delay_s=0.25, models=[CLOUD_MODEL])
+    others_call(10)
+    wait_for(lambda: (cloud_row(daemon).get("service_ms") or 0) >= 250, 20, "the slow cloud")
+    time.sleep(0.5)  # the last read
+    slow = cloud_row(daemon)
+    # the routing estimate, taught as by 10 calls: at least 1 - 0.8^10 of the way to 250 ms
+    assert slow["latency_ms"] >= 0.89 * 250 and slow["calls"] >= 10, slow
+    clean.fail_every(0)
+    others_call(20)
+    wait_for(lambda: (cloud_row(daemon).get("service_ms") or 1e9) < 50, 20, "the quick cloud")
+    quick = cloud_row(daemon)
+    assert quick["latency_ms"] < slow["latency_ms"], (slow, quick)
+    assert cloud_state(daemon.client)["service_ms"][CLOUD_MODEL] < 50
+    # edged itself called nothing: only the others' calls reached Triton
+    assert len(journal(clean)) - before == 30

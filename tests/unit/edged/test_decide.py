@@ -932,3 +932,27 @@ def test_the_table_lists_every_band_sorted_with_readable_bands() -> None:
         },
     ]
     assert Estimates().as_list() == []
+
+
+def test_a_servers_figure_over_many_calls_teaches_as_that_many_calls() -> None:
+    one_by_one, at_once = Estimates(), Estimates()
+    for est in (one_by_one, at_once):
+        est.observe("m", "cloud", 0.01)
+    for _ in range(5):
+        one_by_one.observe("m", "cloud", 0.25)
+    at_once.observe("m", "cloud", 0.25, times=5)  # a read of the server's statistics
+    assert at_once.lookup("m", "cloud", None, 0).mean == pytest.approx(  # type: ignore[union-attr]
+        one_by_one.lookup("m", "cloud", None, 0).mean  # type: ignore[union-attr]
+    )
+    assert at_once.summary("m", "cloud") == pytest.approx((0.25 - 0.24 * 0.8**5, 6))
+    fresh = Estimates()
+    fresh.observe("m", "cloud", 0.3, times=40)  # a prior from the server's whole history
+    assert fresh.summary("m", "cloud") == pytest.approx((0.3, 40))
+
+
+def test_every_cloud_tier_learns_its_service_time_net_of_the_rtt() -> None:
+    for path in ("cloud", "cloud:spot"):
+        est = Estimates()
+        est.observe("m", path, 0.15, rtt=0.1)  # 50 ms of service
+        # now the link is quicker: the forecast follows the RTT of now
+        assert est.predict("m", path, rtt=0.02) == pytest.approx(0.07), path
