@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Debian packages: to build systemd-python, to run the daemon, and to run the tests.
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
-APT_TEST := espeak-ng fonts-dejavu-core curl systemd bible-kjv mosquitto nginx-light postgresql prometheus prometheus-alertmanager chromium
+APT_TEST := espeak-ng fonts-dejavu-core curl socat systemd bible-kjv mosquitto nginx-light postgresql prometheus prometheus-alertmanager chromium
 # To build the .deb, check it (lintian) and install it into a clean Debian tree (mmdebstrap).
 APT_DEB := debhelper dh-virtualenv help2man dpkg-dev lintian mmdebstrap python3-venv cpio systemd-container
 

@@ -10,7 +10,9 @@ import json
 import logging
 import socket
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from edged import __version__
 from edged import config as config_module
@@ -78,6 +80,20 @@ def reread(args: argparse.Namespace) -> config_module.Config:
     return warn_renamed(effective_config(args))
 
 
+def run_loop(main: Coroutine[Any, Any, int], server: config_module.ServerConfig) -> int:
+    """``main`` on the event loop ``server.event_loop`` names (uvloop where installed)."""
+    if server.event_loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            logging.getLogger("edged").info(
+                "server.event_loop: uvloop is not installed here; the standard event loop serves"
+            )
+        else:
+            return int(uvloop.run(main))
+    return asyncio.run(main)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``edged`` console script."""
     heap.fix_thresholds()  # before the daemon's imports allocate (edged/common/heap.py)
@@ -100,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable()  # a hang killed by the watchdog leaves its stacks in the journal
 
     try:
-        return asyncio.run(Daemon(config, functools.partial(reread, args)).run())
+        return run_loop(Daemon(config, functools.partial(reread, args)).run(), config.server)
     except EdgedError as exc:
         logging.getLogger("edged").error("%s", exc.message)
         return 1

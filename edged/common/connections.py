@@ -16,7 +16,7 @@ import asyncio
 import logging
 import ssl
 import time
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -36,9 +36,9 @@ class _Refused(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         head = BUSY + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(self.body)
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(head + self.body)
-        transport.close()
+        writer = cast(asyncio.Transport, transport)  # uvloop's is none of asyncio's classes
+        writer.write(head + self.body)
+        writer.close()
 
 
 class CappedSite(web.SockSite):

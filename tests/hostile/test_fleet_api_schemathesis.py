@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.core.parameters import ParameterLocation
 
 from tests.fleetservice import TOKENS, FleetService
 from tests.integration.cloudsync.test_fleet_nodes import births
@@ -40,9 +41,13 @@ def test_every_operation_answers_as_documented(
     case: schemathesis.Case, service: FleetService
 ) -> None:
     # a schema-valid body may still be refused for what a schema cannot say (a manifest's
-    # signatures, a URL for each of its files): 422, which the document lists
+    # signatures, a URL for each of its files): 422, which the document lists. A case whose
+    # headers are the mutation (its Authorization left out) goes as generated: the admin's
+    # token put back would make the service accept it, and schemathesis call that a failure
+    negative_headers = case.meta is not None and case.meta.is_negative_at(ParameterLocation.HEADER)
+    token = {} if negative_headers else {"Authorization": f"Bearer {TOKENS['admin']}"}
     case.call_and_validate(
         base_url=service.url,
-        headers={"Authorization": f"Bearer {TOKENS['admin']}"},
+        headers=token,
         excluded_checks=[schemathesis.checks.positive_data_acceptance],
     )

@@ -170,7 +170,10 @@ def test_no_other_user_reaches_the_knowledge_store(edged: Daemon) -> None:
     problems = [f"edged (PIDs {pids}) listens on TCP: {t}" for t in tcp_listeners(pids[0], inodes)]
 
     # (b) uid 65534 reaches none of its Unix sockets but edged's own API sockets
-    ours = {str(edged.socket), str(edged.socket.with_name("edged-grpc.sock"))}
+    ours = {
+        str(edged.socket),
+        *(str(edged.socket.with_name(f"edged-{n}.sock")) for n in ("grpc", "shm")),
+    }
     others = [path for path in unix_listeners(edged.proc.pid, inodes) if path not in ours]
     state = edged.workdir / "state"
     # the unit's umask (0027) closes the state directory to others; opened here, since the

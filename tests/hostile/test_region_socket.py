@@ -173,7 +173,10 @@ def test_garbage_and_descriptors_sent_to_edged_are_refused_and_leave_it_nothing(
         sock.connect(str(path))
         held.append(sock)
     try:
-        extra = exchange(path, b"{}")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:  # told, and closed
+            sock.settimeout(30)
+            sock.connect(str(path))
+            extra = json.loads(sock.recv(4096))
         assert extra["status"] == 503 and "64 connections are open" in extra["error"]
         started = time.monotonic()
         held[0].settimeout(30)

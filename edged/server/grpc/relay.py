@@ -15,6 +15,7 @@ import socket
 import stat
 import tempfile
 from pathlib import Path
+from typing import cast
 
 import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
@@ -53,8 +54,7 @@ class _Half(asyncio.Protocol):
         self.eof = False  # the end came before the pair was made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is none of asyncio's
 
     def _peer(self) -> asyncio.Transport | None:
         return self.other.transport if self.other is not None else None
