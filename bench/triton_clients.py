@@ -14,9 +14,10 @@ per call (from /proc), and QPS against MLServer gRPC (no batching) and against T
 same protocol, in the same run.
 
 Then the floors of the two protocol stacks on this machine: a bare ``grpc.aio`` servicer and a
-bare aiohttp handler on Unix sockets, each answering a fixed response with no model, called by
-the same clients as edged (tritonclient.grpc, and the load benchmark's http.client), with the
-server's CPU time per call read from /proc: what no code of edged's can go below.
+bare aiohttp handler on Unix sockets (on uvloop, as edged), each answering a fixed response with
+no model, called by the same clients as edged (tritonclient.grpc, and the load benchmark's
+http.client), with the server's CPU time per call read from /proc: what no code of edged's can
+go below.
 
     .venv/bin/python bench/triton_clients.py [--seconds 4] [--concurrency 1 8 32] [--no-peer]
 """
@@ -182,7 +183,11 @@ async def main():
         await web.UnixSite(runner, path).start()
         await asyncio.Event().wait()
 
-asyncio.run(main())
+try:  # the event loop edged serves on (server.event_loop)
+    import uvloop
+    uvloop.run(main())
+except ImportError:
+    asyncio.run(main())
 """
 
 

@@ -209,7 +209,9 @@ class Metrics:
             ["model", "route", "reason"],
             registry=r,
         )
-        self._route_children: dict[tuple[str, str, str], Any] = {}
+        # labels() costs a lock and a lookup: each combination's child is looked up once (no
+        # child is ever removed, so none kept here can be one Prometheus no longer shows)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.confidences = Histogram(
             "edged_inference_confidence",
             "Each local call's best score (the mean over its rows), for classifiers (an output"
@@ -268,16 +270,20 @@ class Metrics:
             registry=r,
         )
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once per combination."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def route(self, model: str, route: str, reason: str) -> None:
         """Count one routing decision (``reason``: the rule's label or what decided)."""
-        key = (model, route, reason)
-        child = self._route_children.get(key)
-        if child is None:  # labels() costs a lock and a lookup: once per combination
-            child = self._route_children[key] = self.routes.labels(*key)
-        child.inc()
+        self.child(self.routes, model, route, reason).inc()
 
     def confidence(self, model: str, version: int, value: float) -> None:
-        self.confidences.labels(model, str(version)).observe(value)
+        self.child(self.confidences, model, str(version)).observe(value)
 
     def cloud_call(
         self, model: str, cloud_model: str, seconds: float, ok: bool, tier: str, cost: float
@@ -321,10 +327,11 @@ class Metrics:
         """A model call ended (answered, refused or failed)."""
         outcome = "cancelled" if error is not None and not isinstance(error, Exception) else None
         outcome = outcome or outcome_of(error)
-        self.requests.labels(model, str(version), outcome).inc()
-        self.outcome_seconds.labels(model, str(version), outcome).inc(seconds)
-        self.request_seconds.labels(model, str(version)).observe(seconds)
-        self.last_call.labels(model, str(version)).set_to_current_time()
+        served = str(version)
+        self.child(self.requests, model, served, outcome).inc()
+        self.child(self.outcome_seconds, model, served, outcome).inc(seconds)
+        self.child(self.request_seconds, model, served).observe(seconds)
+        self.child(self.last_call, model, served).set_to_current_time()
 
     def statistics(self, versions: list[tuple[str, str]]) -> list[dict[str, Any]]:
         """Triton's statistics extension for these (model, version) pairs, from the counters

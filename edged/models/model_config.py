@@ -6,6 +6,7 @@ as ``ModelConfig.proto`` (the scheduler reads ``dynamic_batching`` from it).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,7 @@ class ModelConfig:
             return PLAN_PLATFORM
         return str(self.proto.backend)
 
-    @property
+    @functools.cached_property  # read on every local call; a config does not change
     def confidence_output(self) -> str | None:
         """The output whose best score is the model's confidence: ``confidence_output`` in
         its parameters, else its first classification output (one with labels)."""

@@ -413,11 +413,11 @@ class Router:
         if not waking:  # a load is not the model's latency
             self.estimates.observe(call.name, "local", seconds, load, call.payload)
         output = call.config.confidence_output if call.config is not None else None
-        if output is not None and output in out and out[output].size:
-            scores = np.asarray(out[output], dtype=np.float64)
+        scores = out.get(output) if output is not None else None
+        if scores is not None and scores.size and scores.dtype.kind in "iuf":
             best = scores.max(axis=-1) if scores.ndim > 1 else scores
             # the call's mean best score: a new version's drift shows in its distribution
-            self.metrics.confidence(call.name, served, float(best.mean()))
+            self.metrics.confidence(call.name, served, float(best.mean(dtype=np.float64)))
         return str(served), out
 
     async def _cloud(self, call: Call, reserve: float) -> tuple[str, Tensors]:
