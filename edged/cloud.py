@@ -755,7 +755,6 @@ class CloudEndpoint(Background):
                     self.client.get_inference_statistics(headers=self.headers, **kwargs),
                     self.config.catalog_timeout_s,
                 )
-                self._served(doc)
             except InferenceServerException as exc:
                 if http_status(exc) in (400, 404, 405, 501):
                     log.info(
@@ -766,8 +765,13 @@ class CloudEndpoint(Background):
                     )
                     return
                 log.debug("cloud %s: its statistics: %s", self.url, exc)
-            except Exception as exc:  # a hiccup: the next read
+            except Exception as exc:  # a hiccup of the link: the next read
                 log.debug("cloud %s: its statistics: %s", self.url, exc)
+            else:
+                try:
+                    self._served(doc)
+                except Exception:  # a bug here must not end the watch (nor take the loop down)
+                    log.exception("cloud %s: its statistics could not be used", self.url)
             await asyncio.sleep(self.config.stats_interval_s)
 
     def _served(self, doc: Any) -> None:
