@@ -70,6 +70,13 @@ class ServerConfig(Section):
         description="system shared-memory regions one uid may hold at once (a 400 above,"
         " naming this key): one uid cannot take all of shm_regions and leave root none",
     )
+    shm_memfd_mb_per_uid: int = Field(
+        256,
+        ge=1,
+        description="the sealed memfd regions one uid may hold at once, in MiB in all (a 400"
+        " above, naming this key): what edged writes into them (outputs) is charged to edged's"
+        " memory, so their size is bounded, not only their number",
+    )
     read_timeout_s: float = Field(
         30.0,
         gt=0,

@@ -176,10 +176,14 @@ class Regions:
             raise
         self._add(Region(name, key, offset, byte_size, fd, writable, caller.uid, caller.pid))
 
-    def create(self, caller: Any, name: Any, byte_size: Any, limit: int) -> int:
+    def create(
+        self, caller: Any, name: Any, byte_size: Any, limit: int, per_uid: int = 1 << 62
+    ) -> int:
         """A sealed memfd of ``byte_size`` bytes, registered as the caller's region ``name``
         and mapped here: the returned descriptor is for the caller (the one who passes it on
-        closes it); edged keeps the mapping. ``limit``: the most bytes a region may have."""
+        closes it); edged keeps the mapping. ``limit``: the most bytes a region may have;
+        ``per_uid``: the most bytes of such regions one uid may hold (an output edged writes
+        into a page the caller never touched is charged to edged)."""
         self._admit(caller, name)
         if (
             isinstance(byte_size, bool)
@@ -188,6 +192,14 @@ class Regions:
         ):
             raise InvalidRequest(
                 f"byte_size: an integer from 1 to {limit} (server.max_request_bytes)"
+            )
+        held = sum(
+            r.byte_size for (uid, _), r in self.regions.items() if uid == caller.uid and r.mapping
+        )
+        if held + byte_size > per_uid:
+            raise InvalidRequest(
+                f"byte_size: uid {caller.uid} holds {held} bytes of sealed regions; {byte_size}"
+                f" more would pass {per_uid} (server.shm_memfd_mb_per_uid)"
             )
         fd = os.memfd_create(f"edged:{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:

@@ -24,7 +24,8 @@ One ``SOCK_SEQPACKET`` Unix socket (``server.shm_socket``: beside ``server.socke
 The way in is hostile by default: the caller is the kernel's (SO_PEERCRED) and must pass
 ``server.allowed_uids``/``allowed_gids`` (403); a message is at most 64 KiB (413 above), one
 JSON object (400), a region message with the two keys and no other (400 naming the key); the
-region quotas and ``server.max_request_bytes`` bound what one uid holds (400); an answer past
+region quotas, ``server.max_request_bytes`` and ``server.shm_memfd_mb_per_uid`` bound what
+one uid holds (400); an answer past
 64 KiB is refused (413: ask for the outputs in a region); at most ``MAX_CONNECTIONS``
 connections at once (503 to the next, then closed); a connection idle for
 ``server.read_timeout_s``, or one that does not read its answers, is closed; descriptors a
@@ -75,13 +76,14 @@ def message_of(access: Access, peer: Peer | None, message: bytes) -> dict[str, A
 
 
 def create(
-    regions: Regions, peer: Peer | None, doc: dict[str, Any], limit: int
+    regions: Regions, peer: Peer | None, doc: dict[str, Any], settings: ServerConfig
 ) -> tuple[dict[str, Any], int]:
     """A region for the caller: its reply and its memfd (EdgedError, OSError)."""
     for key in doc:
         if key not in KEYS:
             raise InvalidRequest(f"{key[:64]!r}: not a key here (name, byte_size; or model)")
-    fd = regions.create(peer, doc.get("name"), doc.get("byte_size"), limit)
+    limit, per_uid = settings.max_request_bytes, settings.shm_memfd_mb_per_uid << 20
+    fd = regions.create(peer, doc.get("name"), doc.get("byte_size"), limit, per_uid)
     name, size = doc["name"], doc["byte_size"]
     return {"name": name, "byte_size": size, "key": f"memfd:{name}"}, fd
 
@@ -162,7 +164,7 @@ class RegionSocket:
             doc = message_of(self.access, peer, message)
             if "model" in doc:
                 return await self._infer(peer, doc, settings), None
-            return create(self.plane.shm, peer, doc, settings.max_request_bytes)
+            return create(self.plane.shm, peer, doc, settings)
         except EdgedError as exc:
             return refusal(exc), None
         except OSError as exc:  # no memory or no descriptor left for a memfd

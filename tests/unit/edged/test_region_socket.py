@@ -46,7 +46,7 @@ def answer(
     try:
         doc = message_of(checks, ALICE, message)
         assert "model" not in doc or not isinstance(doc, dict)
-        return create(regions, ALICE, doc, LIMIT)
+        return create(regions, ALICE, doc, ServerConfig(max_request_bytes=LIMIT))
     except EdgedError as exc:
         return refusal(exc), None
 

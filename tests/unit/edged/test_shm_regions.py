@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,29 @@ def test_memfds_count_against_the_quotas_and_files_make_reads_copy(tmp_path: Pat
     assert regions.copies(BOB) and not regions.copies(ALICE)
     with pytest.raises(InvalidRequest, match="for local callers"):
         regions.create(None, "a", 8, 8)
+    regions.close()
+    for fd in fds:
+        os.close(fd)
+
+
+def test_the_bytes_of_sealed_regions_one_uid_holds_are_bounded(tmp_path: Path) -> None:
+    (tmp_path / "k").write_bytes(b"x" * 64)
+    os.chmod(tmp_path / "k", 0o666)
+    regions = Regions(root=tmp_path)
+    fds = [regions.create(ALICE, "a", 40, 64, per_uid=64)]
+    with pytest.raises(
+        InvalidRequest,
+        match=re.escape(
+            "uid 1000 holds 40 bytes of sealed regions; 32 more would pass 64"
+            " (server.shm_memfd_mb_per_uid)"
+        ),
+    ):
+        regions.create(ALICE, "b", 32, 64, per_uid=64)
+    fds.append(regions.create(ALICE, "b", 24, 64, per_uid=64))  # up to the bound
+    fds.append(regions.create(BOB, "a", 64, 64, per_uid=64))  # another uid: its own
+    regions.register(ALICE, "f", "/k", 0, 64)  # a file of the caller's own: not counted
+    regions.unregister(ALICE, "a")
+    fds.append(regions.create(ALICE, "c", 40, 64, per_uid=64))
     regions.close()
     for fd in fds:
         os.close(fd)
