@@ -520,7 +520,8 @@ class CloudEndpoint(Background):
                 f"the circuit to {self.url} is open", endpoint_fault=False, refused=True
             )
         entry = self.catalog.get(model)
-        self.called[model] += 1
+        if self._stats_watch is not None and not self._stats_watch.done():
+            self.called[model] += 1  # emptied at each read of the statistics: only while read
         binary = bool(self.binary)
         module = self.module
         request = []
