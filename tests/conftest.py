@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import os
 import shutil
@@ -54,6 +55,17 @@ def require_models() -> None:
     """The default repository must be built (make test does it); fail loudly otherwise."""
     if not (MODELS / "text-encoder" / "1" / "model.onnx").is_file():
         pytest.fail("the default model repository is not built: run `make models` first")
+
+
+def unseen_intents() -> list[dict[str, str]]:
+    """Sentences of each intent label that models/intents.tsv does not have (a check of the
+    shipped model on text it never saw), as ``{"label", "text"}`` rows."""
+    path = Path(__file__).parent / "intents-unseen.tsv"
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    known = {line.split("\t", 1)[-1].strip().lower() for line in (MODELS / "intents.tsv").open()}
+    assert not [r["text"] for r in rows if r["text"].lower() in known], "seen sentences"
+    return rows
 
 
 def skip_or_fail(reason: str) -> None:

@@ -7,7 +7,6 @@ and a deadline that cancels what is unfinished."""
 from __future__ import annotations
 
 import base64
-import csv
 import json
 import re
 import subprocess
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from edged.client import Client, ClientError
-from tests.conftest import ANSWER_MODEL, MODELS, Cloud, Daemon, wait_for
+from tests.conftest import ANSWER_MODEL, Cloud, Daemon, unseen_intents, wait_for
 from tests.integration.edged.test_admin import edgectl as edgectl_of
 from tests.media import text_image
 
@@ -108,15 +107,14 @@ def test_an_image_report_reads_on_the_device_and_reports_in_the_cloud_without_th
     assert cloud.seen()[before:] == []
 
 
-def test_free_text_is_mapped_to_its_template_on_the_held_out_split(
+def test_free_text_is_mapped_to_its_template_on_sentences_it_never_saw(
     make_daemon: type[Daemon],
 ) -> None:
-    """The intent model's held-out rows (never trained on): each one's label names the template
-    it asks for, or none (smalltalk, device-status: a 400 saying what it read)."""
+    """Sentences the intent model never saw (tests/intents-unseen.tsv): each one's label names
+    the template it asks for, or none (smalltalk, device-status: a 400 saying what it read)."""
     daemon = make_daemon(config=f"[models]\nload = {json.dumps(TEXT_MODELS)}\n").start()
     client = daemon.client
-    heldout = MODELS / ".build" / "intent-heldout.tsv"
-    rows = list(csv.DictReader(heldout.open(), delimiter="\t"))
+    rows = unseen_intents()
     mapping = {
         "image-report": "image-report",
         "voice-command": "voice-command",
@@ -144,7 +142,7 @@ def test_free_text_is_mapped_to_its_template_on_the_held_out_split(
     assert planned["private_inputs"] == ["query", "question", "text"]
     accuracy = right / len(rows)
     print(f"free text -> template: {right}/{len(rows)} = {accuracy:.3f}")
-    assert len(rows) >= 50 and accuracy >= 0.9
+    assert len(rows) >= 30 and accuracy >= 0.9
 
 
 def test_bad_graphs_are_refused_before_anything_runs(edged_with_cloud: Daemon) -> None:
