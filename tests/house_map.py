@@ -43,8 +43,9 @@ WHY = {
     "edged/tasks/run.py": "a task's graph read, its labels carried, its nodes run",
     "edged/client.py": "the socket API's every call, standard library only",
     "edged/top.py": "edgectl top's panels, pure",
-    "edged/pipelines/speech.py": "pocketsphinx's pipelines (the wake word, the assistant, "
-    "commands) over one decoder discipline; next: the assistant apart",
+    "edged/pipelines/speech.py": "the speech pipelines (the wake word with its trained model"
+    " or pocketsphinx, the assistant, commands) over one spotter discipline; next: the"
+    " assistant apart",
 }
 
 

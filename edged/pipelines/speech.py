@@ -1,11 +1,13 @@
-"""Speech recognition on the device with pocketsphinx 5: the wake word, and commands.
+"""Speech on the device: the wake word, and commands (pocketsphinx 5).
 
 ``wake_word`` (stateful, decoupled): live 16 kHz mono 16-bit audio in chunks of a sequence; one
 response per wake phrase heard (the phrase, and its start and end in seconds since the sequence
-started), as soon as it is heard. The acoustic model and the pronouncing dictionary are the
-ones pocketsphinx's wheel ships (models/build.py copies them into the version directory);
-keyword spotting needs no language model. Each sequence has a decoder of its own (about 27 MiB:
-pocketsphinx shares no model between decoders), so at most ``max_sequences`` run at once.
+started), as soon as it is heard. Heard by the model trained for the phrase (``detector_model``,
+wake-net: a window every 50 ms, wake.py) when its phrase is one of ``phrases``; otherwise by
+pocketsphinx's keyword spotter, with the acoustic model and the pronouncing dictionary its
+wheel ships (models/build.py copies them into the version directory; keyword spotting needs no
+language model). Each sequence has a spotter of its own (a decoder is about 27 MiB: pocketsphinx
+shares no model between decoders), so at most ``max_sequences`` run at once.
 
 ``transcribe``: a WAV file of one utterance in, its text out, recognised against a grammar of the
 commands the device knows (a phrase per line of ``phrases.txt`` in the version directory: the
@@ -35,8 +37,9 @@ import numpy as np
 
 from edged.common.errors import InvalidRequest, ModelLoadError, PayloadTooLarge, Unavailable
 from edged.oip.tensors import bytes_tensor
-from edged.pipelines import vad_ops
+from edged.pipelines import logmel, vad_ops
 from edged.pipelines.base import LiveAudio, Pipeline, single_blob, texts_of
+from edged.pipelines.wake import Spotter
 from edged.request import Sequence
 from edged.runtimes.base import Tensors
 
@@ -109,6 +112,8 @@ class WakeWord(LiveAudio):
 
     def prepare(self) -> None:
         self.pocketsphinx, self.hmm, self.dictionary = speech_model(self)
+        # the trained model (wake.py) when the config names one, else pocketsphinx's spotter
+        self.detector = self.config.parameters.get("detector_model", "")
         self.phrases = parse_phrases(self.config.name, self.config.parameters.get("phrases", ""))
         self.plp = probability(self.config.name, "kws_plp", self.config.parameters, 1e-4)
         # frames (10 ms) the spotter waits after a phrase before it reports it (its own
@@ -160,13 +165,15 @@ class WakeWord(LiveAudio):
         if not live:
             self.holders.take(sequence)
             try:
-                decoder = await self.offload(self._decoder)
+                spotting = await self._spotting()
             except BaseException:
                 self.holders.give(sequence)
                 raise
-            live.update(decoder=decoder, samples=0, utterance=0, pending=np.zeros(0, np.int16))
+            live.update(spotting, samples=0, utterance=0, pending=np.zeros(0, np.int16))
         live["busy"] = True
         try:
+            if "spotter" in live:
+                await self._detect(live, pcm)
             heard = await self.offload(self._feed, live, pcm, sequence.end)
             await self._answer(heard, send)
         finally:
@@ -174,6 +181,34 @@ class WakeWord(LiveAudio):
         if sequence.end:
             live.pop("decoder", None)
             self.holders.give(sequence)
+
+    async def _spotting(self) -> dict[str, Any]:
+        """A new sequence's spotter: the trained model's (its phrase and threshold from its
+        config, as the serving version has them) when its phrase is one of ``phrases``, else a
+        pocketsphinx decoder (a phrase named in the config before its model was trained)."""
+        config = self.steps.config_of(self.detector) if self.detector else None
+        phrase = " ".join(config.parameters.get("phrase", "").lower().split()) if config else ""
+        if config is None or phrase not in [p for p, _ in self.phrases]:
+            return {"decoder": await self.offload(self._decoder)}
+        threshold = probability(self.detector, "threshold", config.parameters, 0.5)
+        dims = config.inputs[0].dims if len(config.inputs) == 1 else ()
+        frames = dims[1] if len(dims) == 3 and dims[2] == logmel.BANDS else 0
+        if frames <= 0:
+            raise Unavailable(
+                f"model '{self.config.name}': its detector_model '{self.detector}' must take"
+                f" one input of [-1, frames, {logmel.BANDS}] log-mel features"
+            )
+        return {"spotter": Spotter(frames, threshold), "phrase": phrase, "found": []}
+
+    async def _detect(self, live: dict[str, Any], pcm: np.ndarray) -> None:
+        """The trained model on every window that ``pcm`` completes (one call for them
+        all); what it heard waits in ``found`` for the part of the audio it ended in."""
+        spotter: Spotter = live["spotter"]
+        windows, ends = await self.offload(spotter.windows, pcm)
+        if not ends:
+            return
+        out = await self.steps.call(self.detector, {"features": windows})
+        live["found"] += spotter.decide(ends, out["logit"], out["times"])
 
     def _feed(self, live: dict[str, Any], pcm: np.ndarray, end: bool) -> list[Event]:
         """Decode ``pcm`` 50 ms at a time (in the executor); what was heard, with its times
@@ -190,11 +225,15 @@ class WakeWord(LiveAudio):
 
     def _end(self, live: dict[str, Any]) -> list[Event]:
         """The sequence's end: a phrase that ends with the audio."""
+        if "spotter" in live:
+            return self._part(live, np.zeros(0, np.int16))
         live["decoder"].end_utt()
         return self._heard(live) if live["decoder"].hyp() is not None else []
 
     def _part(self, live: dict[str, Any], part: np.ndarray) -> list[Event]:
         """50 ms to the keyword spotter: the phrases it heard, and it listens again."""
+        if "spotter" in live:
+            return self._found(live, part)
         decoder = live["decoder"]
         decoder.process_raw(part.tobytes(), False, False)
         live["samples"] += part.size
@@ -204,6 +243,17 @@ class WakeWord(LiveAudio):
         decoder.end_utt()
         decoder.start_utt()
         live["utterance"] = live["samples"]
+        return heard
+
+    def _found(self, live: dict[str, Any], part: np.ndarray) -> list[Event]:
+        """What the trained model heard in windows that end in this part (none heard while a
+        command was taken: those ended before ``utterance``)."""
+        live["samples"] += part.size
+        due = [h for h in live["found"] if h.at <= live["samples"]]
+        live["found"] = live["found"][len(due) :]
+        heard = [("wake", live["phrase"], h.start, h.end) for h in due if h.at > live["utterance"]]
+        if heard:
+            live["utterance"] = live["samples"]
         return heard
 
     def _heard(self, live: dict[str, Any]) -> list[Event]:
@@ -297,8 +347,9 @@ class VoiceAssistant(WakeWord):
         if not (ended or took >= self.command_s or (not command["spoke"] and took >= self.QUIET_S)):
             return []
         live["command"] = None  # back to the wake phrase, from here
-        live["decoder"].end_utt()
-        live["decoder"].start_utt()
+        if "decoder" in live:
+            live["decoder"].end_utt()
+            live["decoder"].start_utt()
         live["utterance"] = live["samples"]
         return [("utterance", said(command), command["start"] / RATE, live["samples"] / RATE)]
 

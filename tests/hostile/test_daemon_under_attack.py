@@ -34,7 +34,7 @@ max_json_bytes = 4194304
 [models]
 load = ["intent", "text-embedding", "text-encoder", "intent-classifier", "ocr", "ocr-det",
         "ocr-rec", "ocr-cls", "vad", "vad-silero", "vad-segments",
-        "vad-live", "wake-word", "transcribe", "voice-assistant"]
+        "vad-live", "wake-net", "wake-word", "transcribe", "voice-assistant"]
 """
 
 

@@ -347,7 +347,7 @@ def test_callers_who_stop_sending_do_not_hold_the_model(
     reason) before, served after, and the quiet one's next chunk is refused with why; a REST
     upload that stops sending ends with a 408 line after the idle time, and the daemon
     serves the next caller meanwhile."""
-    repo = linked_repository(tmp_path / "models", ["wake-word"])
+    repo = linked_repository(tmp_path / "models", ["wake-net", "wake-word"])
     model = copy_model(repo, "wake-word")
     config = (model / "config.pbtxt").read_text()
     config = config.replace(

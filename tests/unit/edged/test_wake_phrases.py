@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from edged.common.errors import ModelLoadError
+from edged.common.errors import ModelLoadError, Unavailable
 from edged.config import ModelsConfig
 from edged.models.model_config import read_config
 from edged.pipelines.speech import Transcribe, VoiceAssistant, WakeWord, parse_phrases
+from edged.pipelines.wake import Spotter
 from tests.conftest import MODELS, require_models
 
 
@@ -80,3 +81,71 @@ def test_speech_parameters_are_checked_before_anything_is_made(
         pipeline = cls[model](read_config(copy), copy / "1", None, pool, ModelsConfig())  # type: ignore[arg-type]
         with pytest.raises(ModelLoadError, match=says):
             asyncio.run(pipeline.load())
+
+
+class _Steps:
+    """What the pipeline asks of the repository: wake-net's config (its phrase as given)."""
+
+    def __init__(self, folder: Path, phrase: str, inputs: str = "dims: [ -1, 148, 40 ]") -> None:
+        text = (MODELS / "wake-net" / "config.pbtxt").read_text()
+        text = text.replace('string_value: "hey jetson"', f'string_value: "{phrase}"')
+        self.folder = folder / "wake-net"
+        self.folder.mkdir(exist_ok=True)
+        (self.folder / "config.pbtxt").write_text(text.replace("dims: [ -1, 148, 40 ]", inputs))
+
+    def config_of(self, name: str) -> object:
+        assert name == "wake-net"
+        return read_config(self.folder)
+
+
+def test_the_trained_model_listens_for_its_own_phrase_and_pocketsphinx_for_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """wake-net's phrase is one of the config's phrases: its spotter, at its threshold; a
+    phrase named before its model was trained: pocketsphinx's decoder; a detector that does
+    not take log-mel windows: refused, saying so."""
+    require_models()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    copy = tmp_path / "wake-word"
+    shutil.copytree(MODELS / "wake-word", copy, symlinks=True)
+
+    def spotting(phrases: str, steps: _Steps) -> dict[str, object]:
+        config = copy / "config.pbtxt"
+        text = (MODELS / "wake-word" / "config.pbtxt").read_text()
+        config.write_text(text.replace("hey jetson=1e-30", phrases))
+        with ThreadPoolExecutor(1) as pool:
+            wake = WakeWord(read_config(copy), copy / "1", steps, pool, ModelsConfig())  # type: ignore[arg-type]
+
+            async def run() -> dict[str, object]:
+                await wake.offload(wake.prepare)
+                try:
+                    return await wake._spotting()
+                finally:
+                    await wake.unload()
+
+            return asyncio.run(run())
+
+    trained = spotting("ok robot=1e-20; Hey  Jetson=1e-30", _Steps(tmp_path, "Hey Jetson"))
+    assert trained["phrase"] == "hey jetson" and "decoder" not in trained
+    spotter = trained["spotter"]
+    assert (
+        isinstance(spotter, Spotter)
+        and spotter.frames == 148
+        and spotter.threshold == float(read_config(MODELS / "wake-net").parameters["threshold"])
+    )
+    untrained = spotting("ok robot=1e-20", _Steps(tmp_path, "hey jetson"))
+    assert set(untrained) == {"decoder"}
+    with pytest.raises(Unavailable, match=r"one input of \[-1, frames, 40\] log-mel features"):
+        spotting("hey jetson=1e-30", _Steps(tmp_path, "hey jetson", "dims: [ -1, 148, 64 ]"))
+
+
+def test_wake_nets_config_names_the_phrase_and_threshold_its_training_chose() -> None:
+    """models/wake-net/config.pbtxt against the card models/wakeword/train.py wrote beside the
+    model the build copies (models/wakeword/hey-jetson.json)."""
+    import json
+
+    card = json.loads((MODELS / "wakeword" / "hey-jetson.json").read_text())
+    config = read_config(MODELS / "wake-net")
+    assert config.parameters["phrase"] == card["phrase"] == "hey jetson"
+    assert float(config.parameters["threshold"]) == card["threshold"]
+    assert [spec.dims for spec in config.inputs] == [(-1, card["frames"], card["bands"])]
