@@ -178,7 +178,6 @@ class Score:
     negative_s: float = 0.0
     near_accepted: int = 0
     near: int = 0
-    delays: list[float] = field(default_factory=list)  # the event's end - the phrase's
 
     def add(self, other: Score) -> None:
         self.detected += other.detected
@@ -187,7 +186,6 @@ class Score:
         self.negative_s += other.negative_s
         self.near_accepted += other.near_accepted
         self.near += other.near
-        self.delays += other.delays
 
 
 def score(rec: Recording, events: list[float]) -> Score:
@@ -199,7 +197,6 @@ def score(rec: Recording, events: list[float]) -> Score:
         if hits:
             s.detected += 1
             used.add(hits[0])
-            s.delays.append(events[hits[0]] - end)
     s.false_accepts = len(events) - len(used)
     for start, end, _ in rec.near:
         if any(start <= t <= end + 0.5 for t in events):
