@@ -19,11 +19,9 @@ model must wait for the end of the phrase).
 
 from __future__ import annotations
 
-import itertools
 import pickle
 import re
 import zlib
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -459,7 +457,3 @@ class Sampler:
             np.array([r[2] for r in rows], np.float32),
             np.array([r[3] for r in rows], np.float32),
         )
-
-    def batches(self, size: int) -> Iterator[Batch]:
-        for _ in itertools.count():
-            yield self.batch(size)
