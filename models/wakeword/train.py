@@ -12,11 +12,12 @@ rollback); ``make wake-model`` does that for the default repository.
 
 Needs the build extra (torch, scipy: ``pip install -e '.[models]'``) and the voices' packages
 (Debian's espeak-ng, flite, festival with festvox-kallpc16k, festvox-kdlpc16k; fortunes for
-other speech). Every step is seeded: the same command on the same packages gives the same
-model. The model reads log-mel frames (edged/pipelines/logmel.py) of a 1.5 s window and gives
-the probability that the whole phrase is in it, and where it starts and ends (seconds before
-the window's end). A card beside the ONNX file (``.json``) records the phrase, the settings,
-the voices, the threshold chosen on the training voices and the time it took.
+other speech). Every step is seeded (the clips, the windows, the weights' start; two runs
+giving the same model bit for bit is not checked yet). The model reads log-mel frames
+(edged/pipelines/logmel.py) of a 1.5 s window and gives the probability that the whole phrase
+is in it, and where it starts and ends (seconds before the window's end). A card beside the
+ONNX file (``.json``) records the phrase, the settings, the voices, the threshold chosen on
+the training voices and the time it took.
 """
 
 from __future__ import annotations
