@@ -141,6 +141,8 @@ def repository(root: Path, thresholds: list[str], endpoints: list[int]) -> Path:
     """The default models (links); wake-word-pocketsphinx (wake-word without its
     detector_model: pocketsphinx's spotter); a wake-net-<t> and wake-word-<t> per threshold of
     the trained model; voice-assistant-<ms> per endpointer window."""
+    from models.wakeword.train import set_parameter
+
     root.mkdir()
     for model in MODELS.iterdir():
         if (model / "config.pbtxt").is_file():
@@ -158,11 +160,7 @@ def repository(root: Path, thresholds: list[str], endpoints: list[int]) -> Path:
     path.write_text(re.sub(r'parameters \{\s*key: "detector_model"[^}]*\}\s*\}', "", config))
     for threshold in thresholds:
         path, config = copy("wake-net", threshold)
-        path.write_text(
-            re.sub(
-                r'(key: "threshold"\s*value \{ string_value: )"[^"]*"', rf'\1"{threshold}"', config
-            )
-        )
+        path.write_text(set_parameter(config, "threshold", threshold))
         path, config = copy("wake-word", threshold)
         path.write_text(config.replace('"wake-net"', f'"wake-net-{threshold}"'))
     for ms in endpoints:  # the last of a key's entries counts

@@ -19,11 +19,12 @@ model must wait for the end of the phrase).
 
 from __future__ import annotations
 
-import pickle
+import os
 import re
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,7 @@ EVAL_FORTUNES = ["wisdom", "literature", "science", "food", "kids", "love", "pet
 INTENTS = Path(__file__).resolve().parents[1] / "intents.tsv"
 
 
+@cache
 def dictionary() -> dict[str, list[str]]:
     """CMU's pronouncing dictionary from pocketsphinx's wheel: word -> phones (no stress)."""
     import pocketsphinx
@@ -92,11 +94,16 @@ def distance(a: list[str], b: list[str]) -> int:
     return row[-1]
 
 
+def unknown_words(phrase: str) -> list[str]:
+    """The words of ``phrase`` CMU's dictionary cannot say (the model could not be trained)."""
+    return [w for w in phrase.lower().split() if w not in dictionary()]
+
+
 def near_misses(phrase: str, limit: int = 400, seed: int = 0) -> list[str]:
     """Phrases that sound like ``phrase`` and are not it (none of EVAL_NEAR)."""
     words = dictionary()
     said = phrase.lower().split()
-    unknown = [w for w in said if w not in words]
+    unknown = unknown_words(phrase)
     if unknown:
         raise ValueError(f"not in the pronouncing dictionary: {', '.join(unknown)}")
     alike: list[list[str]] = []
@@ -228,10 +235,10 @@ def build_bank(
     talk = [job(sentences[i % len(sentences)]) for i in range(speech)]
     jobs = zlib.crc32(repr(pos + nears + talk).encode())  # every text, voice, speed and seed
     key = f"{phrase}-{len(speakers)}-{jobs:08x}"
-    path = cache / (re.sub(r"[^a-z0-9-]+", "_", key.lower()) + ".pkl") if cache else None
+    path = cache / (re.sub(r"[^a-z0-9-]+", "_", key.lower()) + ".npz") if cache else None
     if path is not None and path.is_file():
-        bank: Bank = pickle.loads(path.read_bytes())
-        return bank
+        _, kept = load_clips(path)
+        return Bank(phrase, kept["positive"], kept["near"], kept["speech"])
     bank = Bank(
         phrase,
         synthesize(pos, workers),
@@ -239,9 +246,38 @@ def build_bank(
         synthesize(talk, workers),
     )
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(pickle.dumps(bank))
+        save_clips(path, {}, {"positive": bank.positive, "near": bank.near, "speech": bank.speech})
     return bank
+
+
+def save_clips(path: Path, texts: dict[str, list[str]], clips: dict[str, list[np.ndarray]]) -> None:
+    """Lists of texts and of clips in one .npz (arrays only: a cache is read back with no
+    pickle, so a file put in its place can only be wrong data, never code)."""
+    parts: dict[str, np.ndarray] = {}
+    for key, items in clips.items():
+        parts[f"{key}.audio"] = np.concatenate(items) if items else np.zeros(0, np.float32)
+        parts[f"{key}.sizes"] = np.array([x.size for x in items], np.int64)
+    for key, words in texts.items():
+        parts[f"{key}.texts"] = np.array(words, dtype=str)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial.npz")
+    np.savez(partial, **parts)
+    os.replace(partial, path)  # whole, or not there
+
+
+def load_clips(path: Path) -> tuple[dict[str, list[str]], dict[str, list[np.ndarray]]]:
+    """What :func:`save_clips` wrote: (texts, clips)."""
+    texts: dict[str, list[str]] = {}
+    clips: dict[str, list[np.ndarray]] = {}
+    with np.load(path, allow_pickle=False) as saved:
+        for name in saved.files:
+            key, kind = name.rsplit(".", 1)
+            if kind == "texts":
+                texts[key] = [str(t) for t in saved[name]]
+            elif kind == "sizes":
+                audio, ends = saved[f"{key}.audio"], np.cumsum(saved[name])
+                clips[key] = [audio[e - n : e] for e, n in zip(ends, saved[name])]
+    return texts, clips
 
 
 # --- sound that is not speech ---------------------------------------------------------------

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import sys
 import zlib
 from collections.abc import Callable
@@ -89,10 +88,19 @@ def voice_clips(
     voice_list: list[str], phrase: str, negative_s: float, seed: int, cache: Path | None
 ) -> list[Clips]:
     key = zlib.crc32(f"{phrase}|{negative_s}|{seed}|{'|'.join(voice_list)}".encode())
-    path = cache / f"eval-{key:08x}.pkl" if cache else None
+    path = cache / f"eval-{key:08x}.npz" if cache else None
     if path is not None and path.is_file():
-        found: list[Clips] = pickle.loads(path.read_bytes())
-        return found
+        texts, kept = data.load_clips(path)
+        return [
+            Clips(
+                voice,
+                kept[f"{i}.phrases"],
+                kept[f"{i}.carriers"],
+                list(zip(texts[f"{i}.near"], kept[f"{i}.near"])),
+                kept[f"{i}.sentences"],
+            )
+            for i, voice in enumerate(texts["voices"])
+        ]
     sentences = data.fortunes(data.EVAL_FORTUNES, 100000, seed)
     if len(sentences) < 50:
         raise SystemExit("the evaluation needs Debian's fortunes package (other speech)")
@@ -102,8 +110,13 @@ def voice_clips(
         picked = [sentences[int(j)] for j in rng.choice(len(sentences), 200, replace=False)]
         out.append(clips(v, phrase, negative_s, seed + i, picked))
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(pickle.dumps(out))
+        texts = {"voices": [c.voice for c in out]}
+        texts.update({f"{i}.near": [t for t, _ in c.near] for i, c in enumerate(out)})
+        kept: dict[str, list[np.ndarray]] = {}
+        for i, c in enumerate(out):
+            kept[f"{i}.phrases"], kept[f"{i}.carriers"] = c.phrases, c.carriers
+            kept[f"{i}.near"], kept[f"{i}.sentences"] = [x for _, x in c.near], c.sentences
+        data.save_clips(path, texts, kept)
     return out
 
 
@@ -317,8 +330,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # through the module's own name, so that what it caches (pickled Clips) reads back from
-    # bench/voice.py too, not only from a __main__ that has them
-    from models.wakeword import evaluate
-
-    sys.exit(evaluate.main())
+    sys.exit(main())

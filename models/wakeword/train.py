@@ -321,7 +321,7 @@ def configured_phrase(repository: Path) -> str:
     return " ".join(found.group(1).lower().split())
 
 
-def _set(config: str, key: str, value: str) -> str:
+def set_parameter(config: str, key: str, value: str) -> str:
     """A string parameter of a config.pbtxt, set."""
     pattern = rf'(key: "{key}"\s*value \{{ string_value: )"[^"]*"'
     return re.sub(pattern, lambda m: f'{m.group(1)}"{value}"', config)
@@ -332,7 +332,8 @@ def install(repository: Path, model: Path, card: dict[str, Any]) -> Path:
     model's one, its phrase and threshold set)."""
     entry = repository / "wake-net"
     config = (entry / "config.pbtxt").read_text()
-    config = _set(_set(config, "phrase", card["phrase"]), "threshold", str(card["threshold"]))
+    config = set_parameter(config, "phrase", card["phrase"])
+    config = set_parameter(config, "threshold", str(card["threshold"]))
     versions = [int(d.name) for d in entry.iterdir() if d.is_dir() and d.name.isdigit()]
     staging = entry / f".staging-{os.getpid()}"
     staging.mkdir()
@@ -369,10 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     phrase = args.phrase or configured_phrase(args.repository or ROOT / "models")
     slug = re.sub(r"[^a-z0-9]+", "-", phrase)
     out = args.out or ROOT / "models" / "wakeword" / f"{slug}.onnx"
-    try:
-        data.near_misses(phrase, limit=1)  # every word must be in the dictionary
-    except ValueError as e:
-        print(f"cannot train {phrase!r}: {e}", file=sys.stderr)
+    unknown = data.unknown_words(phrase)
+    if unknown:
+        print(
+            f"cannot train {phrase!r}: not in the dictionary: {', '.join(unknown)}", file=sys.stderr
+        )
         return 2
     card = train(
         phrase,

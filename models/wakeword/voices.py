@@ -22,7 +22,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import wave
 from functools import cache
 from math import gcd
 from pathlib import Path
@@ -115,12 +114,10 @@ def trim(x: np.ndarray, floor_db: float = -40.0) -> np.ndarray:
 
 
 def _read(path: Path) -> np.ndarray:
-    with wave.open(str(path)) as w:
-        rate = w.getframerate()
-        x = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768.0
-        if w.getnchannels() > 1:
-            x = x.reshape(-1, w.getnchannels()).mean(axis=1)
-    return resample(x, rate)
+    """A WAV file the engine wrote, at 16 kHz (decoded as edged decodes one: vad_ops)."""
+    from edged.pipelines.vad_ops import decode_wav
+
+    return resample(*decode_wav(path.read_bytes()))
 
 
 def _need(program: str, package: str) -> str:
