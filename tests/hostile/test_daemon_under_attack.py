@@ -84,6 +84,7 @@ def error_lines(daemon: Daemon) -> list[str]:
 PATHS = [
     "/v2/models/intent/infer",
     "/v2/models/text-encoder/infer",
+    "/v2/models/wake-net/infer",
     "/v2/models/ocr/infer",
     "/v2/models/vad/versions/1/infer",
     "/v2/models/intent/versions/99999999999999999999/infer",
@@ -376,7 +377,7 @@ def triton(edged: Daemon) -> Iterator[grpcclient.InferenceServerClient]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    model=st.sampled_from(["intent", "text-encoder", "ocr", "nope", "", "\x00"]),
+    model=st.sampled_from(["intent", "text-encoder", "ocr", "wake-net", "nope", "", "\x00"]),
     datatype=st.sampled_from(["BYTES", "INT64", "FP32", "BOOL", "UINT8", "X"]),
     shape=st.lists(st.integers(-(2**40), 2**40), max_size=4),
     raw=st.lists(st.binary(max_size=64), max_size=2),
@@ -390,7 +391,8 @@ def test_fuzzed_grpc_calls_get_no_internal_error(
 ) -> None:
     client = triton
     request = pb.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add(name="text", datatype=datatype)
+    name = "features" if model == "wake-net" else "text"
+    tensor = request.inputs.add(name=name, datatype=datatype)
     tensor.shape.extend(shape)
     request.raw_input_contents.extend(raw)
     try:

@@ -5,6 +5,7 @@ phrase then never fires)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -149,3 +150,37 @@ def test_wake_nets_config_names_the_phrase_and_threshold_its_training_chose() ->
     assert config.parameters["phrase"] == card["phrase"] == "hey jetson"
     assert float(config.parameters["threshold"]) == card["threshold"]
     assert [spec.dims for spec in config.inputs] == [(-1, card["frames"], card["bands"])]
+
+
+@pytest.mark.parametrize("threshold", ["abc", "0", "2", "nan", "-1", ""])
+def test_a_delivered_wake_net_with_a_threshold_that_is_not_a_probability_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threshold: str
+) -> None:
+    """wake-net's threshold comes with each new version (make wake-model, a delivery): one that
+    is not a probability is refused when a sequence starts, naming it, and no spotter is made."""
+    require_models()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    steps = _Steps(tmp_path, "hey jetson")
+    config = steps.folder / "config.pbtxt"
+    pattern = r'(key: "threshold"\s*value \{ string_value: )"[^"]*"'
+    text, found = re.subn(pattern, lambda m: f'{m.group(1)}"{threshold}"', config.read_text())
+    assert found == 1
+    config.write_text(text)
+    with ThreadPoolExecutor(1) as pool:
+        wake = WakeWord(
+            read_config(MODELS / "wake-word"),
+            MODELS / "wake-word" / "1",
+            steps,
+            pool,
+            ModelsConfig(),
+        )  # type: ignore[arg-type]
+
+        async def run() -> None:
+            await wake.offload(wake.prepare)
+            try:
+                await wake._spotting()
+            finally:
+                await wake.unload()
+
+        with pytest.raises(ModelLoadError, match="threshold must be a probability"):
+            asyncio.run(run())
