@@ -51,6 +51,8 @@ class Spotter:
         refractory_s: float = 1.0,
     ) -> None:
         self.frames, self.threshold, self.stride = frames, threshold, stride
+        # compared as logits: no exp to overflow, and a NaN (a broken model) is never the phrase
+        self.least = float(np.log(threshold / (1.0 - threshold))) if threshold < 1 else np.inf
         self.refractory_s = refractory_s
         self.stream = logmel.Stream()
         self.history = np.tile(QUIET, (frames, 1)).astype(np.float32)
@@ -78,7 +80,7 @@ class Spotter:
         for end, logit, (before_start, before_end) in zip(
             ends, logits.reshape(-1), times.reshape(-1, 2)
         ):
-            if 1.0 / (1.0 + np.exp(-float(logit))) < self.threshold:
+            if not float(logit) >= self.least:
                 continue
             sample = (end - 1) * logmel.HOP + logmel.WINDOW
             now = sample / logmel.RATE

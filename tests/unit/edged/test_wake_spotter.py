@@ -75,3 +75,13 @@ def test_events_need_the_threshold_and_keep_a_second_apart() -> None:
     # times out of range are clamped: a start not before 0, an end not after the window's
     late = wake.Spotter(148, 0.5).decide([10], np.array([5.0]), np.array([[9.0, -1.0]]))
     assert late[0].start == 0.0 and late[0].end == round(late[0].at / RATE, 3)
+
+
+def test_a_model_that_answers_nan_or_extremes_hears_nothing_false() -> None:
+    """A broken model's NaN is never the phrase; logits far past either side decide without
+    overflow; a threshold of 1 is never reached."""
+    spotter = wake.Spotter(148, 0.9)
+    times = np.zeros((3, 2), np.float32)
+    heard = spotter.decide([100, 200, 300], np.array([np.nan, -1e30, 1e30]), times)
+    assert [h.at for h in heard] == [299 * logmel.HOP + logmel.WINDOW]
+    assert wake.Spotter(148, 1.0).decide([10], np.array([1e30]), np.zeros((1, 2))) == []
