@@ -170,15 +170,19 @@ format = "text"
         except OSError as exc:
             return 0, str(exc)
 
-    def edgefleet(self, *args: str, role: str = "operator") -> Any:
-        """The real ``edgefleet --service`` command with ``role``'s token: its JSON answer."""
-        done = subprocess.run(
-            [sys.executable, "-m", "cloudsync.fleet.cli", "--json", "--service", self.url, *args],
+    def run_edgefleet(self, *args: str, role: str = "operator") -> subprocess.CompletedProcess[str]:
+        """The real ``edgefleet --service`` command with ``role``'s token, as a person types it."""
+        return subprocess.run(
+            [sys.executable, "-m", "cloudsync.fleet.cli", "--service", self.url, *args],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
             env={**os.environ, "EDGEFLEET_TOKEN": TOKENS[role]},
         )
+
+    def edgefleet(self, *args: str, role: str = "operator") -> Any:
+        """The same command's JSON answer (``--json``, after the command's own arguments)."""
+        done = self.run_edgefleet(*args, "--json", role=role)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 

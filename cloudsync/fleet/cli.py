@@ -36,16 +36,19 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
     edgefleet --service URL rollout create ID --manifest F ...   a canary rollout, run by the
                                                 service (it goes on when this returns; only
                                                 there: docs/PROTOCOL.md); rollout status,
-                                                pause, resume, promote, abort ID
+                                                pause, resume, promote, abort ID; --wait
+                                                [SECONDS]: followed to its end, its progress
+                                                on stderr (exit 0 done, 1 aborted, 4 going)
     edgefleet --service URL checkpoints NODE   its egress ledgers' heads (SEQ:SHA256 lines)
     edgefleet --service URL ab start ID --model M --b-cloud-name B [--selector k=v]
                                                 an A/B test of a cloud model over the nodes,
                                                 decided by the service; ab list, show, stop ID
 
 Without --service, the broker: --host, --port, and a directory (--pki) holding ca.pem and the
-operator's certificate {--cert-name}.pem/.key (its CN has the operators' ACL). Exit codes: 0 ok,
-1 the command failed or was refused, 2 usage, 3 the broker (or the service) cannot be reached,
-4 no answer in time.
+operator's certificate {--cert-name}.pem/.key (its CN has the operators' ACL). These options,
+--json and --timeout go before or after the command's name. Exit codes: 0 ok, 1 the command
+failed or was refused, 2 usage, 3 the broker (or the service) cannot be reached, 4 no answer
+in time.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -70,6 +74,7 @@ from cloudsync.fleet.client import (
     cmd_deploy,
     cmd_enrol,
     cmd_label,
+    listed,
     service_cmd,
     service_nodes,
     service_rollout,
@@ -82,12 +87,14 @@ from cloudsync.fleet.common import (
     EXIT_USAGE,
     Failure,
 )
+from cloudsync.fleet.config import FleetServiceConfig
 from cloudsync.fleet.registry import serving
 from cloudsync.protocol import envelope, manifest, trust
 from cloudsync.protocol.commands import COMMANDS, sign
 from cloudsync.protocol.envelope import EnvelopeError
 from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import LEAVES, TopicError, Topics, barrier, fleet_filter, parse
+from edged.common.settings import keys_help
 from edged.common.terminal import UsageError, key_values, reader_may_go
 
 OFFLINE_AFTER = 3  # heartbeat intervals without one: offline
@@ -220,10 +227,11 @@ def cmd_nodes(args: argparse.Namespace) -> tuple[Any, str]:
         if row["state"] == "online" and age is not None and age > OFFLINE_AFTER * args.interval:
             row["state"] = "offline (no heartbeat)"
     lines = [f"{'NODE':20} {'STATE':24} {'HEARTBEAT':>10} {'OUTBOX':>7}  MODELS"]
+    width = max(30, shutil.get_terminal_size((120, 24)).columns - 66)  # the line fits
     for r in rows:
         age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.0f}s ago"
         outbox = "-" if r.get("outbox") is None else str(r["outbox"])
-        models = ", ".join(str(m) for m in r.get("models", [])) or "-"
+        models = listed([str(m) for m in r.get("models", [])], width)
         lines.append(f"{r['node']:20} {r['state']:24} {age:>10} {outbox:>7}  {models}")
     return rows, "\n".join(lines)
 
@@ -391,20 +399,36 @@ def cmd_trust(args: argparse.Namespace) -> tuple[Any, str]:
     return doc, text
 
 
+# The options of every command, before or after its name (``edgefleet nodes --json``).
+GLOBAL_OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    ("--host", {"default": "localhost", "help": "the broker (default: localhost)"}),
+    ("--port", {"type": int, "default": 8883}),
+    ("--pki", {"default": "/etc/edged/fleet", "help": "ca.pem and the certificate"}),
+    ("--cert-name", {"default": "operator", "help": "{name}.pem and {name}.key"}),
+    ("--fleet", {"default": "default"}),
+    ("--timeout", {"type": float, "default": 10.0, "help": "seconds to wait"}),
+    ("--json", {"action": "store_true", "default": False, "help": "print the answer as JSON"}),
+    ("--service", {"help": "the fleet service's URL (http[s]://host:port)"}),
+    ("--token-file", {"help": "the service's API token (else $EDGEFLEET_TOKEN)"}),
+    ("--service-ca", {"help": "the CA of the service's HTTPS certificate"}),
+]
+
+
+def add_global_options(parser: argparse.ArgumentParser, after_command: bool = False) -> None:
+    """The options every command takes; after a command's name they change only what is given
+    (their defaults are the ones before it)."""
+    group = parser.add_argument_group("options of every command") if after_command else parser
+    for flag, settings in GLOBAL_OPTIONS:
+        if after_command:
+            settings = {**settings, "default": argparse.SUPPRESS}
+        group.add_argument(flag, **settings)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--host", default="localhost", help="the broker (default: localhost)")
-    parser.add_argument("--port", type=int, default=8883)
-    parser.add_argument("--pki", default="/etc/edged/fleet", help="ca.pem and the certificate")
-    parser.add_argument("--cert-name", default="operator", help="{name}.pem and {name}.key")
-    parser.add_argument("--fleet", default="default")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
-    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
-    parser.add_argument("--service", help="the fleet service's URL (http[s]://host:port)")
-    parser.add_argument("--token-file", help="the service's API token (else $EDGEFLEET_TOKEN)")
-    parser.add_argument("--service-ca", help="the CA of the service's HTTPS certificate")
+    add_global_options(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     keygen = sub.add_parser("keygen", help="a fleet signing key pair")
     keygen.add_argument("--kid", required=True, help="the key's name (nodes trust {kid}.pub)")
@@ -436,7 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --service: only nodes with this label (k=v, repeat)",
     )
     nodes.set_defaults(fn=cmd_nodes)
-    serve = sub.add_parser("serve", help="run the fleet service")
+    serve = sub.add_parser(
+        "serve",
+        help="run the fleet service",
+        description="Run the fleet service (docs/OPERATIONS.md). Its config's keys, section by"
+        " section, with their defaults:\n\n" + "\n".join(keys_help(FleetServiceConfig)),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument("--config", type=Path, help="TOML (default /etc/edgefleet/edgefleet.toml)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(fn=cmd_serve)
@@ -659,7 +689,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="create: nodes installing at once (0: a tenth)",
     )
     roll.add_argument("--window", help="create: HH:MM-HH:MM (UTC) when nodes may get it")
+    roll.add_argument(
+        "--wait",
+        type=float,
+        nargs="?",
+        const=0.0,
+        metavar="SECONDS",
+        help="follow it to its end, its progress on stderr (at most SECONDS; none: no limit);"
+        " exit 0 done, 1 aborted, 4 still going",
+    )
     roll.set_defaults(fn=cmd_rollout)
+    for command in sub.choices.values():
+        add_global_options(command, after_command=True)
     return parser
 
 

@@ -7,16 +7,18 @@ import argparse
 import json
 import os
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from cloudsync.fleet.common import (
     EXIT_FAILED,
+    EXIT_OK,
     EXIT_TIMEOUT,
     EXIT_USAGE,
     Failure,
@@ -25,6 +27,7 @@ from cloudsync.fleet.common import (
 )
 from cloudsync.protocol.commands import sign
 from cloudsync.protocol.envelope import now_ms
+from cloudsync.protocol.labels import LabelError, check_labels
 
 TOKEN_ENV = "EDGEFLEET_TOKEN"
 
@@ -90,15 +93,44 @@ class ServiceClient:
             after = got["next"]
 
 
+def listed(items: list[str], width: int) -> str:
+    """``items`` joined by commas in at most ``width`` characters: as many as fit, then how
+    many more ("-" for none)."""
+    if not items:
+        return "-"
+    for n in range(len(items), 0, -1):
+        rest = len(items) - n
+        text = ", ".join(items[:n]) + (f" +{rest} more" if rest else "")
+        if len(text) <= width:
+            return text
+    return f"+{len(items)} more"
+
+
 def nodes_text(rows: list[dict[str, Any]], now_ms: int) -> str:
     lines = [f"{'NODE':20} {'STATE':8} {'HEARTBEAT':>10}  {'MODELS':30} LABELS"]
     for r in rows:
         seen = r.get("last_seen_ms")
         age = "-" if not seen else f"{max(0, now_ms - seen) / 1000:.0f}s ago"
-        models = ", ".join(f"{m['name']}:{m['version']}" for m in r.get("models", [])) or "-"
+        models = listed([f"{m['name']}:{m['version']}" for m in r.get("models", [])], 30)
         labels = ",".join(f"{k}={v}" for k, v in sorted(r.get("labels", {}).items())) or "-"
         lines.append(f"{r['node']:20} {r['state']:8} {age:>10}  {models:30} {labels}")
     return "\n".join(lines)
+
+
+def label_args(items: list[str], option: str) -> dict[str, str]:
+    """``k=v`` arguments as labels, checked as the service checks them: a bad one is a usage
+    error naming ``option``."""
+    for item in items:
+        if "=" not in item:
+            raise Failure(f"{option} {item!r}: a label as name=value", EXIT_USAGE)
+    try:
+        return check_labels(pairs(items), option)
+    except LabelError as exc:
+        raise Failure(str(exc), EXIT_USAGE) from None
+
+
+def labels_text(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 def service(args: argparse.Namespace) -> ServiceClient:
@@ -112,15 +144,36 @@ def service(args: argparse.Namespace) -> ServiceClient:
 
 def service_nodes(args: argparse.Namespace) -> tuple[Any, str]:
     """Every node from the service's registry (complete: the service knows every node)."""
-    filters = {"state": args.state, "selector": ",".join(args.selector)}
+    selector = label_args(args.selector, "--selector")
+    filters = {"state": args.state, "selector": labels_text(selector)}
     rows = list(service(args).nodes(**filters))
     return rows, nodes_text(rows, now_ms())
 
 
 def cmd_label(args: argparse.Namespace) -> tuple[Any, str]:
-    labels = pairs(args.labels)
+    labels = label_args(args.labels, "labels")
     done = service(args).call("PUT", f"/v1/nodes/{args.node}/labels", {"labels": labels})
-    return done, f"{args.node}: operator labels {done['operator_labels']}"
+    return done, f"{args.node}: operator labels {labels_text(done['operator_labels']) or 'none'}"
+
+
+def deployment_text(d: dict[str, Any]) -> str:
+    """A deployment as a person reads it: no signatures, no signed URLs."""
+    lines = [
+        f"deployment {d['id']}: {d['state']}, priority {d['priority']},"
+        f" to {labels_text(d['selector']) or 'every node'}",
+        f"  versions: {', '.join(f'{m}:{v}' for m, v in sorted(d['versions'].items()))}",
+    ]
+    if "nodes" in d:
+        lines.append("  nodes: " + ", ".join(f"{n} {k}" for k, n in sorted(d["nodes"].items())))
+    for entry in d.get("models", []):
+        signed = entry.get("manifest", {}).get("signed", {})
+        for f in signed.get("files", []):
+            lines.append(
+                f"  {signed.get('model')}:{signed.get('version')} {f.get('path')}"
+                f" ({f.get('length', '?')} bytes, sha256 {str(f.get('sha256', '?'))[:16]}...)"
+            )
+    lines.append(f"  created by {d.get('created_by') or '-'}")
+    return "\n".join(lines)
 
 
 def cmd_deploy(args: argparse.Namespace) -> tuple[Any, str]:
@@ -139,18 +192,18 @@ def cmd_deploy(args: argparse.Namespace) -> tuple[Any, str]:
         return client.call("DELETE", f"/v1/deployments/{args.id}"), f"deleted {args.id}"
     if args.action == "show":
         found = client.call("GET", f"/v1/deployments/{args.id}")
-        return found, json.dumps(found, indent=1)
+        return found, deployment_text(found)
     if not args.manifest:
         raise Failure("deploy create: --manifest (edgefleet manifest makes one)", EXIT_USAGE)
     doc = json.loads(Path(args.manifest).read_text())
     body = {
         "id": args.id,
-        "selector": pairs(args.selector),
+        "selector": label_args(args.selector, "--selector"),
         "priority": args.priority,
         "models": [{"manifest": doc, "urls": desired_urls(args, doc)}],
     }
     made = client.call("POST", "/v1/deployments", body)
-    return made, f"deployment {made['id']}: {made['versions']} to {made['selector'] or 'all'}"
+    return made, deployment_text(made)
 
 
 def cmd_ab(args: argparse.Namespace) -> tuple[Any, str]:
@@ -175,7 +228,7 @@ def cmd_ab(args: argparse.Namespace) -> tuple[Any, str]:
             "model": args.model,
             "b_cloud_name": args.b_cloud_name,
             "b_share": args.share,
-            "selector": pairs(args.selector),
+            "selector": label_args(args.selector, "--selector"),
             "min_calls": args.min_calls,
             "confidence": args.confidence,
             "max_calls": args.max_calls,
@@ -282,7 +335,7 @@ def service_rollout(args: argparse.Namespace) -> tuple[Any, str]:
         if args.deployment:
             body["deployment"] = args.deployment
         if args.selector:
-            body["selector"] = pairs(args.selector)
+            body["selector"] = label_args(args.selector, "--selector")
         if args.window:
             body["window"] = args.window
         record = client.call("POST", "/v1/rollouts", body)
@@ -290,6 +343,8 @@ def service_rollout(args: argparse.Namespace) -> tuple[Any, str]:
         record = client.call("GET", f"/v1/rollouts/{args.id}")
     else:
         record = client.call("POST", f"/v1/rollouts/{args.id}/{args.action}")
+    if args.wait is not None:
+        record, args.exit_code = follow(client, record, args.wait, sys.stderr)
     why = f": {record['why']}" if record.get("why") else ""
     head = (
         f"rollout {record['id']}: {record['model']} version {record['version']},"
@@ -298,11 +353,63 @@ def service_rollout(args: argparse.Namespace) -> tuple[Any, str]:
     return record, "\n".join([head, *record.get("log", [])])
 
 
+ENDED = {"done": EXIT_OK, "aborted": EXIT_FAILED}
+
+
+def progress(record: dict[str, Any], width: int = 20) -> str:
+    """One line of a rollout's progress: its stage, phase, nodes by state and a bar of the
+    nodes whose new version is active."""
+    nodes: dict[str, int] = record.get("nodes", {})
+    total = sum(nodes.values())
+    active = nodes.get("active", 0)
+    filled = width * active // total if total else 0
+    states = ", ".join(f"{n} {k}" for k, n in sorted(nodes.items())) or "no nodes yet"
+    return (
+        f"rollout {record['id']}: {record['state']}, stage {record['stage'] + 1} of"
+        f" {len(record['stages'])} ({record.get('phase', '-')})"
+        f" [{'#' * filled}{'.' * (width - filled)}] {active}/{total} active; {states}"
+    )
+
+
+def follow(
+    client: ServiceClient, record: dict[str, Any], limit_s: float, out: TextIO
+) -> tuple[dict[str, Any], int]:
+    """A rollout followed until it is done (exit 0) or aborted (1), its progress on ``out``
+    (rewritten in place on a terminal, a line a change otherwise); past ``limit_s`` (0: no
+    limit) it is left running there and the exit code is 4. A paused rollout is waited for:
+    an operator may resume it."""
+    deadline = time.monotonic() + limit_s if limit_s > 0 else float("inf")
+    terminal = out.isatty()
+    shown = ""
+    while True:
+        record = client.call("GET", f"/v1/rollouts/{record['id']}")
+        line = progress(record)
+        if line != shown:
+            out.write(f"\r\x1b[K{line}" if terminal else f"{line}\n")
+            out.flush()
+            shown = line
+        ended = record["state"] in ENDED
+        if ended or time.monotonic() >= deadline:
+            if terminal:
+                out.write("\n")
+            if not ended:
+                out.write(f"still {record['state']} after {limit_s:g} s\n")
+            return record, ENDED.get(record["state"], EXIT_TIMEOUT)
+        time.sleep(1.0)
+
+
 def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) -> tuple[Any, str]:
     """A command signed here with the operator's key, relayed by the service, its result
     awaited (``--timeout``)."""
     client = service(args)
-    fleet = client.call("GET", f"/v1/nodes/{args.node}")["fleet"]  # the service's own
+    node = client.call("GET", f"/v1/nodes/{args.node}")
+    fleet = node["fleet"]  # the service's own
+    if node.get("state") != "online":
+        print(
+            f"edgefleet: warning: {args.node} is {node.get('state')}: the command reaches it"
+            f" only if it connects within the command's lifetime ({args.lifetime:g} s)",
+            file=sys.stderr,
+        )
     if args.fleet not in ("default", fleet):  # (its default: not given)
         raise Failure(f"--fleet {args.fleet}: the service serves fleet {fleet}", EXIT_USAGE)
     cmd_id, payload = sign(

@@ -372,6 +372,10 @@ class Enrolments:
     def barred(self) -> list[dict[str, Any]]:
         return self.store.query("SELECT * FROM barred ORDER BY barred_ts, node")
 
+    def is_barred(self, node: str) -> bool:
+        """Whether ``node`` was revoked (and not reinstated)."""
+        return bool(self.store.query("SELECT 1 FROM barred WHERE node = ?", (node,)))
+
     def write_crl(self, path: Path, now_ms: int) -> None:
         if self.issuer is not None:
             write_crl(self.issuer, self.revoked(), now_ms, path)

@@ -4,6 +4,7 @@ and reading a TOML file into a section with each bad key named."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -146,3 +147,49 @@ def load_file(cls: type[S], path: Path | None, default_path: Path) -> S:
             return cls()
         path = default_path
     return validate(cls, read_toml(path), str(path))
+
+
+def section_in(annotation: Any) -> tuple[type[Section] | None, bool]:
+    """The Section a field holds (and whether a list of them), or (None, False)."""
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation, False
+    args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+    if getattr(annotation, "__origin__", None) is list and args:
+        inner, _ = section_in(args[0])
+        return inner, inner is not None
+    if len(args) == 1:  # Optional[Section]
+        return section_in(args[0])
+    return None, False
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, BaseModel):
+        return "(a section)"
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def keys_help(section: type[Section], where: str = "") -> list[str]:
+    """Every key of a config, section by section, as TOML would name it: its default and
+    what it does (the text of ``--help``)."""
+    lines: list[str] = []
+    nested: list[tuple[str, type[Section], bool]] = []
+    for name, info in section.model_fields.items():
+        key = info.alias or name
+        inner, many = section_in(info.annotation)
+        if inner is not None:
+            nested.append((f"{where}.{key}" if where else key, inner, many))
+            continue
+        shown = "(required)" if info.is_required() else _shown(info.get_default())
+        if info.default_factory is not None:
+            shown = _shown(info.get_default(call_default_factory=True))
+        lines.append(f"  {key} = {shown}: {info.description or ''}".rstrip(": "))
+    for path, inner, many in nested:
+        lines += ["", f"[[{path}]]" if many else f"[{path}]", *keys_help(inner, path)]
+    return lines

@@ -19,10 +19,16 @@ Send = Callable[[str, str, bytes], bool]  # (node, command id, payload): publish
 
 class CommandRoutes:
     def __init__(
-        self, commands: Commands, send: Send, fleet: str, clock: Callable[[], int], calls: Calls
+        self,
+        commands: Commands,
+        send: Send,
+        fleet: str,
+        clock: Callable[[], int],
+        calls: Calls,
+        barred: Callable[[str], bool],
     ) -> None:
         self.commands, self.send, self.fleet, self.clock = commands, send, fleet, clock
-        self.calls = calls
+        self.calls, self.barred = calls, barred
 
     def routes(self) -> list[Route]:
         return [
@@ -41,6 +47,10 @@ class CommandRoutes:
             command = relayed(doc, f"{self.fleet}/{node}", self.clock())
         except ValueError as exc:
             return await self.calls.refuse(request, action, node, 422, str(exc))
+        if await db(self.barred, node):  # its session is closed and the broker denies it
+            return await self.calls.refuse(
+                request, action, node, 409, f"node {node}: revoked, it can receive no command"
+            )
         who = request[WHO]
         try:
             await db(self.commands.keep, command, node, who.name)

@@ -72,12 +72,14 @@ class NodeRoutes:
         if state not in (None, "online", "offline", "stale", "unknown"):
             return error(400, "state: online, offline, stale or unknown")
         limit = page_size(request)
+        items = [p for p in q.get("selector", "").split(",") if p]
+        bad = next((p for p in items if "=" not in p), None)
+        if bad is not None:
+            return error(400, f"selector: {bad[:80]!r} is not k=v (k=v,k2=v2)")
         try:
-            selector = check_labels(
-                dict(p.split("=", 1) for p in q.get("selector", "").split(",") if p), "selector"
-            )
-        except (ValueError, LabelError) as exc:
-            return error(400, f"selector: k=v,k2=v2 ({exc})")
+            selector = check_labels(dict(p.split("=", 1) for p in items), "selector")
+        except LabelError as exc:
+            return error(400, str(exc))
         now = self.clock()
         page, after = await db(
             self.registry.nodes,

@@ -17,6 +17,7 @@ one, a one-time token.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -25,9 +26,11 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from cloudsync.fleet.enrolment import Issuer, write_crl
+from cloudsync.protocol.commands import sign
 from cloudsync.protocol.enrol import public_der
 from cloudsync.protocol.envelope import Envelope, decode
 from cloudsync.protocol.mqtt import SyncClient
@@ -144,6 +147,13 @@ def test_a_device_with_a_token_enrols_and_publishes_as_itself(
         crl = x509.load_pem_x509_crl((tmp_path / "fleet.crl").read_bytes())
         assert crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
         assert crl.is_signature_valid(ca.public_key())  # type: ignore[arg-type]
+        # a command to it is refused by the service, not relayed to time out
+        fleet = service.call("GET", "/v1/nodes/n9", role="operator")[1]["fleet"]
+        _, payload = sign(Ed25519PrivateKey.generate(), "k1", "operator", f"{fleet}/n9", "ping", {})
+        refused = service.call(
+            "POST", "/v1/nodes/n9/commands", {"command": json.loads(payload)}, role="operator"
+        )
+        assert refused == (409, {"error": "node n9: revoked, it can receive no command"})
         broker.reload()
         device.stop()
         wait_for(lambda: not online(service, "n9"), 20, "n9 gone")

@@ -253,6 +253,25 @@ def test_edgefleet_drives_deployments_and_rollouts_through_the_service(
         )
         assert (made["id"], made["versions"], made["priority"]) == ("base", {MODEL: 2}, 3)
         assert [d["id"] for d in service.edgefleet("deploy", "list")] == ["base"]
+        shown = service.run_edgefleet("deploy", "show", "base")  # as a person reads it
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        assert lines[:2] == [
+            "deployment base: active, priority 3, to site=a",
+            f"  versions: {MODEL}:2",
+        ]
+        assert f"  {MODEL}:2 model.onnx (" in shown.stdout and "sig" not in shown.stdout
+        assert "cdn.example" not in shown.stdout  # the signed URLs stay in --json
+        # a selector that is not k=v: named, before anything is sent (and by the API too)
+        bad = service.run_edgefleet("nodes", "--selector", "site")
+        assert (bad.returncode, bad.stderr) == (
+            2,
+            "edgefleet: --selector 'site': a label as name=value\n",
+        )
+        assert service.call("GET", "/v1/nodes?selector=site,a=b") == (
+            400,
+            {"error": "selector: 'site' is not k=v (k=v,k2=v2)"},
+        )
         assert service.wait_for(lambda: len(installed(sim, 2)) == 6, 30)
         labelled = service.edgefleet("label", "sim-00000", "ring=canary")
         assert labelled["operator_labels"] == {"ring": "canary"}
@@ -283,10 +302,14 @@ def test_edgefleet_drives_deployments_and_rollouts_through_the_service(
         assert paused["state"] == "paused"
         resumed = service.edgefleet("rollout", "resume", "r5")
         assert resumed["state"] == "running"
-        done = service.wait_for(
-            lambda: service.edgefleet("rollout", "status", "r5")["state"] == "done", 60
-        )
-        assert done, service.logs()[-2000:]
+        # followed to its end: progress on stderr, the outcome in the exit code
+        followed = service.run_edgefleet("rollout", "status", "r5", "--wait", "90")
+        assert followed.returncode == 0, (followed.stderr, service.logs()[-2000:])
+        assert followed.stdout.startswith(f"rollout r5: {MODEL} version 5, done; stage 2 of 2")
+        progress = followed.stderr.splitlines()
+        assert progress[0].startswith("rollout r5: running, stage "), progress
+        assert progress[-1].startswith("rollout r5: done, stage 2 of 2 ("), progress
+        assert "[####################] 6/6 active; 6 active" in progress[-1], progress
         assert len(installed(sim, 5)) == 6
         shown = service.edgefleet("deploy", "show", "base")
         assert shown["versions"] == {MODEL: 5}  # the deployment gives the new version now
