@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Debian packages: to build systemd-python, to run the daemon, and to run the tests.
 APT_RUN := python3-venv python3-dev gcc pkg-config libsystemd-dev
-APT_TEST := espeak-ng fonts-dejavu-core curl socat systemd bible-kjv mosquitto nginx-light postgresql prometheus prometheus-alertmanager chromium
+APT_TEST := espeak-ng fonts-dejavu-core curl socat systemd systemd-journal-remote bible-kjv mosquitto nginx-light postgresql prometheus prometheus-alertmanager chromium
 # The wake word's voices and other speech (models/wakeword): to train its model (make
 # wake-model) and to run its held-out evaluation (make bench-voice); not needed by make test.
 APT_VOICES := espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts fortunes

@@ -153,6 +153,14 @@ class CommandsConfig(Section):
     max_lifetime_s: float = Field(
         3600.0, gt=0, description="commands valid for longer than this are refused"
     )
+    journal_units: list[str] = Field(
+        ["edged.service", "cloudsync.service", "edged-updater.service"],
+        description="the units whose journal lines (and systemd's about them) the logs command"
+        " may send: nothing else of the journal leaves the device",
+    )
+    journal_dir: Path | None = Field(
+        None, description="read the journal files here instead of the system's journal"
+    )
 
 
 class LocalConfig(Section):

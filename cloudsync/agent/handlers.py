@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cloudsync.agent import journal
 from cloudsync.agent.config import Config
 from cloudsync.agent.delivery import Delivery
 from cloudsync.protocol.commands import COMMANDS, Command
@@ -19,6 +20,8 @@ LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_LOG_LINES = 1000
 MAX_LOG_MESSAGE = 500  # characters of one line in a ``logs`` result
 MAX_DRAIN_WAIT_S = 600.0  # the command worker waits no longer for a drain
+MAX_SINCE_S = 31 * 24 * 3600  # a journal read goes back a month at most
+JOURNAL_ARGS = {"units", "since_s", "max_bytes"}
 
 
 class Handlers:
@@ -99,18 +102,26 @@ class Handlers:
 
     def logs(self, args: dict[str, Any]) -> dict[str, Any]:
         """The last ``lines`` of edged's (or cloudsync's) log at ``level`` and above, with
-        ``contains`` in them when given."""
+        ``contains`` in them when given; or of the system journal (``"source": "journal"``)."""
         source = args.get("source", "edged")
         lines, level = args.get("lines", 100), args.get("level", "info")
         contains = args.get("contains", "")
-        if source not in ("edged", "cloudsync"):
-            raise ValueError("'source' must be edged or cloudsync")
+        if source not in ("edged", "cloudsync", "journal"):
+            raise ValueError("'source' must be edged, cloudsync or journal")
+        known = {"source", "lines", "level", "contains"} | (
+            JOURNAL_ARGS if source == "journal" else set()
+        )
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ValueError(f"'{unknown[0]}' is not an argument of logs from {source}")
         if isinstance(lines, bool) or not isinstance(lines, int) or not 1 <= lines <= MAX_LOG_LINES:
             raise ValueError(f"'lines' must be 1 to {MAX_LOG_LINES}")
         if level not in LEVELS:
             raise ValueError(f"'level' must be one of {', '.join(LEVELS)}")
         if not isinstance(contains, str):
             raise ValueError("'contains' must be text")
+        if source == "journal":
+            return self.journal_logs(args, lines, level, contains)
         if source == "edged":
             edged = self.edged_client()
             last = edged.events(0, 1)["last"]
@@ -134,6 +145,40 @@ class Handlers:
             kept += 1
         result = {"source": source, "epoch": reply["epoch"], "lines": found[len(found) - kept :]}
         return {**result, "left_out": len(found) - kept} if kept < len(found) else result
+
+    def journal_logs(
+        self, args: dict[str, Any], lines: int, level: str, contains: str
+    ) -> dict[str, Any]:
+        """The system journal's lines of the units asked (of ``[commands] journal_units``;
+        default edged's), the last ``since_s`` seconds, at most ``max_bytes`` of them."""
+        allowed = self.config.commands.journal_units
+        units = args.get("units", ["edged.service"])
+        if not isinstance(units, list) or not units or not all(isinstance(u, str) for u in units):
+            raise ValueError("'units' must be a list of unit names")
+        for unit in units:
+            if unit not in allowed:
+                raise ValueError(
+                    f"'units': {printable(unit, 80)!r} is not one this device sends"
+                    f" ([commands] journal_units: {', '.join(allowed)})"
+                )
+        since_s = _number(args, "since_s", 3600, 1, MAX_SINCE_S)
+        max_bytes = _number(args, "max_bytes", MAX_BODY_BYTES // 2, 1024, MAX_BODY_BYTES - 4096)
+        return journal.read(
+            sorted(set(units)),
+            since_ms=now_ms() - since_s * 1000,
+            level=level,
+            lines=lines,
+            contains=contains,
+            max_bytes=max_bytes,
+            directory=self.config.commands.journal_dir,
+        )
+
+
+def _number(args: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"'{key}' must be {low} to {high}")
+    return value
 
 
 def _text(args: dict[str, Any], key: str) -> str:

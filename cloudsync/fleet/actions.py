@@ -20,9 +20,11 @@ from aiohttp import web
 
 from cloudsync.fleet.audit import AuditLog
 from cloudsync.fleet.config import Token
+from cloudsync.fleet.enrolment import Decision, Enrolments
 from cloudsync.fleet.registry import Registry
 from cloudsync.fleet.rollouts import Conflict, Rollout, Rollouts
 from cloudsync.protocol.labels import LabelError, check_labels
+from cloudsync.protocol.topics import NAME
 
 ROLES = {"viewer": 0, "operator": 1, "admin": 2}
 WHO = web.RequestKey("who", Token)  # the caller, where both adapters' guards put it
@@ -121,3 +123,69 @@ class Actions:
         await self.audit(who, f"{action} rollout", ident, "done")
         self.wake()
         return done
+
+
+class EnrolmentActions:
+    """New devices' requests decided, a node revoked and reinstated: what the API's enrolment
+    routes and the console's pages both do, each checked, done and audited here (or refused,
+    audited). ``answer`` tells a device its decision, ``write_broker_files`` writes the
+    broker's CRL and ACL again (never raises: the files not written), ``kick`` takes over a
+    revoked node's open session."""
+
+    def __init__(
+        self,
+        actions: Actions,
+        enrolments: Enrolments,
+        clock: Callable[[], int],
+        answer: Callable[[Decision], bool],
+        write_broker_files: Callable[[], list[str]],
+        kick: Callable[[str], None],
+    ) -> None:
+        self.actions, self.enrolments, self.clock, self.answer = actions, enrolments, clock, answer
+        self.write_broker_files, self.kick = write_broker_files, kick
+
+    async def decide(self, who: Token, rid: str, decision: str) -> str:
+        """A pending request approved or refused: its state after."""
+        if decision not in ("approve", "refuse"):
+            raise await self.actions.refuse(
+                who, f"{decision[:32]} enrolment", rid, 404, "a decision: approve or refuse"
+            )
+        action = f"{decision} enrolment"
+        if self.enrolments.issuer is None:
+            why = "no [enrolment] ca_cert and ca_key: nothing can be issued"
+            raise await self.actions.refuse(who, action, rid, 409, why)
+        done = await db(self.enrolments.decide, rid, decision == "approve", who.name, self.clock())
+        if done is None:
+            raise await self.actions.refuse(who, action, rid, 404, "no such request pending")
+        self.answer(done)
+        await self.actions.audit(who, action, rid, "done")
+        return str(done.answer.state)
+
+    async def revoke(
+        self, who: Token, node: str | None, serial: str | None, target: str
+    ) -> dict[str, Any]:
+        """A node's certificates (or one, by serial) into the CRL at once, its name barred
+        (by name), its open session taken over."""
+        action = "revoke certificate"
+        if self.enrolments.issuer is None:
+            why = "no [enrolment] ca_cert and ca_key: no CRL can be signed"
+            raise await self.actions.refuse(who, action, target, 409, why)
+        done = await db(self.enrolments.revoke, who.name, self.clock(), node, serial)
+        unwritten = await db(self.write_broker_files)  # each file tried; never raises
+        if node:  # an open session goes at once (the service takes it over)
+            self.kick(node)
+        await self.actions.audit(
+            who, action, target, "done", {"serials": done, "unwritten": unwritten}
+        )
+        return {"revoked": done, "unwritten": unwritten}
+
+    async def reinstate(self, who: Token, node: str) -> dict[str, Any]:
+        """The bar a revocation by name put on ``node`` lifted: it may enrol again."""
+        action = "reinstate node"
+        if not NAME.match(node):
+            raise await self.actions.refuse(who, action, node[:64], 404, "node: not a node's name")
+        if not await db(self.enrolments.reinstate, node):
+            raise await self.actions.refuse(who, action, node, 404, "node: not revoked")
+        unwritten = await db(self.write_broker_files)  # each file tried; never raises
+        await self.actions.audit(who, action, node, "done", {"unwritten": unwritten})
+        return {"node": node, "barred": False, "unwritten": unwritten}

@@ -9,6 +9,8 @@
                                                 node, or exit 4 and "partial list" if the
                                                 broker did not hand every retained status
     edgefleet watch                             every message of the fleet as it arrives
+    edgefleet logs NODE [--unit edged] [--since 1h] --sign-key F --kid K   the node's journal
+                                                lines, even when edged is down
     edgefleet cmd NODE ping [--arg k=v ...]     a signed command; prints the node's result
                                                 (ping, status, models, routing, set-routing,
                                                 reset-routing, reload, drain, resume, logs)
@@ -26,7 +28,7 @@ With the fleet service (``--service URL``, a token in --token-file or $EDGEFLEET
     edgefleet --service URL label NODE k=v ...  set a node's operator labels (none: clear)
     edgefleet --service URL enrol token NODE    a one-time enrolment token for a new device
     edgefleet --service URL enrol list|approve RID|refuse RID    requests without a token
-    edgefleet --service URL enrol revoke NODE   its certificates into the CRL (the broker's),
+    edgefleet --service URL enrol revoke NODE   (an admin's) its certificates into the CRL,
                                                 its session closed, its name barred
     edgefleet --service URL enrol reinstate NODE   the name may enrol again
     edgefleet --service URL deploy create ID --manifest F --url PATH=URL [--selector k=v]
@@ -314,11 +316,18 @@ def cmd_rollout(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
-    key = load_key(args.sign_key)
     try:
         cmd_args = key_values(args.arg)
     except UsageError as exc:
         raise Failure(str(exc), EXIT_USAGE) from None
+    result = run_command(args, cmd_args)
+    return result, json.dumps(result.get("result"), indent=2)
+
+
+def run_command(args: argparse.Namespace, cmd_args: dict[str, Any]) -> dict[str, Any]:
+    """``args.name`` signed with ``--sign-key`` and sent to ``args.node`` (through the service
+    with --service, else the broker); the node's result, once it came (``--timeout``)."""
+    key = load_key(args.sign_key)
     if args.service:
         return service_cmd(args, key, cmd_args)
     topics = Topics(args.fleet, args.node)
@@ -344,7 +353,48 @@ def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
     result = envelope.decode(got[0][1]).body
     if not result.get("ok"):
         raise Failure(f"{args.node}: {result.get('error')}", EXIT_FAILED)
-    return result, json.dumps(result.get("result"), indent=2)
+    return dict(result)
+
+
+UNITS = {"edged": "edged.service", "cloudsync": "cloudsync.service"}
+UNITS["updater"] = UNITS["edged-updater"] = "edged-updater.service"
+SPANS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds(text: str, option: str) -> int:
+    """``90``, ``90s``, ``30m``, ``2h`` or ``3d`` as seconds; a usage error naming ``option``."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in SPANS else (text, "s")
+    if not number.isdigit() or int(number) <= 0:
+        raise Failure(f"{option} {text!r}: a time like 90s, 30m, 2h or 3d", EXIT_USAGE)
+    return int(number) * SPANS[unit]
+
+
+def cmd_logs(args: argparse.Namespace) -> tuple[Any, str]:
+    """A node's journal lines (its ``logs`` command, source journal): edged's by default, and
+    systemd's about it; answered by cloudsync whether edged runs or not."""
+    args.name = "logs"
+    units = [UNITS.get(u, u) for u in args.unit or ["edged"]]
+    cmd_args: dict[str, Any] = {
+        "source": "journal",
+        "units": units,
+        "since_s": seconds(args.since, "--since"),
+        "level": args.level,
+        "lines": args.lines,
+        "max_bytes": args.max_bytes,
+    }
+    if args.contains:
+        cmd_args["contains"] = args.contains
+    result = run_command(args, cmd_args)["result"]
+    text = [
+        f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(row['ts'] / 1000))}Z"
+        f" {row['unit'] or row['identifier']}[{row['pid']}] {row['level']}: {row['message']}"
+        for row in result["lines"]
+    ]
+    if result.get("left_out"):
+        text.append(f"({result['left_out']} older lines left out: over --max-bytes)")
+    if result.get("scanned"):
+        text.append(f"(read {result['scanned']} entries, then stopped: older ones not read)")
+    return result, "\n".join(text) or f"no lines of {', '.join(units)} since {args.since}"
 
 
 def load_public(path: str) -> Ed25519PublicKey:
@@ -570,6 +620,37 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--kid", required=True, help="its name on the nodes")
     cmd.add_argument("--lifetime", type=float, default=300.0, help="seconds it stays valid")
     cmd.set_defaults(fn=cmd_cmd)
+    logs = sub.add_parser(
+        "logs",
+        help="a node's journal: edged's lines and systemd's about it, even when edged is down",
+        description="The node's system journal, read by its cloudsync (a signed logs command,"
+        " source journal) and answered whether edged runs or not: the time, unit, process,"
+        " level and message of each line, nothing else of the journal; a line edged marked"
+        " private comes without its message. Only the units in the node's [commands]"
+        " journal_units.",
+    )
+    logs.add_argument("node")
+    logs.add_argument(
+        "--unit",
+        action="append",
+        help="edged (the default), cloudsync, edged-updater, or a unit's full name (repeat)",
+    )
+    logs.add_argument("--since", default="1h", help="how far back: 90s, 30m, 2h, 3d (1h)")
+    logs.add_argument(
+        "--level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+    )
+    logs.add_argument("--lines", type=int, default=200, help="the newest this many (1 to 1000)")
+    logs.add_argument("--contains", default="", help="only lines whose message has this")
+    logs.add_argument(
+        "--max-bytes",
+        type=int,
+        default=65536,
+        help="the answer's size at most (the node keeps the newest lines that fit)",
+    )
+    logs.add_argument("--sign-key", required=True, help="the fleet key (PEM Ed25519)")
+    logs.add_argument("--kid", required=True, help="its name on the nodes")
+    logs.add_argument("--lifetime", type=float, default=300.0, help="seconds it stays valid")
+    logs.set_defaults(fn=cmd_logs)
 
     made = sub.add_parser(
         "manifest",

@@ -398,7 +398,7 @@ def follow(
         time.sleep(1.0)
 
 
-def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) -> tuple[Any, str]:
+def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) -> dict[str, Any]:
     """A command signed here with the operator's key, relayed by the service, its result
     awaited (``--timeout``)."""
     client = service(args)
@@ -423,7 +423,7 @@ def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) ->
         if result is not None:
             if not result.get("ok"):
                 raise Failure(f"{args.node}: {result.get('error')}", EXIT_FAILED)
-            return result, json.dumps(result.get("result"), indent=2)
+            return dict(result)
         time.sleep(0.2)
     raise Failure(
         f"no result from {args.node} in {args.timeout} s (command {cmd_id})", EXIT_TIMEOUT

@@ -1,8 +1,8 @@
 """The fleet service's web console: server-rendered pages (Jinja2 templates, one hand-written
 style sheet, no JavaScript) under ``/console/``, for people who would rather look than read.
 
-Pages: the fleet at a glance, the nodes (paged by name like ``GET /v1/nodes``, searched by a
-part of the name, filtered by state and label selector), a node, the deployments, the rollouts
+Pages: the fleet at a glance, the nodes (paged by name both ways, searched by a part of the
+name, filtered by state and label selector), a node, the enrolments, the deployments, the rollouts
 (with their stages, the nodes' states and the gates' figures; a page that reloads itself while
 the rollout runs) and the audit log (operator and up, as in the API).
 
@@ -14,10 +14,12 @@ signing out ends it (the cookie was the API token itself, which signing out coul
 back). A session is as good as its holder's entry in ``[api] tokens``: removed there, it is
 gone. Every form carries a CSRF token, an HMAC keyed by the session id, checked on each POST
 with the request's Origin. The actions (pause, resume, promote and abort a rollout; set a
-node's operator labels) are the API's own (``cloudsync.fleet.actions``), so they are checked
-and audited as the API's; a role too low sees no button, and a forged POST is a 403 (audited as
-the API audits one). The database is called from the thread pool; each answer says its server
-time in ``Server-Timing``.
+node's operator labels; approve or refuse an enrolment; revoke and reinstate a node, an
+admin's) are the API's own (``cloudsync.fleet.actions``), so they are checked and audited as
+the API's; one that cannot be undone (an abort, a revocation) asks first, on a page of its own;
+a role too low sees no button, and a forged POST is a 403 (audited as the API audits one).
+The database is called from the thread pool; each answer says its server time in
+``Server-Timing``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from urllib.parse import quote, urlencode
 import jinja2
 from aiohttp import web
 
-from cloudsync.fleet.actions import ROLES, WHO, Actions, Refused, db
+from cloudsync.fleet.actions import ROLES, WHO, Actions, EnrolmentActions, Refused, db
 from cloudsync.fleet.alerting import Alerting
 from cloudsync.fleet.audit import AuditLog
 from cloudsync.fleet.commands import Commands
@@ -178,6 +180,7 @@ class Console:
         rollouts: Rollouts,
         deployments: Deployments,
         commands: Commands,
+        enrolling: EnrolmentActions,
         sessions: Sessions,
         audit: AuditLog,
         fleet: str,
@@ -186,6 +189,7 @@ class Console:
     ) -> None:
         self.actions, self.registry, self.alerting = actions, registry, alerting
         self.rollouts, self.deployments, self.commands = rollouts, deployments, commands
+        self.enrolling, self.enrolments = enrolling, enrolling.enrolments
         self.sessions, self.audit, self.fleet, self.clock = sessions, audit, fleet, clock
         self.secure = secure  # the cookie's Secure flag: the API serves TLS
         self.env = jinja2.Environment(
@@ -201,6 +205,7 @@ class Console:
             obj=obj,
             scaled=scaled,
             pct=pct,
+            shown=lambda v: "—" if v is None else v,  # a field a node sent as null
             q=lambda s: quote(str(s), safe=""),
         )
         self.env.globals.update(url=url, ago=ago, STATES=STATES, PAGE_SIZES=PAGE_SIZES)
@@ -218,6 +223,10 @@ class Console:
             ("GET", "/nodes", self.nodes),
             ("GET", "/nodes/{node}", self.node),
             ("POST", "/nodes/{node}/labels", self.set_labels),
+            ("POST", "/nodes/{node}/revoke", self.revoke),
+            ("POST", "/nodes/{node}/reinstate", self.reinstate),
+            ("GET", "/enrolments", self.enrolment_list),
+            ("POST", "/enrolments/{id}/{decision}", self.decide),
             ("GET", "/deployments", self.deployment_list),
             ("GET", "/deployments/{id}", self.deployment),
             ("GET", "/rollouts", self.rollout_list),
@@ -399,7 +408,7 @@ class Console:
 
     # ---- nodes -------------------------------------------------------------------------------
 
-    @page(query=("state", "selector", "contains", "after", "limit"))
+    @page(query=("state", "selector", "contains", "after", "before", "limit"))
     async def nodes(self, request: web.Request) -> web.Response:
         state = text_param(request, "state") or None
         if state not in (None, *STATES):
@@ -410,20 +419,34 @@ class Console:
         except LabelError as exc:
             raise Refused(400, f"selector: k=v,k2=v2 ({exc})") from None
         contains, after = text_param(request, "contains"), text_param(request, "after")
+        before = "" if after else text_param(request, "before")
         limit = size_param(request)
         now = self.clock()
-        found, more = await db(self.registry.nodes, now, state, selector, contains, after, limit)
+        found, more = await db(
+            self.registry.nodes, now, state, selector, contains, after, limit, before
+        )
         counts = await db(self.registry.counts, now)
+        first, last = (found[0]["node"], found[-1]["node"]) if found else (None, None)
+        if before:  # paged back: any before it (a full page may be the first), and after it
+            if more and first:
+                ahead, _ = await db(
+                    self.registry.nodes, now, state, selector, contains, "", 1, first
+                )
+                more = more if ahead else None
+            earlier, later = (first if more else None), (last or before)
+        else:
+            earlier, later = (first or after if after else None), more
         return self.render(
             "nodes.html",
             request,
             nodes=found,
-            more=more,
+            earlier=earlier,
+            later=later,
             counts=counts,
             state=state or "",
             selector=chosen,
             contains=contains,
-            after=after,
+            paged=bool(after or before),
             limit=limit,
         )
 
@@ -447,6 +470,7 @@ class Console:
             "events": self.registry.events(name, 50),
             "alerts": [alert(a) for a in self.alerting.latest(name, 50)],
             "in_rollouts": self.rollouts.of_node(name),
+            "barred": self.enrolments.is_barred(name),
         }
 
     @page(role="operator")
@@ -462,6 +486,46 @@ class Console:
             ) from None
         await self.actions.set_labels(request[WHO], node, labels)
         return see_other(f"/console/nodes/{quote(node, safe='')}")
+
+    @page(role="admin")
+    async def revoke(self, request: web.Request) -> web.StreamResponse:
+        """The node's certificates revoked and its name barred (an admin's, asked first)."""
+        node = request.match_info["node"]
+        back = f"/console/nodes/{quote(node, safe='')}"
+        if (await request.post()).get("confirm") != "yes":
+            return self.render(
+                "confirm.html",
+                request,
+                title=f"Revoke {node}",
+                message="Its certificates go into the broker's CRL and its open session is"
+                " closed now; its name can enrol again only when an admin reinstates it.",
+                action=f"{back}/revoke",
+                back=back,
+                keep="Keep it",
+            )
+        await self.enrolling.revoke(request[WHO], node, None, node)
+        return see_other(back)
+
+    @page(role="admin")
+    async def reinstate(self, request: web.Request) -> web.StreamResponse:
+        node = request.match_info["node"]
+        await self.enrolling.reinstate(request[WHO], node)
+        return see_other(f"/console/nodes/{quote(node, safe='')}")
+
+    # ---- enrolments --------------------------------------------------------------------------
+
+    @page(role="operator")
+    async def enrolment_list(self, request: web.Request) -> web.Response:
+        requests = await db(self.enrolments.list, None, 200)
+        requests.sort(key=lambda e: e["state"] != "pending")  # pending first, newest first
+        barred = await db(self.enrolments.barred)
+        return self.render("enrolments.html", request, requests=requests, barred=barred)
+
+    @page(role="operator")
+    async def decide(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        await self.enrolling.decide(request[WHO], info["id"], info["decision"])
+        return see_other("/console/enrolments")
 
     # ---- deployments and rollouts ------------------------------------------------------------
 
@@ -541,9 +605,22 @@ class Console:
 
     @page(role="operator")
     async def act_on_rollout(self, request: web.Request) -> web.StreamResponse:
-        ident = request.match_info["id"]
-        await self.actions.act_on_rollout(request[WHO], ident, request.match_info["action"])
-        return see_other(f"/console/rollouts/{quote(ident, safe='')}")
+        ident, action = request.match_info["id"], request.match_info["action"]
+        back = f"/console/rollouts/{quote(ident, safe='')}"
+        if action == "abort" and (await request.post()).get("confirm") != "yes":
+            # not undone by a click: the nodes that got the version are rolled back
+            return self.render(
+                "confirm.html",
+                request,
+                title=f"Abort rollout {ident}",
+                message="Every node that got its version is sent a signed rollback to the"
+                " version it had; an aborted rollout cannot be resumed.",
+                action=f"{back}/abort",
+                back=back,
+                keep="Keep it going",
+            )
+        await self.actions.act_on_rollout(request[WHO], ident, action)
+        return see_other(back)
 
     # ---- the audit log -----------------------------------------------------------------------
 

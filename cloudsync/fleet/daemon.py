@@ -16,7 +16,7 @@ from aiohttp import web
 
 from cloudsync.fleet import api
 from cloudsync.fleet import config as config_module
-from cloudsync.fleet.actions import Actions
+from cloudsync.fleet.actions import Actions, EnrolmentActions
 from cloudsync.fleet.config import ApiConfig
 from cloudsync.fleet.console import Console
 from cloudsync.fleet.routes.abtests import ABTestRoutes
@@ -55,6 +55,14 @@ def application(service: Service) -> web.Application:
         service.wake.set,
     )
     calls = Calls(actions, cfg.api.idle_timeout_s, cfg.api.max_body_kb)
+    enrolling = EnrolmentActions(
+        actions,
+        service.enrolments,
+        clock,
+        service.answer,
+        service.write_broker_files,
+        service.kick,
+    )
     anchors = manifest_anchors(cfg.service.trust_dir)
     modules: list[RouteModule] = [
         PublicRoutes(
@@ -76,14 +84,7 @@ def application(service: Service) -> web.Application:
         DeploymentRoutes(service.deployments, anchors, clock, service.reconcile_soon, calls),
         RolloutRoutes(service.rollouts, anchors, clock, service.wake.set, actions, calls),
         ABTestRoutes(service.abtests, service.wake.set, calls),
-        EnrolmentRoutes(
-            service.enrolments,
-            clock,
-            service.answer,
-            service.write_broker_files,
-            service.kick,
-            calls,
-        ),
+        EnrolmentRoutes(service.enrolments, enrolling, calls),
         AuditRoutes(service.audit),
     ]
     app = api.app([r for module in modules for r in module.routes()], actions, cfg.api.max_body_kb)
@@ -94,6 +95,7 @@ def application(service: Service) -> web.Application:
         rollouts=service.rollouts,
         deployments=service.deployments,
         commands=service.commands,
+        enrolling=enrolling,
         sessions=service.sessions,
         audit=service.audit,
         fleet=fleet,

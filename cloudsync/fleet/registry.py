@@ -441,16 +441,22 @@ class Registry:
         contains: str = "",
         after: str = "",
         limit: int = 100,
+        before: str = "",
     ) -> tuple[list[dict[str, Any]], str | None]:
         """A page of nodes by name after ``after``, and the cursor of the next page (None: the
-        last page). ``state``: online, offline, stale."""
+        last page). ``state``: online, offline, stale. With ``before``: the page of those just
+        before it (still in the order of their names), and None when it is the first."""
         limit = max(1, min(limit, MAX_PAGE))
         page: list[dict[str, Any]] = []
-        cursor = after
+        cursor = before or after
+        backwards = bool(before)
+        sql = (
+            "SELECT * FROM nodes WHERE node < ? ORDER BY node DESC LIMIT ?"
+            if backwards
+            else "SELECT * FROM nodes WHERE node > ? ORDER BY node LIMIT ?"
+        )
         while True:
-            raws = self.store.query(
-                "SELECT * FROM nodes WHERE node > ? ORDER BY node LIMIT ?", (cursor, MAX_PAGE)
-            )
+            raws = self.store.query(sql, (cursor, MAX_PAGE))
             for raw in raws:
                 cursor = raw["node"]
                 if contains and contains not in cursor:
@@ -461,9 +467,9 @@ class Registry:
                 ):
                     page.append(row)
                     if len(page) == limit:
-                        return page, cursor
+                        return (page[::-1], cursor) if backwards else (page, cursor)
             if len(raws) < MAX_PAGE:
-                return page, None
+                return (page[::-1], None) if backwards else (page, None)
 
     def node(self, name: str, now_ms: int) -> dict[str, Any] | None:
         raws = self.store.query("SELECT * FROM nodes WHERE node = ?", (name,))

@@ -157,7 +157,9 @@ class EcsFormatter(ecs_logging.StdlibFormatter):
 
 class JournalHandler(logging.Handler):
     """Records to journald's native protocol through systemd-python, with our fields as journal
-    fields (MODEL, ROUTE, REASON, REQUEST_ID) and the node as NODE."""
+    fields (MODEL, ROUTE, REASON, REQUEST_ID) and the node as NODE; a record logged with
+    ``extra={"private": True}`` is marked ``PRIVATE=1``: its message never leaves the device
+    (cloudsync.agent.journal)."""
 
     def __init__(self, node: str, service: str) -> None:
         super().__init__()
@@ -171,6 +173,8 @@ class JournalHandler(logging.Handler):
             for key in FIELDS
             if (value := getattr(record, key, None)) is not None
         }
+        if getattr(record, "private", False):
+            fields["PRIVATE"] = "1"
         if fields:  # a copy: other handlers see the record as it was
             record = logging.makeLogRecord({**record.__dict__, **fields})
         self.journal.emit(record)

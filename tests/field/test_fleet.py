@@ -24,12 +24,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloudsync.protocol.envelope import canonical
 from cloudsync.protocol.manifest import file_entry, make, sign
 from tests.asunit import proc_status
 from tests.conftest import ROOT, skip_or_fail
 from tests.field.rig import PYTHON, Field, Network
 from tests.field.test_field import active, failed_units
 from tests.fleetservice import TOKENS, tokens_toml
+from tests.journal_files import KEYS, REQUEST_KEYS
 from tests.mosquitto import ACL, CLAIM, OPERATOR, render_config
 from tests.packaging.test_deb import package
 from tests.pki import issue
@@ -38,6 +40,7 @@ FLEET_BASE = ROOT / "build" / "debian-fleet.tar"
 FLEET = "field"
 NODE = "field-dev-1"
 HOST = "fleet.field"  # the broker's name, in both trees' /etc/hosts
+LOG_FIELDS = KEYS | REQUEST_KEYS  # what of a journal entry leaves the device
 PORT = 8883
 BROKER_PKI = "/etc/mosquitto/fleet"  # in the fleet's box; the consumer's certificate too
 RECEIVED = "/field/received.jsonl"
@@ -435,3 +438,76 @@ def test_a_model_file_damaged_on_disk_is_refused_and_fetched_again(
         f"power cut and the boot, fetched again and active in {repaired:.1f} s"
     )
     assert failed_units(field) == []
+
+
+def test_edgefleet_logs_reads_the_journal_of_an_edged_that_will_not_start(
+    field: Field, fleet: Field
+) -> None:
+    """Issue 48: edged's config broken, systemd restarting it in vain; from the fleet's box,
+    ``edgefleet logs`` through the service, the broker and the device's cloudsync (its unit's
+    user, in group systemd-journal) gets edged's own last words and systemd's lines about it
+    from the device's journal, and nothing of the journal's entries but the fields it sends."""
+    config = field.root / "etc" / "edged" / "edged.toml"
+    before = config.read_bytes()
+    put(
+        fleet,
+        "/field/fleet-1.key",
+        KEY.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        mode="0600",
+    )
+
+    def logs(*more: str) -> dict[str, Any]:
+        done = fleet.run(
+            "edgefleet",
+            "--service",
+            "http://127.0.0.1:8480",
+            "--token-file",
+            "/field/admin.token",
+            "logs",
+            NODE,
+            "--since",
+            "10m",
+            "--sign-key",
+            "/field/fleet-1.key",
+            "--kid",
+            "fleet-1",
+            "--timeout",
+            "60",
+            "--json",
+            *more,
+            check=False,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        answer: dict[str, Any] = json.loads(done.stdout)
+        assert all(set(row) <= LOG_FIELDS for row in answer["lines"]), answer["lines"][:3]
+        machine = (field.root / "etc" / "machine-id").read_text().strip()
+        assert machine and machine not in done.stdout  # the journal's other fields stay
+        return answer
+
+    try:
+        config.write_bytes(before + b"\n[bogus_section]\nkey = 1\n")
+        field.run("systemctl", "restart", "edged.service", check=False)
+        field.wait("edged failing", lambda: not active(field, "edged.service"), 60)
+        answer = logs()
+        lines = answer["lines"]
+        print(f"\nedgefleet logs {NODE}, edged down: {json.dumps(lines[-4:])[:900]}")
+        assert any(r["identifier"] == "edged" and "bogus_section" in r["message"] for r in lines)
+        assert any(
+            r["identifier"] == "systemd"
+            and r["unit"] == "edged.service"
+            and r["pid"] == 1
+            and "edged.service" in r["message"]
+            for r in lines
+        ), lines[-6:]
+        capped = logs("--max-bytes", "1024", "--level", "debug")
+        assert len(canonical(capped["lines"])) <= 1024 and capped.get("left_out", 0) >= 1
+    finally:
+        config.write_bytes(before)
+        field.run("systemctl", "reset-failed", "edged.service", check=False)
+        field.run("systemctl", "restart", "edged.service", check=False)
+        field.wait("edged back", lambda: active(field, "edged.service"), 180)

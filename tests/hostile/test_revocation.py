@@ -70,7 +70,16 @@ def test_a_revoked_node_is_out_connected_or_not(
         thief = SyncClient(broker.port, stolen, "n3")
         assert thief.connect()
 
-        status, gone = service.call("POST", "/v1/revocations", {"node": "n3"}, role="operator")
+        # an operator may not cut a device off (nor let one back): an admin's call
+        for method, path, body in (
+            ("POST", "/v1/revocations", {"node": "n3"}),
+            ("DELETE", "/v1/revocations/n3", None),
+        ):
+            assert service.call(method, path, body, role="operator") == (
+                403,
+                {"error": "role operator may not do this: admin needed"},
+            )
+        status, gone = service.call("POST", "/v1/revocations", {"node": "n3"}, role="admin")
         assert status == 200 and len(gone["revoked"]) == 1, gone
         # Its own session is closed at once: the service took it over (Mosquitto logs it).
         wait_for(
@@ -138,7 +147,7 @@ def test_a_revoked_node_is_out_connected_or_not(
 
         # Reinstated, the name enrols again as a new device would (its old certificate stays
         # revoked); the audit log has both.
-        assert service.edgefleet("enrol", "reinstate", "n3") == {
+        assert service.edgefleet("enrol", "reinstate", "n3", role="admin") == {
             "node": "n3",
             "barred": False,
             "unwritten": [],
@@ -167,7 +176,7 @@ def test_an_unreadable_acl_base_loses_no_revocation(
 
     assert n1.connect()
     try:
-        status, gone = service.call("POST", "/v1/revocations", {"node": "n1"}, role="operator")
+        status, gone = service.call("POST", "/v1/revocations", {"node": "n1"}, role="admin")
         assert (status, gone) == (200, {"revoked": [], "unwritten": ["acl_file"]})
         wait_for(
             lambda: "already connected, closing old connection" in broker.logs(),
@@ -181,7 +190,7 @@ def test_an_unreadable_acl_base_loses_no_revocation(
         serial = format(
             x509.load_pem_x509_certificate((pki / "n1.pem").read_bytes()).serial_number, "x"
         )
-        status, gone = service.call("POST", "/v1/revocations", {"serial": serial}, role="operator")
+        status, gone = service.call("POST", "/v1/revocations", {"serial": serial}, role="admin")
         assert (status, gone) == (200, {"revoked": [serial], "unwritten": ["acl_file"]})
         listed = x509.load_pem_x509_crl(crl.read_bytes())
         assert [r.serial_number for r in listed] == [int(serial, 16)]

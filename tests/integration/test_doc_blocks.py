@@ -362,6 +362,7 @@ def scene(tmp_path: Path, make_daemon: type[Daemon], cloud: Cloud) -> Iterator[S
     work.mkdir()
     for name in ("samples", ".venv"):
         (work / name).symlink_to(ROOT / name)
+    (work / "admin.token").write_text(TOKENS["admin"])  # the README revokes as an admin
     repository = linked_repository(tmp_path / "models")
     (repository / "intent-classifier").unlink()  # a copy: versions are installed into it
     shutil.copytree(MODELS / "intent-classifier", repository / "intent-classifier")

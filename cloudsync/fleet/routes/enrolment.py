@@ -5,12 +5,11 @@ reinstatements."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 from aiohttp import web
 
-from cloudsync.fleet.actions import WHO, db
-from cloudsync.fleet.enrolment import MAX_TOKEN_S, Decision, Enrolments
+from cloudsync.fleet.actions import WHO, EnrolmentActions, db
+from cloudsync.fleet.enrolment import MAX_TOKEN_S, Enrolments
 from cloudsync.fleet.routes.base import Calls, Route, error, page_size
 from cloudsync.protocol.enrol import EnrolError
 from cloudsync.protocol.topics import NAME, TopicError, check_name
@@ -19,17 +18,9 @@ SERIAL = re.compile(r"^[0-9a-f]{1,40}\Z")  # a certificate's serial number, hex
 
 
 class EnrolmentRoutes:
-    def __init__(
-        self,
-        enrolments: Enrolments,
-        clock: Callable[[], int],
-        answer: Callable[[Decision], bool],
-        write_broker_files: Callable[[], list[str]],
-        kick: Callable[[str], None],
-        calls: Calls,
-    ) -> None:
-        self.enrolments, self.clock, self.answer = enrolments, clock, answer
-        self.write_broker_files, self.kick, self.calls = write_broker_files, kick, calls
+    def __init__(self, enrolments: Enrolments, acts: EnrolmentActions, calls: Calls) -> None:
+        self.enrolments, self.acts, self.calls = enrolments, acts, calls
+        self.clock = acts.clock
 
     def routes(self) -> list[Route]:
         return [
@@ -37,8 +28,9 @@ class EnrolmentRoutes:
             Route("POST", "/v1/enrolments/{id}/{action}", self.decide, "operator"),
             Route("POST", "/v1/enrolment-tokens", self.make_token, "operator"),
             Route("GET", "/v1/revocations", self.revocations, "operator"),
-            Route("POST", "/v1/revocations", self.revoke, "operator"),
-            Route("DELETE", "/v1/revocations/{node}", self.reinstate, "operator"),
+            # cutting a device off the fleet, and letting it back: an admin's (docs/SECURITY.md)
+            Route("POST", "/v1/revocations", self.revoke, "admin"),
+            Route("DELETE", "/v1/revocations/{node}", self.reinstate, "admin"),
         ]
 
     async def index(self, request: web.Request) -> web.Response:
@@ -51,21 +43,8 @@ class EnrolmentRoutes:
 
     async def decide(self, request: web.Request) -> web.Response:
         rid, decision = request.match_info["id"], request.match_info["action"]
-        if decision not in ("approve", "refuse"):
-            return await self.calls.refuse(
-                request, f"{decision[:32]} enrolment", rid, 404, "a decision: approve or refuse"
-            )
-        action = f"{decision} enrolment"
-        if self.enrolments.issuer is None:
-            why = "no [enrolment] ca_cert and ca_key: nothing can be issued"
-            return await self.calls.refuse(request, action, rid, 409, why)
-        who = request[WHO]
-        done = await db(self.enrolments.decide, rid, decision == "approve", who.name, self.clock())
-        if done is None:
-            return await self.calls.refuse(request, action, rid, 404, "no such request pending")
-        self.answer(done)
-        await self.calls.audit(who, action, rid, "done")
-        return web.json_response({"rid": rid, "state": done.answer.state})
+        state = await self.acts.decide(request[WHO], rid, decision)
+        return web.json_response({"rid": rid, "state": state})
 
     async def make_token(self, request: web.Request) -> web.Response:
         action = "create enrolment token"
@@ -109,16 +88,9 @@ class EnrolmentRoutes:
 
     async def reinstate(self, request: web.Request) -> web.Response:
         """Lift the bar a revocation by name put on a node's name: it may enrol again."""
-        node, action = request.match_info["node"], "reinstate node"
-        if not NAME.match(node):
-            return await self.calls.refuse(
-                request, action, node[:64], 404, "node: not a node's name"
-            )
-        if not await db(self.enrolments.reinstate, node):
-            return await self.calls.refuse(request, action, node, 404, "node: not revoked")
-        unwritten = await db(self.write_broker_files)  # each file tried; never raises
-        await self.calls.audit(request[WHO], action, node, "done", {"unwritten": unwritten})
-        return web.json_response({"node": node, "barred": False, "unwritten": unwritten})
+        return web.json_response(
+            await self.acts.reinstate(request[WHO], request.match_info["node"])
+        )
 
     async def revoke(self, request: web.Request) -> web.Response:
         """Revoke a node's certificates (``{"node"}``) or one (``{"serial"}``, hex): into the
@@ -138,17 +110,5 @@ class EnrolmentRoutes:
             return await self.calls.refuse(
                 request, action, target, 422, 'body: {"node": name} or {"serial": hex}'
             )
-        if self.enrolments.issuer is None:
-            why = "no [enrolment] ca_cert and ca_key: no CRL can be signed"
-            return await self.calls.refuse(request, action, target, 409, why)
-        who = request[WHO]
-        done = await db(
-            self.enrolments.revoke, who.name, self.clock(), doc.get("node"), doc.get("serial")
-        )
-        unwritten = await db(self.write_broker_files)  # each file tried; never raises
-        if doc.get("node"):  # an open session goes at once (the service takes it over)
-            self.kick(doc["node"])
-        await self.calls.audit(
-            who, action, target, "done", {"serials": done, "unwritten": unwritten}
-        )
-        return web.json_response({"revoked": done, "unwritten": unwritten})
+        done = await self.acts.revoke(request[WHO], doc.get("node"), doc.get("serial"), target)
+        return web.json_response(done)

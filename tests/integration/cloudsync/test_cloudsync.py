@@ -8,6 +8,7 @@ the broker queues for it while it is away, so nothing depends on who connects fi
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench.peer import free_port
+from cloudsync.agent.journal import WITHHELD
 from cloudsync.protocol import envelope
 from cloudsync.protocol.commands import sign
 from cloudsync.protocol.mqtt import SyncClient
@@ -27,6 +29,7 @@ from tests.cloudsync_agent import NODE, Agent, bodies, last_status, online, oper
 from tests.conftest import CLOUD_MODEL as MODEL
 from tests.conftest import Cloud, Daemon, wait_for
 from tests.integration.edged.test_routing import ask, edged_with_cloud
+from tests.journal_files import JOURNAL, KEYS, REQUEST_KEYS, SECRET, entry, write
 from tests.mosquitto import OPERATOR, Broker, edgefleet
 
 
@@ -477,3 +480,69 @@ def test_a_command_quoting_unencodable_text_is_refused_and_the_agent_lives_on(
         assert not consumer.publish(NODE.cmd(ping_id), ping).is_failure
         assert wait_results(consumer, 2)[ping_id]["result"]["pong"] is True
         assert agent.proc.poll() is None and agent.proc.pid == pid
+
+
+def test_edgefleet_logs_reads_the_nodes_journal_while_edged_is_down(
+    broker: Broker, agent: Agent, tmp_path: Path
+) -> None:
+    """Issue 48: ``edgefleet logs NODE`` through the real broker and the node's cloudsync (as
+    its unit runs it), no edged on the node: its journal's lines of edged and systemd's about
+    it; nothing else of an entry, a private line without its message; the answer capped."""
+    keys = tmp_path / "keys"
+    assert edgefleet(broker, "keygen", "--kid", "fleet-1", "--dir", str(keys)).returncode == 0
+    (agent.workdir / "trust").mkdir()
+    (agent.workdir / "trust" / "fleet-1.pub").write_bytes((keys / "fleet-1.pub").read_bytes())
+    journal = agent.workdir / "journal"
+    journal.mkdir()
+    noisy = [entry(15 - i, "cloudsync.service", 6, f"retry {i}: " + "x" * 400) for i in range(3)]
+    write(journal, sorted(JOURNAL + noisy, key=lambda e: int(e["__REALTIME_TIMESTAMP"])))
+    text = agent.config.read_text()
+    trusted = f'trust_dir = "{agent.workdir}/trust"\n'
+    agent.config.write_text(text.replace(trusted, trusted + f'journal_dir = "{journal}"\n'))
+    broker.start()
+    agent.start()
+    wait_for(lambda: agent.status()["connected"], 10, "connected")
+    sign_with = ["--sign-key", str(keys / "fleet-1.key"), "--kid", "fleet-1"]
+    shown = edgefleet(broker, "logs", "n1", "--since", "90m", *sign_with)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == [
+        "edged.service[4242] info: edged 0.1.0 starting",
+        "edged.service[4242] error: config error: server.bogus: not a key",
+        "edged.service[1] warning: edged.service: Main process exited, code=exited, status=78",
+        "edged.service[4242] warning: intent slow",
+        f"edged.service[4242] warning: {WITHHELD}",
+    ]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", line[:20]) for line in lines)
+    # capped: the newest lines that fit, the others counted; nothing private or of the host
+    capped = edgefleet(
+        broker,
+        "logs",
+        "n1",
+        "--unit",
+        "edged",
+        "--unit",
+        "cloudsync",
+        "--since",
+        "3h",
+        "--max-bytes",
+        "1024",
+        "--json",
+        *sign_with,
+    )
+    assert capped.returncode == 0, capped.stderr
+    answer = json.loads(capped.stdout)
+    assert answer["units"] == ["cloudsync.service", "edged.service"]
+    assert len(envelope.canonical(answer["lines"])) <= 1024 and answer["left_out"] >= 1
+    assert answer["lines"][-1]["message"] == "connected to the broker"
+    assert all(set(row) <= KEYS | REQUEST_KEYS for row in answer["lines"])
+    for kept in (SECRET, "jetson-17", "patient 42", "Accepted publickey"):
+        assert kept not in capped.stdout
+    refused = edgefleet(broker, "logs", "n1", "--unit", "ssh.service", *sign_with)
+    assert refused.returncode == 1
+    assert "'units': 'ssh.service' is not one this device sends" in refused.stderr
+    bad = edgefleet(broker, "logs", "n1", "--since", "yesterday", *sign_with)
+    assert (bad.returncode, bad.stderr.strip()) == (
+        2,
+        "edgefleet: --since 'yesterday': a time like 90s, 30m, 2h or 3d",
+    )

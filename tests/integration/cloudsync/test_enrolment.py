@@ -141,7 +141,7 @@ def test_a_device_with_a_token_enrols_and_publishes_as_itself(
         assert "the token is unknown, used, expired or for another name" in again.logs()
         assert not again.cert.exists()
         # revoked: into the broker's CRL; after its reload the certificate cannot reconnect
-        gone = service.edgefleet("enrol", "revoke", "n9")
+        gone = service.edgefleet("enrol", "revoke", "n9", role="admin")
         serial = format(cert.serial_number, "x")
         assert gone == {"revoked": [serial], "unwritten": []}
         crl = x509.load_pem_x509_crl((tmp_path / "fleet.crl").read_bytes())

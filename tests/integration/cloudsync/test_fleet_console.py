@@ -37,6 +37,7 @@ from cloudsync.protocol.mqtt import SyncClient
 from cloudsync.protocol.topics import Topics
 from tests.chromium import Chromium, Tab
 from tests.fleetservice import TOKENS, FleetService
+from tests.integration.cloudsync.test_enrolment import Device
 from tests.integration.cloudsync.test_fleet_deploy import FLEET_KEY, keys
 from tests.mosquitto import OPERATOR, Broker
 
@@ -73,7 +74,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Fleet
         pytest.skip(why)
     work = tmp_path_factory.mktemp("console")
     broker = Broker(work / "mosquitto", pki).start()
-    service = FleetService(work / "service", broker, more=keys(work)).start()
+    # with an issuing CA: devices enrol through it (approved and revoked in the browser)
+    enrolment = f'[enrolment]\nca_cert = "{pki}/ca.pem"\nca_key = "{pki}/ca.key"\n'
+    service = FleetService(work / "service", broker, more=keys(work), sections=enrolment).start()
     sim = Simulator(
         SimConfig(
             nodes=NODES,
@@ -356,6 +359,13 @@ def test_an_operator_pauses_the_rollout_and_labels_a_node_through_the_browser(
             assert service.call("GET", "/v1/rollouts/r-canary")[1]["state"] == "paused"
             await tab.click("#resume")
             assert await tab.text("#state") == "running"
+            # an abort is not undone by a click: it asks first, and "keep" keeps it
+            await tab.click("#abort")
+            assert await tab.text("#confirm h1") == "Abort rollout r-canary?"
+            assert "signed rollback" in (await tab.text("#message") or "")
+            await tab.click("#confirm-no")
+            assert await tab.text("#state") == "running"
+            assert service.call("GET", "/v1/rollouts/r-canary")[1]["state"] == "running"
 
             await visit(tab, fleet, "/nodes/sim-00007")
             await tab.fill("#labels-input", "owner=ops, tier=gate")
@@ -397,6 +407,56 @@ def test_an_operator_pauses_the_rollout_and_labels_a_node_through_the_browser(
             assert await tab.eval("location.pathname") == "/console/login"
 
     run(act())
+
+
+def test_the_node_list_pages_both_ways_and_a_node_without_a_sensor_says_so(
+    fleet: Fleet,
+) -> None:
+    """Issue 48: the node list had only "next"; an x86 node's page read "Temperature None °C"."""
+    broker = fleet.service.broker
+    client = SyncClient(broker.port, broker.pki, OPERATOR, client_id="console-x86")
+    assert client.connect()
+    try:  # a box with no temperature sensor, as cloudsync on x86 reports it (null)
+        topics = Topics("f1", "x86-box")
+        birth = {"state": "online", "software": {"edged": "0.1.0"}, "models": [], "labels": {}}
+        beat = {"uptime_s": 5.0, "load": {"cpu_percent": None, "temperature_c": None}}
+        for topic, body in ((topics.status, birth), (topics.heartbeat, beat)):
+            client.client.publish(topic, Envelope("x86-box", 1, body).encode(), 1).wait_for_publish(
+                30
+            )
+    finally:
+        client.close()
+    assert fleet.service.wait_for(
+        lambda: fleet.service.call("GET", "/v1/nodes/x86-box")[1].get("heartbeat"), 30
+    )
+
+    async def names(tab: Tab) -> list[str]:
+        return [row.split("\t")[0] for row in await tab.texts("#nodes tbody tr")]
+
+    async def browse() -> None:
+        async with fleet.browser.tab() as tab:
+            await sign_in(tab, fleet, "viewer")
+            await visit(tab, fleet, "/nodes?limit=20")
+            assert await names(tab) == [f"sim-{i:05d}" for i in range(20)]
+            assert not await tab.exists("#previous") and not await tab.exists("#first")
+            for start in (20, 40):
+                await tab.click("#next")
+                assert await names(tab) == [f"sim-{i:05d}" for i in range(start, start + 20)]
+            for start in (20, 0):
+                await tab.click("#previous")
+                assert await names(tab) == [f"sim-{i:05d}" for i in range(start, start + 20)]
+            assert not await tab.exists("#previous") and await tab.exists("#next")
+            # the last page: nothing after it; the one before it, back
+            await visit(tab, fleet, "/nodes?limit=20&after=sim-00989")
+            assert await names(tab) == [*(f"sim-{i:05d}" for i in range(990, 1000)), "x86-box"]
+            assert not await tab.exists("#next")
+            await tab.click("#previous")
+            assert await names(tab) == [f"sim-{i:05d}" for i in range(970, 990)]
+            await visit(tab, fleet, "/nodes/x86-box")
+            assert await tab.text("#temperature") == "— (no sensor)"
+            assert "None" not in (await tab.text("#load") or "")
+
+    run(browse())
 
 
 SESSIONS: dict[tuple[int, str], str] = {}  # (the service's port, role): a session's id
@@ -591,3 +651,69 @@ def test_hostile_input_gets_an_error_page_and_nothing_runs(fleet: Fleet) -> None
             assert await tab.eval("window.__xss") is None
 
     run(in_browser())
+
+
+def test_an_operator_approves_a_device_and_an_admin_revokes_and_reinstates_it(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Issue 48: enrolments decided in the console, a revocation (an admin's, asked first) and
+    a reinstatement, each the API's own action: its effect in the API and in the audit log."""
+    service = fleet.service
+    device = Device(tmp_path / "newbie", service.broker, "newbie-1", None).start()
+    try:
+
+        def pending() -> list[dict[str, Any]]:
+            found = service.call("GET", "/v1/enrolments?state=pending")[1]["enrolments"]
+            return [e for e in found if e["node"] == "newbie-1"]
+
+        assert service.wait_for(pending, 30), device.logs()[-2000:]
+        [request] = pending()
+        rid = request["rid"]
+
+        async def act() -> None:
+            async with fleet.browser.tab() as tab:
+                await sign_in(tab, fleet, "operator")
+                await visit(tab, fleet, "/enrolments", shot="enrolments")
+                row = next(r for r in await tab.texts("#enrolments tr") if rid in r)
+                assert "newbie-1\tpending\tapproval" in row
+                await tab.click(f"#approve-{rid}")
+                assert await tab.eval("location.pathname") == "/console/enrolments"
+                row = next(r for r in await tab.texts("#enrolments tr") if rid in r)
+                assert "newbie-1\tissued" in row and "operator-user" in row
+                assert not await tab.exists(f"#approve-{rid}")
+                # an operator sees no revoke button, and a forged one is refused
+                await visit(tab, fleet, "/nodes/sim-00003")
+                assert not await tab.exists("#revoke")
+
+                await sign_in(tab, fleet, "admin")
+                await visit(tab, fleet, "/nodes/sim-00003")
+                await tab.click("#revoke")
+                assert await tab.text("#confirm h1") == "Revoke sim-00003?"
+                await tab.click("#confirm-no")
+                assert not await tab.exists("#revoked")
+                await tab.click("#revoke")
+                await tab.click("#confirm-yes")
+                assert await tab.eval("location.pathname") == "/console/nodes/sim-00003"
+                assert await tab.text("#revoked") == "revoked"
+                await visit(tab, fleet, "/enrolments")
+                assert [r.split("\t")[0] for r in (await tab.texts("#barred tr"))[1:]] == [
+                    "sim-00003"
+                ]
+                await visit(tab, fleet, "/nodes/sim-00003")
+                await tab.click("#reinstate")
+                assert not await tab.exists("#revoked") and await tab.exists("#revoke")
+
+        run(act())
+        assert service.wait_for(lambda: service.call("GET", "/v1/nodes/newbie-1")[0] == 200, 30)
+        assert service.call("GET", "/v1/revocations")[1]["barred"] == []
+        _, log = service.call("GET", "/v1/audit?limit=1000")
+        got = [(e["actor"], e["action"], e["target"], e["outcome"]) for e in log["entries"]]
+        for entry_ in (
+            ("operator-user", "approve enrolment", rid, "done"),
+            ("admin-user", "revoke certificate", "sim-00003", "done"),
+            ("admin-user", "reinstate node", "sim-00003", "done"),
+        ):
+            assert entry_ in got, got[:10]
+        assert not any(a == "operator-user" and "revoke" in act for a, act, _, _ in got)
+    finally:
+        device.stop()
