@@ -39,7 +39,6 @@ from prometheus_client.metrics_core import (
     InfoMetricFamily,
     Metric,
 )
-from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from cloudsync.fleet.observe import bucket_of, label_name
@@ -201,6 +200,64 @@ class Exposition:
         return "".join(self.heads[n] + "".join(lines) for n, lines in self.lines.items()).encode()
 
 
+class Counted:
+    """The telemetry counters' lines, written straight from their rows: a fleet's nodes share
+    a few label sets (the same models, versions, buckets) and many values, so each set's JSON
+    is parsed and its pairs written once a scrape, each value formatted once, not once a row
+    (issue 48: at 10,000 nodes, 437,780 rows)."""
+
+    def __init__(self, out: Exposition) -> None:
+        self.out = out
+        self.families: dict[str, list[str] | None] = {}  # a counter's name: its family's lines
+        self.labels: dict[str, str | None] = {}  # a row's labels (JSON): written, or None
+        self.values: dict[float, str] = {}
+
+    def lines(self, name: str) -> list[str] | None:
+        """The lines of the family of counter ``name`` (None: not one of COUNTERS)."""
+        if name not in self.families:
+            base = next((f for f in COUNTERS if name.startswith(f"{f}_")), None)
+            found = None
+            if base is not None:
+                found = self.out.lines.get(base)
+                if found is None:
+                    kind, doc = COUNTERS[base]
+                    self.out.heads[base] = _head(Metric(base, doc, kind))
+                    found = self.out.lines[base] = []
+            self.families[name] = found
+        return self.families[name]
+
+    def pairs(self, text: str) -> str | None:
+        """``k="v",...`` of a row's labels; None when they are not an object of text."""
+        found = self.labels.get(text, "")
+        if found == "":
+            try:
+                labels = json.loads(text)
+            except ValueError:
+                labels = None
+            ok = isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())
+            found = self.labels[text] = (
+                ",".join(self.out.pair(str(k), v) for k, v in labels.items()) if ok else None
+            )
+        return found
+
+    def add(self, rows: list[dict[str, Any]], prefix: str) -> None:
+        """A node's counter rows, as edged's families, labelled ``prefix`` first."""
+        values = self.values
+        for row in rows:
+            name = row["name"]
+            lines = self.lines(name)
+            own = self.pairs(row["labels"]) if lines is not None else None
+            if lines is None or own is None:
+                continue
+            value = row["value"]
+            shown = values.get(value)
+            if shown is None:
+                shown = values[value] = floatToGoString(value)
+            lines.append(
+                f"{name}{{{prefix},{own}}} {shown}\n" if own else f"{name}{{{prefix}}} {shown}\n"
+            )
+
+
 def _head(family: Metric) -> str:
     """A family's HELP and TYPE lines, as prometheus_client writes them."""
     name, kind = family.name, family.type
@@ -253,6 +310,7 @@ class NodeSeries:
         ):
             firing[row["node"]][(row["alertname"], row["severity"])] = int(row["n"])
         out = Exposition()
+        counted = Counted(out)
         fleet = out.pair("fleet", self.fleet)
         for raw in nodes:
             node = raw["node"]
@@ -269,10 +327,10 @@ class NodeSeries:
             except (ValueError, TypeError, KeyError, AttributeError) as exc:  # its own loss
                 log.debug("node %s: heartbeat not shown: %s", node, exc)
                 found = list(session_families(True, None))
-            found += self._counted(counters.get(node, []))
-            found.append(alerts_family(firing.get(node, {})))
             for family in found:
                 out.add(family, here)
+            counted.add(counters.get(node, []), here)
+            out.add(alerts_family(firing.get(node, {})), here)
         return out.text()
 
     @staticmethod
@@ -317,19 +375,3 @@ class NodeSeries:
         if fresh and raw["heartbeat"]:
             beats.add_metric([], float(raw["heartbeats"]))
         yield beats
-
-    @staticmethod
-    def _counted(rows: list[dict[str, Any]]) -> Iterator[Metric]:
-        """The node's counters from telemetry, as edged's families."""
-        by_family: dict[str, Metric] = {}
-        for row in rows:
-            name = row["name"]
-            base = next((f for f in COUNTERS if name.startswith(f"{f}_")), None)
-            if base is None:
-                continue
-            kind, doc = COUNTERS[base]
-            family = by_family.get(base)
-            if family is None:
-                family = by_family[base] = Metric(base, doc, kind)
-            family.samples.append(Sample(name, json.loads(row["labels"]), row["value"]))
-        yield from by_family.values()

@@ -437,3 +437,29 @@ def test_a_scale_out_signal_that_is_not_a_boolean_is_no_sample(sent: Any) -> Non
     body["cloud_scale_out"] = False
     families = {f.name: f for f in heartbeat_families(body)}
     assert families["edged_cloud_scale_out"].samples[0].value == 0.0
+
+
+def test_counter_rows_written_straight_read_back_as_the_families_and_bad_rows_left_out(
+    registry: Registry, store: Store
+) -> None:
+    """Issue 48: the counters' lines are written from their rows (each label set parsed once a
+    scrape); they read back as the same samples, and a row a database holds with labels that
+    are not an object of text is left out, not the scrape failed."""
+    names = [f"sim-{i:05d}" for i in range(3)]
+    registry.ingest(
+        [
+            m
+            for n in names
+            for m in (status(n), heartbeat(n), msg("telemetry", n, metrics_body(), ident=f"t-{n}"))
+        ]
+    )
+    good = scrape(store)
+    counted = [k for k in good if k[0].startswith("edged_inference_request")]
+    assert len(counted) > 20 and {dict(k[1])["instance"] for k in counted} == set(names)
+    with store.transaction() as tx:
+        for labels in ('{"model": 5}', "not json", "[1, 2]"):
+            tx.execute(
+                "INSERT INTO counters (node, name, labels, value, bucket) VALUES (?, ?, ?, ?, ?)",
+                ("sim-00001", "edged_inference_requests_total", labels, 1.0, 0),
+            )
+    assert scrape(store) == good
