@@ -163,8 +163,12 @@ def deployment_text(d: dict[str, Any]) -> str:
         f" to {labels_text(d['selector']) or 'every node'}",
         f"  versions: {', '.join(f'{m}:{v}' for m, v in sorted(d['versions'].items()))}",
     ]
-    if "nodes" in d:
-        lines.append("  nodes: " + ", ".join(f"{n} {k}" for k, n in sorted(d["nodes"].items())))
+    nodes = d.get("nodes")
+    if isinstance(nodes, dict):
+        lines.append(
+            f"  nodes: {nodes.get('done', 0)} of {nodes.get('targeted', 0)} done,"
+            f" {nodes.get('failed', 0)} failed, {nodes.get('waiting', 0)} waiting"
+        )
     for entry in d.get("models", []):
         signed = entry.get("manifest", {}).get("signed", {})
         for f in signed.get("files", []):

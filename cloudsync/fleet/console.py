@@ -2,7 +2,8 @@
 style sheet, no JavaScript) under ``/console/``, for people who would rather look than read.
 
 Pages: the fleet at a glance, the nodes (paged by name both ways, searched by a part of the
-name, filtered by state and label selector), a node, the enrolments, the deployments, the rollouts
+name, filtered by state and label selector), a node, the enrolments, the deployments (each
+with its nodes done, failed and waiting), the rollouts
 (with their stages, the nodes' states and the gates' figures; a page that reloads itself while
 the rollout runs) and the audit log (operator and up, as in the API).
 
@@ -532,7 +533,8 @@ class Console:
     @page()
     async def deployment_list(self, request: web.Request) -> web.Response:
         found = await db(self.deployments.all)
-        return self.render("deployments.html", request, deployments=[d.as_dict() for d in found])
+        shown = [{**d.as_dict(), "nodes": await db(self.deployments.progress, d)} for d in found]
+        return self.render("deployments.html", request, deployments=shown)
 
     @page()
     async def deployment(self, request: web.Request) -> web.Response:

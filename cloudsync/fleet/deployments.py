@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cloudsync.fleet.registry import digest_models, model_of
+from cloudsync.fleet.registry import FAILED_STEPS, digest_models, model_of
 from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import manifest
 from cloudsync.protocol.labels import check_labels, selects
@@ -201,11 +201,42 @@ class Deployments:
         return int(self.store.query("SELECT COUNT(*) AS n FROM deployments")[0]["n"])
 
     def progress(self, dep: Deployment) -> dict[str, int]:
-        """How many nodes the service gave this deployment's entries to (``targeted``)."""
-        rows = self.store.query("SELECT d.models FROM managed m JOIN desired d ON d.node = m.node")
-        wanted = {dumps(e) for e in dep.models}
-        targeted = sum(1 for r in rows if wanted & {dumps(e) for e in json.loads(r["models"])})
-        return {"targeted": targeted}
+        """How many nodes the service gave this deployment's entries to (``targeted``), and of
+        those, by what their delivery reports say of the versions they were given: ``done``
+        (every one active), ``failed`` (one failed, was refused or rolled back), ``waiting``
+        (the others: not reported yet, downloading, installing)."""
+        rows = self.store.query(
+            "SELECT d.node, d.models FROM managed m JOIN desired d ON d.node = m.node"
+        )
+        wanted = {dumps(e): (str(model_of(e)), _version(e)) for e in dep.models}
+        given: dict[str, list[tuple[str, Any]]] = {}
+        for r in rows:
+            mine = [wanted[k] for k in {dumps(e) for e in json.loads(r["models"])} if k in wanted]
+            if mine:
+                given[r["node"]] = mine
+        models = sorted({model for model, _ in wanted.values()})
+        steps: dict[tuple[str, str, Any], str] = {}
+        if given and models:
+            marks = ", ".join("?" * len(models))
+            for row in self.store.query(
+                f"SELECT node, model, version, step FROM steps WHERE model IN ({marks})",
+                tuple(models),
+            ):
+                steps[(row["node"], row["model"], row["version"])] = row["step"]
+        done = failed = 0
+        for node, versions in given.items():
+            reported = [steps.get((node, model, version)) for model, version in versions]
+            if any(step in FAILED_STEPS for step in reported):
+                failed += 1
+            elif all(step == "active" for step in reported):
+                done += 1
+        targeted = len(given)
+        return {
+            "targeted": targeted,
+            "done": done,
+            "failed": failed,
+            "waiting": targeted - done - failed,
+        }
 
     def create(self, dep: Deployment, actor: str) -> bool:
         """False if a deployment has that id already."""

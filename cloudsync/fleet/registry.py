@@ -45,6 +45,7 @@ from cloudsync.protocol.manifest import is_key, key_of
 from cloudsync.protocol.telemetry import FAILED_OUTCOMES
 
 log = logging.getLogger("edgefleet.registry")
+FAILED_STEPS = ("failed", "rolled-back", "refused")  # a delivery step that is not coming
 MAX_PAGE = 1000
 MAX_INT = 2**53  # what a count or a time in a message may be (a BIGINT holds it)
 HASH = re.compile(r"^[0-9a-f]{64}\Z")  # a SHA-256, hex

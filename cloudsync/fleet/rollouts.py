@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloudsync.fleet.deployments import Deployments, Invalid, check_entry, with_entry_in
 from cloudsync.fleet.gates import Gates, breached, pick
-from cloudsync.fleet.registry import forget_telemetry, model_of
+from cloudsync.fleet.registry import FAILED_STEPS, forget_telemetry, model_of
 from cloudsync.fleet.store import Store, Tx, dumps
 from cloudsync.protocol import commands
 from cloudsync.protocol.labels import check_labels, selects
@@ -49,7 +49,6 @@ from cloudsync.protocol.manifest import parse_signed
 from cloudsync.protocol.topics import NAME
 
 log = logging.getLogger("edgefleet.rollouts")
-FAILED_STEPS = ("failed", "rolled-back", "refused")
 RESEND_AFTER_MS = 30_000
 WINDOW = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]):([0-5][0-9])\Z")
 

@@ -301,14 +301,19 @@ def test_every_page_shows_the_fleet_of_1000_nodes_each_in_under_300_ms(fleet: Fl
                 )
                 assert not await tab.exists("#label-form")  # a viewer cannot set labels
 
+                nodes = service.call("GET", "/v1/deployments/detectors-site-c")[1]["nodes"]
+                shown = (
+                    f"{nodes['done']} of {nodes['targeted']} done · {nodes['failed']} failed"
+                    f" · {nodes['waiting']} waiting"
+                )
+                assert nodes["targeted"] > 300 and nodes["failed"] == 0
                 await visit(tab, fleet, "/deployments")
-                assert "detectors-site-c\tsite=c\t5\tdetector=2" in (
+                assert f"detectors-site-c\tsite=c\t5\tdetector=2\t {shown}" in (
                     await tab.text("#deployments") or ""
                 )
                 await visit(tab, fleet, "/deployments/detectors-site-c")
-                assert await tab.text("#targeted") == str(
-                    service.call("GET", "/v1/deployments/detectors-site-c")[1]["nodes"]["targeted"]
-                )
+                assert await tab.text("#targeted") == str(nodes["targeted"])
+                assert (await tab.text("#progress") or "").strip() == shown
 
                 await visit(tab, fleet, "/rollouts")
                 assert "r-canary\tintent-classifier v2\trunning\t1 of 2 (soak)" in (

@@ -138,8 +138,12 @@ def test_a_deployment_reaches_nodes_that_come_back_join_later_or_gain_the_label(
         assert service.wait_for(lambda: set(installed(sim, 4)) == site_a, 30)
         assert all(n == 1 for n in installed(sim, 2).values())  # none installed twice
         assert all(n == 1 for n in installed(sim, 4).values())
-        _, detail = service.call("GET", "/v1/deployments/top")
-        assert detail["nodes"]["targeted"] == len(site_a) + 1  # and late-00000
+        # given to site a and late-00000, every one of them serving it now
+        given = len(site_a) + 1
+        progress = {"targeted": given, "done": given, "failed": 0, "waiting": 0}
+        assert service.wait_for(
+            lambda: service.call("GET", "/v1/deployments/top")[1]["nodes"] == progress, 30
+        ), service.call("GET", "/v1/deployments/top")[1]["nodes"]
     finally:
         sim.stop()
         if late is not None:
@@ -256,9 +260,10 @@ def test_edgefleet_drives_deployments_and_rollouts_through_the_service(
         shown = service.run_edgefleet("deploy", "show", "base")  # as a person reads it
         assert shown.returncode == 0, shown.stderr
         lines = shown.stdout.splitlines()
-        assert lines[:2] == [
+        assert lines[:3] == [
             "deployment base: active, priority 3, to site=a",
             f"  versions: {MODEL}:2",
+            "  nodes: 6 of 6 done, 0 failed, 0 waiting",
         ]
         assert f"  {MODEL}:2 model.onnx (" in shown.stdout and "sig" not in shown.stdout
         assert "cdn.example" not in shown.stdout  # the signed URLs stay in --json

@@ -156,18 +156,33 @@ def test_deployments_are_counted_and_their_progress_is_what_was_given_out(store:
     deployments = Deployments(store, Clock())
     entry = {"manifest": {"signed": {"model": "m", "version": 1}}, "urls": {}}
     dep = Deployment("d1", {}, 1, [entry])
-    assert deployments.count() == 0 and deployments.progress(dep) == {"targeted": 0}
+    nothing = {"targeted": 0, "done": 0, "failed": 0, "waiting": 0}
+    assert deployments.count() == 0 and deployments.progress(dep) == nothing
     assert deployments.create(dep, "alice")
+    given = (("n1", [entry]), ("n2", []), ("n3", [entry]), ("n4", [entry]), ("n5", [entry]))
     with store.transaction() as tx:
-        for node, models in (("n1", [entry]), ("n2", []), ("n3", [entry])):
+        for node, models in given:
             Registry.desired(tx, node, models, 1, NOW)
-        for node in ("n1", "n2"):  # n3's is not the service's (not managed)
+        for node in ("n1", "n2", "n4", "n5"):  # n3's is not the service's (not managed)
             tx.execute(
                 "INSERT INTO managed (node, models, digest, ts) VALUES (?, '[]', '', ?)",
                 (node, NOW),
             )
+        # what their delivery reports say: n1 serves it, n4 failed, n5 is on its way; n3's
+        # "active" is not this deployment's doing, and another version's step is not its
+        for node, version, step in (
+            ("n1", 1, "active"),
+            ("n3", 1, "active"),
+            ("n4", 1, "failed"),
+            ("n5", 1, "downloaded"),
+            ("n5", 2, "failed"),
+        ):
+            tx.execute(
+                "INSERT INTO steps (node, model, version, step, ts) VALUES (?, 'm', ?, ?, ?)",
+                (node, version, step, NOW),
+            )
     assert deployments.count() == 1
-    assert deployments.progress(dep) == {"targeted": 1}
+    assert deployments.progress(dep) == {"targeted": 3, "done": 1, "failed": 1, "waiting": 1}
 
 
 def test_a_lease_is_one_holders_until_it_expires_or_is_released(store: Store) -> None:
