@@ -3,9 +3,9 @@ style sheet, no JavaScript) under ``/console/``, for people who would rather loo
 
 Pages: the fleet at a glance, the nodes (paged by name both ways, searched by a part of the
 name, filtered by state and label selector), a node, the enrolments, the deployments (each
-with its nodes done, failed and waiting), the rollouts
-(with their stages, the nodes' states and the gates' figures; a page that reloads itself while
-the rollout runs) and the audit log (operator and up, as in the API).
+with its nodes done, failed and waiting), the rollouts (with their stages, the nodes' states
+and the gates' figures; a page that reloads itself while the rollout runs) and the audit log
+(operator and up, as in the API).
 
 Who is calling is the API's question with the API's answer: the login form takes an API token
 (``[api] tokens``) and opens a session: a random id in a cookie (HttpOnly, SameSite=Strict,
