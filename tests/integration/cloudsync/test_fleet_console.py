@@ -533,6 +533,14 @@ def test_a_viewer_or_a_forged_form_changes_nothing(fleet: Fleet) -> None:
             fleet, "/nodes/sim-00001/labels", "viewer", {"csrf": viewer, "labels": "x=y"}
         )
         assert status == 403
+        # a revocation is an admin's, an enrolment decision an operator's: confirmed or not
+        for path, role, csrf, need in (
+            ("/nodes/sim-00001/revoke", "operator", operator, "admin"),
+            ("/nodes/sim-00001/reinstate", "operator", operator, "admin"),
+            ("/enrolments/0123abcd/approve", "viewer", viewer, "operator"),
+        ):
+            status, page = await post(fleet, path, role, {"csrf": csrf, "confirm": "yes"})
+            assert status == 403 and f"role {role} may not do this: {need} needed" in page
         # an operator's session without, or with a wrong, CSRF token
         for data in ({}, {"csrf": viewer}, {"csrf": "0" * 64}, {"csrf": "é" * 64}):
             status, page = await post(fleet, "/rollouts/r-canary/abort", "operator", data)
@@ -562,6 +570,7 @@ def test_a_viewer_or_a_forged_form_changes_nothing(fleet: Fleet) -> None:
     run(forge())
     assert service.call("GET", "/v1/rollouts/r-canary")[1]["state"] == "running"
     assert service.call("GET", "/v1/nodes/sim-00001")[1]["operator_labels"] == {}
+    assert service.call("GET", "/v1/revocations")[1]["barred"] == []
     _, log = service.call("GET", "/v1/audit?limit=1000")
     got = [(e["actor"], e["action"], e["target"], e["outcome"]) for e in log["entries"]]
     assert (
@@ -719,6 +728,9 @@ def test_an_operator_approves_a_device_and_an_admin_revokes_and_reinstates_it(
             ("admin-user", "reinstate node", "sim-00003", "done"),
         ):
             assert entry_ in got, got[:10]
-        assert not any(a == "operator-user" and "revoke" in act for a, act, _, _ in got)
+        assert not any(
+            who == "operator-user" and "revoke" in act and outcome == "done"
+            for who, act, _, outcome in got
+        )
     finally:
         device.stop()
