@@ -137,14 +137,7 @@ class Handlers:
             and contains in str(e.get("message"))
         ][-lines:]
         # the newest lines that fit in one record (1,000 long lines would not)
-        room, kept = MAX_BODY_BYTES - 1024, 0
-        for line in reversed(found):
-            room -= len(canonical(line)) + 1
-            if room < 0:
-                break
-            kept += 1
-        result = {"source": source, "epoch": reply["epoch"], "lines": found[len(found) - kept :]}
-        return {**result, "left_out": len(found) - kept} if kept < len(found) else result
+        return {"source": source, "epoch": reply["epoch"], **newest(found, MAX_BODY_BYTES - 1024)}
 
     def journal_logs(
         self, args: dict[str, Any], lines: int, level: str, contains: str
@@ -163,15 +156,32 @@ class Handlers:
                 )
         since_s = _number(args, "since_s", 3600, 1, MAX_SINCE_S)
         max_bytes = _number(args, "max_bytes", MAX_BODY_BYTES // 2, 1024, MAX_BODY_BYTES - 4096)
-        return journal.read(
-            sorted(set(units)),
+        units = sorted(set(units))
+        found, scanned = journal.read(
+            units,
             since_ms=now_ms() - since_s * 1000,
             level=level,
             lines=lines,
             contains=contains,
-            max_bytes=max_bytes,
             directory=self.config.commands.journal_dir,
         )
+        result = {"source": "journal", "units": units, **newest(found, max_bytes)}
+        if scanned >= journal.MAX_SCANNED:
+            result["scanned"] = scanned  # stopped there: older lines were not read
+        return result
+
+
+def newest(found: list[dict[str, Any]], room: int) -> dict[str, Any]:
+    """``lines``: the newest of ``found`` (oldest first) that fit ``room`` bytes as JSON, and
+    ``left_out``, how many older ones did not (absent when none)."""
+    kept = 0
+    for line in reversed(found):
+        room -= len(canonical(line)) + 1
+        if room < 0:
+            break
+        kept += 1
+    result: dict[str, Any] = {"lines": found[len(found) - kept :]}
+    return {**result, "left_out": len(found) - kept} if kept < len(found) else result
 
 
 def _number(args: dict[str, Any], key: str, default: int, low: int, high: int) -> int:

@@ -20,7 +20,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from cloudsync.protocol.envelope import canonical, printable
+from cloudsync.protocol.envelope import printable
 from edged.common.logs import JOURNAL_FIELDS
 
 LEVELS = {"debug": 7, "info": 6, "notice": 5, "warning": 4, "error": 3, "critical": 2}
@@ -47,7 +47,6 @@ def _text(value: Any) -> str:
 def line(entry: dict[str, Any]) -> dict[str, Any]:
     """What of one entry leaves the device."""
     stamp = entry.get("__REALTIME_TIMESTAMP")
-    priority = entry.get("PRIORITY", 6)
     pid = int(entry.get("_PID", 0) or 0)
     # systemd's own lines (PID 1) are about the unit they name, not the one they come from
     unit = entry.get("UNIT") if pid == 1 and entry.get("UNIT") else entry.get("_SYSTEMD_UNIT")
@@ -56,7 +55,7 @@ def line(entry: dict[str, Any]) -> dict[str, Any]:
         "unit": _text(unit or ""),
         "identifier": _text(entry.get("SYSLOG_IDENTIFIER", "")),
         "pid": pid,
-        "level": NAMES.get(int(priority), "info") if str(priority).isdigit() else "info",
+        "level": NAMES.get(entry.get("PRIORITY", 6), "info"),
     }
     if _text(entry.get("PRIVATE", "")) == "1":
         return {**out, "message": WITHHELD}
@@ -74,12 +73,10 @@ def read(
     level: str,
     lines: int,
     contains: str,
-    max_bytes: int,
     directory: Path | None = None,
-) -> dict[str, Any]:
+) -> tuple[list[dict[str, Any]], int]:
     """The newest ``lines`` lines of ``units`` since ``since_ms`` at ``level`` and above
-    (``contains`` in the message), oldest first, as many of the newest as fit ``max_bytes``
-    (``left_out`` counts the others)."""
+    (``contains`` in the message), oldest first, and how many entries were read."""
     floor = LEVELS[level]
     journal = reader(directory)
     try:
@@ -109,15 +106,4 @@ def read(
             found.append(kept)
     finally:
         journal.close()
-    room, fit = max_bytes, 0
-    for kept in found:  # newest first here
-        room -= len(canonical(kept)) + 1
-        if room < 0:
-            break
-        fit += 1
-    result: dict[str, Any] = {"source": "journal", "units": units, "lines": found[:fit][::-1]}
-    if fit < len(found):
-        result["left_out"] = len(found) - fit
-    if scanned >= MAX_SCANNED:
-        result["scanned"] = scanned  # stopped there: older lines were not read
-    return result
+    return found[::-1], scanned

@@ -320,23 +320,23 @@ def cmd_cmd(args: argparse.Namespace) -> tuple[Any, str]:
         cmd_args = key_values(args.arg)
     except UsageError as exc:
         raise Failure(str(exc), EXIT_USAGE) from None
-    result = run_command(args, cmd_args)
+    result = run_command(args, args.name, cmd_args)
     return result, json.dumps(result.get("result"), indent=2)
 
 
-def run_command(args: argparse.Namespace, cmd_args: dict[str, Any]) -> dict[str, Any]:
-    """``args.name`` signed with ``--sign-key`` and sent to ``args.node`` (through the service
-    with --service, else the broker); the node's result, once it came (``--timeout``)."""
+def run_command(args: argparse.Namespace, name: str, cmd_args: dict[str, Any]) -> dict[str, Any]:
+    """Command ``name`` signed with ``--sign-key`` and sent to ``args.node`` (through the
+    service with --service, else the broker); the node's result, once it came (``--timeout``)."""
     key = load_key(args.sign_key)
     if args.service:
-        return service_cmd(args, key, cmd_args)
+        return service_cmd(args, key, name, cmd_args)
     topics = Topics(args.fleet, args.node)
     cmd_id, payload = sign(
         key,
         args.kid,
         args.cert_name,
         f"{args.fleet}/{args.node}",
-        args.name,
+        name,
         cmd_args,
         args.lifetime,
     )
@@ -372,7 +372,6 @@ def seconds(text: str, option: str) -> int:
 def cmd_logs(args: argparse.Namespace) -> tuple[Any, str]:
     """A node's journal lines (its ``logs`` command, source journal): edged's by default, and
     systemd's about it; answered by cloudsync whether edged runs or not."""
-    args.name = "logs"
     units = [UNITS.get(u, u) for u in args.unit or ["edged"]]
     cmd_args: dict[str, Any] = {
         "source": "journal",
@@ -384,7 +383,7 @@ def cmd_logs(args: argparse.Namespace) -> tuple[Any, str]:
     }
     if args.contains:
         cmd_args["contains"] = args.contains
-    result = run_command(args, cmd_args)["result"]
+    result = run_command(args, "logs", cmd_args)["result"]
     text = [
         f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(row['ts'] / 1000))}Z"
         f" {row['unit'] or row['identifier']}[{row['pid']}] {row['level']}: {row['message']}"

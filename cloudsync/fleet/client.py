@@ -112,7 +112,7 @@ def nodes_text(rows: list[dict[str, Any]], now_ms: int) -> str:
         seen = r.get("last_seen_ms")
         age = "-" if not seen else f"{max(0, now_ms - seen) / 1000:.0f}s ago"
         models = listed([f"{m['name']}:{m['version']}" for m in r.get("models", [])], 30)
-        labels = ",".join(f"{k}={v}" for k, v in sorted(r.get("labels", {}).items())) or "-"
+        labels = labels_text(r.get("labels", {})) or "-"
         lines.append(f"{r['node']:20} {r['state']:8} {age:>10}  {models:30} {labels}")
     return "\n".join(lines)
 
@@ -186,7 +186,7 @@ def cmd_deploy(args: argparse.Namespace) -> tuple[Any, str]:
         found = client.call("GET", "/v1/deployments")["deployments"]
         lines = [f"{'ID':20} {'PRIORITY':>8}  {'SELECTOR':30} VERSIONS"]
         for d in found:
-            selector = ",".join(f"{k}={v}" for k, v in sorted(d["selector"].items())) or "*"
+            selector = labels_text(d["selector"]) or "*"
             versions = ", ".join(f"{m}:{v}" for m, v in sorted(d["versions"].items()))
             lines.append(f"{d['id']:20} {d['priority']:>8}  {selector:30} {versions}")
         return found, "\n".join(lines)
@@ -402,7 +402,9 @@ def follow(
         time.sleep(1.0)
 
 
-def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) -> dict[str, Any]:
+def service_cmd(
+    args: argparse.Namespace, key: Any, name: str, cmd_args: dict[str, Any]
+) -> dict[str, Any]:
     """A command signed here with the operator's key, relayed by the service, its result
     awaited (``--timeout``)."""
     client = service(args)
@@ -417,7 +419,7 @@ def service_cmd(args: argparse.Namespace, key: Any, cmd_args: dict[str, Any]) ->
     if args.fleet not in ("default", fleet):  # (its default: not given)
         raise Failure(f"--fleet {args.fleet}: the service serves fleet {fleet}", EXIT_USAGE)
     cmd_id, payload = sign(
-        key, args.kid, args.cert_name, f"{fleet}/{args.node}", args.name, cmd_args, args.lifetime
+        key, args.kid, args.cert_name, f"{fleet}/{args.node}", name, cmd_args, args.lifetime
     )
     client.call("POST", f"/v1/nodes/{args.node}/commands", {"command": json.loads(payload)})
     deadline = time.monotonic() + args.timeout

@@ -493,7 +493,7 @@ class Console:
         """The node's certificates revoked and its name barred (an admin's, asked first)."""
         node = request.match_info["node"]
         back = f"/console/nodes/{quote(node, safe='')}"
-        if (await request.post()).get("confirm") != "yes":
+        if not await confirmed(request):
             return self.render(
                 "confirm.html",
                 request,
@@ -533,7 +533,8 @@ class Console:
     @page()
     async def deployment_list(self, request: web.Request) -> web.Response:
         found = await db(self.deployments.all)
-        shown = [{**d.as_dict(), "nodes": await db(self.deployments.progress, d)} for d in found]
+        progress = await db(self.deployments.progress_of, found)
+        shown = [{**d.as_dict(), "nodes": progress[d.id]} for d in found]
         return self.render("deployments.html", request, deployments=shown)
 
     @page()
@@ -609,7 +610,7 @@ class Console:
     async def act_on_rollout(self, request: web.Request) -> web.StreamResponse:
         ident, action = request.match_info["id"], request.match_info["action"]
         back = f"/console/rollouts/{quote(ident, safe='')}"
-        if action == "abort" and (await request.post()).get("confirm") != "yes":
+        if action == "abort" and not await confirmed(request):
             # not undone by a click: the nodes that got the version are rolled back
             return self.render(
                 "confirm.html",
@@ -644,6 +645,12 @@ class Console:
             before=text,
             limit=limit,
         )
+
+
+async def confirmed(request: web.Request) -> bool:
+    """Whether a form came from its confirmation page (``confirm.html``): what cannot be undone
+    is asked first."""
+    return (await request.post()).get("confirm") == "yes"
 
 
 def see_other(location: str) -> web.Response:

@@ -205,38 +205,44 @@ class Deployments:
         those, by what their delivery reports say of the versions they were given: ``done``
         (every one active), ``failed`` (one failed, was refused or rolled back), ``waiting``
         (the others: not reported yet, downloading, installing)."""
-        rows = self.store.query(
+        return self.progress_of([dep])[dep.id]
+
+    def progress_of(self, deps: list[Deployment]) -> dict[str, dict[str, int]]:
+        """``progress`` of each of ``deps`` by id, from one read of the desired states and
+        one of the delivery steps (a list page reads them once, not once a deployment)."""
+        wanted: dict[str, list[tuple[str, str, Any]]] = {}  # an entry: whose, what
+        for dep in deps:
+            for e in dep.models:
+                wanted.setdefault(dumps(e), []).append((dep.id, str(model_of(e)), _version(e)))
+        given: dict[str, dict[str, list[tuple[str, Any]]]] = {dep.id: {} for dep in deps}
+        for r in self.store.query(
             "SELECT d.node, d.models FROM managed m JOIN desired d ON d.node = m.node"
-        )
-        wanted = {dumps(e): (str(model_of(e)), _version(e)) for e in dep.models}
-        given: dict[str, list[tuple[str, Any]]] = {}
-        for r in rows:
-            mine = [wanted[k] for k in {dumps(e) for e in json.loads(r["models"])} if k in wanted]
-            if mine:
-                given[r["node"]] = mine
-        models = sorted({model for model, _ in wanted.values()})
+        ):
+            for key in {dumps(e) for e in json.loads(r["models"])} & wanted.keys():
+                for ident, model, version in wanted[key]:
+                    given[ident].setdefault(r["node"], []).append((model, version))
+        models = sorted({model for whose in wanted.values() for _, model, _ in whose})
         steps: dict[tuple[str, str, Any], str] = {}
-        if given and models:
+        if models and any(given.values()):
             marks = ", ".join("?" * len(models))
             for row in self.store.query(
                 f"SELECT node, model, version, step FROM steps WHERE model IN ({marks})",
                 tuple(models),
             ):
                 steps[(row["node"], row["model"], row["version"])] = row["step"]
-        done = failed = 0
-        for node, versions in given.items():
-            reported = [steps.get((node, model, version)) for model, version in versions]
-            if any(step in FAILED_STEPS for step in reported):
-                failed += 1
-            elif all(step == "active" for step in reported):
-                done += 1
-        targeted = len(given)
-        return {
-            "targeted": targeted,
-            "done": done,
-            "failed": failed,
-            "waiting": targeted - done - failed,
-        }
+        out = {}
+        for ident, nodes in given.items():
+            done = failed = 0
+            for node, versions in nodes.items():
+                reported = [steps.get((node, model, version)) for model, version in versions]
+                if any(step in FAILED_STEPS for step in reported):
+                    failed += 1
+                elif all(step == "active" for step in reported):
+                    done += 1
+            targeted = len(nodes)
+            waiting = targeted - done - failed
+            out[ident] = {"targeted": targeted, "done": done, "failed": failed, "waiting": waiting}
+        return out
 
     def create(self, dep: Deployment, actor: str) -> bool:
         """False if a deployment has that id already."""

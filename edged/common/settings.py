@@ -165,12 +165,8 @@ def section_in(annotation: Any) -> tuple[type[Section] | None, bool]:
 def _shown(value: Any) -> str:
     if value is None:
         return "(none)"
-    if isinstance(value, Path):
-        value = str(value)
-    if isinstance(value, BaseModel):
-        return "(a section)"
     try:
-        return json.dumps(value)
+        return json.dumps(str(value) if isinstance(value, Path) else value)
     except (TypeError, ValueError):
         return repr(value)
 
@@ -186,10 +182,12 @@ def keys_help(section: type[Section], where: str = "") -> list[str]:
         if inner is not None:
             nested.append((f"{where}.{key}" if where else key, inner, many))
             continue
-        shown = "(required)" if info.is_required() else _shown(info.get_default())
-        if info.default_factory is not None:
-            shown = _shown(info.get_default(call_default_factory=True))
-        lines.append(f"  {key} = {shown}: {info.description or ''}".rstrip(": "))
+        shown = (
+            "(required)"
+            if info.is_required()
+            else _shown(info.get_default(call_default_factory=True))
+        )
+        lines.append(f"  {key} = {shown}" + (f": {info.description}" if info.description else ""))
     for path, inner, many in nested:
         lines += ["", f"[[{path}]]" if many else f"[{path}]", *keys_help(inner, path)]
     return lines

@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -35,6 +36,7 @@ from cloudsync.protocol.enrol import public_der
 from cloudsync.protocol.envelope import Envelope, decode
 from cloudsync.protocol.mqtt import SyncClient
 from edged.client import Client
+from tests import asunit
 from tests.conftest import wait_for
 from tests.fleetservice import FleetService
 from tests.mosquitto import ACL, OPERATOR, Broker, Stoppable, cloudsync_config
@@ -71,7 +73,7 @@ class Device(Stoppable):
     def __init__(self, workdir: Path, broker: Broker, node: str, token: str | None) -> None:
         self.workdir, self.node, self.proc = workdir, node, None
         workdir.mkdir(parents=True)
-        pki = broker.pki
+        pki = self.broker_pki = broker.pki
         enrol = f'[enrol]\nclaim_cert = "{pki}/claim.pem"\nclaim_key = "{pki}/claim.key"\n'
         if token is not None:
             (workdir / "token").write_text(token + "\n")
@@ -87,11 +89,20 @@ class Device(Stoppable):
         self.log = workdir / "cloudsync.log"
 
     def start(self) -> Device:
+        """cloudsync as its unit runs it (tests/asunit.py): edged's user, umask, limits."""
+        unit: dict[str, Any] = {}
+        account = asunit.account()
+        if account is not None:
+            self.log.touch()
+            account.own(self.workdir)  # again at each start: what the test wrote meanwhile
+            asunit.reachable(self.broker_pki)  # the claim credential and the CA
+            unit = account.popen()
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cloudsync.agent.cli", "--config", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                **unit,
             )
         return self
 
