@@ -167,6 +167,10 @@ class EnrolmentActions:
         """A node's certificates (or one, by serial) into the CRL at once, its name barred
         (by name), its open session taken over."""
         action = "revoke certificate"
+        if node is not None and not NAME.match(node):  # it is written into the broker's ACL
+            raise await self.actions.refuse(
+                who, action, target[:64], 404, "node: not a node's name"
+            )
         if self.enrolments.issuer is None:
             why = "no [enrolment] ca_cert and ca_key: no CRL can be signed"
             raise await self.actions.refuse(who, action, target, 409, why)

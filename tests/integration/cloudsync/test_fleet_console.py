@@ -541,6 +541,13 @@ def test_a_viewer_or_a_forged_form_changes_nothing(fleet: Fleet) -> None:
         ):
             status, page = await post(fleet, path, role, {"csrf": csrf, "confirm": "yes"})
             assert status == 403 and f"role {role} may not do this: {need} needed" in page
+        # a name that is no node's (a new line would be a rule in the broker's ACL): refused
+        admin = csrf_of(signed_in(fleet, "admin"))
+        for bad in ("bad%0Aname", "a%20b", "a.b"):
+            status, page = await post(
+                fleet, f"/nodes/{bad}/revoke", "admin", {"csrf": admin, "confirm": "yes"}
+            )
+            assert status == 404 and "node: not a node&#39;s name" in page, (bad, page[-300:])
         # an operator's session without, or with a wrong, CSRF token
         for data in ({}, {"csrf": viewer}, {"csrf": "0" * 64}, {"csrf": "é" * 64}):
             status, page = await post(fleet, "/rollouts/r-canary/abort", "operator", data)
